@@ -1,0 +1,826 @@
+//! Every payload type of the contract.
+//!
+//! Rules that keep old consumers working: every field added after a schema's first version is optional
+//! (`#[serde(default)]`), decoders ignore fields they don't know, and enums that may grow carry an
+//! `Other` catch-all where a consumer must keep going on a value it hasn't seen.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::envelope::Payload;
+
+macro_rules! payload {
+    ($ty:ty, $name:literal, $version:literal) => {
+        impl Payload for $ty {
+            const SCHEMA: &'static str = $name;
+            const VERSION: u32 = $version;
+        }
+    };
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Shared pieces
+
+/// A reference to a Kubernetes object.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+pub struct ObjectRef {
+    /// `group/version` (`v1` for the core group). Empty when the source didn't say.
+    #[serde(default)]
+    pub api_version: String,
+    /// Kind, e.g. `Deployment`.
+    pub kind: String,
+    /// Namespace; absent for cluster-scoped objects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Name.
+    pub name: String,
+    /// UID, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
+/// A Kubernetes owner reference.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct OwnerRef {
+    /// Owner's `group/version`.
+    pub api_version: String,
+    /// Owner's kind.
+    pub kind: String,
+    /// Owner's name.
+    pub name: String,
+    /// Owner's UID.
+    pub uid: String,
+    /// Whether the owner is the managing controller.
+    #[serde(default)]
+    pub controller: bool,
+}
+
+/// One status condition, as Kubernetes reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Condition {
+    /// Condition type, e.g. `Ready`, `Available`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// Machine-readable reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Human-readable message.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// When the condition last changed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_transition_time: Option<DateTime<Utc>>,
+}
+
+/// Replica counts of a workload (Deployment, ReplicaSet, StatefulSet, DaemonSet).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Replicas {
+    /// Desired replicas (`spec.replicas`, or `desiredNumberScheduled` for a DaemonSet).
+    pub desired: i64,
+    /// Replicas on the current template.
+    pub updated: i64,
+    /// Ready replicas.
+    pub ready: i64,
+    /// Available replicas.
+    pub available: i64,
+    /// The generation the controller has acted on (`status.observedGeneration`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// A normalised status snapshot: what a fleet operator compares across clusters, the same shape for every
+/// kind and every Kubernetes version.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct StatusSnapshot {
+    /// Phase, for kinds that have one (Pod, Namespace, PersistentVolumeClaim, …) or a derived one
+    /// (`CrashLoopBackOff`, `ContainerCreating` for pods waiting on those reasons).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Whether the object is ready/healthy by its kind's rule, when that is defined.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<bool>,
+    /// Replica counts, for workloads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<Replicas>,
+    /// Status conditions.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Kind-specific facts worth comparing (e.g. `restarts`, `node`, `loadBalancerIP`), as strings.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub detail: BTreeMap<String, String>,
+}
+
+/// Severity shared by events, findings, incidents and alerts.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Severity {
+    /// For the record.
+    #[default]
+    Info,
+    /// Someone should look soon.
+    Warning,
+    /// Someone should look now.
+    Critical,
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Resources
+
+/// The current state of one Kubernetes object, normalised across Kubernetes versions.
+///
+/// Subject `fleet.state.<cluster>.<kind>.<namespace>.<name>` on a last-value stream: the stream itself is the
+/// fleet inventory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ResourceState {
+    /// The `group/version` the agent read the object with (the best version this cluster serves).
+    pub api_version: String,
+    /// Kind, e.g. `CronJob`.
+    pub kind: String,
+    /// Namespace; absent for cluster-scoped objects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Name.
+    pub name: String,
+    /// UID.
+    pub uid: String,
+    /// `metadata.resourceVersion` the state was read at.
+    pub resource_version: String,
+    /// `metadata.generation`, where the kind has one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// Stable hash of the canonicalised spec (keys sorted; server-managed fields excluded).
+    pub spec_hash: String,
+    /// Stable hash of labels and annotations (the last-applied annotation excluded).
+    pub metadata_hash: String,
+    /// The canonicalised spec the hash was computed from (what a field-level diff compares). Never present
+    /// for Secrets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<serde_json::Value>,
+    /// Normalised status snapshot.
+    #[serde(default)]
+    pub status: StatusSnapshot,
+    /// Labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations (the last-applied annotation excluded).
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+    /// Owner references.
+    #[serde(default)]
+    pub owner_refs: Vec<OwnerRef>,
+    /// Finalizers.
+    #[serde(default)]
+    pub finalizers: Vec<String>,
+    /// Set while the object is being deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion_timestamp: Option<DateTime<Utc>>,
+    /// `metadata.creationTimestamp`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creation_timestamp: Option<DateTime<Utc>>,
+}
+payload!(ResourceState, "ResourceState", 1);
+
+/// An object was deleted. Published on the object's own state subject, so the last-value stream keeps the
+/// tombstone rather than a stale state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ResourceDeleted {
+    /// `group/version`.
+    pub api_version: String,
+    /// Kind.
+    pub kind: String,
+    /// Namespace; absent for cluster-scoped objects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Name.
+    pub name: String,
+    /// UID of the deleted object.
+    pub uid: String,
+    /// Last resourceVersion seen.
+    #[serde(default)]
+    pub resource_version: String,
+    /// Spec hash of the last state seen.
+    #[serde(default)]
+    pub last_spec_hash: String,
+}
+payload!(ResourceDeleted, "ResourceDeleted", 1);
+
+/// Namespace and name of an object present after a (re)list.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ObjectKey {
+    /// Namespace; absent for cluster-scoped objects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Name.
+    pub name: String,
+}
+
+/// Sent after each complete (re)list of a kind: consumers drop the objects of that kind that are not in
+/// `present` (they vanished while nobody was watching). Large lists are split into `parts`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ResyncMarker {
+    /// The `group/version` the kind was listed with.
+    pub api_version: String,
+    /// Kind.
+    pub kind: String,
+    /// Increases with every relist of this kind by this agent.
+    pub epoch: u64,
+    /// How many objects the list held.
+    pub object_count: u64,
+    /// The objects present (this part of them).
+    #[serde(default)]
+    pub present: Vec<ObjectKey>,
+    /// This part's index, from 0.
+    #[serde(default)]
+    pub part: u32,
+    /// How many parts the marker was split into (at least 1).
+    #[serde(default = "one")]
+    pub parts: u32,
+}
+payload!(ResyncMarker, "ResyncMarker", 1);
+
+fn one() -> u32 {
+    1
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Events
+
+/// A Kubernetes event, normalised from `core/v1` Event and `events.k8s.io/v1` Event.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct KubeEvent {
+    /// A stable id for this occurrence (event uid + count/series or last time): the same occurrence read
+    /// twice has the same id.
+    pub occurrence_id: String,
+    /// Event object UID.
+    pub uid: String,
+    /// The object the event is about.
+    pub involved: ObjectRef,
+    /// Short machine-readable reason, e.g. `BackOff`.
+    pub reason: String,
+    /// Human-readable message.
+    #[serde(default)]
+    pub message: String,
+    /// `Normal` or `Warning` (other values are kept as they came).
+    pub event_type: String,
+    /// Severity derived from the type (`Warning` → warning, else info).
+    #[serde(default)]
+    pub severity: Severity,
+    /// Occurrences so far (`count`, or `series.count`; 1 for a single event).
+    #[serde(default = "one_u64")]
+    pub count: u64,
+    /// First occurrence, where the source says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_time: Option<DateTime<Utc>>,
+    /// Latest occurrence: `series.lastObservedTime`, `eventTime` or `lastTimestamp`.
+    pub last_time: DateTime<Utc>,
+    /// Reporting controller or component.
+    #[serde(default)]
+    pub reporter: String,
+    /// `events.k8s.io/v1` action, where given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+    /// Which API the event was read from: `v1` or `events.k8s.io/v1`.
+    pub source_api: String,
+}
+payload!(KubeEvent, "KubeEvent", 1);
+
+fn one_u64() -> u64 {
+    1
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Health
+
+/// Outcome of one probe round.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum ProbeStatus {
+    /// Working as expected.
+    Healthy,
+    /// Working, but something is off (slow, partly available, close to a limit).
+    Degraded,
+    /// Not working.
+    Unhealthy,
+    /// The probe could not tell (e.g. the API server did not answer).
+    #[default]
+    Unknown,
+}
+
+/// One thing a probe found (a node not ready, a Service with externalIPs, an object stuck terminating).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Finding {
+    /// How bad it is.
+    pub severity: Severity,
+    /// The object concerned, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<ObjectRef>,
+    /// What is wrong, for a person.
+    pub message: String,
+}
+
+/// The result of one probe round: apiserver, etcd, scheduler, controller-manager, nodes, cni, coredns,
+/// gpu-device-plugin, certificates, finalizers, external-ips, deprecated-apis.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ProbeResult {
+    /// Probe name (a subject token), e.g. `apiserver`.
+    pub probe: String,
+    /// Outcome.
+    pub status: ProbeStatus,
+    /// How long the probe took, in milliseconds.
+    pub latency_ms: f64,
+    /// One line for a person.
+    #[serde(default)]
+    pub detail: String,
+    /// Probe round, increasing per probe.
+    pub round: u64,
+    /// Numbers the probe measured (e.g. `p95_ms`, `error_ratio`, `days_left`).
+    #[serde(default)]
+    pub observations: BTreeMap<String, f64>,
+    /// What it found.
+    #[serde(default)]
+    pub findings: Vec<Finding>,
+}
+payload!(ProbeResult, "ProbeResult", 1);
+
+/// The agent is alive; sent every few seconds.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Heartbeat {
+    /// Seconds between heartbeats (so a consumer knows when one is missed).
+    pub interval_s: u32,
+    /// Agent version.
+    pub agent_version: String,
+    /// When the agent started.
+    pub started_at: DateTime<Utc>,
+    /// Messages waiting in the agent's outbox.
+    #[serde(default)]
+    pub outbox_depth: u64,
+    /// Metric batches dropped by the outbox's disk budget since start.
+    #[serde(default)]
+    pub dropped_metric_batches: u64,
+    /// Whether the agent could reach the cluster's API server at its last attempt.
+    #[serde(default = "yes")]
+    pub apiserver_reachable: bool,
+}
+payload!(Heartbeat, "Heartbeat", 1);
+
+fn yes() -> bool {
+    true
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Facts
+
+/// Kubernetes version as `/version` reports it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct KubeVersion {
+    /// Major, e.g. `1`.
+    pub major: u32,
+    /// Minor, e.g. `31`.
+    pub minor: u32,
+    /// `gitVersion`, e.g. `v1.31.4`.
+    pub git_version: String,
+    /// `platform`, e.g. `linux/amd64`.
+    #[serde(default)]
+    pub platform: String,
+}
+
+/// An installed component (CNI, CoreDNS, ingress controller, GPU device plugin).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct Component {
+    /// Component name, e.g. `calico`, `coredns`, `ingress-nginx`, `nvidia-device-plugin`.
+    pub name: String,
+    /// Version, from the image tag or a version label.
+    pub version: String,
+    /// Ready / desired instances.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<String>,
+}
+
+/// Node counts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct NodeCounts {
+    /// All nodes.
+    pub total: u32,
+    /// Nodes whose Ready condition is True.
+    pub ready: u32,
+    /// Control-plane nodes.
+    #[serde(default)]
+    pub control_plane: u32,
+}
+
+/// GPUs of one node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct GpuNode {
+    /// Node name.
+    pub node: String,
+    /// GPU model (from the `nvidia.com/gpu.product` label).
+    pub model: String,
+    /// Driver version (from the node's driver label).
+    #[serde(default)]
+    pub driver_version: String,
+    /// `nvidia.com/gpu` capacity.
+    pub capacity: u32,
+    /// `nvidia.com/gpu` allocatable.
+    pub allocatable: u32,
+    /// GPUs requested by pods scheduled on the node.
+    pub allocated: u32,
+}
+
+/// What a cluster is: the registry entry the console, the release planner and the baseline use.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ClusterFacts {
+    /// Kubernetes version.
+    pub version: KubeVersion,
+    /// Every served `group/version`, sorted.
+    pub api_versions: Vec<String>,
+    /// For each kind the agent reads, the `group/version` it chose (the best one served).
+    #[serde(default)]
+    pub preferred_versions: BTreeMap<String, String>,
+    /// Node counts.
+    #[serde(default)]
+    pub nodes: NodeCounts,
+    /// CNI plugin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cni: Option<Component>,
+    /// CoreDNS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coredns: Option<Component>,
+    /// Ingress controller.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress_controller: Option<Component>,
+    /// GPU device plugin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_device_plugin: Option<Component>,
+    /// IngressClass names.
+    #[serde(default)]
+    pub ingress_classes: Vec<String>,
+    /// StorageClass names.
+    #[serde(default)]
+    pub storage_classes: Vec<String>,
+    /// The default StorageClass, if one is marked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_storage_class: Option<String>,
+    /// When the API server's serving certificate expires.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub apiserver_cert_expiry: Option<DateTime<Utc>>,
+    /// GPU inventory per node.
+    #[serde(default)]
+    pub gpus: Vec<GpuNode>,
+    /// Registry labels of the cluster (`env`, `region`, `owner`, `team`, …), from the agent's config.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+payload!(ClusterFacts, "ClusterFacts", 1);
+
+// ---------------------------------------------------------------------------------------------------------
+// Metrics
+
+/// Prometheus metric type.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum MetricType {
+    /// Counter.
+    Counter,
+    /// Gauge.
+    Gauge,
+    /// Histogram (its `_bucket`, `_sum`, `_count` samples).
+    Histogram,
+    /// Summary (its quantile, `_sum`, `_count` samples).
+    Summary,
+    /// Untyped or unknown.
+    #[default]
+    Untyped,
+}
+
+/// Type and help of a metric family.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct MetricFamily {
+    /// Family name.
+    pub name: String,
+    /// Type.
+    #[serde(rename = "type")]
+    pub type_: MetricType,
+    /// HELP text.
+    #[serde(default)]
+    pub help: String,
+}
+
+/// One sample.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Sample {
+    /// Series name.
+    pub name: String,
+    /// Labels, `cluster` included.
+    pub labels: BTreeMap<String, String>,
+    /// Value (may be NaN or ±Inf, as in the exposition format).
+    pub value: f64,
+    /// Milliseconds since the epoch, in the cluster's clock.
+    pub timestamp_ms: i64,
+}
+
+/// Samples of one scrape.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct MetricBatch {
+    /// The scrape target's job name, e.g. `kube-state-metrics`.
+    pub job: String,
+    /// The scraped endpoint.
+    #[serde(default)]
+    pub instance: String,
+    /// Metric families seen in the scrape.
+    #[serde(default)]
+    pub families: Vec<MetricFamily>,
+    /// The samples.
+    pub samples: Vec<Sample>,
+    /// Lines of the scrape that could not be parsed (skipped, counted).
+    #[serde(default)]
+    pub rejected_lines: u64,
+}
+payload!(MetricBatch, "MetricBatch", 1);
+
+// ---------------------------------------------------------------------------------------------------------
+// Incidents and notifications
+
+/// Lifecycle of an incident.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum IncidentStatus {
+    /// Needs attention.
+    #[default]
+    Open,
+    /// Someone is on it.
+    Acknowledged,
+    /// Over.
+    Resolved,
+}
+
+/// One piece of evidence attached to an incident, ranked by relevance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Evidence {
+    /// 1 is the most relevant.
+    pub rank: u32,
+    /// What kind of evidence: `change`, `release`, `trend`, `event`, `probe`, `fact`.
+    pub kind: String,
+    /// One line for a person.
+    pub summary: String,
+    /// When it happened, in the cluster's clock.
+    pub cluster_time: DateTime<Utc>,
+    /// The object concerned, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<ObjectRef>,
+}
+
+/// A correlated incident: what a person must look at.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Incident {
+    /// Stable id (the same condition on the same cluster keeps its id while open).
+    pub id: String,
+    /// Cluster.
+    pub cluster: String,
+    /// Incident kind, e.g. `apiserver-overload`, `cluster-unreachable`, `cert-expiring`.
+    pub kind: String,
+    /// Severity.
+    pub severity: Severity,
+    /// Status.
+    pub status: IncidentStatus,
+    /// One line a person can act on.
+    pub summary: String,
+    /// When it opened (cluster_time of the first triggering observation).
+    pub opened_at: DateTime<Utc>,
+    /// Last change.
+    pub updated_at: DateTime<Utc>,
+    /// When it resolved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_at: Option<DateTime<Utc>>,
+    /// When the triggering message was stored by JetStream (for delivery lag).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingest_time: Option<DateTime<Utc>>,
+    /// Top evidence, most relevant first.
+    #[serde(default)]
+    pub evidence: Vec<Evidence>,
+    /// Labels for routing (cluster labels such as env/region/team, plus kind and severity).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Increases with every change of this incident.
+    #[serde(default)]
+    pub revision: u64,
+    /// Who acknowledged it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acknowledged_by: Option<String>,
+}
+payload!(Incident, "Incident", 1);
+
+/// Firing or resolved, as Alertmanager says it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum AlertState {
+    /// Active.
+    #[default]
+    Firing,
+    /// Over.
+    Resolved,
+}
+
+/// One alert inside a notification.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct NotifiedAlert {
+    /// The incident (or deduplicated event) it came from.
+    pub incident_id: String,
+    /// Firing or resolved.
+    pub state: AlertState,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Annotations (`summary`, …).
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+    /// Start.
+    pub starts_at: DateTime<Utc>,
+    /// End, when resolved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ends_at: Option<DateTime<Utc>>,
+}
+
+/// A grouped notification sent to a receiver (also published on `fleet.alert.<receiver>`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Notification {
+    /// Stable id: the same notification re-sent after a restart has the same id.
+    pub id: String,
+    /// Receiver name.
+    pub receiver: String,
+    /// Group key (the group_by label values).
+    pub group_key: String,
+    /// Firing if any alert in the group fires.
+    pub state: AlertState,
+    /// Rendered title.
+    pub title: String,
+    /// Rendered text.
+    #[serde(default)]
+    pub text: String,
+    /// The alerts in the group.
+    pub alerts: Vec<NotifiedAlert>,
+}
+payload!(Notification, "Notification", 1);
+
+// ---------------------------------------------------------------------------------------------------------
+// Releases and audit
+
+/// What a release command asks the agent to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReleaseAction {
+    /// Server-side apply with `dryRun=All`; nothing persists.
+    DryRun,
+    /// Read the live objects (for the plan's diff and the snapshot).
+    Snapshot,
+    /// Server-side apply.
+    Apply,
+    /// Delete the named objects.
+    Delete,
+}
+
+/// A command from the release role to one cluster's agent (request/reply on `fleet.cmd.<cluster>.release`).
+/// Signed with ed25519 over [`ReleaseCommand::signing_bytes`]; the agent rejects unsigned, expired, replayed
+/// or other-cluster commands.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ReleaseCommand {
+    /// Unique id; a retried step reuses it, and the agent applies it once.
+    pub command_id: String,
+    /// Release name.
+    pub release: String,
+    /// Target cluster.
+    pub cluster: String,
+    /// Action.
+    pub action: ReleaseAction,
+    /// Field manager for server-side apply.
+    pub field_manager: String,
+    /// Force conflicts (only when the release spec says so).
+    #[serde(default)]
+    pub force: bool,
+    /// The rendered objects (JSON objects).
+    pub objects: Vec<serde_json::Value>,
+    /// Issued at (hub clock).
+    pub issued_at: DateTime<Utc>,
+    /// Not valid after.
+    pub expires_at: DateTime<Utc>,
+    /// Random nonce; never accepted twice.
+    pub nonce: String,
+    /// Which key signed it.
+    pub key_id: String,
+    /// Hex ed25519 signature.
+    pub signature: String,
+}
+payload!(ReleaseCommand, "ReleaseCommand", 1);
+
+impl ReleaseCommand {
+    /// The bytes the signature covers: every field but the signature, as named MessagePack.
+    pub fn signing_bytes(&self) -> Result<Vec<u8>, crate::codec::EncodeError> {
+        let mut unsigned = self.clone();
+        unsigned.signature.clear();
+        rmp_serde::to_vec_named(&unsigned).map_err(crate::codec::EncodeError::from)
+    }
+}
+
+/// The outcome for one object of a release command.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ObjectOutcome {
+    /// The object.
+    pub object: ObjectRef,
+    /// `created`, `configured`, `unchanged`, `deleted`, `would-create`, `would-configure`, `error`.
+    pub outcome: String,
+    /// The error, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The live object before the command (for snapshots and diffs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<serde_json::Value>,
+}
+
+/// The agent's reply to a release command.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ReleaseResult {
+    /// The command answered.
+    pub command_id: String,
+    /// Release name.
+    pub release: String,
+    /// Cluster.
+    pub cluster: String,
+    /// Whether every object succeeded.
+    pub ok: bool,
+    /// Why the command was refused or failed as a whole (bad signature, expired, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Per-object outcomes.
+    #[serde(default)]
+    pub objects: Vec<ObjectOutcome>,
+    /// Whether this reply repeats an earlier execution of the same command (idempotent retry).
+    #[serde(default)]
+    pub replayed: bool,
+}
+payload!(ReleaseResult, "ReleaseResult", 1);
+
+/// A record of something that changed the fleet or its handling: plans, approvals, steps, rollbacks,
+/// acknowledgements, silences.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct AuditRecord {
+    /// Unique id.
+    pub id: String,
+    /// Who did it (token subject or `system`).
+    pub actor: String,
+    /// Which role recorded it.
+    pub role: String,
+    /// What was done, e.g. `release.apply`, `incident.acknowledge`, `silence.add`.
+    pub action: String,
+    /// What it was done to.
+    pub target: String,
+    /// `ok`, `failed`, `rejected`.
+    pub outcome: String,
+    /// Details (structured).
+    #[serde(default)]
+    pub detail: serde_json::Value,
+    /// Git commit the change came from, where known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+}
+payload!(AuditRecord, "AuditRecord", 1);
+
+/// A message a consumer could not use, with the reason. Published on `fleet.dlq.<stream>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct DeadLetter {
+    /// Stream the message came from.
+    pub stream: String,
+    /// Consumer that gave up on it.
+    pub consumer: String,
+    /// Original subject.
+    pub subject: String,
+    /// Stream sequence of the original.
+    pub stream_seq: u64,
+    /// Deliveries so far.
+    pub delivered: u64,
+    /// Short reason class: `decode`, `schema`, `version`, `too-large`, `invalid`, `handler`.
+    pub reason: String,
+    /// The full error text.
+    pub error: String,
+    /// Original headers.
+    #[serde(default)]
+    pub headers: BTreeMap<String, Vec<String>>,
+    /// Original payload, base64.
+    pub payload_base64: String,
+}
+payload!(DeadLetter, "DeadLetter", 1);

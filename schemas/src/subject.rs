@@ -1,0 +1,283 @@
+//! Subjects and the escaping of the tokens they are built from.
+//!
+//! Kubernetes names contain dots (`kube-root-ca.crt`), colons (`system:node`) and, in labels and hostile
+//! input, anything at all; a NATS subject token must contain none of `.`, `*`, `>` or whitespace. Every token
+//! built from outside input goes through [`escape`]:
+//!
+//! - `A-Z`, `a-z`, `0-9` and `-` stay as they are;
+//! - every other byte of the UTF-8 encoding becomes `~XX` (two upper-case hex digits), so `a.b` → `a~2Eb`;
+//! - the empty string becomes `_` (a lone `_` can't come from a non-empty name, since `_` itself is escaped);
+//! - a result longer than [`MAX_TOKEN`] bytes is cut to a prefix and suffixed with `~~` and 16 hex digits of
+//!   the SHA-256 of the original, so long hostile names stay bounded and distinct (such tokens can't be
+//!   unescaped; the payload carries the real name).
+//!
+//! The mapping is injective for tokens up to the length limit, and [`unescape`] reverses it.
+
+use std::borrow::Cow;
+
+/// Longest token [`escape`] produces, in bytes.
+pub const MAX_TOKEN: usize = 200;
+
+fn is_plain(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'-'
+}
+
+/// Escapes a string into one safe subject token (see the module docs).
+pub fn escape(raw: &str) -> Cow<'_, str> {
+    if raw.is_empty() {
+        return Cow::Borrowed("_");
+    }
+    if raw.len() <= MAX_TOKEN && raw.bytes().all(is_plain) {
+        return Cow::Borrowed(raw);
+    }
+    let mut out = String::with_capacity(raw.len() + 8);
+    for b in raw.bytes() {
+        if is_plain(b) {
+            out.push(b as char);
+        } else {
+            out.push('~');
+            out.push_str(&format!("{b:02X}"));
+        }
+    }
+    if out.len() > MAX_TOKEN {
+        // Cut to a readable prefix, then make it unique with a digest of the original.
+        let mut cut = MAX_TOKEN - 18;
+        // Never split a `~XX` triple: `~` only ever starts an escape.
+        if let Some(i) = out[..cut].rfind('~')
+            && cut - i < 3
+        {
+            cut = i;
+        }
+        let digest = crate::stable_id(&[raw]);
+        out.truncate(cut);
+        out.push_str("~~");
+        out.push_str(&digest[..16]);
+    }
+    Cow::Owned(out)
+}
+
+/// Reverses [`escape`]. `None` for a hashed (over-long) token or a token [`escape`] can't have produced.
+pub fn unescape(token: &str) -> Option<String> {
+    if token == "_" {
+        return Some(String::new());
+    }
+    let bytes = token.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'~' => {
+                let hex = token.get(i + 1..i + 3)?;
+                let b = u8::from_str_radix(hex, 16).ok()?;
+                if is_plain(b) || hex.bytes().any(|c| c.is_ascii_lowercase()) {
+                    return None;
+                }
+                out.push(b);
+                i += 3;
+            }
+            b if is_plain(b) => {
+                out.push(b);
+                i += 1;
+            }
+            _ => return None,
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// Whether a string is a valid subject token as NATS sees it (no separators, wildcards or whitespace).
+pub fn is_valid_token(token: &str) -> bool {
+    !token.is_empty()
+        && !token
+            .bytes()
+            .any(|b| b == b'.' || b == b'*' || b == b'>' || b.is_ascii_whitespace())
+}
+
+/// Token for an optional namespace: `_` for cluster-scoped objects.
+fn ns(namespace: Option<&str>) -> Cow<'_, str> {
+    escape(namespace.unwrap_or(""))
+}
+
+/// `fleet.state.<cluster>.<kind>.<namespace>.<name>`: an object's current state (or its tombstone).
+pub fn state(cluster: &str, kind: &str, namespace: Option<&str>, name: &str) -> String {
+    format!(
+        "fleet.state.{}.{}.{}.{}",
+        escape(cluster),
+        escape(kind),
+        ns(namespace),
+        escape(name)
+    )
+}
+
+/// `fleet.resync.<cluster>.<kind>`: the resync marker after a (re)list of one kind.
+pub fn resync(cluster: &str, kind: &str) -> String {
+    format!("fleet.resync.{}.{}", escape(cluster), escape(kind))
+}
+
+/// `fleet.facts.<cluster>`: the cluster's registry entry.
+pub fn facts(cluster: &str) -> String {
+    format!("fleet.facts.{}", escape(cluster))
+}
+
+/// `fleet.hb.<cluster>`: heartbeats.
+pub fn heartbeat(cluster: &str) -> String {
+    format!("fleet.hb.{}", escape(cluster))
+}
+
+/// `fleet.probe.<cluster>.<probe>`: probe results.
+pub fn probe(cluster: &str, probe: &str) -> String {
+    format!("fleet.probe.{}.{}", escape(cluster), escape(probe))
+}
+
+/// `fleet.event.<cluster>.<involved kind>`: Kubernetes events.
+pub fn event(cluster: &str, involved_kind: &str) -> String {
+    format!("fleet.event.{}.{}", escape(cluster), escape(involved_kind))
+}
+
+/// `fleet.metrics.<cluster>`: metric batches.
+pub fn metrics(cluster: &str) -> String {
+    format!("fleet.metrics.{}", escape(cluster))
+}
+
+/// `fleet.incident.<cluster>.<kind>`: incident changes.
+pub fn incident(cluster: &str, kind: &str) -> String {
+    format!("fleet.incident.{}.{}", escape(cluster), escape(kind))
+}
+
+/// `fleet.alert.<receiver>`: notifications for integrations that subscribe.
+pub fn alert(receiver: &str) -> String {
+    format!("fleet.alert.{}", escape(receiver))
+}
+
+/// `fleet.release.<release>.<what>`: release plans, steps and results.
+pub fn release(release: &str, what: &str) -> String {
+    format!("fleet.release.{}.{}", escape(release), escape(what))
+}
+
+/// `fleet.audit.<role>.<action>`: audit records.
+pub fn audit(role: &str, action: &str) -> String {
+    format!("fleet.audit.{}.{}", escape(role), escape(action))
+}
+
+/// `fleet.dlq.<stream>`: dead letters of one stream. Stream names are our own (`FLEET_EVENTS`) and valid
+/// tokens, so they stay readable; anything else is escaped.
+pub fn dlq(stream: &str) -> String {
+    if is_valid_token(stream) && stream.is_ascii() {
+        format!("fleet.dlq.{stream}")
+    } else {
+        format!("fleet.dlq.{}", escape(stream))
+    }
+}
+
+/// `fleet.cmd.<cluster>.<verb>`: request/reply commands to one cluster's agent.
+pub fn command(cluster: &str, verb: &str) -> String {
+    format!("fleet.cmd.{}.{}", escape(cluster), escape(verb))
+}
+
+/// The cluster a `fleet.<class>.<cluster>…` subject is about, unescaped (`None` if the subject has no
+/// cluster token or it can't be unescaped).
+pub fn cluster_of(subject: &str) -> Option<String> {
+    let mut parts = subject.split('.');
+    (parts.next()? == "fleet").then_some(())?;
+    let class = parts.next()?;
+    if matches!(class, "alert" | "release" | "audit" | "dlq") {
+        return None;
+    }
+    unescape(parts.next()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hostile() -> Vec<String> {
+        vec![
+            "a.b".into(),
+            "*".into(),
+            ">".into(),
+            "with space".into(),
+            "tab\there".into(),
+            "new\nline".into(),
+            "x".repeat(253),
+            "é".repeat(253),
+            "日本語-クラスター".into(),
+            "emoji-🚀".into(),
+            "_".into(),
+            "".into(),
+            "~".into(),
+            "~2E".into(),
+            "system:node:a.b".into(),
+            "..".into(),
+            "fleet.state.>".into(),
+        ]
+    }
+
+    #[test]
+    fn escaped_tokens_are_valid_and_bounded() {
+        for raw in hostile() {
+            let t = escape(&raw);
+            assert!(is_valid_token(&t), "{raw:?} -> {t:?}");
+            assert!(t.len() <= MAX_TOKEN, "{raw:?} -> {} bytes", t.len());
+            assert!(t.is_ascii());
+        }
+    }
+
+    #[test]
+    fn escaping_round_trips_and_is_injective() {
+        let raws = hostile();
+        let mut seen = std::collections::HashMap::new();
+        for raw in &raws {
+            let t = escape(raw).into_owned();
+            if t.len() < MAX_TOKEN - 18 || !t.contains("~~") {
+                assert_eq!(unescape(&t).as_deref(), Some(raw.as_str()), "{t}");
+            }
+            if let Some(other) = seen.insert(t.clone(), raw.clone()) {
+                panic!("{raw:?} and {other:?} both escape to {t:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn plain_kubernetes_names_stay_readable() {
+        assert_eq!(escape("coredns"), "coredns");
+        assert_eq!(escape("kube-root-ca.crt"), "kube-root-ca~2Ecrt");
+        assert_eq!(escape(""), "_");
+    }
+
+    #[test]
+    fn long_names_differ_after_hashing() {
+        let a = "x".repeat(253);
+        let mut b = "x".repeat(252);
+        b.push('y');
+        let (ta, tb) = (escape(&a), escape(&b));
+        assert_ne!(ta, tb);
+        assert!(ta.len() <= MAX_TOKEN);
+        let u = "é".repeat(253);
+        let tu = escape(&u);
+        assert!(tu.contains("~~"));
+        // The prefix never ends in a split escape.
+        let prefix = tu.split("~~").next().unwrap();
+        assert!(unescape(prefix).is_some(), "{prefix}");
+    }
+
+    #[test]
+    fn subjects_have_fixed_token_counts() {
+        let s = state("prod.1", "Deployment", Some("kube system"), "web.v2");
+        assert_eq!(s.split('.').count(), 6, "{s}");
+        assert_eq!(state("c", "Node", None, "n1"), "fleet.state.c.Node._.n1");
+        assert_eq!(cluster_of(&s).as_deref(), Some("prod.1"));
+        assert_eq!(cluster_of("fleet.dlq.FLEET_EVENTS"), None);
+        for raw in hostile() {
+            let s = probe(&raw, &raw);
+            assert_eq!(s.split('.').count(), 4, "{s}");
+            assert!(s.split('.').all(is_valid_token), "{s}");
+        }
+    }
+
+    #[test]
+    fn unescape_rejects_what_escape_cannot_produce() {
+        for t in ["a.b", "~2e", "~41", "~", "~Z1", "a b"] {
+            assert_eq!(unescape(t), None, "{t}");
+        }
+    }
+}

@@ -1,0 +1,412 @@
+//! The consumer runner: what every hub role uses to read a stream.
+//!
+//! - Pulls from a durable consumer (defined in [`crate::topology`]) in batches.
+//! - Decodes each message against the payload type the role reads; what can't be decoded (truncated or
+//!   malformed MessagePack, a wrong or unknown schema version, an oversized body, an implausible timestamp)
+//!   is published to `fleet.dlq.<stream>` as a [`DeadLetter`] with its reason, counted, and terminated.
+//!   The valid messages around it are processed normally.
+//! - Applies the rate limits ([`crate::limit`]): a key (cluster) over its own rate is nak'ed with the delay
+//!   after which it may go on, so other clusters' messages keep flowing; the global rate is waited for, so
+//!   the configured input rate is never exceeded.
+//! - Hands each message to the [`Handler`]; after the batch, calls [`Handler::commit`] (where the handler
+//!   makes its work durable) and only then acks. A retryable failure is nak'ed with exponential backoff; a
+//!   rejected message is dead-lettered with the handler's reason.
+//!
+//! Delivery is at-least-once: after a crash between commit and ack, messages come again, so handlers are
+//! idempotent (they key their writes by what the message is: Msg-Id, source sequence, object uid).
+
+use std::future::Future;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, AckKind, consumer::pull};
+use base64::Engine as _;
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use multipilot_schemas::{
+    DecodeError, Envelope, HEADER_CONTENT_TYPE, HEADER_MSG_ID, HEADER_SCHEMA, Payload,
+    payload::DeadLetter, subject,
+};
+use rand::Rng;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::limit::{self, Decision, Limiter};
+use crate::metrics::BusMetrics;
+use crate::publish;
+
+/// Runner settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Stream to read.
+    pub stream: String,
+    /// Durable consumer name (as in `deploy/streams.yaml`).
+    pub durable: String,
+    /// Messages per pull.
+    pub batch: usize,
+    /// How long one pull waits for messages.
+    #[serde(with = "humantime_serde")]
+    pub fetch_wait: Duration,
+    /// First redelivery delay after a retryable failure; doubles per delivery up to `retry_max`.
+    #[serde(with = "humantime_serde")]
+    pub retry_initial: Duration,
+    /// Longest redelivery delay.
+    #[serde(with = "humantime_serde")]
+    pub retry_max: Duration,
+    /// Bodies larger than this are dead-lettered.
+    pub max_message_bytes: usize,
+    /// Input rate limits.
+    pub rate: limit::Config,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            stream: String::new(),
+            durable: String::new(),
+            batch: 500,
+            fetch_wait: Duration::from_secs(1),
+            retry_initial: Duration::from_millis(500),
+            retry_max: Duration::from_secs(60),
+            max_message_bytes: multipilot_schemas::codec::DEFAULT_MAX_BYTES,
+            rate: limit::Config::default(),
+        }
+    }
+}
+
+/// Runner failures (the runner itself only stops for these; message-level problems never stop it).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The stream or consumer does not exist (provision first).
+    #[error("consumer {stream}/{durable} not available: {reason}")]
+    Consumer {
+        /// Stream.
+        stream: String,
+        /// Durable name.
+        durable: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A decoded message with what JetStream knows about it.
+#[derive(Debug, Clone)]
+pub struct Received<T> {
+    /// The envelope.
+    pub envelope: Envelope<T>,
+    /// Subject it was published on.
+    pub subject: String,
+    /// When JetStream stored it (the server's clock): the `ingest_time` consumers carry forward.
+    pub ingest_time: DateTime<Utc>,
+    /// Stream sequence.
+    pub stream_seq: u64,
+    /// Delivery attempt, from 1.
+    pub delivered: u64,
+    /// `Nats-Msg-Id`, if set.
+    pub msg_id: Option<String>,
+}
+
+/// What the handler made of a message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Handled; ack after the batch's commit.
+    Done,
+    /// Could not handle it now (a dependency is away): redeliver later with backoff.
+    Retry(String),
+    /// Can never be handled (it is invalid for this role): dead-letter with this reason class and error.
+    Reject {
+        /// Short class, e.g. `invalid`.
+        reason: String,
+        /// The full error.
+        error: String,
+    },
+}
+
+/// A role's message handler.
+pub trait Handler<T: Payload>: Send {
+    /// Handles one message.
+    fn handle(&mut self, msg: Received<T>) -> impl Future<Output = Outcome> + Send;
+
+    /// Makes the work of the batch durable; called before the batch's messages are acked. An error naks
+    /// them all for redelivery.
+    fn commit(&mut self) -> impl Future<Output = Result<(), String>> + Send {
+        async { Ok(()) }
+    }
+}
+
+/// Reads one durable consumer until cancelled.
+#[derive(Debug)]
+pub struct Runner {
+    js: jetstream::Context,
+    config: Config,
+    limiter: Limiter,
+    metrics: BusMetrics,
+}
+
+fn header<'a>(msg: &'a async_nats::Message, name: &str) -> Option<&'a str> {
+    msg.headers.as_ref()?.get(name).map(|v| v.as_str())
+}
+
+impl Runner {
+    /// A runner for one consumer.
+    pub fn new(js: jetstream::Context, config: Config, metrics: BusMetrics) -> Self {
+        let limiter = Limiter::new(&config.rate);
+        Runner {
+            js,
+            config,
+            limiter,
+            metrics,
+        }
+    }
+
+    /// Effective messages per pull: with a global rate, no more than ~5 s worth, so a batch is always acked
+    /// well within the consumer's ack wait.
+    fn batch_size(&self) -> usize {
+        let n = self.config.batch.max(1);
+        match self.config.rate.per_second {
+            0 => n,
+            r => n.min((r as usize * 5).max(1)),
+        }
+    }
+
+    fn backoff(&self, delivered: u64) -> Duration {
+        let exp = delivered.saturating_sub(1).min(20) as u32;
+        let base = self
+            .config
+            .retry_initial
+            .saturating_mul(2u32.saturating_pow(exp))
+            .min(self.config.retry_max);
+        // ±20% jitter so retries of many messages don't come back in one wave.
+        let jitter = rand::rng().random_range(0.8..1.2);
+        base.mul_f64(jitter)
+    }
+
+    /// Runs until `cancel` fires. Message-level failures never stop it; a lost server is retried.
+    pub async fn run<T: Payload, H: Handler<T>>(
+        &self,
+        handler: &mut H,
+        cancel: CancellationToken,
+    ) -> Result<(), Error> {
+        let c = &self.config;
+        let consumer: jetstream::consumer::Consumer<pull::Config> = loop {
+            let got = async {
+                let stream = self
+                    .js
+                    .get_stream(&c.stream)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                stream
+                    .get_consumer::<pull::Config>(&c.durable)
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+            .await;
+            match got {
+                Ok(consumer) => break consumer,
+                Err(reason) if reason.contains("not found") => {
+                    return Err(Error::Consumer {
+                        stream: c.stream.clone(),
+                        durable: c.durable.clone(),
+                        reason,
+                    });
+                }
+                Err(reason) => {
+                    tracing::warn!(stream = %c.stream, durable = %c.durable, %reason, "consumer not reachable yet");
+                    tokio::select! {
+                        _ = cancel.cancelled() => return Ok(()),
+                        _ = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    }
+                }
+            }
+        };
+        let mut since_shrink = 0usize;
+        let mut pull_backoff = Duration::from_millis(100);
+        while !cancel.is_cancelled() {
+            let batch = consumer
+                .batch()
+                .max_messages(self.batch_size())
+                .expires(c.fetch_wait)
+                .messages()
+                .await;
+            let mut batch = match batch {
+                Ok(b) => {
+                    pull_backoff = Duration::from_millis(100);
+                    b
+                }
+                Err(e) => {
+                    tracing::warn!(durable = %c.durable, error = %e, "pull failed; retrying");
+                    tokio::select! {
+                        _ = cancel.cancelled() => return Ok(()),
+                        _ = tokio::time::sleep(pull_backoff) => {}
+                    }
+                    pull_backoff = (pull_backoff * 2).min(Duration::from_secs(5));
+                    continue;
+                }
+            };
+            let mut to_ack = Vec::new();
+            loop {
+                let next = tokio::select! {
+                    _ = cancel.cancelled() => None,
+                    n = batch.next() => n,
+                };
+                let Some(msg) = next else { break };
+                let msg = match msg {
+                    Ok(m) => m,
+                    Err(e) => {
+                        tracing::debug!(durable = %c.durable, error = %e, "batch ended");
+                        break;
+                    }
+                };
+                if let Some(m) = self.process(handler, msg).await {
+                    to_ack.push(m);
+                }
+            }
+            if !to_ack.is_empty() {
+                match handler.commit().await {
+                    Ok(()) => {
+                        for m in &to_ack {
+                            if let Err(e) = m.ack().await {
+                                // The message will be redelivered after ack_wait; handlers are idempotent.
+                                tracing::warn!(durable = %c.durable, error = %e, "ack failed");
+                            }
+                        }
+                        for _ in &to_ack {
+                            self.metrics.consumed(&c.durable, "done");
+                        }
+                    }
+                    Err(reason) => {
+                        tracing::error!(durable = %c.durable, %reason, count = to_ack.len(), "commit failed; redelivering batch");
+                        for m in &to_ack {
+                            let delivered = m.info().map(|i| i.delivered as u64).unwrap_or(1);
+                            let _ = m
+                                .ack_with(AckKind::Nak(Some(self.backoff(delivered))))
+                                .await;
+                            self.metrics.consumed(&c.durable, "retry");
+                        }
+                    }
+                }
+            }
+            since_shrink += 1;
+            if since_shrink >= 1000 {
+                self.limiter.shrink();
+                since_shrink = 0;
+            }
+        }
+        Ok(())
+    }
+
+    /// Handles one message; returns it if it should be acked after the batch commits.
+    async fn process<T: Payload, H: Handler<T>>(
+        &self,
+        handler: &mut H,
+        msg: jetstream::Message,
+    ) -> Option<jetstream::Message> {
+        let c = &self.config;
+        let (ingest_time, stream_seq, delivered) = match msg.info() {
+            Ok(i) => (i.published, i.stream_sequence, i.delivered.max(1) as u64),
+            Err(_) => (Utc::now(), 0, 1),
+        };
+        let decoded: Result<Envelope<T>, DecodeError> = multipilot_schemas::decode(
+            header(&msg, HEADER_CONTENT_TYPE),
+            header(&msg, HEADER_SCHEMA),
+            &msg.payload,
+            c.max_message_bytes,
+        );
+        let envelope = match decoded {
+            Ok(e) => e,
+            Err(e) => {
+                self.dead_letter(&msg, stream_seq, delivered, e.reason(), &e.to_string())
+                    .await;
+                return None;
+            }
+        };
+        if let Decision::Later(wait) = self.limiter.check_key(&envelope.cluster) {
+            self.metrics.consumed(&c.durable, "rate_limited");
+            let _ = msg
+                .ack_with(AckKind::Nak(Some(wait.max(Duration::from_millis(10)))))
+                .await;
+            return None;
+        }
+        self.limiter.until_ready().await;
+        let received = Received {
+            envelope,
+            subject: msg.subject.to_string(),
+            ingest_time,
+            stream_seq,
+            delivered,
+            msg_id: header(&msg, HEADER_MSG_ID).map(str::to_string),
+        };
+        match handler.handle(received).await {
+            Outcome::Done => Some(msg),
+            Outcome::Retry(why) => {
+                tracing::warn!(durable = %c.durable, stream_seq, delivered, reason = %why, "retrying message");
+                self.metrics.consumed(&c.durable, "retry");
+                let _ = msg
+                    .ack_with(AckKind::Nak(Some(self.backoff(delivered))))
+                    .await;
+                None
+            }
+            Outcome::Reject { reason, error } => {
+                self.dead_letter(&msg, stream_seq, delivered, &reason, &error)
+                    .await;
+                None
+            }
+        }
+    }
+
+    /// Publishes a dead letter and, once it is stored, terminates the original. If the dead letter can't be
+    /// stored, the original is nak'ed instead: it is never dropped without a trace.
+    async fn dead_letter(
+        &self,
+        msg: &jetstream::Message,
+        stream_seq: u64,
+        delivered: u64,
+        reason: &str,
+        error: &str,
+    ) {
+        let c = &self.config;
+        let headers = msg
+            .headers
+            .as_ref()
+            .map(|h| {
+                h.iter()
+                    .map(|(k, vs)| {
+                        (
+                            k.to_string(),
+                            vs.iter().map(|v| v.as_str().to_string()).collect(),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let letter = DeadLetter {
+            stream: c.stream.clone(),
+            consumer: c.durable.clone(),
+            subject: msg.subject.to_string(),
+            stream_seq,
+            delivered,
+            reason: reason.to_string(),
+            error: error.to_string(),
+            headers,
+            payload_base64: base64::engine::general_purpose::STANDARD.encode(&msg.payload),
+        };
+        let cluster = subject::cluster_of(&msg.subject).unwrap_or_default();
+        let env = Envelope::new(cluster, c.durable.clone(), Utc::now(), stream_seq, letter);
+        let id =
+            multipilot_schemas::stable_id(&["dlq", &c.stream, &c.durable, &stream_seq.to_string()]);
+        match publish::publish_one(&self.js, subject::dlq(&c.stream), id, &env).await {
+            Ok(_) => {
+                tracing::warn!(durable = %c.durable, stream_seq, reason, error, "dead-lettered");
+                self.metrics.dead_lettered(&c.durable, reason);
+                self.metrics.consumed(&c.durable, "dead_letter");
+                let _ = msg.ack_with(AckKind::Term).await;
+            }
+            Err(e) => {
+                tracing::error!(durable = %c.durable, stream_seq, error = %e, "dead letter not stored; will retry");
+                let _ = msg
+                    .ack_with(AckKind::Nak(Some(self.backoff(delivered))))
+                    .await;
+            }
+        }
+    }
+}

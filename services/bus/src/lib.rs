@@ -1,0 +1,21 @@
+//! NATS JetStream plumbing shared by every MultiPilot service.
+//!
+//! - [`connect`]: connect with retry and any of NATS' auth methods (user/password, token, nkey, creds file,
+//!   TLS); credentials never reach a log.
+//! - [`topology`]: the declarative definition of every stream and durable consumer (`deploy/streams.yaml`,
+//!   embedded here) and its idempotent provisioning.
+//! - [`publish`]: a publisher that keeps a bounded window of async publish acks in flight and sets
+//!   `Nats-Msg-Id` so JetStream drops replays.
+//! - [`consume`]: the consumer runner: pull in batches, ack after the handler's work is durable, nak with
+//!   backoff on retryable errors, dead-letter what can't be decoded or is invalid, rate-limit per key.
+//! - [`limit`]: the keyed rate limiter (governor) the runner uses.
+//! - [`metrics`]: the bus' Prometheus metrics.
+
+pub mod connect;
+pub mod consume;
+pub mod limit;
+pub mod metrics;
+pub mod publish;
+pub mod topology;
+
+pub use async_nats;

@@ -1,0 +1,221 @@
+//! Publishing with a bounded window of acks in flight.
+//!
+//! Awaiting each publish ack in turn caps JetStream at a few thousand messages a second on loopback; the
+//! [`Publisher`] instead keeps up to `window` acks outstanding and only awaits the oldest when the window is
+//! full, which runs at close to the server's own rate. Every message carries `Nats-Msg-Id`, so a message
+//! re-sent after a lost ack (outbox replay, reconnect) is dropped by JetStream's duplicate window and the
+//! ack says `duplicate`.
+//!
+//! Each message carries a caller-chosen key (an outbox sequence, say) that comes back with its completion,
+//! so the caller learns exactly which messages are stored.
+
+use std::collections::VecDeque;
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::{self, context::PublishAckFuture};
+use bytes::Bytes;
+use multipilot_schemas::{
+    CONTENT_TYPE_MSGPACK, Envelope, HEADER_CONTENT_TYPE, HEADER_MSG_ID, HEADER_SCHEMA, Payload,
+};
+
+use crate::metrics::BusMetrics;
+
+/// Publishing failures.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The payload could not be encoded (a bug; not retryable).
+    #[error(transparent)]
+    Encode(#[from] multipilot_schemas::EncodeError),
+    /// The message could not be sent or was not stored (retryable: the server may be away).
+    #[error("publish to {subject} failed: {reason}")]
+    Publish {
+        /// Subject.
+        subject: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+/// A message ready to publish: subject, headers (content type, schema, Msg-Id) and encoded body.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    /// Subject.
+    pub subject: String,
+    /// `Nats-Msg-Id`.
+    pub msg_id: String,
+    /// Headers, the above included.
+    pub headers: HeaderMap,
+    /// Encoded envelope.
+    pub payload: Bytes,
+}
+
+impl Outgoing {
+    /// Encodes an envelope (named MessagePack) with the contract's headers.
+    pub fn envelope<T: Payload>(
+        subject: String,
+        msg_id: String,
+        envelope: &Envelope<T>,
+    ) -> Result<Self, Error> {
+        let payload = Bytes::from(multipilot_schemas::encode(envelope)?);
+        Ok(Self::raw(subject, msg_id, &T::schema_header(), payload))
+    }
+
+    /// A message from already-encoded bytes (an outbox replay) and its schema header value.
+    pub fn raw(subject: String, msg_id: String, schema_header: &str, payload: Bytes) -> Self {
+        let mut headers = HeaderMap::new();
+        headers.insert(HEADER_CONTENT_TYPE, CONTENT_TYPE_MSGPACK);
+        headers.insert(HEADER_SCHEMA, schema_header);
+        headers.insert(HEADER_MSG_ID, msg_id.as_str());
+        Outgoing {
+            subject,
+            msg_id,
+            headers,
+            payload,
+        }
+    }
+}
+
+/// How a message ended.
+#[derive(Debug)]
+pub enum Completion<K> {
+    /// Stored by JetStream (or recognised as a duplicate of a stored message).
+    Stored {
+        /// The caller's key.
+        key: K,
+        /// Stream sequence.
+        sequence: u64,
+        /// JetStream had it already (same Msg-Id within the duplicate window).
+        duplicate: bool,
+    },
+    /// Not confirmed: the caller should keep it and send it again later.
+    Failed {
+        /// The caller's key.
+        key: K,
+        /// Why.
+        error: Error,
+    },
+}
+
+/// A JetStream publisher with a bounded window of acks in flight.
+pub struct Publisher<K> {
+    js: jetstream::Context,
+    window: usize,
+    in_flight: VecDeque<(K, String, PublishAckFuture)>,
+    metrics: BusMetrics,
+}
+
+impl<K> std::fmt::Debug for Publisher<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("window", &self.window)
+            .field("in_flight", &self.in_flight.len())
+            .finish()
+    }
+}
+
+impl<K> Publisher<K> {
+    /// A publisher keeping at most `window` acks outstanding (256 is a good default on loopback).
+    pub fn new(js: jetstream::Context, window: usize, metrics: BusMetrics) -> Self {
+        Publisher {
+            js,
+            window: window.max(1),
+            in_flight: VecDeque::new(),
+            metrics,
+        }
+    }
+
+    /// Acks outstanding.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
+    /// Sends one message. Returns the completions of older messages that had to be awaited to make room.
+    ///
+    /// If the message can't even be sent (client closed, payload too large), it comes back at once as a
+    /// [`Completion::Failed`] with its key; nothing is lost silently.
+    pub async fn send(&mut self, key: K, msg: Outgoing) -> Vec<Completion<K>> {
+        let mut done = Vec::new();
+        while self.in_flight.len() >= self.window {
+            if let Some(c) = self.complete_oldest().await {
+                done.push(c);
+            }
+        }
+        let publish = jetstream::message::PublishMessage::build()
+            .payload(msg.payload)
+            .headers(msg.headers)
+            .message_id(msg.msg_id);
+        match self.js.send_publish(msg.subject.clone(), publish).await {
+            Ok(fut) => self.in_flight.push_back((key, msg.subject, fut)),
+            Err(e) => {
+                self.metrics.published("failed");
+                done.push(Completion::Failed {
+                    key,
+                    error: Error::Publish {
+                        subject: msg.subject,
+                        reason: e.to_string(),
+                    },
+                })
+            }
+        }
+        done
+    }
+
+    /// Awaits every outstanding ack.
+    pub async fn flush(&mut self) -> Vec<Completion<K>> {
+        let mut done = Vec::with_capacity(self.in_flight.len());
+        while !self.in_flight.is_empty() {
+            if let Some(c) = self.complete_oldest().await {
+                done.push(c);
+            }
+        }
+        done
+    }
+
+    async fn complete_oldest(&mut self) -> Option<Completion<K>> {
+        let (key, subject, fut) = self.in_flight.pop_front()?;
+        Some(match fut.await {
+            Ok(ack) => {
+                self.metrics
+                    .published(if ack.duplicate { "duplicate" } else { "stored" });
+                Completion::Stored {
+                    key,
+                    sequence: ack.sequence,
+                    duplicate: ack.duplicate,
+                }
+            }
+            Err(e) => {
+                self.metrics.published("failed");
+                Completion::Failed {
+                    key,
+                    error: Error::Publish {
+                        subject,
+                        reason: e.to_string(),
+                    },
+                }
+            }
+        })
+    }
+}
+
+/// Publishes one message and waits for it to be stored: for low-volume producers (incidents, audit).
+pub async fn publish_one<T: Payload>(
+    js: &jetstream::Context,
+    subject: String,
+    msg_id: String,
+    envelope: &Envelope<T>,
+) -> Result<jetstream::publish::PublishAck, Error> {
+    let msg = Outgoing::envelope(subject, msg_id, envelope)?;
+    let publish = jetstream::message::PublishMessage::build()
+        .payload(msg.payload)
+        .headers(msg.headers)
+        .message_id(msg.msg_id);
+    let fail = |e: &dyn std::fmt::Display| Error::Publish {
+        subject: msg.subject.clone(),
+        reason: e.to_string(),
+    };
+    let fut = js
+        .send_publish(msg.subject.clone(), publish)
+        .await
+        .map_err(|e| fail(&e))?;
+    fut.await.map_err(|e| fail(&e))
+}

@@ -1,0 +1,589 @@
+//! The bus against a real nats-server: provisioning, publishing, de-duplication, the consumer runner's
+//! dead-lettering, retries and rate limits.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use async_nats::jetstream;
+use chrono::Utc;
+use futures::StreamExt;
+use multipilot_bus::consume::{self, Handler, Outcome, Received, Runner};
+use multipilot_bus::limit;
+use multipilot_bus::metrics::BusMetrics;
+use multipilot_bus::publish::{Completion, Outgoing, Publisher};
+use multipilot_bus::topology::Topology;
+use multipilot_schemas::payload::*;
+use multipilot_schemas::{Envelope, Payload, catalog, subject};
+use multipilot_testkit::NatsServer;
+use tokio_util::sync::CancellationToken;
+
+async fn setup() -> Result<(NatsServer, jetstream::Context)> {
+    let server = NatsServer::start().await?;
+    let js = jetstream::new(server.client().await?);
+    Topology::embedded().provision(&js).await?;
+    Ok((server, js))
+}
+
+/// Polls `f` until it is true or the deadline passes (a condition, not a timing assertion).
+async fn wait_until(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
+    let end = Instant::now() + deadline;
+    while !f() {
+        anyhow::ensure!(Instant::now() < end, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+fn heartbeat(cluster: &str, seq: u64) -> Envelope<Heartbeat> {
+    Envelope::new(
+        cluster,
+        format!("agent-{cluster}"),
+        Utc::now(),
+        seq,
+        Heartbeat {
+            interval_s: 5,
+            agent_version: "test".into(),
+            started_at: Utc::now(),
+            outbox_depth: 0,
+            dropped_metric_batches: 0,
+            apiserver_reachable: true,
+        },
+    )
+}
+
+fn hb_msg(cluster: &str, seq: u64) -> Outgoing {
+    let env = heartbeat(cluster, seq);
+    Outgoing::envelope(
+        subject::heartbeat(cluster),
+        format!("hb-{cluster}-{seq}"),
+        &env,
+    )
+    .unwrap()
+}
+
+/// A temporary durable on FLEET_HEALTH for one test.
+async fn health_consumer(js: &jetstream::Context, durable: &str) -> Result<()> {
+    js.get_stream("FLEET_HEALTH")
+        .await?
+        .create_consumer(jetstream::consumer::pull::Config {
+            durable_name: Some(durable.into()),
+            filter_subject: "fleet.hb.>".into(),
+            max_deliver: -1,
+            max_ack_pending: 20_000,
+            ..Default::default()
+        })
+        .await?;
+    Ok(())
+}
+
+#[derive(Clone, Default)]
+struct Recorder {
+    seen: Arc<Mutex<Vec<(String, u64, Instant)>>>,
+    fail_first: Arc<Mutex<std::collections::HashSet<u64>>>,
+}
+
+impl Handler<Heartbeat> for Recorder {
+    async fn handle(&mut self, msg: Received<Heartbeat>) -> Outcome {
+        if self.fail_first.lock().unwrap().remove(&msg.envelope.seq) {
+            return Outcome::Retry("dependency away".into());
+        }
+        self.seen.lock().unwrap().push((
+            msg.envelope.cluster.clone(),
+            msg.envelope.seq,
+            Instant::now(),
+        ));
+        Outcome::Done
+    }
+}
+
+fn runner(
+    js: &jetstream::Context,
+    durable: &str,
+    rate: limit::Config,
+    metrics: BusMetrics,
+) -> Runner {
+    Runner::new(
+        js.clone(),
+        consume::Config {
+            stream: "FLEET_HEALTH".into(),
+            durable: durable.into(),
+            fetch_wait: Duration::from_millis(200),
+            retry_initial: Duration::from_millis(50),
+            rate,
+            ..Default::default()
+        },
+        metrics,
+    )
+}
+
+fn spawn_runner(r: Runner, mut h: Recorder) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let cancel = CancellationToken::new();
+    let c = cancel.clone();
+    let task = tokio::spawn(async move {
+        r.run(&mut h, c).await.expect("runner");
+    });
+    (cancel, task)
+}
+
+async fn round_trip<T: Payload + PartialEq + std::fmt::Debug>(
+    js: &jetstream::Context,
+    sample: &[u8],
+    subj: String,
+) -> Result<()> {
+    let original: Envelope<T> =
+        multipilot_schemas::decode(None, Some(&T::schema_header()), sample, usize::MAX)?;
+    let mut publisher = Publisher::new(js.clone(), 16, BusMetrics::default());
+    let msg = Outgoing::envelope(subj.clone(), format!("rt-{}", T::SCHEMA), &original)?;
+    publisher.send((), msg).await;
+    for c in publisher.flush().await {
+        anyhow::ensure!(
+            matches!(
+                c,
+                Completion::Stored {
+                    duplicate: false,
+                    ..
+                }
+            ),
+            "{} not stored: {c:?}",
+            T::SCHEMA
+        );
+    }
+    let stream_name = Topology::embedded()
+        .stream_for_subject(&subj)
+        .context("no stream")?
+        .name
+        .clone();
+    let raw = js
+        .get_stream(&stream_name)
+        .await?
+        .get_last_raw_message_by_subject(&subj)
+        .await?;
+    let headers = raw.headers;
+    assert_eq!(
+        headers.get("Content-Type").map(|v| v.as_str()),
+        Some("application/msgpack")
+    );
+    assert_eq!(
+        headers.get("Multipilot-Schema").map(|v| v.to_string()),
+        Some(T::schema_header())
+    );
+    assert_eq!(
+        headers.get("Nats-Msg-Id").map(|v| v.to_string()),
+        Some(format!("rt-{}", T::SCHEMA))
+    );
+    // Named MessagePack: the body is a map carrying the envelope's field names.
+    let value = rmpv::decode::read_value(&mut &raw.payload[..])?;
+    let map = value.as_map().context("body is not a map")?;
+    assert!(
+        map.iter().any(|(k, _)| k.as_str() == Some("payload")),
+        "{}: fields not named",
+        T::SCHEMA
+    );
+    let back: Envelope<T> = multipilot_schemas::decode(
+        headers.get("Content-Type").map(|v| v.as_str()),
+        headers.get("Multipilot-Schema").map(|v| v.as_str()),
+        &raw.payload,
+        1 << 20,
+    )?;
+    assert_eq!(back, original, "{} changed in transit", T::SCHEMA);
+    Ok(())
+}
+
+#[tokio::test]
+async fn every_payload_type_round_trips_through_jetstream() -> Result<()> {
+    let (_server, js) = setup().await?;
+    let mut done = 0;
+    for entry in catalog::entries() {
+        let s = &entry.sample;
+        match entry.name {
+            "ResourceState" => {
+                round_trip::<ResourceState>(
+                    &js,
+                    s,
+                    subject::state("c.1", "Deployment", Some("ns"), "a.b"),
+                )
+                .await?
+            }
+            "ResourceDeleted" => {
+                round_trip::<ResourceDeleted>(
+                    &js,
+                    s,
+                    subject::state("c.1", "ConfigMap", Some("ns"), "x"),
+                )
+                .await?
+            }
+            "ResyncMarker" => {
+                round_trip::<ResyncMarker>(&js, s, subject::resync("c.1", "CronJob")).await?
+            }
+            "KubeEvent" => round_trip::<KubeEvent>(&js, s, subject::event("c.1", "Pod")).await?,
+            "ProbeResult" => {
+                round_trip::<ProbeResult>(&js, s, subject::probe("c.1", "apiserver")).await?
+            }
+            "MetricBatch" => round_trip::<MetricBatch>(&js, s, subject::metrics("c.1")).await?,
+            "Heartbeat" => round_trip::<Heartbeat>(&js, s, subject::heartbeat("c.1")).await?,
+            "ClusterFacts" => round_trip::<ClusterFacts>(&js, s, subject::facts("c.1")).await?,
+            "Incident" => {
+                round_trip::<Incident>(&js, s, subject::incident("c.1", "apiserver-overload"))
+                    .await?
+            }
+            "Notification" => round_trip::<Notification>(&js, s, subject::alert("oncall")).await?,
+            "ReleaseCommand" => {
+                round_trip::<ReleaseCommand>(&js, s, subject::release("r1", "command")).await?
+            }
+            "ReleaseResult" => {
+                round_trip::<ReleaseResult>(&js, s, subject::release("r1", "result")).await?
+            }
+            "AuditRecord" => {
+                round_trip::<AuditRecord>(&js, s, subject::audit("release", "release.apply"))
+                    .await?
+            }
+            "DeadLetter" => round_trip::<DeadLetter>(&js, s, subject::dlq("FLEET_EVENTS")).await?,
+            other => anyhow::bail!("no round trip for {other}: add it here"),
+        }
+        done += 1;
+    }
+    assert_eq!(done, catalog::entries().len());
+    Ok(())
+}
+
+#[tokio::test]
+async fn provisioning_is_idempotent_and_updates_in_place() -> Result<()> {
+    let (_server, js) = setup().await?;
+    let topo = Topology::embedded();
+    topo.provision(&js).await?;
+    topo.provision(&js).await?;
+    let mut changed = topo.clone();
+    changed
+        .streams
+        .iter_mut()
+        .find(|s| s.name == "FLEET_EVENTS")
+        .unwrap()
+        .max_age = Duration::from_secs(48 * 3600);
+    changed.provision(&js).await?;
+    let info = js.get_stream("FLEET_EVENTS").await?.info().await?.clone();
+    assert_eq!(info.config.max_age, Duration::from_secs(48 * 3600));
+    let names: Vec<String> = js
+        .stream_names()
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .collect::<Result<_, _>>()?;
+    assert_eq!(names.len(), topo.streams.len());
+    for c in &topo.consumers {
+        js.get_stream(&c.stream)
+            .await?
+            .get_consumer::<jetstream::consumer::pull::Config>(&c.durable)
+            .await
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn replayed_message_is_dropped_by_its_msg_id() -> Result<()> {
+    let (_server, js) = setup().await?;
+    let mut p = Publisher::new(js.clone(), 8, BusMetrics::default());
+    p.send(1, hb_msg("dup", 1)).await;
+    p.send(2, hb_msg("dup", 1)).await; // the same message again: an outbox re-send after a lost ack
+    p.send(3, hb_msg("dup", 2)).await;
+    let done = p.flush().await;
+    let dup: Vec<bool> = done
+        .iter()
+        .map(|c| match c {
+            Completion::Stored { duplicate, .. } => *duplicate,
+            Completion::Failed { error, .. } => panic!("{error}"),
+        })
+        .collect();
+    assert_eq!(dup, vec![false, true, false]);
+    let info = js.get_stream("FLEET_HEALTH").await?.info().await?.clone();
+    assert_eq!(info.state.messages, 2);
+    Ok(())
+}
+
+#[tokio::test]
+async fn windowed_publisher_stores_everything_it_confirms() -> Result<()> {
+    let (_server, js) = setup().await?;
+    let mut p = Publisher::new(js.clone(), 256, BusMetrics::default());
+    let n = 20_000u64;
+    let mut stored = 0u64;
+    for i in 0..n {
+        for c in p.send(i, hb_msg("bulk", i)).await {
+            assert!(
+                matches!(
+                    c,
+                    Completion::Stored {
+                        duplicate: false,
+                        ..
+                    }
+                ),
+                "{c:?}"
+            );
+            stored += 1;
+        }
+        assert!(p.in_flight() <= 256);
+    }
+    stored += p.flush().await.len() as u64;
+    assert_eq!(stored, n);
+    assert_eq!(
+        js.get_stream("FLEET_HEALTH")
+            .await?
+            .info()
+            .await?
+            .state
+            .messages,
+        n
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn garbage_is_dead_lettered_with_its_reason_and_valid_neighbours_are_processed() -> Result<()>
+{
+    let (_server, js) = setup().await?;
+    health_consumer(&js, "t-dlq").await?;
+    let client = js.client();
+    let good = |seq| hb_msg("prod-1", seq);
+    let mut p = Publisher::new(js.clone(), 8, BusMetrics::default());
+    for seq in 1..=5 {
+        p.send(seq, good(seq)).await;
+    }
+    p.flush().await;
+    // Truncated MessagePack with valid headers.
+    let mut bad = good(100);
+    bad.payload = bad.payload.slice(..bad.payload.len() / 2);
+    bad.msg_id = "bad-1".into();
+    bad.headers.insert("Nats-Msg-Id", "bad-1");
+    js.send_publish(
+        bad.subject.clone(),
+        jetstream::message::PublishMessage::build()
+            .payload(bad.payload)
+            .headers(bad.headers),
+    )
+    .await?
+    .await?;
+    // Plain garbage without any headers.
+    js.publish(subject::heartbeat("prod-1"), "not msgpack at all".into())
+        .await?
+        .await?;
+    // A schema version from the future.
+    let mut future = good(101);
+    future.headers.insert("Multipilot-Schema", "Heartbeat/9");
+    future.headers.insert("Nats-Msg-Id", "bad-3");
+    js.send_publish(
+        future.subject.clone(),
+        jetstream::message::PublishMessage::build()
+            .payload(future.payload)
+            .headers(future.headers),
+    )
+    .await?
+    .await?;
+    for seq in 6..=10 {
+        p.send(seq, good(seq)).await;
+    }
+    p.flush().await;
+
+    let metrics = BusMetrics::default();
+    let rec = Recorder::default();
+    let (cancel, task) = spawn_runner(
+        runner(&js, "t-dlq", limit::Config::default(), metrics.clone()),
+        rec.clone(),
+    );
+    wait_until("10 valid messages", Duration::from_secs(20), || {
+        rec.seen.lock().unwrap().len() >= 10
+    })
+    .await?;
+    wait_until("3 dead letters", Duration::from_secs(20), || {
+        ["decode", "schema", "version"]
+            .iter()
+            .map(|r| metrics.dead_letters("t-dlq", r))
+            .sum::<u64>()
+            >= 3
+    })
+    .await?;
+    cancel.cancel();
+    task.await?;
+    let mut seqs: Vec<u64> = rec.seen.lock().unwrap().iter().map(|s| s.1).collect();
+    seqs.sort();
+    assert_eq!(seqs, (1..=10).collect::<Vec<_>>());
+
+    // The dead letters are on fleet.dlq.FLEET_HEALTH with their reasons and the original bytes.
+    let dlq = js.get_stream("FLEET_DLQ").await?;
+    let consumer = dlq
+        .create_consumer(jetstream::consumer::pull::Config {
+            durable_name: None,
+            ..Default::default()
+        })
+        .await?;
+    let mut msgs = consumer.fetch().max_messages(10).messages().await?;
+    let mut reasons = Vec::new();
+    while let Some(m) = msgs.next().await {
+        let m = m.map_err(|e| anyhow::anyhow!(e))?;
+        let h = m.headers.clone().unwrap_or_default();
+        let env: Envelope<DeadLetter> = multipilot_schemas::decode(
+            h.get("Content-Type").map(|v| v.as_str()),
+            h.get("Multipilot-Schema").map(|v| v.as_str()),
+            &m.payload,
+            1 << 20,
+        )?;
+        assert_eq!(m.subject.as_str(), "fleet.dlq.FLEET_HEALTH");
+        assert_eq!(env.payload.consumer, "t-dlq");
+        assert!(!env.payload.error.is_empty());
+        reasons.push(env.payload.reason);
+    }
+    reasons.sort();
+    assert_eq!(reasons, vec!["decode", "schema", "version"]);
+    drop(client);
+    Ok(())
+}
+
+#[tokio::test]
+async fn retryable_failure_is_redelivered_not_lost() -> Result<()> {
+    let (_server, js) = setup().await?;
+    health_consumer(&js, "t-retry").await?;
+    let mut p = Publisher::new(js.clone(), 8, BusMetrics::default());
+    for seq in 1..=5 {
+        p.send(seq, hb_msg("c", seq)).await;
+    }
+    p.flush().await;
+    let rec = Recorder::default();
+    rec.fail_first.lock().unwrap().extend([2, 4]);
+    let metrics = BusMetrics::default();
+    let (cancel, task) = spawn_runner(
+        runner(&js, "t-retry", limit::Config::default(), metrics.clone()),
+        rec.clone(),
+    );
+    wait_until("all 5 handled", Duration::from_secs(20), || {
+        rec.seen.lock().unwrap().len() >= 5
+    })
+    .await?;
+    cancel.cancel();
+    task.await?;
+    assert_eq!(metrics.consumed_count("t-retry", "retry"), 2);
+    let mut seqs: Vec<u64> = rec.seen.lock().unwrap().iter().map(|s| s.1).collect();
+    seqs.sort();
+    assert_eq!(seqs, vec![1, 2, 3, 4, 5]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn rate_limiter_holds_a_flood_to_the_configured_rate() -> Result<()> {
+    let (_server, js) = setup().await?;
+    health_consumer(&js, "t-rate").await?;
+    let (rate, burst, n) = (200u32, 20u32, 1_000u64);
+    let mut p = Publisher::new(js.clone(), 256, BusMetrics::default());
+    for seq in 0..n {
+        p.send(seq, hb_msg("flood", seq)).await;
+    }
+    p.flush().await;
+    let rec = Recorder::default();
+    let cfg = limit::Config {
+        per_second: rate,
+        burst,
+        ..Default::default()
+    };
+    let (cancel, task) = spawn_runner(
+        runner(&js, "t-rate", cfg, BusMetrics::default()),
+        rec.clone(),
+    );
+    wait_until("the flood to be handled", Duration::from_secs(60), || {
+        rec.seen.lock().unwrap().len() as u64 >= n
+    })
+    .await?;
+    cancel.cancel();
+    task.await?;
+    let mut times: Vec<Instant> = rec.seen.lock().unwrap().iter().map(|s| s.2).collect();
+    times.sort();
+    // Judged on counts: after the initial burst, the n - burst messages that followed took at least as long
+    // as the rate allows (the limiter can only be slower, never faster, than configured).
+    let after_burst = &times[burst as usize..];
+    let span = after_burst
+        .last()
+        .unwrap()
+        .duration_since(after_burst[0])
+        .as_secs_f64();
+    let observed = (after_burst.len() - 1) as f64 / span;
+    assert!(
+        observed <= rate as f64 * 1.10,
+        "observed {observed:.1}/s > {rate}/s + 10%"
+    );
+    assert!(
+        observed >= rate as f64 * 0.90,
+        "observed {observed:.1}/s < {rate}/s - 10%"
+    );
+    // And no one-second window holds more than a second's worth plus the burst.
+    for (i, t) in times.iter().enumerate() {
+        let in_window = times[i..]
+            .iter()
+            .take_while(|u| u.duration_since(*t) < Duration::from_secs(1))
+            .count();
+        assert!(
+            in_window as u32 <= rate + burst,
+            "{in_window} messages within one second"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn one_flooding_cluster_does_not_starve_the_others() -> Result<()> {
+    let (_server, js) = setup().await?;
+    health_consumer(&js, "t-fair").await?;
+    let mut p = Publisher::new(js.clone(), 256, BusMetrics::default());
+    for seq in 0..400 {
+        p.send(seq, hb_msg("noisy", seq)).await;
+    }
+    for seq in 0..20 {
+        p.send(1000 + seq, hb_msg("quiet", seq)).await;
+    }
+    p.flush().await;
+    let rec = Recorder::default();
+    let cfg = limit::Config {
+        per_key_per_second: 100,
+        per_key_burst: 10,
+        ..Default::default()
+    };
+    let (cancel, task) = spawn_runner(
+        runner(&js, "t-fair", cfg, BusMetrics::default()),
+        rec.clone(),
+    );
+    wait_until(
+        "the quiet cluster's 20 messages",
+        Duration::from_secs(30),
+        || {
+            rec.seen
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|s| s.0 == "quiet")
+                .count()
+                >= 20
+        },
+    )
+    .await?;
+    let noisy_done = rec
+        .seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|s| s.0 == "noisy")
+        .count();
+    // The quiet cluster, published after the whole flood, got through while most of the flood still waits.
+    assert!(
+        noisy_done < 300,
+        "quiet cluster waited behind {noisy_done} of 400 noisy messages"
+    );
+    wait_until("the whole flood", Duration::from_secs(60), || {
+        rec.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.0 == "noisy")
+            .count()
+            >= 400
+    })
+    .await?;
+    cancel.cancel();
+    task.await?;
+    Ok(())
+}
