@@ -251,7 +251,8 @@ mod tests {
     #[test]
     fn rejections_have_reasons() {
         let bytes = encode(&heartbeat()).unwrap();
-        let cases: Vec<(Option<&str>, Option<&str>, Vec<u8>, &str)> = vec![
+        type Case<'a> = (Option<&'a str>, Option<&'a str>, Vec<u8>, &'a str);
+        let cases: Vec<Case> = vec![
             (
                 None,
                 Some("Heartbeat/1"),

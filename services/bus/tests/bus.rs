@@ -196,49 +196,22 @@ async fn every_payload_type_round_trips_through_jetstream() -> Result<()> {
     let mut done = 0;
     for entry in catalog::entries() {
         let s = &entry.sample;
+        let subj = entry.subject.clone();
         match entry.name {
-            "ResourceState" => {
-                round_trip::<ResourceState>(
-                    &js,
-                    s,
-                    subject::state("c.1", "Deployment", Some("ns"), "a.b"),
-                )
-                .await?
-            }
-            "ResourceDeleted" => {
-                round_trip::<ResourceDeleted>(
-                    &js,
-                    s,
-                    subject::state("c.1", "ConfigMap", Some("ns"), "x"),
-                )
-                .await?
-            }
-            "ResyncMarker" => {
-                round_trip::<ResyncMarker>(&js, s, subject::resync("c.1", "CronJob")).await?
-            }
-            "KubeEvent" => round_trip::<KubeEvent>(&js, s, subject::event("c.1", "Pod")).await?,
-            "ProbeResult" => {
-                round_trip::<ProbeResult>(&js, s, subject::probe("c.1", "apiserver")).await?
-            }
-            "MetricBatch" => round_trip::<MetricBatch>(&js, s, subject::metrics("c.1")).await?,
-            "Heartbeat" => round_trip::<Heartbeat>(&js, s, subject::heartbeat("c.1")).await?,
-            "ClusterFacts" => round_trip::<ClusterFacts>(&js, s, subject::facts("c.1")).await?,
-            "Incident" => {
-                round_trip::<Incident>(&js, s, subject::incident("c.1", "apiserver-overload"))
-                    .await?
-            }
-            "Notification" => round_trip::<Notification>(&js, s, subject::alert("oncall")).await?,
-            "ReleaseCommand" => {
-                round_trip::<ReleaseCommand>(&js, s, subject::release("r1", "command")).await?
-            }
-            "ReleaseResult" => {
-                round_trip::<ReleaseResult>(&js, s, subject::release("r1", "result")).await?
-            }
-            "AuditRecord" => {
-                round_trip::<AuditRecord>(&js, s, subject::audit("release", "release.apply"))
-                    .await?
-            }
-            "DeadLetter" => round_trip::<DeadLetter>(&js, s, subject::dlq("FLEET_EVENTS")).await?,
+            "ResourceState" => round_trip::<ResourceState>(&js, s, subj).await?,
+            "ResourceDeleted" => round_trip::<ResourceDeleted>(&js, s, subj).await?,
+            "ResyncMarker" => round_trip::<ResyncMarker>(&js, s, subj).await?,
+            "KubeEvent" => round_trip::<KubeEvent>(&js, s, subj).await?,
+            "ProbeResult" => round_trip::<ProbeResult>(&js, s, subj).await?,
+            "MetricBatch" => round_trip::<MetricBatch>(&js, s, subj).await?,
+            "Heartbeat" => round_trip::<Heartbeat>(&js, s, subj).await?,
+            "ClusterFacts" => round_trip::<ClusterFacts>(&js, s, subj).await?,
+            "Incident" => round_trip::<Incident>(&js, s, subj).await?,
+            "Notification" => round_trip::<Notification>(&js, s, subj).await?,
+            "ReleaseCommand" => round_trip::<ReleaseCommand>(&js, s, subj).await?,
+            "ReleaseResult" => round_trip::<ReleaseResult>(&js, s, subj).await?,
+            "AuditRecord" => round_trip::<AuditRecord>(&js, s, subj).await?,
+            "DeadLetter" => round_trip::<DeadLetter>(&js, s, subj).await?,
             other => anyhow::bail!("no round trip for {other}: add it here"),
         }
         done += 1;
@@ -585,5 +558,39 @@ async fn one_flooding_cluster_does_not_starve_the_others() -> Result<()> {
     .await?;
     cancel.cancel();
     task.await?;
+    Ok(())
+}
+
+#[test]
+fn shipped_nats_configs_are_valid() -> Result<()> {
+    let bin = multipilot_testkit::nats_server_bin()?;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/nats");
+    for conf in [
+        "dev.conf",
+        "cluster-n1.conf",
+        "cluster-n2.conf",
+        "cluster-n3.conf",
+    ] {
+        let mut cmd = std::process::Command::new(&bin);
+        cmd.current_dir(&dir).args(["-t", "-c", conf]);
+        for who in [
+            "AGENT_PROD_1",
+            "CORRELATOR",
+            "TSDB",
+            "ALERTS",
+            "RELEASE",
+            "CONSOLE",
+            "ADMIN",
+            "SYS",
+        ] {
+            cmd.env(format!("MULTIPILOT_{who}_PASSWORD"), "test-only");
+        }
+        let out = cmd.output()?;
+        assert!(
+            out.status.success(),
+            "{conf}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     Ok(())
 }

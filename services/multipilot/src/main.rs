@@ -1,1 +1,106 @@
-fn main() {}
+//! `multipilot`, the MultiPilot hub: one subcommand per consumer role, `all` to run every role in one process,
+//! and operator commands.
+
+#![allow(clippy::print_stdout)] // a CLI: stdout is its output
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, Result};
+use clap::{Parser, Subcommand};
+use multipilot_runtime::config as cfg;
+
+mod config;
+mod roles;
+mod status;
+
+use config::Config;
+use roles::Role;
+
+/// MultiPilot: a fleet of Kubernetes clusters, visible, controlled and traceable.
+#[derive(Debug, Parser)]
+#[command(name = "multipilot", version, about)]
+struct Cli {
+    /// Config file (TOML or YAML). Environment variables `MULTIPILOT_<SECTION>__<KEY>` override it.
+    #[arg(long, short = 'c', global = true, env = "MULTIPILOT_CONFIG")]
+    config: Option<PathBuf>,
+    /// Print the effective configuration (defaults < file < environment) and exit.
+    #[arg(long, global = true)]
+    print_config: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run every hub role in one process (the demo and small fleets).
+    All,
+    /// Run the correlator role (dedup, incidents, baseline drift).
+    Correlator,
+    /// Run the TSDB role (metric storage, Prometheus-compatible queries).
+    Tsdb,
+    /// Run the alert router role.
+    Alerts,
+    /// Run the release orchestration role.
+    Release,
+    /// Run the console role (HTTP API and web UI).
+    Console,
+    /// Create or update every stream and durable consumer, then exit.
+    Provision,
+    /// Show the streams and consumers: messages, bytes, pending and unacked counts.
+    Status {
+        /// Output format.
+        #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "json"])]
+        output: String,
+    },
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("multipilot: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<()> {
+    let cli = Cli::parse();
+    let config: Config = cfg::load(cli.config.as_deref(), "MULTIPILOT_", &["agent__"])?;
+    config.validate()?;
+    if cli.print_config {
+        print!("{}", cfg::render(&config));
+        return Ok(());
+    }
+    multipilot_runtime::telemetry::init(&config.log);
+    let roles = match cli.command {
+        Command::All => Role::ALL.to_vec(),
+        Command::Correlator => vec![Role::Correlator],
+        Command::Tsdb => vec![Role::Tsdb],
+        Command::Alerts => vec![Role::Alerts],
+        Command::Release => vec![Role::Release],
+        Command::Console => vec![Role::Console],
+        Command::Provision => {
+            let client = multipilot_bus::connect::connect(&config.nats).await?;
+            let js = async_nats::jetstream::new(client);
+            config
+                .topology()
+                .provision(&js)
+                .await
+                .context("provisioning streams")?;
+            let topo = config.topology();
+            eprintln!(
+                "provisioned {} streams and {} consumers",
+                topo.streams.len(),
+                topo.consumers.len()
+            );
+            return Ok(());
+        }
+        Command::Status { output } => {
+            let client = multipilot_bus::connect::connect(&config.nats).await?;
+            return status::print(&async_nats::jetstream::new(client), &output).await;
+        }
+    };
+    roles::run(config, roles).await
+}

