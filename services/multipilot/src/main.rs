@@ -73,7 +73,13 @@ async fn run() -> Result<()> {
         print!("{}", cfg::render(&config));
         return Ok(());
     }
-    multipilot_runtime::telemetry::init(&config.log);
+    let operator_command = matches!(cli.command, Command::Provision | Command::Status { .. });
+    let mut log = config.log.clone();
+    if operator_command {
+        // Operator commands print their result; only problems belong in the log.
+        log.level = "warn".into();
+    }
+    multipilot_runtime::telemetry::init(&log);
     let roles = match cli.command {
         Command::All => Role::ALL.to_vec(),
         Command::Correlator => vec![Role::Correlator],
