@@ -93,7 +93,8 @@ impl NatsServer {
         Err(last_err.unwrap_or_else(|| anyhow::anyhow!("nats-server did not start")))
     }
 
-    async fn spawn_and_wait(&mut self) -> Result<()> {
+    /// Starts the process with its config file, logging to its log file; does not wait.
+    fn spawn(&mut self) -> Result<()> {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -107,6 +108,11 @@ impl NatsServer {
             .spawn()
             .context("spawning nats-server")?;
         self.child = Some(child);
+        Ok(())
+    }
+
+    async fn spawn_and_wait(&mut self) -> Result<()> {
+        self.spawn()?;
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if let Some(status) = self
@@ -232,19 +238,8 @@ impl NatsCluster {
                 store,
                 _dir: None,
             };
-            let log = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&node.log)?;
-            node.child = Some(
-                Command::new(nats_server_bin()?)
-                    .arg("-c")
-                    .arg(&node.config)
-                    .stdin(Stdio::null())
-                    .stdout(log.try_clone()?)
-                    .stderr(log)
-                    .spawn()?,
-            );
+            // All nodes start before any is waited on: JetStream needs a quorum to answer.
+            node.spawn()?;
             nodes.push(node);
         }
         // JetStream in a cluster is ready once a meta leader is elected: query_account answers then.
