@@ -1,0 +1,1420 @@
+//! The Kubernetes HTTP API of one virtual cluster: discovery, health, metrics, get/list/watch,
+//! create/update/patch (server-side apply included)/delete, `dryRun`, finalizers, Tables for kubectl,
+//! and the service/pod proxy used to scrape metrics.
+
+use std::collections::BTreeMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use rand::Rng;
+use serde_json::{Value, json};
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::apply;
+use crate::cluster::Cluster;
+use crate::metrics;
+use crate::profile::ApiResource;
+use crate::status::ApiError;
+use crate::store::{Change, EventType, FieldSelector, LabelSelector, ResKey, str_at};
+
+/// The router of one cluster.
+pub fn router(cluster: Arc<Cluster>) -> Router {
+    Router::new().fallback(handle).with_state(cluster)
+}
+
+type Query = BTreeMap<String, String>;
+
+fn parse_query(uri: &Uri) -> Query {
+    let mut q = Query::new();
+    if let Some(raw) = uri.query() {
+        for pair in raw.split('&').filter(|p| !p.is_empty()) {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            q.insert(pct_decode(k), pct_decode(v));
+        }
+    }
+    q
+}
+
+fn pct_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).unwrap_or("");
+                match u8::from_str_radix(hex, 16) {
+                    Ok(b) => {
+                        out.push(b);
+                        i += 2;
+                    }
+                    Err(_) => out.push(b'%'),
+                }
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn json_response(code: StatusCode, v: &Value) -> Response {
+    let mut r = (code, v.to_string()).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn error_response(e: &ApiError) -> Response {
+    let code = StatusCode::from_u16(e.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut r = json_response(code, &e.to_status());
+    if e.code == 429 {
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    r
+}
+
+fn text(code: StatusCode, body: String) -> Response {
+    let mut r = (code, body).into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+/// Paths anyone may read (the apiserver's `system:public-info-viewer`).
+fn is_public(path: &str) -> bool {
+    matches!(path, "/version" | "/healthz" | "/livez" | "/readyz")
+        || path.starts_with("/livez/")
+        || path.starts_with("/readyz/")
+}
+
+async fn handle(
+    State(c): State<Arc<Cluster>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let path = uri.path().to_string();
+    if !is_public(&path) {
+        let ok = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|t| t == c.token);
+        if !ok {
+            return error_response(&ApiError::unauthorized());
+        }
+    }
+    if let Some(o) = c.faults().overload {
+        tokio::time::sleep(Duration::from_millis(o.latency_ms)).await;
+        let roll: f64 = c.rng().random();
+        if roll < o.error_rate {
+            let e = if roll < o.error_rate / 2.0 {
+                ApiError::too_many_requests()
+            } else {
+                ApiError::internal("etcdserver: request timed out")
+            };
+            c.stats.count(method.as_str(), "", e.code);
+            return error_response(&e);
+        }
+    }
+    let q = parse_query(&uri);
+    let mut resp = match route(&c, &method, &path, &q, &headers, body).await {
+        Ok(r) => r,
+        Err(e) => error_response(&e),
+    };
+    let date = c.now().format("%a, %d %b %Y %H:%M:%S GMT").to_string();
+    if let Ok(v) = HeaderValue::from_str(&date) {
+        resp.headers_mut().insert(header::DATE, v);
+    }
+    resp
+}
+
+async fn route(
+    c: &Arc<Cluster>,
+    method: &Method,
+    path: &str,
+    q: &Query,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let segs: Vec<&str> = path
+        .trim_matches('/')
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect();
+    let p = c.profile();
+    let ok = |v: Value| Ok(json_response(StatusCode::OK, &v));
+    match segs.as_slice() {
+        ["version"] => return ok(p.version_json()),
+        ["api"] => return ok(p.core_versions_json(&c.server_url().replace("https://", ""))),
+        ["apis"] => return ok(p.group_list_json()),
+        ["apis", group] => {
+            let list = p.group_list_json();
+            let found = list["groups"]
+                .as_array()
+                .and_then(|gs| gs.iter().find(|g| g["name"] == *group).cloned());
+            return match found {
+                Some(mut g) => {
+                    g["kind"] = json!("APIGroup");
+                    g["apiVersion"] = json!("v1");
+                    ok(g)
+                }
+                None => Err(ApiError::no_route()),
+            };
+        }
+        ["api", "v1"] => {
+            return p
+                .resource_list_json("", "v1")
+                .map_or(Err(ApiError::no_route()), ok);
+        }
+        ["apis", group, version] => {
+            return p
+                .resource_list_json(group, version)
+                .map_or(Err(ApiError::no_route()), ok);
+        }
+        ["healthz"] | ["livez"] | ["readyz"] => return Ok(health(c, segs[0], None, q)),
+        ["livez", check] | ["readyz", check] => return Ok(health(c, segs[0], Some(check), q)),
+        ["metrics"] => return Ok(text(StatusCode::OK, metrics::apiserver(c))),
+        ["openapi", "v2"] => {
+            let mut r = Response::new(Body::from(openapi_v2_protobuf(&p.git_version)));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static(
+                    "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+                ),
+            );
+            return Ok(r);
+        }
+        ["openapi", "v3"] => return ok(openapi_root(c)),
+        ["openapi", "v3", "api", "v1"] => {
+            return openapi_gv(c, "", "v1").map_or(Err(ApiError::no_route()), ok);
+        }
+        ["openapi", "v3", "apis", group, version] => {
+            return openapi_gv(c, group, version).map_or(Err(ApiError::no_route()), ok);
+        }
+        _ => {}
+    }
+    let (group, version, rest) = match segs.as_slice() {
+        ["api", "v1", rest @ ..] => ("", "v1", rest),
+        ["apis", g, v, rest @ ..] => (*g, *v, rest),
+        _ => return Err(ApiError::no_route()),
+    };
+    let target = Target::parse(c, group, version, rest)?;
+    if let Some(dep) = deprecated_removal(group, version) {
+        let mut m = c.stats.deprecated.lock().unwrap_or_else(|e| e.into_inner());
+        *m.entry((
+            group.to_string(),
+            version.to_string(),
+            target.res.plural.to_string(),
+            dep.to_string(),
+        ))
+        .or_default() += 1;
+    }
+    let verb;
+    let result = match (method, &target.name, target.sub.as_deref()) {
+        (&Method::GET, None, None) if is_true(q.get("watch")) => {
+            verb = "WATCH";
+            watch(c, &target, q, wants_metadata(headers))
+        }
+        (&Method::GET, None, None) => {
+            verb = "LIST";
+            list(c, &target, q, headers)
+        }
+        (&Method::GET, Some(name), None) => {
+            verb = "GET";
+            let obj = c
+                .store
+                .get(&target.key(), target.ns_str(), name)
+                .ok_or_else(|| ApiError::not_found(group, target.res.plural, name))?;
+            let body = if wants_metadata(headers) {
+                partial(&obj)
+            } else {
+                present(&target.res, &obj)
+            };
+            Ok(json_response(StatusCode::OK, &body))
+        }
+        (&Method::GET, Some(name), Some("proxy")) => {
+            verb = "GET";
+            proxy(c, &target, name)
+        }
+        (&Method::GET, Some(name), Some("status")) => {
+            verb = "GET";
+            let obj = c
+                .store
+                .get(&target.key(), target.ns_str(), name)
+                .ok_or_else(|| ApiError::not_found(group, target.res.plural, name))?;
+            Ok(json_response(StatusCode::OK, &present(&target.res, &obj)))
+        }
+        (&Method::POST, None, None) => {
+            verb = "POST";
+            create(c, &target, q, headers, &body)
+        }
+        (&Method::PUT, Some(name), None) => {
+            verb = "PUT";
+            update(c, &target, name, q, headers, &body)
+        }
+        (&Method::PATCH, Some(name), sub @ (None | Some("status"))) => {
+            verb = "PATCH";
+            patch(c, &target, name, sub.is_some(), q, headers, &body)
+        }
+        (&Method::DELETE, Some(name), None) => {
+            verb = "DELETE";
+            delete(c, &target, name, q)
+        }
+        _ => {
+            verb = "OTHER";
+            Err(ApiError::method_not_allowed())
+        }
+    };
+    let code = match &result {
+        Ok(r) => r.status().as_u16(),
+        Err(e) => e.code,
+    };
+    c.stats.count(verb, target.res.plural, code);
+    result
+}
+
+/// `/openapi/v2` as the gnostic protobuf `Document` clients fetch: `swagger`, `info` and no definitions,
+/// so kubectl's client-side validation finds no schema and leaves the checks to the server (which is where
+/// the simulator validates).
+fn openapi_v2_protobuf(version: &str) -> Vec<u8> {
+    fn field(out: &mut Vec<u8>, number: u8, bytes: &[u8]) {
+        out.push((number << 3) | 2);
+        let mut len = bytes.len();
+        loop {
+            let b = (len & 0x7f) as u8;
+            len >>= 7;
+            if len == 0 {
+                out.push(b);
+                break;
+            }
+            out.push(b | 0x80);
+        }
+        out.extend_from_slice(bytes);
+    }
+    let mut info = Vec::new();
+    field(&mut info, 1, b"Kubernetes");
+    field(&mut info, 2, version.as_bytes());
+    let mut doc = Vec::new();
+    field(&mut doc, 1, b"2.0");
+    field(&mut doc, 2, &info);
+    doc
+}
+
+/// `/openapi/v3`: the index of per-group-version documents.
+fn openapi_root(c: &Cluster) -> Value {
+    let mut paths = serde_json::Map::new();
+    for (group, version) in c.profile().group_versions() {
+        let path = if group.is_empty() {
+            format!("api/{version}")
+        } else {
+            format!("apis/{group}/{version}")
+        };
+        let hash = format!(
+            "{:016X}",
+            crate::hash64(&format!("{}/{path}", c.profile().git_version))
+        );
+        paths.insert(
+            path.clone(),
+            json!({"serverRelativeURL": format!("/openapi/v3/{path}?hash={hash}")}),
+        );
+    }
+    json!({"paths": paths})
+}
+
+/// One group-version's OpenAPI v3 document: the operations with their GVK extensions and parameters
+/// (kubectl reads the PATCH operations to learn that the server validates fields itself). Schemas are
+/// left open (`x-kubernetes-preserve-unknown-fields`): the simulator validates what releases meet.
+fn openapi_gv(c: &Cluster, group: &str, version: &str) -> Option<Value> {
+    let p = c.profile();
+    if !p
+        .group_versions()
+        .iter()
+        .any(|(g, v)| *g == group && *v == version)
+    {
+        return None;
+    }
+    let prefix = if group.is_empty() {
+        format!("/api/{version}")
+    } else {
+        format!("/apis/{group}/{version}")
+    };
+    let mut paths = serde_json::Map::new();
+    let mut schemas = serde_json::Map::new();
+    let gv_list = p.resource_list_json(group, version)?;
+    for r in gv_list["resources"].as_array().into_iter().flatten() {
+        let plural = r["name"].as_str().unwrap_or_default();
+        if plural.contains('/') {
+            continue;
+        }
+        let Some(res) = p.resource(group, version, plural) else {
+            continue;
+        };
+        let gvk = json!({"group": group, "version": version, "kind": res.kind});
+        let param = |name: &str| json!({"name": name, "in": "query", "schema": {"type": "string", "uniqueItems": true}});
+        let params = |extra: &[&str]| {
+            let mut v: Vec<Value> = vec![
+                param("dryRun"),
+                param("fieldManager"),
+                param("fieldValidation"),
+            ];
+            v.extend(extra.iter().map(|e| param(e)));
+            v
+        };
+        let schema_name = format!(
+            "io.k8s.sim.{}.{}.{}",
+            if group.is_empty() { "core" } else { group },
+            version,
+            res.kind
+        );
+        schemas.insert(schema_name.clone(), json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true, "x-kubernetes-group-version-kind": [gvk]}));
+        let body = json!({"content": {"application/json": {"schema": {"$ref": format!("#/components/schemas/{schema_name}")}}}});
+        let op = |action: &str, extra: &[&str]| {
+            json!({"x-kubernetes-action": action, "x-kubernetes-group-version-kind": gvk, "parameters": params(extra),
+                   "operationId": format!("{action}{}", res.kind), "responses": {"200": body.clone()}})
+        };
+        let item = if res.namespaced {
+            format!("{prefix}/namespaces/{{namespace}}/{plural}/{{name}}")
+        } else {
+            format!("{prefix}/{plural}/{{name}}")
+        };
+        let collection = if res.namespaced {
+            format!("{prefix}/namespaces/{{namespace}}/{plural}")
+        } else {
+            format!("{prefix}/{plural}")
+        };
+        let mut item_ops = serde_json::Map::new();
+        let verbs: Vec<&str> = res.verbs.to_vec();
+        if verbs.contains(&"get") {
+            item_ops.insert("get".into(), op("get", &[]));
+        }
+        if verbs.contains(&"patch") {
+            item_ops.insert("patch".into(), op("patch", &["force"]));
+        }
+        if verbs.contains(&"update") {
+            item_ops.insert("put".into(), op("put", &[]));
+        }
+        if verbs.contains(&"delete") {
+            item_ops.insert("delete".into(), op("delete", &[]));
+        }
+        paths.insert(item, Value::Object(item_ops));
+        if verbs.contains(&"create") || verbs.contains(&"list") {
+            let mut coll = serde_json::Map::new();
+            if verbs.contains(&"create") {
+                coll.insert("post".into(), op("post", &[]));
+            }
+            if verbs.contains(&"list") {
+                coll.insert("get".into(), op("list", &[]));
+            }
+            paths.insert(collection, Value::Object(coll));
+        }
+    }
+    Some(json!({
+        "openapi": "3.0.0",
+        "info": {"title": "Kubernetes", "version": p.git_version},
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }))
+}
+
+fn is_true(v: Option<&String>) -> bool {
+    v.is_some_and(|v| v == "true" || v == "1")
+}
+
+/// The Kubernetes release that removes a deprecated group/version still served by some profiles.
+fn deprecated_removal(group: &str, version: &str) -> Option<&'static str> {
+    Some(match (group, version) {
+        ("batch", "v1beta1")
+        | ("policy", "v1beta1")
+        | ("discovery.k8s.io", "v1beta1")
+        | ("autoscaling", "v2beta1")
+        | ("events.k8s.io", "v1beta1")
+        | ("node.k8s.io", "v1beta1") => "1.25",
+        ("autoscaling", "v2beta2") | ("flowcontrol.apiserver.k8s.io", "v1beta1") => "1.26",
+        ("storage.k8s.io", "v1beta1") => "1.27",
+        ("flowcontrol.apiserver.k8s.io", "v1beta2") => "1.29",
+        ("flowcontrol.apiserver.k8s.io", "v1beta3") => "1.32",
+        _ => return None,
+    })
+}
+
+/// What a resource URL names.
+struct Target {
+    res: ApiResource,
+    ns: Option<String>,
+    name: Option<String>,
+    sub: Option<String>,
+    /// Path after the subresource (proxy paths).
+    tail: String,
+}
+
+impl Target {
+    fn parse(c: &Cluster, group: &str, version: &str, rest: &[&str]) -> Result<Self, ApiError> {
+        let p = c.profile();
+        let find = |plural: &str| p.resource(group, version, plural).cloned();
+        let (ns, plural, name, sub, tail): (
+            Option<&str>,
+            &str,
+            Option<&str>,
+            Option<&str>,
+            &[&str],
+        ) = match rest {
+            ["namespaces", ns, plural, more @ ..] if find(plural).is_some_and(|r| r.namespaced) => {
+                (
+                    Some(*ns),
+                    *plural,
+                    more.first().copied(),
+                    more.get(1).copied(),
+                    more.get(2..).unwrap_or(&[]),
+                )
+            }
+            [plural, more @ ..] => (
+                None,
+                *plural,
+                more.first().copied(),
+                more.get(1).copied(),
+                more.get(2..).unwrap_or(&[]),
+            ),
+            [] => return Err(ApiError::no_route()),
+        };
+        let res = find(plural).ok_or_else(ApiError::no_route)?;
+        if res.namespaced && ns.is_none() && name.is_some() {
+            return Err(ApiError::no_route());
+        }
+        Ok(Target {
+            res,
+            ns: ns.map(str::to_string),
+            name: name.map(str::to_string),
+            sub: sub.map(str::to_string),
+            tail: tail.join("/"),
+        })
+    }
+
+    fn key(&self) -> ResKey {
+        ResKey::new(self.res.group, self.res.plural)
+    }
+
+    fn ns_str(&self) -> &str {
+        if self.res.namespaced {
+            self.ns.as_deref().unwrap_or("")
+        } else {
+            ""
+        }
+    }
+}
+
+/// Whether the client asked for metadata only (`as=PartialObjectMetadata[List]`), as kube-rs'
+/// `metadata_watcher` does: the object's data never leaves the server.
+fn wants_metadata(headers: &HeaderMap) -> bool {
+    headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("as=PartialObjectMetadata"))
+}
+
+fn partial(obj: &Value) -> Value {
+    json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]})
+}
+
+/// The object as this group/version serves it.
+fn present(res: &ApiResource, obj: &Value) -> Value {
+    let mut v = obj.clone();
+    if res.group == "events.k8s.io" {
+        v = event_to_events_api(obj, &res.api_version());
+    } else {
+        v["apiVersion"] = json!(res.api_version());
+    }
+    v
+}
+
+/// core/v1 Event → events.k8s.io Event (the same stored object, as the apiserver converts it).
+fn event_to_events_api(e: &Value, api_version: &str) -> Value {
+    let mut out = json!({
+        "apiVersion": api_version,
+        "kind": "Event",
+        "metadata": e["metadata"],
+        "eventTime": e.get("eventTime").cloned().unwrap_or(Value::Null),
+        "reason": e["reason"],
+        "note": e["message"],
+        "type": e["type"],
+        "regarding": e["involvedObject"],
+        "reportingController": e.get("reportingComponent").cloned().unwrap_or_else(|| e["source"]["component"].clone()),
+        "reportingInstance": e.get("reportingInstance").cloned().unwrap_or(Value::Null),
+        "action": e.get("action").cloned().unwrap_or(Value::Null),
+    });
+    if let Some(s) = e.get("series").filter(|s| !s.is_null()) {
+        out["series"] = s.clone();
+    }
+    if let Some(n) = e.get("count") {
+        out["deprecatedCount"] = n.clone();
+    }
+    for (from, to) in [
+        ("firstTimestamp", "deprecatedFirstTimestamp"),
+        ("lastTimestamp", "deprecatedLastTimestamp"),
+    ] {
+        if let Some(t) = e.get(from).filter(|t| !t.is_null()) {
+            out[to] = t.clone();
+        }
+    }
+    if let Some(src) = e.get("source") {
+        out["deprecatedSource"] = src.clone();
+    }
+    out
+}
+
+fn selector_filter(q: &Query) -> Result<impl Fn(&Value) -> bool + use<>, ApiError> {
+    let labels = LabelSelector::parse(q.get("labelSelector").map_or("", String::as_str))?;
+    let fields = FieldSelector::parse(q.get("fieldSelector").map_or("", String::as_str))?;
+    Ok(move |o: &Value| {
+        labels.matches(o.pointer("/metadata/labels").and_then(Value::as_object))
+            && fields.matches(o)
+    })
+}
+
+fn list(c: &Cluster, t: &Target, q: &Query, headers: &HeaderMap) -> Result<Response, ApiError> {
+    let filter = selector_filter(q)?;
+    let limit = q.get("limit").and_then(|l| l.parse().ok());
+    let page = c.store.list(
+        &t.key(),
+        t.ns.as_deref().filter(|_| t.res.namespaced),
+        &filter,
+        limit,
+        q.get("continue")
+            .map(String::as_str)
+            .filter(|s| !s.is_empty()),
+    )?;
+    let mut meta = json!({"resourceVersion": page.rv.to_string()});
+    if let Some(token) = &page.continue_token {
+        meta["continue"] = json!(token);
+        meta["remainingItemCount"] = json!(page.remaining);
+    }
+    let wants_table = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("as=Table"));
+    if wants_table {
+        return Ok(json_response(
+            StatusCode::OK,
+            &table(c, &t.res, &page.items, meta),
+        ));
+    }
+    if wants_metadata(headers) {
+        let items: Vec<Value> = page.items.iter().map(|o| partial(o)).collect();
+        return Ok(json_response(
+            StatusCode::OK,
+            &json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "items": items}),
+        ));
+    }
+    let items: Vec<Value> = page.items.iter().map(|o| present(&t.res, o)).collect();
+    Ok(json_response(
+        StatusCode::OK,
+        &json!({
+            "kind": format!("{}List", t.res.kind),
+            "apiVersion": t.res.api_version(),
+            "metadata": meta,
+            "items": items,
+        }),
+    ))
+}
+
+/// A `meta.k8s.io/v1` Table, as `kubectl get` asks for.
+fn table(c: &Cluster, res: &ApiResource, items: &[Arc<Value>], meta: Value) -> Value {
+    let age = |o: &Value| {
+        let created = str_at(o, &["metadata", "creationTimestamp"]);
+        chrono::DateTime::parse_from_rfc3339(created)
+            .map(|t| human_age(c.now().signed_duration_since(t.with_timezone(&chrono::Utc))))
+            .unwrap_or_else(|_| "<unknown>".into())
+    };
+    let col = |name: &str, ty: &str| json!({"name": name, "type": ty, "format": if name == "Name" {"name"} else {""}, "description": "", "priority": 0});
+    type Cells<'a> = Box<dyn Fn(&Value) -> Vec<Value> + 'a>;
+    let (columns, cells): (Vec<Value>, Cells) = if res.plural == "pods" {
+        (
+            vec![
+                col("Name", "string"),
+                col("Ready", "string"),
+                col("Status", "string"),
+                col("Restarts", "string"),
+                col("Age", "string"),
+            ],
+            Box::new(move |o: &Value| {
+                let statuses = o
+                    .pointer("/status/containerStatuses")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default();
+                let ready = statuses
+                    .iter()
+                    .filter(|s| s["ready"] == json!(true))
+                    .count();
+                let restarts: i64 = statuses
+                    .iter()
+                    .filter_map(|s| s["restartCount"].as_i64())
+                    .sum();
+                let waiting = statuses.iter().find_map(|s| {
+                    s.pointer("/state/waiting/reason")
+                        .and_then(Value::as_str)
+                        .map(str::to_string)
+                });
+                let status = if o.pointer("/metadata/deletionTimestamp").is_some() {
+                    "Terminating".to_string()
+                } else {
+                    waiting.unwrap_or_else(|| str_at(o, &["status", "phase"]).to_string())
+                };
+                vec![
+                    json!(str_at(o, &["metadata", "name"])),
+                    json!(format!("{ready}/{}", statuses.len().max(1))),
+                    json!(status),
+                    json!(restarts.to_string()),
+                    json!(age(o)),
+                ]
+            }),
+        )
+    } else {
+        (
+            vec![col("Name", "string"), col("Age", "string")],
+            Box::new(move |o: &Value| vec![json!(str_at(o, &["metadata", "name"])), json!(age(o))]),
+        )
+    };
+    let rows: Vec<Value> = items
+        .iter()
+        .map(|o| {
+            json!({
+                "cells": cells(o),
+                "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]},
+            })
+        })
+        .collect();
+    json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "columnDefinitions": columns, "rows": rows})
+}
+
+fn human_age(d: chrono::Duration) -> String {
+    let s = d.num_seconds().max(0);
+    match s {
+        0..120 => format!("{s}s"),
+        120..7200 => format!("{}m", s / 60),
+        7200..172_800 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
+}
+
+fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Response, ApiError> {
+    let filter = selector_filter(q)?;
+    let key = t.key();
+    let ns = t.ns.clone().filter(|_| t.res.namespaced);
+    let res = t.res.clone();
+    let rv_param = q.get("resourceVersion").map(String::as_str).unwrap_or("");
+    let bookmarks = is_true(q.get("allowWatchBookmarks"));
+    let timeout = q
+        .get("timeoutSeconds")
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(Duration::from_secs)
+        .unwrap_or(Duration::from_secs(1800));
+    let (initial, from) = match rv_param {
+        "" | "0" => {
+            // "Any" resourceVersion: synthetic ADDED events for the current state, then changes.
+            let page = c.store.list(&key, ns.as_deref(), &filter, None, None)?;
+            (page.items, page.rv)
+        }
+        rv => {
+            let rv = rv
+                .parse::<u64>()
+                .map_err(|_| ApiError::bad_request(&format!("invalid resource version: {rv}")))?;
+            (Vec::new(), rv)
+        }
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(256);
+    let line = |kind: &str, obj: &Value| {
+        let mut s = json!({"type": kind, "object": obj}).to_string();
+        s.push('\n');
+        Bytes::from(s)
+    };
+    let started = c.store.watch_from(from);
+    let (backlog, mut sub) = match started {
+        Ok(x) => x,
+        Err(e) => {
+            // The real apiserver answers an expired watch with 200 and one ERROR event.
+            let body = line("ERROR", &e.to_status());
+            return Ok(stream_response(futures::stream::iter([
+                Ok::<_, Infallible>(body),
+            ])));
+        }
+    };
+    let shown = move |res: &ApiResource, o: &Value| {
+        if meta_only {
+            partial(o)
+        } else {
+            present(res, o)
+        }
+    };
+    let mut epoch = c.watch_epoch.subscribe();
+    epoch.borrow_and_update();
+    let c2 = c.clone();
+    let bookmark_every = c.settings.bookmark_interval;
+    tokio::spawn(async move {
+        c2.stats
+            .watches
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let matches = |ch: &Change| {
+            ch.res == key
+                && ns
+                    .as_deref()
+                    .is_none_or(|n| str_at(&ch.object, &["metadata", "namespace"]) == n)
+                && filter(&ch.object)
+        };
+        let mut last_rv = from;
+        let send = async |b: Bytes| tx.send(Ok(b)).await.is_ok();
+        let mut alive = true;
+        for o in &initial {
+            alive = alive && send(line("ADDED", &shown(&res, o))).await;
+        }
+        for ch in backlog {
+            last_rv = ch.rv;
+            if alive && matches(&ch) {
+                alive = send(line(ch.kind.as_str(), &shown(&res, &ch.object))).await;
+            }
+        }
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        let mut tick = tokio::time::interval(bookmark_every);
+        tick.tick().await;
+        while alive {
+            tokio::select! {
+                _ = &mut deadline => break,
+                _ = epoch.changed() => break,
+                _ = tx.closed() => break,
+                _ = tick.tick(), if bookmarks => {
+                    let bm = json!({"kind": res.kind, "apiVersion": res.api_version(), "metadata": {"resourceVersion": last_rv.max(c2.store.resource_version()).to_string(), "annotations": {"k8s.io/initial-events-end": "true"}}});
+                    alive = send(line("BOOKMARK", &bm)).await;
+                }
+                got = sub.recv() => match got {
+                    Ok(ch) => {
+                        if ch.rv <= last_rv { continue; }
+                        last_rv = ch.rv;
+                        if matches(&ch) {
+                            alive = send(line(ch.kind.as_str(), &shown(&res, &ch.object))).await;
+                        }
+                    }
+                    Err(RecvError::Lagged(_)) => {
+                        let e = ApiError::expired("watch fell behind; resource version too old");
+                        let _ = send(line("ERROR", &e.to_status())).await;
+                        break;
+                    }
+                    Err(RecvError::Closed) => break,
+                }
+            }
+        }
+        c2.stats
+            .watches
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    });
+    Ok(stream_response(tokio_stream_from(rx)))
+}
+
+fn tokio_stream_from(
+    mut rx: tokio::sync::mpsc::Receiver<Result<Bytes, Infallible>>,
+) -> impl futures::Stream<Item = Result<Bytes, Infallible>> {
+    futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
+}
+
+fn stream_response<S>(s: S) -> Response
+where
+    S: futures::Stream<Item = Result<Bytes, Infallible>> + Send + 'static,
+{
+    let mut r = Response::new(Body::from_stream(s));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn field_manager(q: &Query, headers: &HeaderMap, default_suffix: &str) -> String {
+    if let Some(m) = q.get("fieldManager").filter(|m| !m.is_empty()) {
+        return m.clone();
+    }
+    let ua = headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("unknown");
+    let base = ua.split('/').next().unwrap_or("unknown");
+    format!("{base}{default_suffix}")
+}
+
+fn is_dry_run(q: &Query) -> bool {
+    q.get("dryRun").is_some_and(|v| v == "All")
+}
+
+fn parse_body(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json");
+    if ct.contains("yaml") {
+        serde_yaml::from_slice(body)
+            .map_err(|e| ApiError::bad_request(&format!("error decoding YAML: {e}")))
+    } else if ct.contains("protobuf") {
+        Err(ApiError::unsupported_media(ct))
+    } else {
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(&format!("error decoding JSON: {e}")))
+    }
+}
+
+/// Validation the apiserver does before anything is stored (the part releases meet).
+fn validate(t: &Target, obj: &Value) -> Result<(), ApiError> {
+    let name = str_at(obj, &["metadata", "name"]);
+    let kind = str_at(obj, &["kind"]);
+    let mut causes = Vec::new();
+    if kind != t.res.kind {
+        return Err(ApiError::bad_request(&format!(
+            "the kind of the object ({kind}) does not match the resource ({})",
+            t.res.kind
+        )));
+    }
+    let api = str_at(obj, &["apiVersion"]);
+    if api != t.res.api_version() {
+        return Err(ApiError::bad_request(&format!(
+            "the API version in the data ({api}) does not match the expected API version ({})",
+            t.res.api_version()
+        )));
+    }
+    if name.is_empty() {
+        causes.push((
+            "metadata.name".to_string(),
+            "Required value: name or generateName is required".to_string(),
+        ));
+    } else if name.len() > 253
+        || !name
+            .chars()
+            .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || ch == '-' || ch == '.')
+    {
+        causes.push((
+            "metadata.name".to_string(),
+            format!("Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'"),
+        ));
+    }
+    let body_ns = str_at(obj, &["metadata", "namespace"]);
+    if t.res.namespaced && !body_ns.is_empty() && Some(body_ns) != t.ns.as_deref() {
+        return Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        ));
+    }
+    if matches!(
+        t.res.kind,
+        "Deployment" | "ReplicaSet" | "DaemonSet" | "StatefulSet"
+    ) {
+        let selector = obj
+            .pointer("/spec/selector/matchLabels")
+            .and_then(Value::as_object);
+        let labels = obj
+            .pointer("/spec/template/metadata/labels")
+            .and_then(Value::as_object);
+        match (selector, labels) {
+            (None, _) => causes.push(("spec.selector".into(), "Required value".into())),
+            (Some(sel), labels) => {
+                let all = sel
+                    .iter()
+                    .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v));
+                if !all {
+                    causes.push((
+                        "spec.template.metadata.labels".into(),
+                        "Invalid value: `selector` does not match template `labels`".into(),
+                    ));
+                }
+            }
+        }
+        if let Some(r) = obj.pointer("/spec/replicas")
+            && r.as_i64().is_none_or(|r| r < 0)
+        {
+            causes.push((
+                "spec.replicas".into(),
+                format!("Invalid value: {r}: must be greater than or equal to 0"),
+            ));
+        }
+    }
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(t.res.kind, name, &causes))
+    }
+}
+
+/// NamespaceLifecycle admission: nothing is created in a namespace that doesn't exist.
+fn namespace_exists(c: &Cluster, t: &Target) -> Result<(), ApiError> {
+    if !t.res.namespaced {
+        return Ok(());
+    }
+    let ns = t.ns_str();
+    if c.store
+        .get(&ResKey::new("", "namespaces"), "", ns)
+        .is_none()
+    {
+        return Err(ApiError::not_found("", "namespaces", ns));
+    }
+    Ok(())
+}
+
+/// Sets what the server owns on a new object.
+fn stamp_new(c: &Cluster, t: &Target, obj: &mut Value) {
+    let meta = obj
+        .as_object_mut()
+        .map(|m| m.entry("metadata").or_insert_with(|| json!({})));
+    let Some(Value::Object(meta)) = meta else {
+        return;
+    };
+    if t.res.namespaced {
+        meta.insert("namespace".into(), json!(t.ns.clone().unwrap_or_default()));
+    }
+    meta.insert("uid".into(), json!(c.uid()));
+    meta.insert("creationTimestamp".into(), json!(c.now_str()));
+    if obj.get("spec").is_some() {
+        obj["metadata"]["generation"] = json!(1);
+    }
+}
+
+/// Bumps `metadata.generation` when the spec changed.
+fn bump_generation(old: &Value, new: &mut Value) {
+    if old.get("spec") != new.get("spec") && new.get("spec").is_some() {
+        let g = old
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        new["metadata"]["generation"] = json!(g + 1);
+    }
+}
+
+fn create(
+    c: &Cluster,
+    t: &Target,
+    q: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let mut obj = parse_body(headers, body)?;
+    if str_at(&obj, &["metadata", "name"]).is_empty() {
+        let prefix = str_at(&obj, &["metadata", "generateName"]).to_string();
+        if !prefix.is_empty() {
+            let suffix: String = (0..5)
+                .map(|_| {
+                    let n = c.rng().random_range(0..36u32);
+                    char::from_digit(n, 36).unwrap_or('x')
+                })
+                .collect();
+            obj["metadata"]["name"] = json!(format!("{prefix}{suffix}"));
+        }
+    }
+    validate(t, &obj)?;
+    namespace_exists(c, t)?;
+    stamp_new(c, t, &mut obj);
+    let manager = field_manager(q, headers, "");
+    apply::record_update(None, &mut obj, &manager, &t.res.api_version(), &c.now_str());
+    if is_dry_run(q) {
+        if c.store
+            .get(&t.key(), t.ns_str(), str_at(&obj, &["metadata", "name"]))
+            .is_some()
+        {
+            return Err(ApiError::already_exists(
+                t.res.group,
+                t.res.plural,
+                str_at(&obj, &["metadata", "name"]),
+            ));
+        }
+        return Ok(json_response(StatusCode::CREATED, &present(&t.res, &obj)));
+    }
+    let stored = c.store.create(&t.key(), obj)?;
+    Ok(json_response(
+        StatusCode::CREATED,
+        &present(&t.res, &stored),
+    ))
+}
+
+/// Finishes a write: an object being deleted whose finalizers are all gone is removed.
+fn finish(obj: Value) -> Option<Value> {
+    let deleting = obj
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null());
+    let finalizers = obj
+        .pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .is_some_and(|f| !f.is_empty());
+    if deleting && !finalizers {
+        None
+    } else {
+        Some(obj)
+    }
+}
+
+fn update(
+    c: &Cluster,
+    t: &Target,
+    name: &str,
+    q: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let mut obj = parse_body(headers, body)?;
+    validate(t, &obj)?;
+    if str_at(&obj, &["metadata", "name"]) != name {
+        return Err(ApiError::bad_request(
+            "the name of the object does not match the name on the URL",
+        ));
+    }
+    let manager = field_manager(q, headers, "-update");
+    let dry = is_dry_run(q);
+    let now = c.now_str();
+    let api = t.res.api_version();
+    let mut out = None;
+    let (stored, _) = c.store.mutate(&t.key(), t.ns_str(), name, |cur| {
+        let Some(cur) = cur else {
+            return Err(ApiError::not_found(t.res.group, t.res.plural, name));
+        };
+        let want_rv = str_at(&obj, &["metadata", "resourceVersion"]);
+        if !want_rv.is_empty() && want_rv != str_at(cur, &["metadata", "resourceVersion"]) {
+            return Err(ApiError::stale(t.res.group, t.res.plural, name));
+        }
+        keep_server_fields(cur, &mut obj);
+        if obj.get("status").is_none()
+            && let Some(s) = cur.get("status")
+        {
+            obj["status"] = s.clone();
+        }
+        bump_generation(cur, &mut obj);
+        apply::record_update(Some(cur), &mut obj, &manager, &api, &now);
+        let next = finish(obj.clone());
+        if dry {
+            out = Some(obj.clone());
+            return Ok(Some(cur.clone()));
+        }
+        Ok(next)
+    })?;
+    let shown = out.map(Arc::new).unwrap_or(stored);
+    Ok(json_response(StatusCode::OK, &present(&t.res, &shown)))
+}
+
+/// uid, creationTimestamp, generation and deletionTimestamp are the server's, whatever the client sent.
+fn keep_server_fields(cur: &Value, new: &mut Value) {
+    for f in [
+        "uid",
+        "creationTimestamp",
+        "generation",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "namespace",
+    ] {
+        match cur.pointer(&format!("/metadata/{f}")) {
+            Some(v) => new["metadata"][f] = v.clone(),
+            None => {
+                if let Some(m) = new.get_mut("metadata").and_then(Value::as_object_mut) {
+                    m.remove(f);
+                }
+            }
+        }
+    }
+}
+
+/// RFC 7386 merge patch; with `strategic`, lists of named items merge by name (the strategic-merge rule
+/// for containers, env, ports, volumes).
+fn merge_patch(target: &mut Value, patch: &Value, strategic: bool) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) => {
+            for (k, pv) in p {
+                if pv.is_null() {
+                    t.remove(k);
+                } else {
+                    let entry = t.entry(k.clone()).or_insert(Value::Null);
+                    if entry.is_null() && !pv.is_object() {
+                        *entry = pv.clone();
+                    } else {
+                        merge_patch(entry, pv, strategic);
+                    }
+                }
+            }
+        }
+        (t @ Value::Array(_), Value::Array(p))
+            if strategic && p.iter().all(|i| i.get("name").is_some()) =>
+        {
+            if let Value::Array(items) = t {
+                for pi in p {
+                    match items.iter_mut().find(|i| i.get("name") == pi.get("name")) {
+                        Some(existing) => merge_patch(existing, pi, true),
+                        None => items.push(pi.clone()),
+                    }
+                }
+            }
+        }
+        (t, p) => {
+            let mut v = p.clone();
+            if let Value::Object(m) = &mut v {
+                m.retain(|_, x| !x.is_null());
+            }
+            *t = v;
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn patch(
+    c: &Cluster,
+    t: &Target,
+    name: &str,
+    status_only: bool,
+    q: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    let dry = is_dry_run(q);
+    let now = c.now_str();
+    let api = t.res.api_version();
+    let force = is_true(q.get("force"));
+    let mut dry_out = None;
+    let mut created = false;
+    let (stored, _) = match ct.as_str() {
+        "application/apply-patch+yaml" | "application/apply-patch+cbor" => {
+            let manager = q
+                .get("fieldManager")
+                .filter(|m| !m.is_empty())
+                .cloned()
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "PATCH operation with apply patch type requires fieldManager",
+                    )
+                })?;
+            let mut applied: Value = serde_yaml::from_slice(body)
+                .map_err(|e| ApiError::bad_request(&format!("error decoding YAML: {e}")))?;
+            if str_at(&applied, &["metadata", "name"]) != name {
+                return Err(ApiError::bad_request(
+                    "the name of the object does not match the name on the URL",
+                ));
+            }
+            validate(t, &applied)?;
+            namespace_exists(c, t)?;
+            if let Some(m) = applied.get_mut("metadata").and_then(Value::as_object_mut) {
+                m.remove("resourceVersion");
+                m.remove("managedFields");
+            }
+            c.store
+                .mutate(&t.key(), t.ns_str(), name, |cur| {
+                    let mut next = apply::apply(cur, &applied, &manager, &api, force, &now)
+                        .map_err(|conflicts| {
+                            ApiError::apply_conflict(t.res.group, t.res.plural, name, &conflicts)
+                        })?;
+                    match cur {
+                        Some(cur) => {
+                            keep_server_fields(cur, &mut next);
+                            bump_generation(cur, &mut next);
+                        }
+                        None => {
+                            created = true;
+                            stamp_new(c, t, &mut next);
+                        }
+                    }
+                    if dry {
+                        dry_out = Some(next);
+                        return Ok(cur.cloned());
+                    }
+                    Ok(finish(next))
+                })
+                .or_else(|e| match (&dry_out, e.code) {
+                    // dry-run of a create: nothing stored, nothing to return from the store
+                    (Some(_), 404) => Ok((Arc::new(Value::Null), None)),
+                    _ => Err(e),
+                })?
+        }
+        "application/merge-patch+json"
+        | "application/strategic-merge-patch+json"
+        | "application/json-patch+json" => {
+            let manager = field_manager(q, headers, "-patch");
+            let p: Value = serde_json::from_slice(body)
+                .map_err(|e| ApiError::bad_request(&format!("error decoding patch: {e}")))?;
+            c.store.mutate(&t.key(), t.ns_str(), name, |cur| {
+                let cur =
+                    cur.ok_or_else(|| ApiError::not_found(t.res.group, t.res.plural, name))?;
+                let mut next = cur.clone();
+                if ct == "application/json-patch+json" {
+                    let ops: json_patch::Patch = serde_json::from_value(p.clone())
+                        .map_err(|e| ApiError::bad_request(&format!("invalid JSON patch: {e}")))?;
+                    json_patch::patch(&mut next, &ops).map_err(|e| {
+                        ApiError::invalid(t.res.kind, name, &[("patch".into(), e.to_string())])
+                    })?;
+                } else {
+                    merge_patch(&mut next, &p, ct.starts_with("application/strategic"));
+                }
+                if status_only {
+                    let status = next.get("status").cloned();
+                    next = cur.clone();
+                    if let Some(s) = status {
+                        next["status"] = s;
+                    }
+                } else {
+                    validate(t, &next)?;
+                }
+                keep_server_fields(cur, &mut next);
+                bump_generation(cur, &mut next);
+                apply::record_update(Some(cur), &mut next, &manager, &api, &now);
+                if dry {
+                    dry_out = Some(next);
+                    return Ok(Some(cur.clone()));
+                }
+                Ok(finish(next))
+            })?
+        }
+        other => return Err(ApiError::unsupported_media(other)),
+    };
+    let shown = dry_out.map(Arc::new).unwrap_or(stored);
+    let code = if created && !dry {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok(json_response(code, &present(&t.res, &shown)))
+}
+
+fn delete(c: &Cluster, t: &Target, name: &str, q: &Query) -> Result<Response, ApiError> {
+    let dry = is_dry_run(q);
+    let now = c.now_str();
+    let mut shown = None;
+    let (stored, kind) = c.store.mutate(&t.key(), t.ns_str(), name, |cur| {
+        let cur = cur.ok_or_else(|| ApiError::not_found(t.res.group, t.res.plural, name))?;
+        let has_finalizers = cur
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty());
+        let next = if has_finalizers {
+            let mut next = cur.clone();
+            if next.pointer("/metadata/deletionTimestamp").is_none() {
+                next["metadata"]["deletionTimestamp"] = json!(now);
+                next["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+            }
+            Some(next)
+        } else {
+            None
+        };
+        if dry {
+            shown = Some(next.clone().unwrap_or_else(|| cur.clone()));
+            return Ok(Some(cur.clone()));
+        }
+        Ok(next)
+    })?;
+    let obj = shown.map(Arc::new).unwrap_or(stored);
+    let code = if kind == Some(EventType::Deleted) || dry {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok(json_response(code, &present(&t.res, &obj)))
+}
+
+fn health(c: &Cluster, endpoint: &str, check: Option<&&str>, q: &Query) -> Response {
+    let f = c.faults();
+    let checks: Vec<(&str, bool)> = vec![
+        ("ping", true),
+        ("log", true),
+        ("etcd", !f.etcd_unhealthy),
+        ("poststarthook/start-informers", true),
+        ("informer-sync", true),
+        ("shutdown", true),
+    ];
+    if let Some(name) = check {
+        return match checks.iter().find(|(n, _)| *n == *name) {
+            Some((_, true)) => text(StatusCode::OK, "ok".into()),
+            Some((n, false)) => text(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("[-]{n} failed: reason withheld\n{endpoint} check failed\n"),
+            ),
+            None => text(StatusCode::NOT_FOUND, "404 page not found\n".into()),
+        };
+    }
+    let healthy = checks.iter().all(|(_, ok)| *ok);
+    let verbose = q.contains_key("verbose") || !healthy;
+    let body = if verbose {
+        let mut s = String::new();
+        for (n, ok) in &checks {
+            if *ok {
+                s.push_str(&format!("[+]{n} ok\n"));
+            } else {
+                s.push_str(&format!("[-]{n} failed: reason withheld\n"));
+            }
+        }
+        s.push_str(&format!(
+            "{endpoint} check {}\n",
+            if healthy { "passed" } else { "failed" }
+        ));
+        s
+    } else {
+        "ok".to_string()
+    };
+    text(
+        if healthy {
+            StatusCode::OK
+        } else {
+            StatusCode::INTERNAL_SERVER_ERROR
+        },
+        body,
+    )
+}
+
+/// `GET .../services/<name>[:port]/proxy/<path>` and `.../pods/<name>[:port]/proxy/<path>`: serves the
+/// scrape of the exporter behind that service or pod.
+fn proxy(c: &Cluster, t: &Target, name: &str) -> Result<Response, ApiError> {
+    let base = name.split(':').next().unwrap_or(name);
+    let obj = c
+        .store
+        .get(&t.key(), t.ns_str(), base)
+        .ok_or_else(|| ApiError::not_found(t.res.group, t.res.plural, base))?;
+    if !t.tail.ends_with("metrics") {
+        return Err(ApiError::no_route());
+    }
+    let app = obj
+        .pointer("/metadata/labels/app.kubernetes.io~1name")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let body = match (t.res.plural, app) {
+        (_, "kube-state-metrics") => metrics::kube_state_metrics(c),
+        ("pods", "node-exporter") => metrics::node_exporter(c, str_at(&obj, &["spec", "nodeName"])),
+        ("pods", "metrics-fixture") => {
+            let fixture = obj
+                .pointer("/metadata/annotations/sim.multipilot.dev~1fixture")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            match c.settings.metric_fixtures.get(fixture) {
+                Some(b) => b.as_str().to_string(),
+                None => return Err(ApiError::internal("fixture not loaded")),
+            }
+        }
+        _ => {
+            return Err(ApiError::new_service_unavailable(&format!(
+                "no endpoints available for {} \"{base}\"",
+                t.res.singular
+            )));
+        }
+    };
+    let mut r = text(StatusCode::OK, body);
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    Ok(r)
+}

@@ -1,0 +1,622 @@
+//! One virtual cluster's object store: objects as JSON, a cluster-wide resourceVersion, a bounded watch
+//! history (older resourceVersions answer `410 Gone`, as after etcd compaction), list pagination and
+//! label/field selectors.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::{Map, Value, json};
+use tokio::sync::broadcast;
+
+use crate::status::ApiError;
+
+/// A resource, independent of the version it is served in: (group, plural).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ResKey {
+    /// API group ("" for core).
+    pub group: String,
+    /// Plural resource name.
+    pub plural: String,
+}
+
+impl ResKey {
+    /// Builds a key.
+    pub fn new(group: &str, plural: &str) -> Self {
+        ResKey {
+            group: group.into(),
+            plural: plural.into(),
+        }
+    }
+}
+
+/// What happened to an object.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    /// Created.
+    Added,
+    /// Changed.
+    Modified,
+    /// Removed.
+    Deleted,
+}
+
+impl EventType {
+    /// The watch event `type` string.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One change, as watchers see it.
+#[derive(Debug, Clone)]
+pub struct Change {
+    /// resourceVersion of the change.
+    pub rv: u64,
+    /// Resource changed.
+    pub res: ResKey,
+    /// Type.
+    pub kind: EventType,
+    /// The object after the change (before it, for deletions).
+    pub object: Arc<Value>,
+}
+
+type ObjKey = (String, String);
+
+/// Changes after the backlog, as they happen.
+pub type Subscription = broadcast::Receiver<Arc<Change>>;
+
+#[derive(Debug, Default)]
+struct Inner {
+    rv: u64,
+    objects: HashMap<ResKey, BTreeMap<ObjKey, Arc<Value>>>,
+    history: VecDeque<Arc<Change>>,
+    /// Changes at or below this resourceVersion are no longer in the history.
+    compacted: u64,
+}
+
+/// The store. Cheap to share (`Arc`).
+#[derive(Debug)]
+pub struct Store {
+    inner: Mutex<Inner>,
+    tx: broadcast::Sender<Arc<Change>>,
+    history_limit: usize,
+}
+
+/// One page of a list.
+#[derive(Debug)]
+pub struct Page {
+    /// Items in key order.
+    pub items: Vec<Arc<Value>>,
+    /// resourceVersion of the list.
+    pub rv: u64,
+    /// Continue token, when more items follow.
+    pub continue_token: Option<String>,
+    /// How many matching items follow this page.
+    pub remaining: usize,
+}
+
+/// Ways to read an object's position: (namespace, name).
+pub fn obj_key(obj: &Value) -> ObjKey {
+    (
+        str_at(obj, &["metadata", "namespace"]).to_string(),
+        str_at(obj, &["metadata", "name"]).to_string(),
+    )
+}
+
+/// A string at a path, "" when absent.
+pub fn str_at<'a>(v: &'a Value, path: &[&str]) -> &'a str {
+    let mut cur = v;
+    for p in path {
+        match cur.get(p) {
+            Some(next) => cur = next,
+            None => return "",
+        }
+    }
+    cur.as_str().unwrap_or("")
+}
+
+impl Store {
+    /// A store keeping the last `history_limit` changes for watch resumption.
+    pub fn new(history_limit: usize) -> Self {
+        let (tx, _) = broadcast::channel(8192);
+        Store {
+            inner: Mutex::new(Inner::default()),
+            tx,
+            history_limit: history_limit.max(16),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock would leave a half-applied change; the store has no such path,
+        // so a poisoned lock is taken over as is.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The current resourceVersion.
+    pub fn resource_version(&self) -> u64 {
+        self.lock().rv
+    }
+
+    /// Number of objects stored.
+    pub fn len(&self) -> usize {
+        self.lock().objects.values().map(BTreeMap::len).sum()
+    }
+
+    /// Whether the store is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Counts per resource.
+    pub fn counts(&self) -> BTreeMap<ResKey, usize> {
+        self.lock()
+            .objects
+            .iter()
+            .map(|(k, v)| (k.clone(), v.len()))
+            .collect()
+    }
+
+    /// Gets one object.
+    pub fn get(&self, res: &ResKey, ns: &str, name: &str) -> Option<Arc<Value>> {
+        self.lock()
+            .objects
+            .get(res)?
+            .get(&(ns.to_string(), name.to_string()))
+            .cloned()
+    }
+
+    /// All objects of a resource (optionally one namespace).
+    pub fn all(&self, res: &ResKey, ns: Option<&str>) -> Vec<Arc<Value>> {
+        let inner = self.lock();
+        let Some(map) = inner.objects.get(res) else {
+            return Vec::new();
+        };
+        map.iter()
+            .filter(|((n, _), _)| ns.is_none_or(|want| want == n))
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
+    fn commit(
+        &self,
+        inner: &mut Inner,
+        res: &ResKey,
+        kind: EventType,
+        mut obj: Value,
+    ) -> Arc<Value> {
+        inner.rv += 1;
+        let rv = inner.rv;
+        if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
+        }
+        let obj = Arc::new(obj);
+        let key = obj_key(&obj);
+        let map = inner.objects.entry(res.clone()).or_default();
+        if kind == EventType::Deleted {
+            map.remove(&key);
+        } else {
+            map.insert(key, obj.clone());
+        }
+        let change = Arc::new(Change {
+            rv,
+            res: res.clone(),
+            kind,
+            object: obj.clone(),
+        });
+        inner.history.push_back(change.clone());
+        while inner.history.len() > self.history_limit {
+            if let Some(old) = inner.history.pop_front() {
+                inner.compacted = old.rv;
+            }
+        }
+        // Sent under the lock so a watcher that subscribed under the lock sees no gap and no repeat.
+        let _ = self.tx.send(change);
+        obj
+    }
+
+    /// Creates an object (metadata.uid, creationTimestamp set by the caller). `409 AlreadyExists` when
+    /// present.
+    pub fn create(&self, res: &ResKey, obj: Value) -> Result<Arc<Value>, ApiError> {
+        let mut inner = self.lock();
+        let key = obj_key(&obj);
+        if inner.objects.get(res).is_some_and(|m| m.contains_key(&key)) {
+            return Err(ApiError::already_exists(&res.group, &res.plural, &key.1));
+        }
+        Ok(self.commit(&mut inner, res, EventType::Added, obj))
+    }
+
+    /// Replaces an object via `f`, which sees the current one (or `None`). `f` returns the new object, or
+    /// `None` to delete it. Returns the stored result (the deleted object on deletion) and the event type,
+    /// or `f`'s error. Nothing is written when `f` returns the object unchanged.
+    pub fn mutate<F>(
+        &self,
+        res: &ResKey,
+        ns: &str,
+        name: &str,
+        f: F,
+    ) -> Result<(Arc<Value>, Option<EventType>), ApiError>
+    where
+        F: FnOnce(Option<&Value>) -> Result<Option<Value>, ApiError>,
+    {
+        let mut inner = self.lock();
+        let key = (ns.to_string(), name.to_string());
+        let current = inner.objects.get(res).and_then(|m| m.get(&key)).cloned();
+        let next = f(current.as_deref())?;
+        match (current, next) {
+            (None, None) => Err(ApiError::not_found(&res.group, &res.plural, name)),
+            (None, Some(new)) => Ok((
+                self.commit(&mut inner, res, EventType::Added, new),
+                Some(EventType::Added),
+            )),
+            (Some(old), Some(new)) => {
+                if without_rv(&old) == without_rv(&new) {
+                    return Ok((old, None));
+                }
+                Ok((
+                    self.commit(&mut inner, res, EventType::Modified, new),
+                    Some(EventType::Modified),
+                ))
+            }
+            (Some(old), None) => {
+                let gone = (*old).clone();
+                Ok((
+                    self.commit(&mut inner, res, EventType::Deleted, gone),
+                    Some(EventType::Deleted),
+                ))
+            }
+        }
+    }
+
+    /// Lists a resource. `continue_token` resumes a previous page; a token older than the history is
+    /// `410 Expired`, as the real apiserver answers after compaction.
+    pub fn list(
+        &self,
+        res: &ResKey,
+        ns: Option<&str>,
+        filter: &dyn Fn(&Value) -> bool,
+        limit: Option<usize>,
+        continue_token: Option<&str>,
+    ) -> Result<Page, ApiError> {
+        let inner = self.lock();
+        let (list_rv, start) = match continue_token {
+            Some(token) => {
+                let (rv, start) = decode_continue(token)?;
+                if rv < inner.compacted {
+                    return Err(ApiError::expired(
+                        "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.",
+                    ));
+                }
+                (rv, Some(start))
+            }
+            None => (inner.rv, None),
+        };
+        let Some(map) = inner.objects.get(res) else {
+            return Ok(Page {
+                items: Vec::new(),
+                rv: list_rv,
+                continue_token: None,
+                remaining: 0,
+            });
+        };
+        let mut matching = map
+            .iter()
+            .filter(|((n, _), _)| ns.is_none_or(|want| want == n))
+            .filter(|(k, _)| start.as_ref().is_none_or(|s| *k > s))
+            .filter(|(_, v)| filter(v));
+        let limit = limit.filter(|l| *l > 0).unwrap_or(usize::MAX);
+        let mut items = Vec::new();
+        let mut last = None;
+        for (k, v) in matching.by_ref() {
+            items.push(v.clone());
+            last = Some(k.clone());
+            if items.len() == limit {
+                break;
+            }
+        }
+        let remaining = matching.count();
+        let continue_token = match (remaining, last) {
+            (0, _) | (_, None) => None,
+            (_, Some(last)) => Some(encode_continue(list_rv, &last)),
+        };
+        Ok(Page {
+            items,
+            rv: list_rv,
+            continue_token,
+            remaining,
+        })
+    }
+
+    /// Starts a watch after `from` (exclusive): the retained changes since then and a receiver for the
+    /// rest, with no gap between them. `410 Expired` when `from` is older than the history.
+    pub fn watch_from(&self, from: u64) -> Result<(Vec<Arc<Change>>, Subscription), ApiError> {
+        let inner = self.lock();
+        if from < inner.compacted {
+            return Err(ApiError::expired(&format!(
+                "too old resource version: {from} ({})",
+                inner.compacted + 1
+            )));
+        }
+        let backlog = inner
+            .history
+            .iter()
+            .filter(|c| c.rv > from)
+            .cloned()
+            .collect();
+        Ok((backlog, self.tx.subscribe()))
+    }
+
+    /// Forgets the watch history (as an etcd compaction does): every resume from an older
+    /// resourceVersion now gets `410 Gone`.
+    pub fn compact(&self) {
+        let mut inner = self.lock();
+        // etcd's revision moves on with every write the cluster makes (leases, events); compaction at that
+        // revision leaves every client's last-seen resourceVersion behind it.
+        inner.rv += 1;
+        inner.history.clear();
+        inner.compacted = inner.rv;
+    }
+}
+
+fn without_rv(v: &Value) -> Value {
+    let mut v = v.clone();
+    if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+        meta.remove("resourceVersion");
+    }
+    v
+}
+
+fn encode_continue(rv: u64, last: &ObjKey) -> String {
+    use base64::Engine as _;
+    let raw = json!({"v": "meta.k8s.io/v1", "rv": rv, "start": [last.0, last.1]}).to_string();
+    base64::engine::general_purpose::STANDARD.encode(raw)
+}
+
+fn decode_continue(token: &str) -> Result<(u64, ObjKey), ApiError> {
+    use base64::Engine as _;
+    let bad = || {
+        ApiError::bad_request("continue key is not valid: incorrect encoded start resourceVersion")
+    };
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(token)
+        .map_err(|_| bad())?;
+    let v: Value = serde_json::from_slice(&raw).map_err(|_| bad())?;
+    let rv = v.get("rv").and_then(Value::as_u64).ok_or_else(bad)?;
+    let start = v.get("start").and_then(Value::as_array).ok_or_else(bad)?;
+    let part = |i: usize| start.get(i).and_then(Value::as_str).map(str::to_string);
+    Ok((rv, (part(0).ok_or_else(bad)?, part(1).ok_or_else(bad)?)))
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Selectors
+
+/// A parsed label selector (`a=b`, `a!=b`, `a in (x,y)`, `a notin (x)`, `a`, `!a`).
+#[derive(Debug, Clone, Default)]
+pub struct LabelSelector(Vec<Requirement>);
+
+#[derive(Debug, Clone)]
+enum Requirement {
+    Eq(String, String),
+    Ne(String, String),
+    In(String, Vec<String>),
+    NotIn(String, Vec<String>),
+    Exists(String),
+    NotExists(String),
+}
+
+impl LabelSelector {
+    /// Parses a selector; `400` with the reason when malformed.
+    pub fn parse(s: &str) -> Result<Self, ApiError> {
+        let mut reqs = Vec::new();
+        for part in split_top(s) {
+            let part = part.trim();
+            if part.is_empty() {
+                continue;
+            }
+            let bad = || ApiError::bad_request(&format!("unable to parse requirement: {part:?}"));
+            let req = if let Some(rest) = part.strip_prefix('!') {
+                Requirement::NotExists(rest.trim().to_string())
+            } else if let Some((k, v)) = part.split_once("!=") {
+                Requirement::Ne(k.trim().into(), v.trim().into())
+            } else if let Some((k, v)) = part.split_once("==") {
+                Requirement::Eq(k.trim().into(), v.trim().into())
+            } else if let Some((k, v)) = part.split_once('=') {
+                Requirement::Eq(k.trim().into(), v.trim().into())
+            } else if let Some((k, v)) = part.split_once(" notin ") {
+                Requirement::NotIn(k.trim().into(), set(v).ok_or_else(bad)?)
+            } else if let Some((k, v)) = part.split_once(" in ") {
+                Requirement::In(k.trim().into(), set(v).ok_or_else(bad)?)
+            } else if part.contains(' ') || part.contains('(') {
+                return Err(bad());
+            } else {
+                Requirement::Exists(part.to_string())
+            };
+            reqs.push(req);
+        }
+        Ok(LabelSelector(reqs))
+    }
+
+    /// Whether `labels` satisfy every requirement.
+    pub fn matches(&self, labels: Option<&Map<String, Value>>) -> bool {
+        let get = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
+        self.0.iter().all(|r| match r {
+            Requirement::Eq(k, v) => get(k) == Some(v.as_str()),
+            Requirement::Ne(k, v) => get(k) != Some(v.as_str()),
+            Requirement::In(k, vs) => get(k).is_some_and(|x| vs.iter().any(|v| v == x)),
+            Requirement::NotIn(k, vs) => get(k).is_none_or(|x| vs.iter().all(|v| v != x)),
+            Requirement::Exists(k) => get(k).is_some(),
+            Requirement::NotExists(k) => get(k).is_none(),
+        })
+    }
+}
+
+fn set(v: &str) -> Option<Vec<String>> {
+    let v = v.trim().strip_prefix('(')?.strip_suffix(')')?;
+    Some(v.split(',').map(|s| s.trim().to_string()).collect())
+}
+
+/// Splits on commas outside parentheses.
+fn split_top(s: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let (mut depth, mut start) = (0i32, 0usize);
+    for (i, c) in s.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(&s[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    out.push(&s[start..]);
+    out
+}
+
+/// A parsed field selector: `path=value` / `path!=value` on dotted paths (`metadata.name`,
+/// `spec.nodeName`, `status.phase`, `involvedObject.uid`…).
+#[derive(Debug, Clone, Default)]
+pub struct FieldSelector(Vec<(Vec<String>, String, bool)>);
+
+impl FieldSelector {
+    /// Parses a selector.
+    pub fn parse(s: &str) -> Result<Self, ApiError> {
+        let mut out = Vec::new();
+        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (k, v, eq) = if let Some((k, v)) = part.split_once("!=") {
+                (k, v, false)
+            } else if let Some((k, v)) = part.split_once("==") {
+                (k, v, true)
+            } else if let Some((k, v)) = part.split_once('=') {
+                (k, v, true)
+            } else {
+                return Err(ApiError::bad_request(&format!(
+                    "invalid selector: '{part}'; can't understand '{part}'"
+                )));
+            };
+            out.push((
+                k.trim().split('.').map(str::to_string).collect(),
+                v.trim().to_string(),
+                eq,
+            ));
+        }
+        Ok(FieldSelector(out))
+    }
+
+    /// Whether `obj` satisfies every term (a missing field reads as "").
+    pub fn matches(&self, obj: &Value) -> bool {
+        self.0.iter().all(|(path, want, eq)| {
+            let path: Vec<&str> = path.iter().map(String::as_str).collect();
+            let mut cur = obj;
+            let mut got = String::new();
+            let mut found = true;
+            for p in &path {
+                match cur.get(p) {
+                    Some(n) => cur = n,
+                    None => {
+                        found = false;
+                        break;
+                    }
+                }
+            }
+            if found {
+                got = match cur {
+                    Value::String(s) => s.clone(),
+                    Value::Null => String::new(),
+                    other => other.to_string(),
+                };
+            }
+            (got == *want) == *eq
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cm(ns: &str, name: &str) -> Value {
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"namespace": ns, "name": name, "labels": {"app": name}}})
+    }
+
+    #[test]
+    fn pages_follow_each_other_and_end() {
+        let s = Store::new(100);
+        let res = ResKey::new("", "configmaps");
+        for i in 0..7 {
+            s.create(&res, cm("a", &format!("cm-{i}"))).unwrap();
+        }
+        let p1 = s.list(&res, None, &|_| true, Some(3), None).unwrap();
+        assert_eq!(p1.items.len(), 3);
+        assert_eq!(p1.remaining, 4);
+        let p2 = s
+            .list(&res, None, &|_| true, Some(3), p1.continue_token.as_deref())
+            .unwrap();
+        let p3 = s
+            .list(&res, None, &|_| true, Some(3), p2.continue_token.as_deref())
+            .unwrap();
+        assert_eq!(p3.items.len(), 1);
+        assert!(p3.continue_token.is_none());
+        assert_eq!(str_at(&p3.items[0], &["metadata", "name"]), "cm-6");
+    }
+
+    #[test]
+    fn watch_from_compacted_version_is_gone() {
+        let s = Store::new(16);
+        let res = ResKey::new("", "configmaps");
+        for i in 0..40 {
+            s.create(&res, cm("a", &format!("cm-{i}"))).unwrap();
+        }
+        assert_eq!(s.watch_from(2).unwrap_err().code, 410);
+        let (backlog, _) = s.watch_from(35).unwrap();
+        assert_eq!(backlog.len(), 5);
+        s.compact();
+        assert_eq!(s.watch_from(35).unwrap_err().code, 410);
+    }
+
+    #[test]
+    fn selectors_match_like_the_apiserver() {
+        let labels = json!({"app": "web", "tier": "front"});
+        let l = labels.as_object();
+        assert!(
+            LabelSelector::parse("app=web,tier in (front,back)")
+                .unwrap()
+                .matches(l)
+        );
+        assert!(!LabelSelector::parse("app!=web").unwrap().matches(l));
+        assert!(LabelSelector::parse("!missing,app").unwrap().matches(l));
+        assert!(
+            !LabelSelector::parse("tier notin (front)")
+                .unwrap()
+                .matches(l)
+        );
+        assert!(LabelSelector::parse("app in web").is_err());
+        let obj = json!({"metadata": {"name": "x"}, "status": {"phase": "Running"}});
+        assert!(
+            FieldSelector::parse("status.phase=Running,metadata.name!=y")
+                .unwrap()
+                .matches(&obj)
+        );
+        assert!(
+            !FieldSelector::parse("spec.nodeName=n1")
+                .unwrap()
+                .matches(&obj)
+        );
+        assert!(FieldSelector::parse("bogus").is_err());
+    }
+
+    #[test]
+    fn unchanged_write_is_not_an_event() {
+        let s = Store::new(100);
+        let res = ResKey::new("", "configmaps");
+        s.create(&res, cm("a", "x")).unwrap();
+        let rv = s.resource_version();
+        let (_, kind) = s.mutate(&res, "a", "x", |cur| Ok(cur.cloned())).unwrap();
+        assert_eq!(kind, None);
+        assert_eq!(s.resource_version(), rv);
+    }
+}

@@ -1,0 +1,1634 @@
+//! What lives in a virtual cluster: the seeded objects (system components, GPU nodes, team workloads),
+//! the controllers that move them (rollouts, leases), the churn, and the faults that break them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use rand::seq::IndexedRandom;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::{Cluster, Overload};
+use crate::store::{ResKey, str_at};
+
+/// The NVIDIA driver major version the GPU nodes run.
+pub const GPU_DRIVER_MAJOR: &str = "535";
+/// The device plugin version compatible with it.
+pub const DEVICE_PLUGIN_OK: &str = "v0.14.5";
+/// The device plugin version the mismatch fault rolls out (needs driver ≥ 550).
+pub const DEVICE_PLUGIN_NEW: &str = "v0.17.0";
+
+fn rk(group: &str, plural: &str) -> ResKey {
+    ResKey::new(group, plural)
+}
+
+/// Writes an object with server fields stamped (uid, creationTimestamp, generation).
+pub fn put(c: &Cluster, group: &str, plural: &str, mut obj: Value) -> Option<Arc<Value>> {
+    obj["metadata"]["uid"] = json!(c.uid());
+    obj["metadata"]["creationTimestamp"] = json!(c.now_str());
+    if obj.get("spec").is_some() {
+        obj["metadata"]["generation"] = json!(1);
+    }
+    c.store.create(&rk(group, plural), obj).ok()
+}
+
+/// Changes an object in place (no-op when absent).
+pub fn change(
+    c: &Cluster,
+    group: &str,
+    plural: &str,
+    ns: &str,
+    name: &str,
+    f: impl FnOnce(&mut Value),
+) {
+    let _ = c.store.mutate(&rk(group, plural), ns, name, |cur| {
+        let Some(cur) = cur else {
+            return Ok(None);
+        };
+        let mut next = cur.clone();
+        f(&mut next);
+        if next.get("spec") != cur.get("spec") && next.get("spec").is_some() {
+            let g = cur
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(1);
+            next["metadata"]["generation"] = json!(g + 1);
+        }
+        let deleting = next.pointer("/metadata/deletionTimestamp").is_some();
+        let finalizers = next
+            .pointer("/metadata/finalizers")
+            .and_then(Value::as_array)
+            .is_some_and(|f| !f.is_empty());
+        Ok(if deleting && !finalizers {
+            None
+        } else {
+            Some(next)
+        })
+    });
+}
+
+/// Removes an object (ignoring finalizers: the simulator's controllers own these objects).
+pub fn remove(c: &Cluster, group: &str, plural: &str, ns: &str, name: &str) {
+    let _ = c.store.mutate(&rk(group, plural), ns, name, |_| Ok(None));
+}
+
+fn suffix(c: &Cluster, n: usize) -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut rng = c.rng();
+    (0..n)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect()
+}
+
+fn meta(ns: &str, name: &str, labels: Value) -> Value {
+    let mut m = json!({"name": name, "labels": labels});
+    if !ns.is_empty() {
+        m["namespace"] = json!(ns);
+    }
+    m
+}
+
+/// Seeds the cluster's objects.
+pub fn seed(c: &Cluster) {
+    let minor = c.profile().minor;
+    let kubelet = c.profile().git_version.clone();
+    // namespaces
+    for (ns, pss) in [
+        ("default", None),
+        ("kube-system", Some("privileged")),
+        ("kube-public", None),
+        ("kube-node-lease", None),
+        ("monitoring", Some("baseline")),
+        ("ingress-nginx", Some("baseline")),
+        ("gpu-operator", Some("privileged")),
+    ] {
+        namespace(c, ns, pss);
+    }
+    // nodes
+    let workers = 3 + (c.settings.seed % 3) as usize;
+    let mut nodes = vec![format!("{}-cp-0", c.name())];
+    for i in 0..workers {
+        nodes.push(format!("{}-worker-{i}", c.name()));
+    }
+    let gpu_nodes: Vec<String> = (0..2).map(|i| format!("{}-gpu-{i}", c.name())).collect();
+    for n in &nodes {
+        node(c, n, &kubelet, n.contains("-cp-"), false);
+    }
+    for n in &gpu_nodes {
+        node(c, n, &kubelet, false, true);
+    }
+    let all_nodes: Vec<String> = nodes.iter().chain(gpu_nodes.iter()).cloned().collect();
+    // control plane leases
+    for holder in ["kube-scheduler", "kube-controller-manager"] {
+        put(
+            c,
+            "coordination.k8s.io",
+            "leases",
+            json!({
+                "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": meta("kube-system", holder, json!({})),
+                "spec": {"holderIdentity": format!("{}-cp-0_{}", c.name(), c.uid()), "leaseDurationSeconds": 15, "acquireTime": c.now_micro(), "renewTime": c.now_micro(), "leaseTransitions": 1}
+            }),
+        );
+    }
+    // system workloads
+    let cni = if c.settings.seed.is_multiple_of(2) {
+        ("calico-node", "docker.io/calico/node:v3.27.3")
+    } else {
+        ("cilium", "quay.io/cilium/cilium:v1.15.6")
+    };
+    daemonset(
+        c,
+        "kube-system",
+        cni.0,
+        cni.1,
+        &all_nodes,
+        json!({"k8s-app": cni.0}),
+    );
+    daemonset(
+        c,
+        "kube-system",
+        "kube-proxy",
+        &format!("registry.k8s.io/kube-proxy:{kubelet}"),
+        &all_nodes,
+        json!({"k8s-app": "kube-proxy"}),
+    );
+    deployment(
+        c,
+        "kube-system",
+        "coredns",
+        2,
+        "registry.k8s.io/coredns/coredns:v1.11.1",
+        json!({"k8s-app": "kube-dns"}),
+        &nodes,
+    );
+    service(
+        c,
+        "kube-system",
+        "kube-dns",
+        "ClusterIP",
+        json!({"k8s-app": "kube-dns"}),
+        &[("dns", 53, "UDP"), ("dns-tcp", 53, "TCP")],
+        Some("10.96.0.10"),
+    );
+    endpoints(c, "kube-system", "kube-dns", true);
+    daemonset(
+        c,
+        "gpu-operator",
+        "nvidia-device-plugin-daemonset",
+        &format!("nvcr.io/nvidia/k8s-device-plugin:{DEVICE_PLUGIN_OK}"),
+        &gpu_nodes,
+        json!({"app.kubernetes.io/name": "nvidia-device-plugin", "app.kubernetes.io/version": DEVICE_PLUGIN_OK}),
+    );
+    change(
+        c,
+        "apps",
+        "daemonsets",
+        "gpu-operator",
+        "nvidia-device-plugin-daemonset",
+        |d| {
+            d["spec"]["template"]["spec"]["nodeSelector"] =
+                json!({"nvidia.com/gpu.present": "true"});
+        },
+    );
+    // monitoring
+    deployment(
+        c,
+        "monitoring",
+        "kube-state-metrics",
+        1,
+        "registry.k8s.io/kube-state-metrics/kube-state-metrics:v2.12.0",
+        json!({"app.kubernetes.io/name": "kube-state-metrics"}),
+        &nodes,
+    );
+    service(
+        c,
+        "monitoring",
+        "kube-state-metrics",
+        "ClusterIP",
+        json!({"app.kubernetes.io/name": "kube-state-metrics"}),
+        &[("http-metrics", 8080, "TCP")],
+        None,
+    );
+    change(c, "", "services", "monitoring", "kube-state-metrics", |s| {
+        s["metadata"]["annotations"] = json!({"prometheus.io/scrape": "true", "prometheus.io/port": "8080", "prometheus.io/path": "/metrics"});
+    });
+    daemonset(
+        c,
+        "monitoring",
+        "node-exporter",
+        "quay.io/prometheus/node-exporter:v1.8.1",
+        &all_nodes,
+        json!({"app.kubernetes.io/name": "node-exporter"}),
+    );
+    for p in c.store.all(&rk("", "pods"), Some("monitoring")) {
+        if str_at(&p, &["metadata", "labels", "app.kubernetes.io/name"]) == "node-exporter" {
+            let name = str_at(&p, &["metadata", "name"]).to_string();
+            change(c, "", "pods", "monitoring", &name, |p| {
+                p["metadata"]["annotations"] = json!({"prometheus.io/scrape": "true", "prometheus.io/port": "9100", "prometheus.io/path": "/metrics"});
+            });
+        }
+    }
+    for fixture in c.settings.metric_fixtures.keys() {
+        let mut pod = pod_obj(
+            c,
+            "monitoring",
+            &format!("fixture-{fixture}"),
+            "registry.k8s.io/pause:3.9",
+            json!({"app.kubernetes.io/name": "metrics-fixture"}),
+            &nodes[0],
+            "Running",
+        );
+        pod["metadata"]["annotations"] = json!({"prometheus.io/scrape": "true", "prometheus.io/port": "9090", "prometheus.io/path": "/metrics", "sim.multipilot.dev/fixture": fixture});
+        put(c, "", "pods", pod);
+    }
+    statefulset(
+        c,
+        "monitoring",
+        "prometheus",
+        2,
+        "quay.io/prometheus/prometheus:v2.53.0",
+    );
+    // ingress
+    deployment(
+        c,
+        "ingress-nginx",
+        "ingress-nginx-controller",
+        2,
+        "registry.k8s.io/ingress-nginx/controller:v1.10.1",
+        json!({"app.kubernetes.io/name": "ingress-nginx"}),
+        &nodes,
+    );
+    service(
+        c,
+        "ingress-nginx",
+        "ingress-nginx-controller",
+        "LoadBalancer",
+        json!({"app.kubernetes.io/name": "ingress-nginx"}),
+        &[("http", 80, "TCP"), ("https", 443, "TCP")],
+        None,
+    );
+    change(
+        c,
+        "",
+        "services",
+        "ingress-nginx",
+        "ingress-nginx-controller",
+        |s| {
+            s["spec"]["externalTrafficPolicy"] = json!("Local");
+            s["status"] = json!({"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}});
+        },
+    );
+    put(
+        c,
+        "networking.k8s.io",
+        "ingressclasses",
+        json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "IngressClass",
+            "metadata": meta("", "nginx", json!({"app.kubernetes.io/name": "ingress-nginx"})),
+            "spec": {"controller": "k8s.io/ingress-nginx"}
+        }),
+    );
+    // cluster-wide config
+    for (name, provisioner, default) in [
+        ("standard", "ebs.csi.aws.com", true),
+        ("fast", "ebs.csi.aws.com", false),
+    ] {
+        let mut sc = json!({
+            "apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": meta("", name, json!({})),
+            "provisioner": provisioner, "reclaimPolicy": "Delete", "volumeBindingMode": "WaitForFirstConsumer",
+            "parameters": {"type": if default {"gp3"} else {"io2"}}
+        });
+        if default {
+            sc["metadata"]["annotations"] =
+                json!({"storageclass.kubernetes.io/is-default-class": "true"});
+        }
+        put(c, "storage.k8s.io", "storageclasses", sc);
+    }
+    for (name, group, kind, versions) in [
+        (
+            "certificates.cert-manager.io",
+            "cert-manager.io",
+            "Certificate",
+            vec!["v1"],
+        ),
+        (
+            "servicemonitors.monitoring.coreos.com",
+            "monitoring.coreos.com",
+            "ServiceMonitor",
+            vec!["v1"],
+        ),
+        (
+            "clusterpolicies.nvidia.com",
+            "nvidia.com",
+            "ClusterPolicy",
+            vec!["v1", "v1alpha1"],
+        ),
+    ] {
+        let plural = name.split('.').next().unwrap_or(name);
+        put(
+            c,
+            "apiextensions.k8s.io",
+            "customresourcedefinitions",
+            json!({
+                "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                "metadata": meta("", name, json!({})),
+                "spec": {"group": group, "scope": "Namespaced", "names": {"kind": kind, "plural": plural, "singular": kind.to_lowercase(), "listKind": format!("{kind}List")},
+                    "versions": versions.iter().enumerate().map(|(i, v)| json!({"name": v, "served": true, "storage": i == 0, "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}}})).collect::<Vec<_>>()},
+                "status": {"acceptedNames": {"kind": kind, "plural": plural}, "storedVersions": [versions[0]]}
+            }),
+        );
+    }
+    for (name, rules) in [
+        (
+            "multipilot-agent",
+            json!([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["get", "list", "watch"]}]),
+        ),
+        (
+            "view-all",
+            json!([{"apiGroups": [""], "resources": ["pods", "services"], "verbs": ["get", "list"]}]),
+        ),
+        (
+            "cluster-admin-ish",
+            json!([{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}]),
+        ),
+    ] {
+        put(
+            c,
+            "rbac.authorization.k8s.io",
+            "clusterroles",
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": meta("", name, json!({})), "rules": rules}),
+        );
+        put(
+            c,
+            "rbac.authorization.k8s.io",
+            "clusterrolebindings",
+            json!({
+                "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding", "metadata": meta("", name, json!({})),
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": "kube-system"}]
+            }),
+        );
+    }
+    // an object applied long ago with an API version this cluster may no longer serve
+    if minor <= 24 {
+        let mut pdb = json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta("kube-system", "coredns", json!({"k8s-app": "kube-dns"})), "spec": {"minAvailable": 1, "selector": {"matchLabels": {"k8s-app": "kube-dns"}}}});
+        pdb["metadata"]["annotations"] = json!({"kubectl.kubernetes.io/last-applied-configuration": "{\"apiVersion\":\"policy/v1beta1\",\"kind\":\"PodDisruptionBudget\",\"metadata\":{\"name\":\"coredns\",\"namespace\":\"kube-system\"},\"spec\":{\"minAvailable\":1,\"selector\":{\"matchLabels\":{\"k8s-app\":\"kube-dns\"}}}}\n"});
+        put(c, "policy", "poddisruptionbudgets", pdb);
+    }
+    // team workloads until the object target is met
+    let teams = [
+        "payments",
+        "search",
+        "checkout",
+        "ml-training",
+        "identity",
+        "catalog",
+        "ledger",
+        "notifications",
+    ];
+    let mut t = 0;
+    while c.store.len() < c.settings.objects {
+        let team = teams[t % teams.len()];
+        let ns = if t < teams.len() {
+            team.to_string()
+        } else {
+            format!("{team}-{}", t / teams.len())
+        };
+        team_namespace(c, &ns, team, &nodes, &gpu_nodes, t);
+        t += 1;
+        if t > 10_000 {
+            break;
+        }
+    }
+    // a few events to start with
+    for p in c.store.all(&rk("", "pods"), None).iter().take(10) {
+        event(
+            c,
+            p,
+            "Normal",
+            "Scheduled",
+            &format!(
+                "Successfully assigned {}/{} to {}",
+                str_at(p, &["metadata", "namespace"]),
+                str_at(p, &["metadata", "name"]),
+                str_at(p, &["spec", "nodeName"])
+            ),
+            "default-scheduler",
+        );
+    }
+}
+
+fn namespace(c: &Cluster, ns: &str, pss: Option<&str>) {
+    let mut labels = json!({"kubernetes.io/metadata.name": ns});
+    if let Some(level) = pss {
+        labels["pod-security.kubernetes.io/enforce"] = json!(level);
+        labels["pod-security.kubernetes.io/enforce-version"] = json!("latest");
+    }
+    put(
+        c,
+        "",
+        "namespaces",
+        json!({
+            "apiVersion": "v1", "kind": "Namespace", "metadata": meta("", ns, labels),
+            "spec": {"finalizers": ["kubernetes"]}, "status": {"phase": "Active"}
+        }),
+    );
+}
+
+fn node(c: &Cluster, name: &str, kubelet: &str, control_plane: bool, gpu: bool) {
+    let mut labels = json!({
+        "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
+        "node.kubernetes.io/instance-type": if gpu {"p4d.24xlarge"} else {"m6i.2xlarge"},
+        "topology.kubernetes.io/zone": format!("zone-{}", (crate::hash64(name) % 3) as u8 + b'a' - b'a'),
+    });
+    if control_plane {
+        labels["node-role.kubernetes.io/control-plane"] = json!("");
+    }
+    let mut capacity = json!({"cpu": if gpu {"96"} else {"8"}, "memory": if gpu {"1176334340Ki"} else {"32587164Ki"}, "pods": "110", "ephemeral-storage": "101430960Ki"});
+    if gpu {
+        labels["nvidia.com/gpu.present"] = json!("true");
+        labels["nvidia.com/gpu.product"] = json!("NVIDIA-A100-SXM4-40GB");
+        labels["nvidia.com/gpu.count"] = json!("8");
+        labels["nvidia.com/cuda.driver.major"] = json!(GPU_DRIVER_MAJOR);
+        labels["nvidia.com/cuda.driver.minor"] = json!("183");
+        capacity["nvidia.com/gpu"] = json!("8");
+    }
+    let ip = format!(
+        "10.0.{}.{}",
+        crate::hash64(name) % 200,
+        crate::hash64(&format!("{name}/ip")) % 250 + 2
+    );
+    let now = c.now_str();
+    put(
+        c,
+        "",
+        "nodes",
+        json!({
+            "apiVersion": "v1", "kind": "Node", "metadata": meta("", name, labels),
+            "spec": {"podCIDR": "10.244.0.0/24", "providerID": format!("aws:///zone/{name}"), "taints": if control_plane {json!([{"key": "node-role.kubernetes.io/control-plane", "effect": "NoSchedule"}])} else {json!([])}},
+            "status": {
+                "capacity": capacity.clone(), "allocatable": capacity,
+                "conditions": [
+                    {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory", "lastHeartbeatTime": now, "lastTransitionTime": now},
+                    {"type": "DiskPressure", "status": "False", "reason": "KubeletHasNoDiskPressure", "lastHeartbeatTime": now, "lastTransitionTime": now},
+                    {"type": "PIDPressure", "status": "False", "reason": "KubeletHasSufficientPID", "lastHeartbeatTime": now, "lastTransitionTime": now},
+                    {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status", "lastHeartbeatTime": now, "lastTransitionTime": now}
+                ],
+                "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": name}],
+                "nodeInfo": {"kubeletVersion": kubelet, "kubeProxyVersion": kubelet, "containerRuntimeVersion": "containerd://1.7.13", "osImage": "Ubuntu 22.04.4 LTS", "kernelVersion": "5.15.0-1057-aws", "operatingSystem": "linux", "architecture": "amd64"}
+            }
+        }),
+    );
+}
+
+fn pod_template(image: &str, labels: &Value) -> Value {
+    let name = image
+        .rsplit('/')
+        .next()
+        .unwrap_or(image)
+        .split(':')
+        .next()
+        .unwrap_or("app");
+    json!({
+        "metadata": {"labels": labels},
+        "spec": {"containers": [{"name": name, "image": image, "ports": [{"name": "http", "containerPort": 8080, "protocol": "TCP"}],
+            "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}}}]}
+    })
+}
+
+/// A pod object (not stored).
+pub fn pod_obj(
+    c: &Cluster,
+    ns: &str,
+    name: &str,
+    image: &str,
+    labels: Value,
+    node: &str,
+    state: &str,
+) -> Value {
+    let tpl = pod_template(image, &labels);
+    let container = tpl["spec"]["containers"][0]["name"].clone();
+    let now = c.now_str();
+    let (phase, cstate, ready, restarts) = match state {
+        "CrashLoopBackOff" => (
+            "Running",
+            json!({"waiting": {"reason": "CrashLoopBackOff", "message": format!("back-off 5m0s restarting failed container={} pod={name}", container.as_str().unwrap_or(""))}}),
+            false,
+            7,
+        ),
+        "ContainerCreating" => (
+            "Pending",
+            json!({"waiting": {"reason": "ContainerCreating"}}),
+            false,
+            0,
+        ),
+        "Pending" => ("Pending", Value::Null, false, 0),
+        _ => ("Running", json!({"running": {"startedAt": now}}), true, 0),
+    };
+    let mut pod = json!({
+        "apiVersion": "v1", "kind": "Pod", "metadata": meta(ns, name, labels),
+        "spec": {"containers": tpl["spec"]["containers"], "nodeName": if state == "Pending" {Value::Null} else {json!(node)}, "restartPolicy": "Always", "serviceAccountName": "default"},
+        "status": {"phase": phase, "hostIP": "10.0.0.1", "podIP": format!("10.244.{}.{}", crate::hash64(name) % 250, crate::hash64(&format!("{name}/p")) % 250 + 2), "startTime": now, "qosClass": "Burstable",
+            "conditions": [
+                {"type": "PodScheduled", "status": if state == "Pending" {"False"} else {"True"}, "reason": if state == "Pending" {"Unschedulable"} else {""}, "lastTransitionTime": now},
+                {"type": "Ready", "status": if ready {"True"} else {"False"}, "lastTransitionTime": now}
+            ]}
+    });
+    if state == "Pending" {
+        if let Some(spec) = pod["spec"].as_object_mut() {
+            spec.remove("nodeName");
+        }
+    } else {
+        pod["status"]["containerStatuses"] = json!([{"name": container, "image": image, "imageID": "", "ready": ready, "started": ready, "restartCount": restarts, "state": cstate}]);
+    }
+    pod
+}
+
+fn owner(kind: &str, api: &str, obj: &Value) -> Value {
+    json!([{"apiVersion": api, "kind": kind, "name": str_at(obj, &["metadata", "name"]), "uid": str_at(obj, &["metadata", "uid"]), "controller": true, "blockOwnerDeletion": true}])
+}
+
+/// A Deployment with its ReplicaSet and pods.
+pub fn deployment(
+    c: &Cluster,
+    ns: &str,
+    name: &str,
+    replicas: i64,
+    image: &str,
+    labels: Value,
+    nodes: &[String],
+) {
+    deployment_with_states(c, ns, name, replicas, image, labels, nodes, &[]);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn deployment_with_states(
+    c: &Cluster,
+    ns: &str,
+    name: &str,
+    replicas: i64,
+    image: &str,
+    labels: Value,
+    nodes: &[String],
+    states: &[&str],
+) {
+    let tpl = pod_template(image, &labels);
+    let Some(d) = put(
+        c,
+        "apps",
+        "deployments",
+        json!({
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta(ns, name, labels.clone()),
+            "spec": {"replicas": replicas, "selector": {"matchLabels": labels}, "template": tpl, "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": "25%"}}, "revisionHistoryLimit": 10, "progressDeadlineSeconds": 600},
+            "status": {"observedGeneration": 1, "replicas": replicas, "updatedReplicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas,
+                "conditions": [{"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"}, {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}]}
+        }),
+    ) else {
+        return;
+    };
+    let hash = format!(
+        "{:x}",
+        crate::hash64(&format!("{ns}/{name}/{image}")) % 0xff_ffff_ffff
+    );
+    let rs_name = format!("{name}-{}", &hash[..hash.len().min(10)]);
+    let mut rs_labels = labels.clone();
+    rs_labels["pod-template-hash"] = json!(hash[..hash.len().min(10)]);
+    let mut rs_tpl = tpl.clone();
+    rs_tpl["metadata"]["labels"] = rs_labels.clone();
+    let mut rs = json!({
+        "apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": meta(ns, &rs_name, rs_labels.clone()),
+        "spec": {"replicas": replicas, "selector": {"matchLabels": rs_labels}, "template": rs_tpl},
+        "status": {"replicas": replicas, "readyReplicas": replicas, "availableReplicas": replicas, "fullyLabeledReplicas": replicas, "observedGeneration": 1}
+    });
+    rs["metadata"]["ownerReferences"] = owner("Deployment", "apps/v1", &d);
+    rs["metadata"]["annotations"] = json!({"deployment.kubernetes.io/revision": "1"});
+    let Some(rs) = put(c, "apps", "replicasets", rs) else {
+        return;
+    };
+    let mut unready = 0;
+    for i in 0..replicas as usize {
+        let state = states.get(i).copied().unwrap_or("Running");
+        if state != "Running" {
+            unready += 1;
+        }
+        let node = nodes
+            .get((crate::hash64(&format!("{rs_name}/{i}")) as usize) % nodes.len().max(1))
+            .cloned()
+            .unwrap_or_default();
+        let mut pod = pod_obj(
+            c,
+            ns,
+            &format!("{rs_name}-{}", suffix(c, 5)),
+            image,
+            rs["spec"]["selector"]["matchLabels"].clone(),
+            &node,
+            state,
+        );
+        pod["metadata"]["ownerReferences"] = owner("ReplicaSet", "apps/v1", &rs);
+        put(c, "", "pods", pod);
+    }
+    if unready > 0 {
+        change(c, "apps", "deployments", ns, name, |d| {
+            d["status"]["readyReplicas"] = json!(replicas - unready);
+            d["status"]["availableReplicas"] = json!(replicas - unready);
+        });
+    }
+}
+
+fn daemonset(c: &Cluster, ns: &str, name: &str, image: &str, nodes: &[String], labels: Value) {
+    let n = nodes.len() as i64;
+    let Some(ds) = put(
+        c,
+        "apps",
+        "daemonsets",
+        json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": meta(ns, name, labels.clone()),
+            "spec": {"selector": {"matchLabels": labels}, "template": pod_template(image, &labels), "updateStrategy": {"type": "RollingUpdate"}},
+            "status": {"desiredNumberScheduled": n, "currentNumberScheduled": n, "numberReady": n, "numberAvailable": n, "updatedNumberScheduled": n, "numberMisscheduled": 0, "observedGeneration": 1}
+        }),
+    ) else {
+        return;
+    };
+    for node in nodes {
+        let mut pod = pod_obj(
+            c,
+            ns,
+            &format!("{name}-{}", suffix(c, 5)),
+            image,
+            labels.clone(),
+            node,
+            "Running",
+        );
+        pod["metadata"]["ownerReferences"] = owner("DaemonSet", "apps/v1", &ds);
+        put(c, "", "pods", pod);
+    }
+}
+
+fn statefulset(c: &Cluster, ns: &str, name: &str, replicas: i64, image: &str) {
+    let labels = json!({"app.kubernetes.io/name": name});
+    let Some(sts) = put(
+        c,
+        "apps",
+        "statefulsets",
+        json!({
+            "apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": meta(ns, name, labels.clone()),
+            "spec": {"replicas": replicas, "serviceName": name, "selector": {"matchLabels": labels}, "template": pod_template(image, &labels),
+                "volumeClaimTemplates": [{"metadata": {"name": "data"}, "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "50Gi"}}}}]},
+            "status": {"replicas": replicas, "readyReplicas": replicas, "currentReplicas": replicas, "updatedReplicas": replicas, "availableReplicas": replicas, "observedGeneration": 1}
+        }),
+    ) else {
+        return;
+    };
+    for i in 0..replicas {
+        let mut pod = pod_obj(
+            c,
+            ns,
+            &format!("{name}-{i}"),
+            image,
+            labels.clone(),
+            "",
+            "Running",
+        );
+        pod["spec"]["nodeName"] = json!(format!("{}-worker-{}", c.name(), i));
+        pod["metadata"]["ownerReferences"] = owner("StatefulSet", "apps/v1", &sts);
+        put(c, "", "pods", pod);
+    }
+}
+
+fn service(
+    c: &Cluster,
+    ns: &str,
+    name: &str,
+    ty: &str,
+    selector: Value,
+    ports: &[(&str, i64, &str)],
+    cluster_ip: Option<&str>,
+) {
+    let ip = cluster_ip.map(str::to_string).unwrap_or_else(|| {
+        format!(
+            "10.96.{}.{}",
+            crate::hash64(&format!("{ns}/{name}")) % 250,
+            crate::hash64(name) % 250 + 2
+        )
+    });
+    put(
+        c,
+        "",
+        "services",
+        json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": meta(ns, name, json!({"app.kubernetes.io/name": name})),
+            "spec": {"type": ty, "selector": selector, "clusterIP": ip, "clusterIPs": [ip], "ipFamilies": ["IPv4"], "sessionAffinity": "None",
+                "ports": ports.iter().map(|(n, p, proto)| json!({"name": n, "port": p, "targetPort": p, "protocol": proto})).collect::<Vec<_>>()},
+            "status": {"loadBalancer": {}}
+        }),
+    );
+}
+
+fn endpoints(c: &Cluster, ns: &str, name: &str, ready: bool) {
+    let pods: Vec<Arc<Value>> = c
+        .store
+        .all(&rk("", "pods"), Some(ns))
+        .into_iter()
+        .filter(|p| str_at(p, &["metadata", "labels", "k8s-app"]) == "kube-dns")
+        .collect();
+    let addrs: Vec<Value> = pods
+        .iter()
+        .map(|p| json!({"ip": str_at(p, &["status", "podIP"]), "nodeName": str_at(p, &["spec", "nodeName"]), "targetRef": {"kind": "Pod", "name": str_at(p, &["metadata", "name"]), "namespace": ns}}))
+        .collect();
+    let subsets = if ready && !addrs.is_empty() {
+        json!([{"addresses": addrs, "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}, {"name": "dns-tcp", "port": 53, "protocol": "TCP"}]}])
+    } else if !addrs.is_empty() {
+        json!([{"notReadyAddresses": addrs, "ports": [{"name": "dns", "port": 53, "protocol": "UDP"}]}])
+    } else {
+        json!([])
+    };
+    let obj = json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": meta(ns, name, json!({"k8s-app": "kube-dns"})), "subsets": subsets});
+    if c.store.get(&rk("", "endpoints"), ns, name).is_some() {
+        change(c, "", "endpoints", ns, name, |e| {
+            e["subsets"] = obj["subsets"].clone()
+        });
+    } else {
+        put(c, "", "endpoints", obj);
+    }
+}
+
+fn team_namespace(
+    c: &Cluster,
+    ns: &str,
+    team: &str,
+    nodes: &[String],
+    gpu_nodes: &[String],
+    idx: usize,
+) {
+    namespace(
+        c,
+        ns,
+        if idx.is_multiple_of(3) {
+            Some("restricted")
+        } else {
+            None
+        },
+    );
+    let workers: Vec<String> = nodes
+        .iter()
+        .filter(|n| !n.contains("-cp-"))
+        .cloned()
+        .collect();
+    let labels = |app: &str| json!({"app.kubernetes.io/name": app, "app.kubernetes.io/part-of": team, "team": team});
+    // web with one crashlooping pod in some namespaces
+    let web_states: &[&str] = if idx % 4 == 1 {
+        &["Running", "CrashLoopBackOff", "Running"]
+    } else {
+        &[]
+    };
+    deployment_with_states(
+        c,
+        ns,
+        "web",
+        3,
+        &format!("registry.example.com/{team}/web:1.{}.0", idx % 7),
+        labels("web"),
+        &workers,
+        web_states,
+    );
+    let api_states: &[&str] = if idx % 5 == 2 {
+        &["Running", "Pending"]
+    } else {
+        &[]
+    };
+    deployment_with_states(
+        c,
+        ns,
+        "api",
+        2,
+        &format!("registry.example.com/{team}/api:2.{}.1", idx % 5),
+        labels("api"),
+        &workers,
+        api_states,
+    );
+    deployment(
+        c,
+        ns,
+        "worker",
+        1,
+        &format!("registry.example.com/{team}/worker:0.9.{}", idx % 3),
+        labels("worker"),
+        &workers,
+    );
+    if team == "ml-training" && !gpu_nodes.is_empty() {
+        deployment(
+            c,
+            ns,
+            "trainer",
+            2,
+            "nvcr.io/nvidia/pytorch:24.05-py3",
+            labels("trainer"),
+            gpu_nodes,
+        );
+        change(c, "apps", "deployments", ns, "trainer", |d| {
+            d["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] =
+                json!("1");
+        });
+        for p in c.store.all(&rk("", "pods"), Some(ns)) {
+            if str_at(&p, &["metadata", "labels", "app.kubernetes.io/name"]) == "trainer" {
+                let name = str_at(&p, &["metadata", "name"]).to_string();
+                change(c, "", "pods", ns, &name, |p| {
+                    p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] =
+                        json!("1");
+                });
+            }
+        }
+    }
+    service(
+        c,
+        ns,
+        "web",
+        "ClusterIP",
+        json!({"app.kubernetes.io/name": "web"}),
+        &[("http", 80, "TCP")],
+        None,
+    );
+    service(
+        c,
+        ns,
+        "api",
+        if idx.is_multiple_of(6) {
+            "LoadBalancer"
+        } else {
+            "ClusterIP"
+        },
+        json!({"app.kubernetes.io/name": "api"}),
+        &[("http", 8080, "TCP")],
+        None,
+    );
+    put(
+        c,
+        "networking.k8s.io",
+        "ingresses",
+        json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "Ingress", "metadata": meta(ns, "web", labels("web")),
+            "spec": {"ingressClassName": "nginx", "rules": [{"host": format!("{ns}.example.com"), "http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": {"service": {"name": "web", "port": {"number": 80}}}}]}}],
+                "tls": [{"hosts": [format!("{ns}.example.com")], "secretName": "web-tls"}]},
+            "status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}}
+        }),
+    );
+    put(
+        c,
+        "",
+        "configmaps",
+        json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(ns, "app-config", labels("web")), "data": {"LOG_LEVEL": "info", "FEATURE_X": "false"}}),
+    );
+    put(
+        c,
+        "",
+        "secrets",
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": meta(ns, "web-tls", labels("web")), "type": "kubernetes.io/tls", "data": {"tls.crt": "LS0tLS1CRUdJTi1GQUtF", "tls.key": "LS0tLS1CRUdJTi1GQUtF"}}),
+    );
+    put(
+        c,
+        "",
+        "secrets",
+        json!({"apiVersion": "v1", "kind": "Secret", "metadata": meta(ns, "db-credentials", labels("api")), "type": "Opaque", "data": {"password": "c2VjcmV0LXZhbHVl"}}),
+    );
+    put(
+        c,
+        "batch",
+        "cronjobs",
+        json!({
+            "apiVersion": "batch/v1", "kind": "CronJob", "metadata": meta(ns, "nightly-report", labels("report")),
+            "spec": {"schedule": "0 2 * * *", "concurrencyPolicy": "Forbid", "jobTemplate": {"spec": {"template": {"spec": {"restartPolicy": "OnFailure", "containers": [{"name": "report", "image": format!("registry.example.com/{team}/report:1.0")}]}}}}},
+            "status": {"lastScheduleTime": c.now_str()}
+        }),
+    );
+    put(
+        c,
+        "batch",
+        "jobs",
+        json!({
+            "apiVersion": "batch/v1", "kind": "Job", "metadata": meta(ns, "nightly-report-28790640", labels("report")),
+            "spec": {"completions": 1, "backoffLimit": 6, "template": {"spec": {"restartPolicy": "OnFailure", "containers": [{"name": "report", "image": format!("registry.example.com/{team}/report:1.0")}]}}},
+            "status": {"succeeded": 1, "startTime": c.now_str(), "completionTime": c.now_str()}
+        }),
+    );
+    put(
+        c,
+        "autoscaling",
+        "horizontalpodautoscalers",
+        json!({
+            "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler", "metadata": meta(ns, "web", labels("web")),
+            "spec": {"scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": "web"}, "minReplicas": 2, "maxReplicas": 10,
+                "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 70}}}]},
+            "status": {"currentReplicas": 3, "desiredReplicas": 3}
+        }),
+    );
+    put(
+        c,
+        "policy",
+        "poddisruptionbudgets",
+        json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta(ns, "web", labels("web")),
+            "spec": {"minAvailable": 2, "selector": {"matchLabels": {"app.kubernetes.io/name": "web"}}},
+            "status": {"currentHealthy": 3, "desiredHealthy": 2, "disruptionsAllowed": 1, "expectedPods": 3}
+        }),
+    );
+    put(
+        c,
+        "networking.k8s.io",
+        "networkpolicies",
+        json!({
+            "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": meta(ns, "default-deny", json!({})),
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress"]}
+        }),
+    );
+    put(
+        c,
+        "rbac.authorization.k8s.io",
+        "roles",
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta(ns, "deployer", json!({})),
+            "rules": [{"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["get", "list", "patch"]}]
+        }),
+    );
+    put(
+        c,
+        "rbac.authorization.k8s.io",
+        "rolebindings",
+        json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta(ns, "deployer", json!({})),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "deployer"},
+            "subjects": [{"kind": "Group", "name": format!("team:{team}"), "apiGroup": "rbac.authorization.k8s.io"}]
+        }),
+    );
+}
+
+/// Records an event about `obj` (a repeat of the same reason on the same object bumps the count and
+/// the series, as the kubelet's event correlator does).
+pub fn event(c: &Cluster, obj: &Value, ty: &str, reason: &str, message: &str, component: &str) {
+    let ns = match str_at(obj, &["metadata", "namespace"]) {
+        "" => "default",
+        ns => ns,
+    };
+    let obj_name = str_at(obj, &["metadata", "name"]);
+    let key = format!(
+        "{obj_name}.{:x}",
+        crate::hash64(&format!("{reason}/{message}")) & 0xffff_ffff_ffff
+    );
+    let now = c.now_str();
+    let micro = c.now_micro();
+    let res = rk("", "events");
+    if c.store.get(&res, ns, &key).is_some() {
+        change(c, "", "events", ns, &key, |e| {
+            let count = e["count"].as_i64().unwrap_or(1) + 1;
+            e["count"] = json!(count);
+            e["lastTimestamp"] = json!(now);
+            if e.get("series").is_some_and(|s| !s.is_null()) || count > 2 {
+                e["series"] = json!({"count": count, "lastObservedTime": micro});
+            }
+        });
+        return;
+    }
+    put(
+        c,
+        "",
+        "events",
+        json!({
+            "apiVersion": "v1", "kind": "Event", "metadata": meta(ns, &key, json!({})),
+            "involvedObject": {"kind": str_at(obj, &["kind"]), "namespace": str_at(obj, &["metadata", "namespace"]), "name": obj_name, "uid": str_at(obj, &["metadata", "uid"]), "apiVersion": str_at(obj, &["apiVersion"]), "resourceVersion": str_at(obj, &["metadata", "resourceVersion"])},
+            "reason": reason, "message": message, "type": ty, "count": 1,
+            "firstTimestamp": now, "lastTimestamp": now, "eventTime": Value::Null,
+            "source": {"component": component}, "reportingComponent": component, "reportingInstance": ""
+        }),
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Controllers and churn
+
+/// Runs the cluster's controllers (leases, rollouts) and its churn until cancelled.
+pub async fn run(c: Arc<Cluster>, cancel: CancellationToken) {
+    let mut leases = tokio::time::interval(Duration::from_secs(2));
+    let mut rollouts = tokio::time::interval(Duration::from_millis(700));
+    let churn_every = if c.settings.churn > 0.0 {
+        Duration::from_secs_f64(1.0 / c.settings.churn)
+    } else {
+        Duration::from_secs(3600)
+    };
+    let mut churn = tokio::time::interval(churn_every);
+    churn.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = leases.tick() => renew_leases(&c),
+            _ = rollouts.tick() => reconcile(&c),
+            _ = churn.tick(), if c.settings.churn > 0.0 => churn_once(&c),
+        }
+    }
+}
+
+fn renew_leases(c: &Cluster) {
+    let f = c.faults();
+    let now = c.now_micro();
+    for (holder, down) in [
+        ("kube-scheduler", f.scheduler_down),
+        ("kube-controller-manager", f.controller_manager_down),
+    ] {
+        if !down {
+            change(
+                c,
+                "coordination.k8s.io",
+                "leases",
+                "kube-system",
+                holder,
+                |l| l["spec"]["renewTime"] = json!(now),
+            );
+        }
+    }
+}
+
+/// Moves rollouts forward: a Deployment/DaemonSet/StatefulSet whose generation is ahead of its
+/// observedGeneration updates one replica per step.
+fn reconcile(c: &Cluster) {
+    for d in c.store.all(&rk("apps", "deployments"), None) {
+        let generation = d
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(1);
+        let observed = d
+            .pointer("/status/observedGeneration")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        let want = d
+            .pointer("/spec/replicas")
+            .and_then(Value::as_i64)
+            .unwrap_or(1);
+        let updated = d
+            .pointer("/status/updatedReplicas")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        let replicas = d
+            .pointer("/status/replicas")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        if generation == observed && updated == want && replicas == want {
+            continue;
+        }
+        let ns = str_at(&d, &["metadata", "namespace"]).to_string();
+        let name = str_at(&d, &["metadata", "name"]).to_string();
+        let coredns_down = c.faults().coredns_down && name == "coredns";
+        change(c, "apps", "deployments", &ns, &name, |d| {
+            let new_rollout = generation != observed;
+            let updated = if new_rollout {
+                0
+            } else {
+                (updated + 1).min(want)
+            };
+            let available = if coredns_down {
+                0
+            } else if updated == want {
+                want
+            } else {
+                (want - 1).max(0).max(updated)
+            };
+            d["status"]["observedGeneration"] = json!(generation);
+            d["status"]["updatedReplicas"] = json!(updated);
+            d["status"]["replicas"] = json!(want);
+            d["status"]["readyReplicas"] = json!(available);
+            d["status"]["availableReplicas"] = json!(available);
+            let progressing = if updated == want {
+                "NewReplicaSetAvailable"
+            } else {
+                "ReplicaSetUpdated"
+            };
+            d["status"]["conditions"] = json!([
+                {"type": "Available", "status": if available >= want.saturating_sub(1).max(1) {"True"} else {"False"}, "reason": "MinimumReplicasAvailable"},
+                {"type": "Progressing", "status": "True", "reason": progressing}
+            ]);
+        });
+    }
+}
+
+fn churn_once(c: &Cluster) {
+    let roll: u32 = c.rng().random_range(0..100);
+    let pods = c.store.all(&rk("", "pods"), None);
+    if pods.is_empty() {
+        return;
+    }
+    let pick = |rng: &mut rand::rngs::StdRng| pods.choose(rng).cloned();
+    let Some(pod) = pick(&mut c.rng()) else {
+        return;
+    };
+    let ns = str_at(&pod, &["metadata", "namespace"]).to_string();
+    let name = str_at(&pod, &["metadata", "name"]).to_string();
+    match roll {
+        // a crashlooping container restarts again
+        0..30 => {
+            let crashing: Vec<_> = pods
+                .iter()
+                .filter(|p| {
+                    p.pointer("/status/containerStatuses/0/state/waiting/reason")
+                        .and_then(Value::as_str)
+                        == Some("CrashLoopBackOff")
+                })
+                .cloned()
+                .collect();
+            let Some(p) = crashing.choose(&mut *c.rng()).cloned() else {
+                return;
+            };
+            let (pns, pname) = (
+                str_at(&p, &["metadata", "namespace"]).to_string(),
+                str_at(&p, &["metadata", "name"]).to_string(),
+            );
+            change(c, "", "pods", &pns, &pname, |p| {
+                let n = p
+                    .pointer("/status/containerStatuses/0/restartCount")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(0);
+                p["status"]["containerStatuses"][0]["restartCount"] = json!(n + 1);
+            });
+            let container = str_at(&p, &["spec", "containers"]).to_string();
+            let _ = container;
+            event(
+                c,
+                &p,
+                "Warning",
+                "BackOff",
+                "Back-off restarting failed container",
+                "kubelet",
+            );
+        }
+        // ordinary pod life: an event
+        30..60 => {
+            let reason = ["Pulled", "Created", "Started"][(roll % 3) as usize];
+            event(
+                c,
+                &pod,
+                "Normal",
+                reason,
+                &format!("{reason} container"),
+                "kubelet",
+            );
+        }
+        // a pod is replaced (deleted and recreated under the same owner)
+        60..75 => {
+            if !str_at(&pod, &["status", "phase"]).eq("Running") || ns == "kube-system" {
+                return;
+            }
+            remove(c, "", "pods", &ns, &name);
+            let mut fresh = (*pod).clone();
+            let base = name
+                .rsplit_once('-')
+                .map(|(b, _)| b.to_string())
+                .unwrap_or(name.clone());
+            fresh["metadata"]["name"] = json!(format!("{base}-{}", suffix(c, 5)));
+            if let Some(m) = fresh["metadata"].as_object_mut() {
+                m.remove("resourceVersion");
+            }
+            if let Some(p) = put(c, "", "pods", fresh) {
+                event(
+                    c,
+                    &p,
+                    "Normal",
+                    "Scheduled",
+                    &format!(
+                        "Successfully assigned {ns}/{} to {}",
+                        str_at(&p, &["metadata", "name"]),
+                        str_at(&p, &["spec", "nodeName"])
+                    ),
+                    "default-scheduler",
+                );
+            }
+        }
+        // a config change
+        75..90 => {
+            let cms = c.store.all(&rk("", "configmaps"), None);
+            let Some(cm) = cms.choose(&mut *c.rng()).cloned() else {
+                return;
+            };
+            let v = c.rng().random_range(0..1000u32);
+            change(
+                c,
+                "",
+                "configmaps",
+                str_at(&cm, &["metadata", "namespace"]),
+                str_at(&cm, &["metadata", "name"]),
+                |cm| {
+                    cm["data"]["REVISION"] = json!(v.to_string());
+                },
+            );
+        }
+        // a rollout: a new template
+        _ => {
+            let deps = c.store.all(&rk("apps", "deployments"), None);
+            let Some(d) = deps
+                .iter()
+                .filter(|d| str_at(d, &["metadata", "namespace"]) != "kube-system")
+                .collect::<Vec<_>>()
+                .choose(&mut *c.rng())
+                .map(|d| (*d).clone())
+            else {
+                return;
+            };
+            let stamp = c.now_str();
+            change(
+                c,
+                "apps",
+                "deployments",
+                str_at(&d, &["metadata", "namespace"]),
+                str_at(&d, &["metadata", "name"]),
+                |d| {
+                    d["spec"]["template"]["metadata"]["annotations"] =
+                        json!({"kubectl.kubernetes.io/restartedAt": stamp});
+                },
+            );
+            event(
+                c,
+                &d,
+                "Normal",
+                "ScalingReplicaSet",
+                &format!(
+                    "Scaled up replica set {}-new to 1",
+                    str_at(&d, &["metadata", "name"])
+                ),
+                "deployment-controller",
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Faults
+
+/// Faults the simulator can inject.
+pub const FAULTS: &[(&str, &str)] = &[
+    (
+        "overload",
+        "apiserver latency (latency_ms, default 800) and a share of 429/500 answers (error_rate, default 0.3)",
+    ),
+    (
+        "watch-disconnect",
+        "one-shot: closes every open watch (clients resume from their resourceVersion)",
+    ),
+    (
+        "watch-expire",
+        "one-shot: compacts the watch history and closes every watch, so resumes get 410 Gone and clients relist",
+    ),
+    ("unreachable", "drops every connection as it is accepted"),
+    (
+        "clock-skew",
+        "the cluster's timestamps run ahead by `seconds` (default 300; negative: behind)",
+    ),
+    (
+        "cert-expiry",
+        "the apiserver serves a certificate expiring in `days` days (default 5)",
+    ),
+    (
+        "node-not-ready",
+        "a worker node's Ready condition turns False",
+    ),
+    (
+        "coredns-down",
+        "CoreDNS pods not ready, kube-dns endpoints empty",
+    ),
+    (
+        "gpu-mismatch",
+        "the GPU device plugin is upgraded past the nodes' driver; GPU pods stuck in ContainerCreating",
+    ),
+    (
+        "stuck-finalizer",
+        "a ConfigMap is deleted but its finalizer is never removed",
+    ),
+    ("external-ips", "a Service with spec.externalIPs appears"),
+    (
+        "warning-burst",
+        "one-shot: `count` (default 200) Warning events in a burst",
+    ),
+    ("etcd-unhealthy", "/readyz/etcd fails"),
+    (
+        "scheduler-down",
+        "the kube-scheduler lease stops being renewed",
+    ),
+    (
+        "controller-manager-down",
+        "the kube-controller-manager lease stops being renewed",
+    ),
+    (
+        "deprecated-api",
+        "an object last applied with a removed API version appears",
+    ),
+];
+
+/// Errors switching faults.
+#[derive(Debug, thiserror::Error)]
+pub enum FaultError {
+    /// No such fault.
+    #[error("unknown fault {0:?}; known: {1}")]
+    Unknown(String, String),
+    /// A parameter did not parse.
+    #[error("bad parameter {0}: {1:?}")]
+    BadParam(&'static str, String),
+    /// Certificate generation failed.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::Error),
+}
+
+fn param<T: std::str::FromStr>(
+    params: &std::collections::BTreeMap<String, String>,
+    key: &'static str,
+    default: T,
+) -> Result<T, FaultError> {
+    match params.get(key) {
+        None => Ok(default),
+        Some(v) => v.parse().map_err(|_| FaultError::BadParam(key, v.clone())),
+    }
+}
+
+/// Switches a fault on (`on = true`) or off.
+pub fn set_fault(
+    c: &Cluster,
+    fault: &str,
+    on: bool,
+    params: &std::collections::BTreeMap<String, String>,
+) -> Result<(), FaultError> {
+    let first_worker = format!("{}-worker-0", c.name());
+    match fault {
+        "overload" => {
+            c.faults_mut().overload = on
+                .then(|| -> Result<Overload, FaultError> {
+                    Ok(Overload {
+                        latency_ms: param(params, "latency_ms", 800)?,
+                        error_rate: param(params, "error_rate", 0.3)?,
+                    })
+                })
+                .transpose()?;
+        }
+        "watch-disconnect" => {
+            if on {
+                c.disconnect_watches();
+            }
+        }
+        "watch-expire" => {
+            if on {
+                c.store.compact();
+                c.disconnect_watches();
+            }
+        }
+        "unreachable" => {
+            c.faults_mut().unreachable = on;
+            if on {
+                c.disconnect_watches();
+            }
+        }
+        "clock-skew" => c.set_skew(if on {
+            param(params, "seconds", 300)?
+        } else {
+            0
+        }),
+        "cert-expiry" => {
+            let days = if on { param(params, "days", 5)? } else { 365 };
+            c.pki
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .set_serving_days(days)?;
+            c.faults_mut().cert_expiry_days = on.then_some(days);
+        }
+        "node-not-ready" => {
+            let node = params.get("node").cloned().unwrap_or(first_worker);
+            let now = c.now_str();
+            change(c, "", "nodes", "", &node, |n| {
+                if let Some(conds) = n
+                    .pointer_mut("/status/conditions")
+                    .and_then(Value::as_array_mut)
+                {
+                    for cond in conds.iter_mut().filter(|c| c["type"] == "Ready") {
+                        cond["status"] = json!(if on { "Unknown" } else { "True" });
+                        cond["reason"] = json!(if on {
+                            "NodeStatusUnknown"
+                        } else {
+                            "KubeletReady"
+                        });
+                        cond["message"] = json!(if on {
+                            "Kubelet stopped posting node status."
+                        } else {
+                            "kubelet is posting ready status"
+                        });
+                        cond["lastTransitionTime"] = json!(now);
+                    }
+                }
+                let taints = if on {
+                    json!([{"key": "node.kubernetes.io/unreachable", "effect": "NoSchedule", "timeAdded": now}])
+                } else {
+                    json!([])
+                };
+                n["spec"]["taints"] = taints;
+            });
+            if let Some(n) = c.store.get(&rk("", "nodes"), "", &node) {
+                event(
+                    c,
+                    &n,
+                    "Normal",
+                    if on { "NodeNotReady" } else { "NodeReady" },
+                    &format!(
+                        "Node {node} status is now: {}",
+                        if on { "NodeNotReady" } else { "NodeReady" }
+                    ),
+                    "node-controller",
+                );
+            }
+            c.faults_mut().node_not_ready = on.then_some(node);
+        }
+        "coredns-down" => {
+            c.faults_mut().coredns_down = on;
+            for p in c.store.all(&rk("", "pods"), Some("kube-system")) {
+                if str_at(&p, &["metadata", "labels", "k8s-app"]) != "kube-dns" {
+                    continue;
+                }
+                let name = str_at(&p, &["metadata", "name"]).to_string();
+                change(c, "", "pods", "kube-system", &name, |p| {
+                    p["status"]["containerStatuses"][0]["ready"] = json!(!on);
+                    p["status"]["conditions"][1]["status"] =
+                        json!(if on { "False" } else { "True" });
+                });
+                if on {
+                    event(
+                        c,
+                        &p,
+                        "Warning",
+                        "Unhealthy",
+                        "Readiness probe failed: HTTP probe failed with statuscode: 503",
+                        "kubelet",
+                    );
+                }
+            }
+            change(c, "apps", "deployments", "kube-system", "coredns", |d| {
+                let want = d
+                    .pointer("/spec/replicas")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(2);
+                d["status"]["readyReplicas"] = json!(if on { 0 } else { want });
+                d["status"]["availableReplicas"] = json!(if on { 0 } else { want });
+            });
+            endpoints(c, "kube-system", "kube-dns", !on);
+        }
+        "gpu-mismatch" => {
+            c.faults_mut().gpu_mismatch = on;
+            let version = if on {
+                DEVICE_PLUGIN_NEW
+            } else {
+                DEVICE_PLUGIN_OK
+            };
+            change(
+                c,
+                "apps",
+                "daemonsets",
+                "gpu-operator",
+                "nvidia-device-plugin-daemonset",
+                |d| {
+                    d["spec"]["template"]["spec"]["containers"][0]["image"] =
+                        json!(format!("nvcr.io/nvidia/k8s-device-plugin:{version}"));
+                    d["metadata"]["labels"]["app.kubernetes.io/version"] = json!(version);
+                    let n = d
+                        .pointer("/status/desiredNumberScheduled")
+                        .and_then(Value::as_i64)
+                        .unwrap_or(0);
+                    d["status"]["numberReady"] = json!(if on { 0 } else { n });
+                    d["status"]["numberAvailable"] = json!(if on { 0 } else { n });
+                    d["status"]["numberUnavailable"] = json!(if on { n } else { 0 });
+                },
+            );
+            for p in c.store.all(&rk("", "pods"), None) {
+                let gpu = p
+                    .pointer("/spec/containers/0/resources/limits/nvidia.com~1gpu")
+                    .is_some();
+                let plugin = str_at(&p, &["metadata", "labels", "app.kubernetes.io/name"])
+                    == "nvidia-device-plugin";
+                if !gpu && !plugin {
+                    continue;
+                }
+                let (ns, name) = (
+                    str_at(&p, &["metadata", "namespace"]).to_string(),
+                    str_at(&p, &["metadata", "name"]).to_string(),
+                );
+                change(c, "", "pods", &ns, &name, |p| {
+                    if plugin {
+                        p["spec"]["containers"][0]["image"] =
+                            json!(format!("nvcr.io/nvidia/k8s-device-plugin:{version}"));
+                        p["status"]["containerStatuses"][0]["image"] =
+                            p["spec"]["containers"][0]["image"].clone();
+                    }
+                    if on {
+                        p["status"]["phase"] = json!(if plugin { "Running" } else { "Pending" });
+                        p["status"]["containerStatuses"][0]["ready"] = json!(false);
+                        p["status"]["containerStatuses"][0]["state"] = if plugin {
+                            json!({"waiting": {"reason": "CrashLoopBackOff", "message": "failed to initialize NVML: driver/library version mismatch"}})
+                        } else {
+                            json!({"waiting": {"reason": "ContainerCreating"}})
+                        };
+                    } else {
+                        p["status"]["phase"] = json!("Running");
+                        p["status"]["containerStatuses"][0]["ready"] = json!(true);
+                        p["status"]["containerStatuses"][0]["state"] =
+                            json!({"running": {"startedAt": c.now_str()}});
+                    }
+                });
+                if on && !plugin {
+                    event(
+                        c,
+                        &p,
+                        "Warning",
+                        "FailedCreatePodSandBox",
+                        "Failed to create pod sandbox: nvidia-container-cli: initialization error: driver/library version mismatch",
+                        "kubelet",
+                    );
+                }
+            }
+        }
+        "stuck-finalizer" => {
+            let (ns, name) = ("default", "legacy-config");
+            if on {
+                let mut cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(ns, name, json!({})), "data": {"k": "v"}});
+                cm["metadata"]["finalizers"] = json!(["example.com/legacy-cleanup"]);
+                if c.store.get(&rk("", "configmaps"), ns, name).is_none() {
+                    put(c, "", "configmaps", cm);
+                }
+                let started = (c.now()
+                    - chrono::Duration::minutes(param(params, "age_minutes", 30i64)?))
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+                change(c, "", "configmaps", ns, name, |cm| {
+                    cm["metadata"]["deletionTimestamp"] = json!(started);
+                    cm["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+                });
+            } else {
+                change(c, "", "configmaps", ns, name, |cm| {
+                    cm["metadata"]["finalizers"] = json!([])
+                });
+            }
+            c.faults_mut().stuck_finalizer = on.then(|| format!("{ns}/{name}"));
+        }
+        "external-ips" => {
+            let (ns, name) = ("default", "exposed-debug");
+            if on {
+                put(
+                    c,
+                    "",
+                    "services",
+                    json!({
+                        "apiVersion": "v1", "kind": "Service", "metadata": meta(ns, name, json!({})),
+                        "spec": {"type": "ClusterIP", "clusterIP": "10.96.200.200", "selector": {"app": "debug"}, "externalIPs": ["198.51.100.7"], "ports": [{"port": 22, "targetPort": 22, "protocol": "TCP"}]}
+                    }),
+                );
+            } else {
+                remove(c, "", "services", ns, name);
+            }
+            c.faults_mut().external_ips = on.then(|| format!("{ns}/{name}"));
+        }
+        "warning-burst" => {
+            if on {
+                let count: usize = param(params, "count", 200)?;
+                let pods = c.store.all(&rk("", "pods"), None);
+                for i in 0..count {
+                    if let Some(p) = pods.get(i % pods.len().max(1)) {
+                        event(
+                            c,
+                            p,
+                            "Warning",
+                            "FailedMount",
+                            &format!(
+                                "MountVolume.SetUp failed for volume \"data-{}\" : timed out waiting for the condition",
+                                i % 17
+                            ),
+                            "kubelet",
+                        );
+                    }
+                }
+            }
+        }
+        "etcd-unhealthy" => c.faults_mut().etcd_unhealthy = on,
+        "scheduler-down" => c.faults_mut().scheduler_down = on,
+        "controller-manager-down" => c.faults_mut().controller_manager_down = on,
+        "deprecated-api" => {
+            let (ns, name) = ("default", "legacy-budget");
+            if on {
+                let mut pdb = json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": meta(ns, name, json!({})), "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "legacy"}}}});
+                pdb["metadata"]["annotations"] = json!({"kubectl.kubernetes.io/last-applied-configuration": format!("{{\"apiVersion\":\"policy/v1beta1\",\"kind\":\"PodDisruptionBudget\",\"metadata\":{{\"name\":\"{name}\",\"namespace\":\"{ns}\"}},\"spec\":{{\"maxUnavailable\":1}}}}\n")});
+                put(c, "policy", "poddisruptionbudgets", pdb);
+            } else {
+                remove(c, "policy", "poddisruptionbudgets", ns, name);
+            }
+            c.faults_mut().deprecated_api = on.then(|| format!("PodDisruptionBudget/{ns}/{name}"));
+        }
+        other => {
+            return Err(FaultError::Unknown(
+                other.to_string(),
+                FAULTS
+                    .iter()
+                    .map(|(n, _)| *n)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ));
+        }
+    }
+    Ok(())
+}

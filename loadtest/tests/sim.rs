@@ -1,0 +1,647 @@
+//! The simulator as kube-rs and kubectl meet it: over real HTTPS, with the generated kubeconfig.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::discovery::Discovery;
+use kube::runtime::watcher;
+use kube::{Client, Config};
+use multipilot_sim::fleet::{self, Fleet};
+use multipilot_sim::world;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+struct Sim {
+    fleet: Arc<Fleet>,
+    kubeconfig: PathBuf,
+    _dir: tempfile::TempDir,
+    cancel: CancellationToken,
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+async fn start(versions: &[&str], objects: usize, churn: f64) -> Result<Sim> {
+    let dir = tempfile::tempdir()?;
+    let cfg = fleet::Config {
+        clusters: versions.len(),
+        versions: versions.iter().map(|v| v.to_string()).collect(),
+        objects,
+        churn,
+        bookmark_interval: Duration::from_millis(200),
+        history: 5_000,
+        ..Default::default()
+    };
+    let cancel = CancellationToken::new();
+    let fleet = Arc::new(Fleet::start(&cfg, cancel.clone()).await?);
+    let kubeconfig = dir.path().join("kubeconfig.yaml");
+    fleet.write_kubeconfig(&kubeconfig)?;
+    Ok(Sim {
+        fleet,
+        kubeconfig,
+        _dir: dir,
+        cancel,
+    })
+}
+
+async fn client(kubeconfig: &Path, context: &str) -> Result<Client> {
+    let kc = Kubeconfig::read_from(kubeconfig)?;
+    let opts = KubeConfigOptions {
+        context: Some(context.to_string()),
+        ..Default::default()
+    };
+    let config = Config::from_custom_kubeconfig(kc, &opts).await?;
+    Ok(Client::try_from(config)?)
+}
+
+fn name(sim: &Sim, i: usize) -> String {
+    sim.fleet.clusters[i].name().to_string()
+}
+
+async fn eventually<F, Fut>(what: &str, mut f: F) -> Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while tokio::time::Instant::now() < deadline {
+        if f().await {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    anyhow::bail!("timed out waiting for: {what}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_serves_each_release_profile() -> Result<()> {
+    let versions = [
+        "1.24", "1.25", "1.26", "1.27", "1.28", "1.29", "1.30", "1.31", "1.32", "1.33", "1.34",
+        "1.35",
+    ];
+    let sim = start(&versions, 30, 0.0).await?;
+    for (i, v) in versions.iter().enumerate() {
+        let c = client(&sim.kubeconfig, &name(&sim, i)).await?;
+        let info = c.apiserver_version().await?;
+        assert_eq!(format!("{}.{}", info.major, info.minor), *v);
+        let discovery = Discovery::new(c.clone()).run().await?;
+        let served = |group: &str, version: &str| {
+            discovery
+                .get(group)
+                .is_some_and(|g| g.versions().any(|gv| gv == version))
+        };
+        let minor: u32 = v[2..].parse()?;
+        assert!(served("batch", "v1"), "{v}: batch/v1");
+        assert_eq!(
+            served("batch", "v1beta1"),
+            minor <= 24,
+            "{v}: batch/v1beta1"
+        );
+        assert_eq!(
+            served("policy", "v1beta1"),
+            minor <= 24,
+            "{v}: policy/v1beta1"
+        );
+        assert_eq!(
+            served("discovery.k8s.io", "v1beta1"),
+            minor <= 24,
+            "{v}: discovery.k8s.io/v1beta1"
+        );
+        assert_eq!(
+            served("autoscaling", "v2beta1"),
+            minor <= 24,
+            "{v}: autoscaling/v2beta1"
+        );
+        assert_eq!(
+            served("autoscaling", "v2beta2"),
+            minor <= 25,
+            "{v}: autoscaling/v2beta2"
+        );
+        assert_eq!(
+            served("flowcontrol.apiserver.k8s.io", "v1beta2"),
+            minor <= 28,
+            "{v}: flowcontrol v1beta2"
+        );
+        assert_eq!(
+            served("flowcontrol.apiserver.k8s.io", "v1"),
+            minor >= 29,
+            "{v}: flowcontrol v1"
+        );
+        // the recommended CronJob version is batch/v1 everywhere
+        let (ar, _) = discovery
+            .resolve_gvk(&kube::api::GroupVersionKind::gvk("batch", "v1", "CronJob"))
+            .context("batch/v1 CronJob")?;
+        assert_eq!(ar.plural, "cronjobs");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unserved_version_is_the_real_404() -> Result<()> {
+    let sim = start(&["1.24", "1.31"], 200, 0.0).await?;
+    let old = client(&sim.kubeconfig, &name(&sim, 0)).await?;
+    let new = client(&sim.kubeconfig, &name(&sim, 1)).await?;
+    let req = || {
+        http::Request::get("/apis/batch/v1beta1/cronjobs")
+            .body(Vec::new())
+            .expect("request")
+    };
+    let list: serde_json::Value = old.request(req()).await?;
+    assert_eq!(list["kind"], "CronJobList");
+    assert_eq!(list["apiVersion"], "batch/v1beta1");
+    assert!(!list["items"].as_array().expect("items").is_empty());
+    match new.request::<serde_json::Value>(req()).await {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 404);
+            assert_eq!(s.reason, "NotFound");
+        }
+        other => panic!("expected 404, got {other:?}"),
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_pages_and_watcher_relists_after_410() -> Result<()> {
+    let sim = start(&["1.31"], 400, 0.0).await?;
+    let c = client(&sim.kubeconfig, &name(&sim, 0)).await?;
+    let pods: Api<Pod> = Api::all(c.clone());
+    let all = pods.list(&ListParams::default()).await?;
+    let first = pods.list(&ListParams::default().limit(7)).await?;
+    assert_eq!(first.items.len(), 7);
+    let token = first.metadata.continue_.clone().context("continue token")?;
+    let second = pods
+        .list(&ListParams::default().limit(1000).continue_token(&token))
+        .await?;
+    assert_eq!(first.items.len() + second.items.len(), all.items.len());
+    assert!(
+        second
+            .metadata
+            .continue_
+            .as_deref()
+            .unwrap_or("")
+            .is_empty()
+    );
+
+    // label and field selectors
+    let dns = pods
+        .list(&ListParams::default().labels("k8s-app=kube-dns"))
+        .await?;
+    assert_eq!(dns.items.len(), 2);
+    let node = dns.items[0]
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.clone())
+        .context("node")?;
+    let on_node = pods
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await?;
+    assert!(
+        on_node
+            .items
+            .iter()
+            .all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node.as_str()))
+    );
+
+    // a kube-rs watcher sees a change, then relists when its resourceVersion expires
+    let cms: Api<ConfigMap> = Api::namespaced(c.clone(), "default");
+    let mut stream = watcher(cms.clone(), watcher::Config::default()).boxed();
+    let mut inits = 0;
+    let mut gone = false;
+    let mut saw_change = false;
+    let cluster = sim.fleet.clusters[0].clone();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while tokio::time::Instant::now() < deadline {
+        let ev = match tokio::time::timeout(Duration::from_secs(10), stream.try_next())
+            .await
+            .context("watcher stalled")?
+        {
+            Ok(ev) => ev.context("watcher ended")?,
+            Err(watcher::Error::WatchError(e)) if e.code == 410 => {
+                gone = true;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        match ev {
+            watcher::Event::Init => inits += 1,
+            watcher::Event::InitDone if inits == 1 => {
+                cms.create(
+                    &PostParams::default(),
+                    &serde_json::from_value(
+                        json!({"metadata": {"name": "probe"}, "data": {"a": "1"}}),
+                    )?,
+                )
+                .await?;
+            }
+            watcher::Event::Apply(cm)
+                if cm.metadata.name.as_deref() == Some("probe") && inits == 1 =>
+            {
+                saw_change = true;
+                world::set_fault(&cluster, "watch-expire", true, &BTreeMap::new())?;
+            }
+            watcher::Event::InitDone if inits == 2 => break,
+            _ => {}
+        }
+    }
+    assert!(saw_change, "the watch delivered the new ConfigMap");
+    assert!(gone, "the resumed watch was answered 410 Gone");
+    assert_eq!(inits, 2, "the watcher relisted after 410 Gone");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_sends_bookmarks_and_expired_version_is_gone() -> Result<()> {
+    let sim = start(&["1.28"], 60, 0.0).await?;
+    let c = client(&sim.kubeconfig, &name(&sim, 0)).await?;
+    let cms: Api<ConfigMap> = Api::all(c);
+    let rv = cms
+        .list(&ListParams::default())
+        .await?
+        .metadata
+        .resource_version
+        .context("rv")?;
+    let mut stream = cms
+        .watch(&WatchParams::default().timeout(10), &rv)
+        .await?
+        .boxed();
+    let mut bookmark = false;
+    while let Some(ev) = tokio::time::timeout(Duration::from_secs(5), stream.next()).await? {
+        if let WatchEvent::Bookmark(b) = ev? {
+            assert!(!b.metadata.resource_version.is_empty());
+            bookmark = true;
+            break;
+        }
+    }
+    assert!(bookmark);
+    sim.fleet.clusters[0].store.compact();
+    let mut stream = cms.watch(&WatchParams::default(), "1").await?.boxed();
+    match stream.next().await {
+        Some(Ok(WatchEvent::Error(e))) => {
+            assert_eq!(e.code, 410);
+            assert_eq!(e.reason, "Expired");
+        }
+        other => panic!("expected a 410 ERROR event, got {other:?}"),
+    }
+    Ok(())
+}
+
+fn deployment(replicas: i32, image: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "ssa-demo", "namespace": "default"},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "ssa-demo"}},
+            "template": {"metadata": {"labels": {"app": "ssa-demo"}}, "spec": {"containers": [{"name": "web", "image": image}]}}}
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_side_apply_conflicts_force_and_dry_run() -> Result<()> {
+    let sim = start(&["1.31"], 60, 0.0).await?;
+    let c = client(&sim.kubeconfig, &name(&sim, 0)).await?;
+    let deps: Api<Deployment> = Api::namespaced(c, "default");
+
+    // dry-run apply validates and returns the result, but nothing is stored
+    let dry = deps
+        .patch(
+            "ssa-demo",
+            &PatchParams::apply("alice").dry_run(),
+            &Patch::Apply(deployment(2, "nginx:1.25")),
+        )
+        .await?;
+    assert_eq!(dry.spec.replicas, Some(2));
+    assert!(
+        deps.get_opt("ssa-demo").await?.is_none(),
+        "dry-run persisted nothing"
+    );
+
+    let applied = deps
+        .patch(
+            "ssa-demo",
+            &PatchParams::apply("alice"),
+            &Patch::Apply(deployment(2, "nginx:1.25")),
+        )
+        .await?;
+    let managers: Vec<_> = applied
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .map(|m| {
+            (
+                m.manager.clone().unwrap_or_default(),
+                m.operation.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(managers, vec![("alice".to_string(), "Apply".to_string())]);
+
+    // bob changes a field alice owns: 409 naming the manager and the field
+    match deps
+        .patch(
+            "ssa-demo",
+            &PatchParams::apply("bob"),
+            &Patch::Apply(deployment(5, "nginx:1.25")),
+        )
+        .await
+    {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 409);
+            assert_eq!(s.reason, "Conflict");
+            assert!(
+                s.message.contains("conflict with \"alice\""),
+                "{}",
+                s.message
+            );
+            assert!(s.message.contains(".spec.replicas"), "{}", s.message);
+        }
+        other => panic!("expected a conflict, got {other:?}"),
+    }
+    let forced = deps
+        .patch(
+            "ssa-demo",
+            &PatchParams::apply("bob").force(),
+            &Patch::Apply(deployment(5, "nginx:1.25")),
+        )
+        .await?;
+    assert_eq!(forced.spec.replicas, Some(5));
+    assert_eq!(forced.metadata.generation, Some(2));
+
+    // an invalid object is refused even in dry-run
+    let mut bad = deployment(1, "nginx");
+    bad["spec"]["template"]["metadata"]["labels"] = json!({"app": "other"});
+    match deps
+        .patch(
+            "ssa-demo",
+            &PatchParams::apply("alice").dry_run().force(),
+            &Patch::Apply(bad),
+        )
+        .await
+    {
+        Err(kube::Error::Api(s)) => assert_eq!(s.code, 422),
+        other => panic!("expected 422 Invalid, got {other:?}"),
+    }
+
+    // create with dryRun=All persists nothing either
+    let cms: Api<ConfigMap> = Api::namespaced(deps.clone().into_client(), "default");
+    let pp = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    cms.create(
+        &pp,
+        &serde_json::from_value(json!({"metadata": {"name": "dry"}}))?,
+    )
+    .await?;
+    assert!(cms.get_opt("dry").await?.is_none());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finalizer_blocks_deletion_until_removed() -> Result<()> {
+    let sim = start(&["1.26"], 60, 0.0).await?;
+    let c = client(&sim.kubeconfig, &name(&sim, 0)).await?;
+    let cms: Api<ConfigMap> = Api::namespaced(c, "default");
+    cms.create(
+        &PostParams::default(),
+        &serde_json::from_value(
+            json!({"metadata": {"name": "held", "finalizers": ["example.com/hold"]}}),
+        )?,
+    )
+    .await?;
+    cms.delete("held", &DeleteParams::default()).await?;
+    let held = cms.get("held").await?;
+    assert!(
+        held.metadata.deletion_timestamp.is_some(),
+        "terminating, still present"
+    );
+    cms.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await?;
+    assert!(
+        cms.get_opt("held").await?.is_none(),
+        "gone once the finalizer is removed"
+    );
+    // without finalizers, delete is immediate
+    cms.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "free"}}))?,
+    )
+    .await?;
+    cms.delete("free", &DeleteParams::default()).await?;
+    assert!(cms.get_opt("free").await?.is_none());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_show_through_the_api() -> Result<()> {
+    let sim = start(&["1.33"], 80, 0.0).await?;
+    let cluster = sim.fleet.clusters[0].clone();
+    let c = client(&sim.kubeconfig, &name(&sim, 0)).await?;
+    let none = BTreeMap::new();
+
+    // etcd check
+    let readyz = |c: Client| async move {
+        c.request_text(
+            http::Request::get("/readyz/etcd")
+                .body(Vec::new())
+                .expect("req"),
+        )
+        .await
+    };
+    assert_eq!(readyz(c.clone()).await?, "ok");
+    world::set_fault(&cluster, "etcd-unhealthy", true, &none)?;
+    assert!(readyz(c.clone()).await.is_err());
+    world::set_fault(&cluster, "etcd-unhealthy", false, &none)?;
+
+    // node NotReady
+    world::set_fault(&cluster, "node-not-ready", true, &none)?;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(c.clone());
+    let worker = nodes.get(&format!("{}-worker-0", cluster.name())).await?;
+    let ready = worker
+        .status
+        .and_then(|s| s.conditions)
+        .into_iter()
+        .flatten()
+        .find(|c| c.type_ == "Ready")
+        .context("Ready")?;
+    assert_ne!(ready.status, "True");
+
+    // external IPs and a stuck finalizer
+    world::set_fault(&cluster, "external-ips", true, &none)?;
+    world::set_fault(&cluster, "stuck-finalizer", true, &none)?;
+    let svcs: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(c.clone(), "default");
+    assert!(
+        svcs.get("exposed-debug")
+            .await?
+            .spec
+            .and_then(|s| s.external_ips)
+            .is_some()
+    );
+    let cms: Api<ConfigMap> = Api::namespaced(c.clone(), "default");
+    assert!(
+        cms.get("legacy-config")
+            .await?
+            .metadata
+            .deletion_timestamp
+            .is_some()
+    );
+    world::set_fault(&cluster, "stuck-finalizer", false, &none)?;
+    assert!(cms.get_opt("legacy-config").await?.is_none());
+
+    // overload: some requests rejected with 429/500
+    world::set_fault(
+        &cluster,
+        "overload",
+        true,
+        &BTreeMap::from([
+            ("latency_ms".into(), "1".into()),
+            ("error_rate".into(), "0.9".into()),
+        ]),
+    )?;
+    let mut failures = 0;
+    for _ in 0..20 {
+        if c.apiserver_version().await.is_err() {
+            failures += 1;
+        }
+    }
+    assert!(failures > 0);
+    world::set_fault(&cluster, "overload", false, &none)?;
+
+    // unreachable: connections dropped
+    world::set_fault(&cluster, "unreachable", true, &none)?;
+    let fresh = client(&sim.kubeconfig, cluster.name()).await?;
+    assert!(fresh.apiserver_version().await.is_err());
+    world::set_fault(&cluster, "unreachable", false, &none)?;
+    eventually("reachable again", || {
+        let fresh = fresh.clone();
+        async move { fresh.apiserver_version().await.is_ok() }
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deployment_rollout_progresses() -> Result<()> {
+    let sim = start(&["1.31"], 60, 0.0).await?;
+    let c = client(&sim.kubeconfig, &name(&sim, 0)).await?;
+    let deps: Api<Deployment> = Api::namespaced(c, "default");
+    deps.patch("roll", &PatchParams::apply("rel").force(), &Patch::Apply(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "roll", "namespace": "default"},
+        "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "roll"}},
+            "template": {"metadata": {"labels": {"app": "roll"}}, "spec": {"containers": [{"name": "c", "image": "img:1"}]}}}
+    }))).await?;
+    eventually("rollout complete", || {
+        let deps = deps.clone();
+        async move {
+            let d = deps.get("roll").await.ok();
+            let s = d
+                .as_ref()
+                .and_then(|d| d.status.clone())
+                .unwrap_or_default();
+            s.observed_generation == Some(1)
+                && s.updated_replicas == Some(3)
+                && s.available_replicas == Some(3)
+        }
+    })
+    .await
+}
+
+async fn kubectl(kubeconfig: &Path, context: &str, args: &[&str]) -> Result<(bool, String)> {
+    let out =
+        tokio::process::Command::new(std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into()))
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .arg("--context")
+            .arg(context)
+            .args(args)
+            .output()
+            .await
+            .context("running kubectl (install it: apt-get install kubectl, or set KUBECTL)")?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok((out.status.success(), text))
+}
+
+fn fixture(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../shared/fixtures")
+        .join(rel)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_works_unchanged() -> Result<()> {
+    let sim = start(&["1.24", "1.31"], 120, 0.0).await?;
+    let (old, new) = (name(&sim, 0), name(&sim, 1));
+    let kc = sim.kubeconfig.clone();
+
+    let (ok, out) = kubectl(&kc, &new, &["version", "-o", "json"]).await?;
+    assert!(ok, "{out}");
+    assert!(out.contains("\"gitVersion\": \"v1.31."), "{out}");
+
+    let (ok, out) = kubectl(&kc, &old, &["api-versions"]).await?;
+    assert!(ok, "{out}");
+    assert!(out.lines().any(|l| l == "batch/v1beta1"), "{out}");
+    let (ok, out) = kubectl(&kc, &new, &["api-versions"]).await?;
+    assert!(ok && !out.lines().any(|l| l == "batch/v1beta1"), "{out}");
+
+    let (ok, out) = kubectl(&kc, &new, &["get", "pods", "-A"]).await?;
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("NAMESPACE") && out.contains("coredns-"),
+        "{out}"
+    );
+
+    let manifest = fixture("manifests/ingress-nginx-HEAD-cloud-deploy.yaml");
+    let (ok, out) = kubectl(
+        &kc,
+        &new,
+        &[
+            "apply",
+            "--server-side",
+            "--dry-run=server",
+            "-f",
+            manifest.to_str().context("path")?,
+        ],
+    )
+    .await?;
+    assert!(ok, "{out}");
+    assert!(out.contains("serverside-applied (server dry run)"), "{out}");
+
+    // an old manifest: accepted by 1.24, refused by 1.31 (the API is no longer served)
+    let old_cron = fixture("manifests/old-apis/cronjob-v1beta1.yaml");
+    let old_cron = old_cron.to_str().context("path")?;
+    let (ok, out) = kubectl(
+        &kc,
+        &old,
+        &["apply", "--server-side", "--dry-run=server", "-f", old_cron],
+    )
+    .await?;
+    assert!(ok, "{out}");
+    let (ok, out) = kubectl(
+        &kc,
+        &new,
+        &["apply", "--server-side", "--dry-run=server", "-f", old_cron],
+    )
+    .await?;
+    assert!(!ok && out.contains("batch/v1beta1"), "{out}");
+    Ok(())
+}
