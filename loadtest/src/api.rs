@@ -505,6 +505,10 @@ impl Target {
     }
 
     fn key(&self) -> ResKey {
+        // events.k8s.io Events are a view of the core Events (one store, as in the apiserver)
+        if self.res.group == "events.k8s.io" {
+            return ResKey::new("", self.res.plural);
+        }
         ResKey::new(self.res.group, self.res.plural)
     }
 

@@ -46,6 +46,9 @@ pub struct Faults {
     /// CoreDNS has no ready pods and no endpoints.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub coredns_down: bool,
+    /// Half of the CNI daemonset is not ready.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub cni_down: bool,
     /// The GPU device plugin was upgraded past the nodes' driver: GPU pods stuck in ContainerCreating.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub gpu_mismatch: bool,
@@ -112,6 +115,8 @@ pub struct Settings {
     pub bookmark_interval: Duration,
     /// Watch history kept for resumption (changes).
     pub history: usize,
+    /// Lease duration of the control-plane leases (renewed every 2 s).
+    pub lease_duration_s: u32,
     /// Extra scrape bodies served by `fixture-<name>` pods in `monitoring`.
     pub metric_fixtures: BTreeMap<String, Arc<String>>,
 }

@@ -48,6 +48,8 @@ pub struct Config {
     pub metric_fixtures: BTreeMap<String, Arc<String>>,
     /// Explicit cluster names (otherwise generated from the labels).
     pub names: Vec<String>,
+    /// Control-plane lease duration, seconds.
+    pub lease_duration_s: u32,
 }
 
 impl Default for Config {
@@ -65,6 +67,7 @@ impl Default for Config {
             base_port: 0,
             metric_fixtures: BTreeMap::new(),
             names: Vec::new(),
+            lease_duration_s: 15,
         }
     }
 }
@@ -127,6 +130,7 @@ impl Fleet {
                 bookmark_interval: cfg.bookmark_interval,
                 history: cfg.history,
                 metric_fixtures: cfg.metric_fixtures.clone(),
+                lease_duration_s: cfg.lease_duration_s.max(1),
             };
             let cluster = Cluster::new(settings).with_context(|| format!("cluster {name}"))?;
             world::seed(&cluster);

@@ -258,6 +258,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         base_port: args.base_port,
         metric_fixtures: fixtures,
         names: args.names,
+        ..Default::default()
     };
     let cancel = CancellationToken::new();
     let fleet = Arc::new(Fleet::start(&cfg, cancel.clone()).await?);

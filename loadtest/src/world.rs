@@ -128,7 +128,7 @@ pub fn seed(c: &Cluster) {
             json!({
                 "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                 "metadata": meta("kube-system", holder, json!({})),
-                "spec": {"holderIdentity": format!("{}-cp-0_{}", c.name(), c.uid()), "leaseDurationSeconds": 15, "acquireTime": c.now_micro(), "renewTime": c.now_micro(), "leaseTransitions": 1}
+                "spec": {"holderIdentity": format!("{}-cp-0_{}", c.name(), c.uid()), "leaseDurationSeconds": c.settings.lease_duration_s, "acquireTime": c.now_micro(), "renewTime": c.now_micro(), "leaseTransitions": 1}
             }),
         );
     }
@@ -723,6 +723,26 @@ fn service(
             "spec": {"type": ty, "selector": selector, "clusterIP": ip, "clusterIPs": [ip], "ipFamilies": ["IPv4"], "sessionAffinity": "None",
                 "ports": ports.iter().map(|(n, p, proto)| json!({"name": n, "port": p, "targetPort": p, "protocol": proto})).collect::<Vec<_>>()},
             "status": {"loadBalancer": {}}
+        }),
+    );
+    endpoint_slice(c, ns, name, ports);
+}
+
+fn endpoint_slice(c: &Cluster, ns: &str, service: &str, ports: &[(&str, i64, &str)]) {
+    let name = format!(
+        "{service}-{:05x}",
+        crate::hash64(&format!("{ns}/{service}")) & 0xfffff
+    );
+    put(
+        c,
+        "discovery.k8s.io",
+        "endpointslices",
+        json!({
+            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": meta(ns, &name, json!({"kubernetes.io/service-name": service, "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"})),
+            "addressType": "IPv4",
+            "endpoints": [],
+            "ports": ports.iter().map(|(n, p, proto)| json!({"name": n, "port": p, "protocol": proto})).collect::<Vec<_>>()
         }),
     );
 }
@@ -1471,6 +1491,25 @@ pub fn set_fault(
                 d["status"]["availableReplicas"] = json!(if on { 0 } else { want });
             });
             endpoints(c, "kube-system", "kube-dns", !on);
+        }
+        "cni-down" => {
+            for ds in c.store.all(&rk("apps", "daemonsets"), Some("kube-system")) {
+                let name = str_at(&ds, &["metadata", "name"]).to_string();
+                if name != "calico-node" && name != "cilium" {
+                    continue;
+                }
+                change(c, "apps", "daemonsets", "kube-system", &name, |d| {
+                    let n = d
+                        .pointer("/status/desiredNumberScheduled")
+                        .and_then(Value::as_i64)
+                        .unwrap_or(0);
+                    let ready = if on { n / 2 } else { n };
+                    d["status"]["numberReady"] = json!(ready);
+                    d["status"]["numberAvailable"] = json!(ready);
+                    d["status"]["numberUnavailable"] = json!(n - ready);
+                });
+            }
+            c.faults_mut().cni_down = on;
         }
         "gpu-mismatch" => {
             c.faults_mut().gpu_mismatch = on;

@@ -257,6 +257,8 @@ pub fn entries() -> Vec<Entry> {
                 outbox_depth: 0,
                 dropped_metric_batches: 0,
                 apiserver_reachable: true,
+                superseded: 0,
+                duplicates: 0,
             },
         ),
         entry(

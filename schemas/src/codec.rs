@@ -206,6 +206,8 @@ mod tests {
                 outbox_depth: 0,
                 dropped_metric_batches: 0,
                 apiserver_reachable: true,
+                superseded: 0,
+                duplicates: 0,
             },
         )
     }

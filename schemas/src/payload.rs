@@ -378,6 +378,15 @@ pub struct Heartbeat {
     /// Whether the agent could reach the cluster's API server at its last attempt.
     #[serde(default = "yes")]
     pub apiserver_reachable: bool,
+    /// Messages replaced in the outbox by a newer one with the same key (a newer state of the same object,
+    /// a newer heartbeat) before they were sent, since the outbox was created. With
+    /// `dropped_metric_batches`, this accounts for every `seq` up to this heartbeat's that never arrives.
+    #[serde(default)]
+    pub superseded: u64,
+    /// Messages JetStream answered as duplicates of one it already stored (same `Nats-Msg-Id`, re-sent
+    /// after a crash): their `seq` never appears either.
+    #[serde(default)]
+    pub duplicates: u64,
 }
 payload!(Heartbeat, "Heartbeat", 1);
 

@@ -82,7 +82,9 @@ pub enum Completion<K> {
     Stored {
         /// The caller's key.
         key: K,
-        /// Stream sequence.
+        /// Stream that stored it.
+        stream: String,
+        /// Stream sequence (of the stored original, for a duplicate).
         sequence: u64,
         /// JetStream had it already (same Msg-Id within the duplicate window).
         duplicate: bool,
@@ -179,6 +181,7 @@ impl<K> Publisher<K> {
                     .published(if ack.duplicate { "duplicate" } else { "stored" });
                 Completion::Stored {
                     key,
+                    stream: ack.stream.clone(),
                     sequence: ack.sequence,
                     duplicate: ack.duplicate,
                 }

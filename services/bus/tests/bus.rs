@@ -48,6 +48,8 @@ fn heartbeat(cluster: &str, seq: u64) -> Envelope<Heartbeat> {
             outbox_depth: 0,
             dropped_metric_batches: 0,
             apiserver_reachable: true,
+            superseded: 0,
+            duplicates: 0,
         },
     )
 }

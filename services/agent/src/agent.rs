@@ -1,0 +1,181 @@
+//! The agent process: its configuration, and `run`, which serves every configured cluster (one in-cluster,
+//! or several from kubeconfig contexts) with one durable outbox and a drain per cluster.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use anyhow::{Context as _, Result};
+use chrono::Utc;
+use governor::{Quota, RateLimiter};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use multipilot_bus::connect;
+use multipilot_runtime::{Context, http, telemetry};
+use serde::{Deserialize, Serialize};
+
+use crate::cluster::{self, ClusterConfig, ClusterCtx, Timings};
+use crate::sink::Sink;
+use crate::view::View;
+use crate::{drain, outbox, probes, scrape};
+
+/// The agent's configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Clusters served by this process (one in-cluster; several from kubeconfig contexts).
+    pub clusters: Vec<ClusterConfig>,
+    /// Kubeconfig file (default: `$KUBECONFIG`, then `~/.kube/config`).
+    pub kubeconfig: Option<String>,
+    /// Heartbeat, discovery and list timings.
+    pub timings: Timings,
+    /// Probes.
+    pub probes: probes::Config,
+    /// Metric scraping.
+    pub scrape: scrape::Config,
+    /// The durable outbox and its drain.
+    pub outbox: outbox::Config,
+    /// NATS connection (connects in the background: the agent keeps collecting while NATS is away).
+    pub nats: connect::Config,
+    /// Health and metrics endpoint.
+    pub http: http::Config,
+    /// Logging.
+    pub log: telemetry::Config,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            clusters: Vec::new(),
+            kubeconfig: None,
+            timings: Timings::default(),
+            probes: probes::Config::default(),
+            scrape: scrape::Config::default(),
+            outbox: outbox::Config::default(),
+            nats: connect::Config {
+                background: true,
+                ..Default::default()
+            },
+            http: http::Config {
+                listen: "127.0.0.1:9465".into(),
+            },
+            log: telemetry::Config::default(),
+        }
+    }
+}
+
+impl Config {
+    /// Checks what serde can't.
+    pub fn validate(&self) -> Result<()> {
+        self.nats.validate()?;
+        anyhow::ensure!(
+            !self.clusters.is_empty(),
+            "no cluster configured: pass --cluster NAME or set clusters in the config"
+        );
+        for c in &self.clusters {
+            anyhow::ensure!(!c.name.is_empty(), "a cluster without a name");
+        }
+        anyhow::ensure!(
+            self.timings.heartbeat_interval_s > 0,
+            "timings.heartbeat_interval_s must be positive"
+        );
+        anyhow::ensure!(
+            self.outbox.drain_per_second > 0,
+            "outbox.drain_per_second must be positive"
+        );
+        anyhow::ensure!(
+            self.outbox.max_bytes >= 1024 * 1024,
+            "outbox.max_bytes must be at least 1 MiB"
+        );
+        Ok(())
+    }
+}
+
+async fn kube_config(cfg: &Config, cluster: &ClusterConfig) -> Result<kube::Config> {
+    if cluster.in_cluster {
+        return kube::Config::incluster().context("in-cluster configuration");
+    }
+    let kc = match &cfg.kubeconfig {
+        Some(path) => {
+            Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {path}"))?
+        }
+        None => {
+            Kubeconfig::read().context("reading the kubeconfig ($KUBECONFIG or ~/.kube/config)")?
+        }
+    };
+    let opts = KubeConfigOptions {
+        context: Some(
+            cluster
+                .context
+                .clone()
+                .unwrap_or_else(|| cluster.name.clone()),
+        ),
+        ..Default::default()
+    };
+    kube::Config::from_custom_kubeconfig(kc, &opts)
+        .await
+        .with_context(|| format!("kubeconfig context for cluster {}", cluster.name))
+}
+
+/// Serves every configured cluster until `ctx.cancel` fires, then drains what it can for a few seconds.
+pub async fn run(config: Config, ctx: Context) -> Result<()> {
+    let store = outbox::Store::open(&config.outbox)
+        .with_context(|| format!("opening the outbox at {}", config.outbox.path))?;
+    let rate = NonZeroU32::new(config.outbox.drain_per_second).unwrap_or(NonZeroU32::MIN);
+    let burst = NonZeroU32::new(config.outbox.drain_burst).unwrap_or(rate);
+    let limiter = Arc::new(RateLimiter::direct(
+        Quota::per_second(rate).allow_burst(burst),
+    ));
+    let collect_cancel = ctx.cancel.child_token();
+    let drain_cancel = tokio_util::sync::CancellationToken::new();
+    let mut collectors = tokio::task::JoinSet::new();
+    let mut drains = tokio::task::JoinSet::new();
+    let started_at = Utc::now();
+    for c in &config.clusters {
+        let kc = kube_config(&config, c).await?;
+        let client = kube::Client::try_from(kc.clone())
+            .with_context(|| format!("Kubernetes client for {}", c.name))?;
+        let ob = store.outbox(&c.name)?;
+        let cctx = Arc::new(ClusterCtx {
+            config: c.clone(),
+            client,
+            kube_config: kc,
+            sink: Sink::new(&c.name, ob.clone()),
+            view: View::default(),
+            seen: store.tree(&format!("seen/{}", c.name))?,
+            reachable: AtomicBool::new(false),
+            chosen: Default::default(),
+            cert_expiry: Default::default(),
+            started_at,
+            timings: config.timings.clone(),
+        });
+        ctx.health.register(&format!("cluster/{}", c.name));
+        ctx.health.set(&format!("cluster/{}", c.name), true);
+        collectors.spawn(cluster::run(
+            cctx,
+            config.probes.clone(),
+            config.scrape.clone(),
+            collect_cancel.clone(),
+        ));
+        drains.spawn(drain::run(
+            ob,
+            ctx.nats.clone(),
+            limiter.clone(),
+            ctx.bus_metrics.clone(),
+            drain::Settings::default(),
+            drain_cancel.clone(),
+        ));
+        tracing::info!(cluster = %c.name, "serving cluster");
+    }
+    ctx.cancel.cancelled().await;
+    // collectors stop first (their last heartbeat goes into the outbox), then the drains get a grace period
+    while collectors.join_next().await.is_some() {}
+    for c in &config.clusters {
+        if let Ok(ob) = store.outbox(&c.name) {
+            let _ = ob.flush().await;
+        }
+    }
+    drain_cancel.cancel();
+    while drains.join_next().await.is_some() {}
+    store.flush().await?;
+    Ok(())
+}

@@ -1,0 +1,158 @@
+//! Drains an outbox into JetStream: highest priority first, at a rate limited with governor (shared by
+//! every cluster of the process), with a random pause after a reconnect so a fleet of agents coming back
+//! together doesn't arrive at once. A message leaves the outbox only when JetStream confirms it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::connection::State;
+use governor::DefaultDirectRateLimiter;
+use multipilot_bus::metrics::BusMetrics;
+use multipilot_bus::publish::{Completion, Outgoing, Publisher};
+use rand::Rng;
+use tokio_util::sync::CancellationToken;
+
+use crate::outbox::{Class, Outbox};
+
+/// Drain settings.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Messages per batch read from the outbox.
+    pub batch: usize,
+    /// Acks in flight.
+    pub window: usize,
+    /// Longest pause after a reconnect before draining (a random share of it is taken).
+    pub reconnect_jitter: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            batch: 512,
+            window: 256,
+            reconnect_jitter: Duration::from_secs(2),
+        }
+    }
+}
+
+/// Runs until cancelled; on cancellation tries to send what waits for up to `grace`.
+pub async fn run(
+    outbox: Outbox,
+    client: async_nats::Client,
+    limiter: Arc<DefaultDirectRateLimiter>,
+    metrics: BusMetrics,
+    settings: Settings,
+    cancel: CancellationToken,
+) {
+    let js = async_nats::jetstream::new(client.clone());
+    let mut publisher: Publisher<(Class, u64)> =
+        Publisher::new(js.clone(), settings.window, metrics);
+    let mut was_down = false;
+    let mut backoff = Duration::from_millis(200);
+    let cluster = outbox.cluster().to_string();
+    let mut grace_deadline: Option<tokio::time::Instant> = None;
+    loop {
+        if cancel.is_cancelled() && grace_deadline.is_none() {
+            grace_deadline = Some(tokio::time::Instant::now() + Duration::from_secs(5));
+        }
+        if let Some(d) = grace_deadline
+            && (tokio::time::Instant::now() >= d || outbox.counters().depth == 0)
+        {
+            return;
+        }
+        if client.connection_state() != State::Connected {
+            was_down = true;
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                _ = cancel.cancelled(), if grace_deadline.is_none() => {}
+            }
+            continue;
+        }
+        if was_down {
+            was_down = false;
+            let pause = rand::rng().random_range(Duration::ZERO..=settings.reconnect_jitter);
+            tracing::info!(%cluster, pause_ms = pause.as_millis() as u64, depth = outbox.counters().depth, "NATS is back; draining the outbox");
+            tokio::time::sleep(pause).await;
+        }
+        let batch = match outbox.peek(settings.batch) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::error!(%cluster, error = %e, "outbox unreadable");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                continue;
+            }
+        };
+        if batch.is_empty() {
+            if grace_deadline.is_some() {
+                return;
+            }
+            tokio::select! {
+                _ = outbox.wait(Duration::from_millis(500)) => {}
+                _ = cancel.cancelled() => {}
+            }
+            continue;
+        }
+        let mut completions = Vec::new();
+        for (class, seq, item) in batch {
+            limiter.until_ready().await;
+            let msg = Outgoing::raw(item.subject, item.msg_id, &item.schema, item.body.into());
+            completions.extend(publisher.send((class, seq), msg).await);
+        }
+        completions.extend(publisher.flush().await);
+        let mut failed = 0usize;
+        for c in completions {
+            match c {
+                Completion::Stored {
+                    key: (class, seq),
+                    duplicate,
+                    stream,
+                    sequence,
+                } => {
+                    // A duplicate is usually this very message re-sent after a lost ack (nothing missing);
+                    // only one stored under another seq leaves a gap in the sequence, and is counted.
+                    let other_seq = duplicate
+                        && stored_seq(&js, &stream, sequence)
+                            .await
+                            .is_some_and(|s| s != seq);
+                    let removed = if other_seq {
+                        outbox.remove_duplicate(class, seq)
+                    } else {
+                        outbox.remove(class, seq)
+                    };
+                    if let Err(e) = removed {
+                        tracing::error!(%cluster, error = %e, "cannot remove a confirmed message from the outbox");
+                    }
+                }
+                Completion::Failed { error, .. } => {
+                    failed += 1;
+                    if failed == 1 {
+                        tracing::warn!(%cluster, %error, "publish not confirmed; will retry");
+                    }
+                }
+            }
+        }
+        if failed > 0 {
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(10));
+        } else {
+            backoff = Duration::from_millis(200);
+        }
+    }
+}
+
+/// The envelope `seq` of a stored message.
+async fn stored_seq(
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    sequence: u64,
+) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct SeqOnly {
+        seq: u64,
+    }
+    let stream = js.get_stream(stream).await.ok()?;
+    let msg = stream.get_raw_message(sequence).await.ok()?;
+    rmp_serde::from_slice::<SeqOnly>(&msg.payload)
+        .ok()
+        .map(|s| s.seq)
+}

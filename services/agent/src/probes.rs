@@ -1,0 +1,1005 @@
+//! Health probes, each on its own interval, each publishing a ProbeResult on
+//! `fleet.probe.<cluster>.<probe>`: apiserver, etcd, scheduler, controller-manager, nodes, cni, coredns,
+//! gpu-device-plugin, certificates, finalizers, external-ips, deprecated-apis.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Endpoints;
+use kube::api::Api;
+use multipilot_schemas::payload::{Finding, ObjectRef, ProbeResult, ProbeStatus, Severity};
+use multipilot_schemas::{stable_id, subject};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use crate::cluster::{CNI_DAEMONSETS, ClusterCtx};
+use crate::outbox::Class;
+use crate::sink::Meta;
+
+/// A device-plugin release and the oldest driver it works with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GpuCompat {
+    /// Plugin versions from this one on (semver, `v` optional)…
+    pub plugin_from: String,
+    /// …need at least this driver major version.
+    pub min_driver_major: u32,
+}
+
+/// Probe settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Default seconds between rounds of each probe.
+    pub interval_s: u32,
+    /// Per-probe interval overrides (probe name → seconds).
+    pub intervals: BTreeMap<String, u32>,
+    /// API server answers slower than this are `degraded`.
+    pub apiserver_slow_ms: u64,
+    /// Certificate expiring within this many days: degraded.
+    pub cert_warn_days: i64,
+    /// Certificate expiring within this many days: unhealthy.
+    pub cert_critical_days: i64,
+    /// Objects terminating longer than this with finalizers left are stuck.
+    pub terminating_after_s: i64,
+    /// Device-plugin / driver compatibility, newest rule first.
+    pub gpu_compat: Vec<GpuCompat>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            interval_s: 15,
+            intervals: BTreeMap::new(),
+            apiserver_slow_ms: 1000,
+            cert_warn_days: 30,
+            cert_critical_days: 7,
+            terminating_after_s: 300,
+            gpu_compat: vec![
+                GpuCompat {
+                    plugin_from: "v0.17.0".into(),
+                    min_driver_major: 550,
+                },
+                GpuCompat {
+                    plugin_from: "v0.15.0".into(),
+                    min_driver_major: 525,
+                },
+                GpuCompat {
+                    plugin_from: "v0.13.0".into(),
+                    min_driver_major: 470,
+                },
+            ],
+        }
+    }
+}
+
+/// The probes, by name.
+pub const PROBES: &[&str] = &[
+    "apiserver",
+    "etcd",
+    "scheduler",
+    "controller-manager",
+    "nodes",
+    "cni",
+    "coredns",
+    "gpu-device-plugin",
+    "certificates",
+    "finalizers",
+    "external-ips",
+    "deprecated-apis",
+];
+
+/// What a probe concluded.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Status.
+    pub status: ProbeStatus,
+    /// One line for a person.
+    pub detail: String,
+    /// Measurements.
+    pub observations: BTreeMap<String, f64>,
+    /// Findings.
+    pub findings: Vec<Finding>,
+}
+
+impl Outcome {
+    fn new(status: ProbeStatus, detail: impl Into<String>) -> Self {
+        Outcome {
+            status,
+            detail: detail.into(),
+            observations: BTreeMap::new(),
+            findings: Vec::new(),
+        }
+    }
+
+    fn obs(mut self, k: &str, v: f64) -> Self {
+        self.observations.insert(k.into(), v);
+        self
+    }
+}
+
+/// Runs every probe on its interval until cancelled.
+pub async fn run(ctx: Arc<ClusterCtx>, config: Config, cancel: CancellationToken) {
+    let config = Arc::new(config);
+    let mut set = tokio::task::JoinSet::new();
+    for name in PROBES {
+        let (ctx, config, cancel) = (ctx.clone(), config.clone(), cancel.clone());
+        set.spawn(async move {
+            let secs = config
+                .intervals
+                .get(*name)
+                .copied()
+                .unwrap_or(config.interval_s)
+                .max(1);
+            let mut tick = tokio::time::interval(Duration::from_secs(secs.into()));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut round = 0u64;
+            // let the watchers fill the view before the first round
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            }
+            loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                round += 1;
+                let started = Instant::now();
+                let outcome =
+                    tokio::time::timeout(Duration::from_secs(20), probe(&ctx, &config, name))
+                        .await
+                        .unwrap_or_else(|_| {
+                            Outcome::new(ProbeStatus::Unknown, "probe timed out after 20s")
+                        });
+                publish(&ctx, name, round, started.elapsed(), outcome);
+            }
+        });
+    }
+    while set.join_next().await.is_some() {}
+}
+
+fn publish(ctx: &ClusterCtx, name: &str, round: u64, took: Duration, o: Outcome) {
+    let result = ProbeResult {
+        probe: name.to_string(),
+        status: o.status,
+        latency_ms: took.as_secs_f64() * 1000.0,
+        detail: o.detail,
+        round,
+        observations: o.observations,
+        findings: o.findings,
+    };
+    let now = Utc::now();
+    if let Err(e) = ctx.sink.emit(
+        Meta {
+            class: Class::Probe,
+            subject: subject::probe(ctx.name(), name),
+            msg_id: stable_id(&[
+                ctx.name(),
+                "probe",
+                name,
+                &ctx.started_at.to_rfc3339(),
+                &round.to_string(),
+            ]),
+            collapse: None,
+            cluster_time: now,
+        },
+        result,
+    ) {
+        tracing::error!(cluster = ctx.name(), probe = name, error = %e, "probe result lost: the outbox refused it");
+    }
+}
+
+async fn probe(ctx: &ClusterCtx, cfg: &Config, name: &str) -> Outcome {
+    match name {
+        "apiserver" => apiserver(ctx, cfg).await,
+        "etcd" => etcd(ctx).await,
+        "scheduler" => lease(ctx, "kube-scheduler").await,
+        "controller-manager" => lease(ctx, "kube-controller-manager").await,
+        "nodes" => nodes(ctx),
+        "cni" => cni(ctx),
+        "coredns" => coredns(ctx).await,
+        "gpu-device-plugin" => gpu(ctx, cfg),
+        "certificates" => certificates(ctx, cfg).await,
+        "finalizers" => finalizers(ctx, cfg).await,
+        "external-ips" => external_ips(ctx),
+        "deprecated-apis" => deprecated(ctx).await,
+        other => Outcome::new(ProbeStatus::Unknown, format!("unknown probe {other}")),
+    }
+}
+
+async fn get_raw(
+    ctx: &ClusterCtx,
+    path: &str,
+) -> Result<(u16, String, Option<DateTime<Utc>>), kube::Error> {
+    let req = http::Request::get(path)
+        .body(Vec::new())
+        .map_err(kube::Error::HttpError)?;
+    let resp = ctx.client.send(req.map(kube::client::Body::from)).await?;
+    let status = resp.status().as_u16();
+    let date = resp
+        .headers()
+        .get(http::header::DATE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|d| DateTime::parse_from_rfc2822(d).ok())
+        .map(|t| t.with_timezone(&Utc));
+    let body = resp.into_body().collect_bytes().await?;
+    Ok((status, String::from_utf8_lossy(&body).into_owned(), date))
+}
+
+async fn apiserver(ctx: &ClusterCtx, cfg: &Config) -> Outcome {
+    let mut ok = 0;
+    let mut slowest = 0f64;
+    let mut failures = Vec::new();
+    let mut skew = None;
+    for path in ["/readyz", "/livez", "/version"] {
+        let t = Instant::now();
+        match get_raw(ctx, path).await {
+            Ok((200, _, date)) => {
+                ok += 1;
+                if let Some(d) = date {
+                    skew = Some((d - Utc::now()).num_milliseconds() as f64 / 1000.0);
+                }
+            }
+            Ok((code, body, _)) => failures.push(format!(
+                "{path}: HTTP {code} {}",
+                body.lines()
+                    .find(|l| l.starts_with("[-]"))
+                    .unwrap_or("")
+                    .trim()
+            )),
+            Err(e) => failures.push(format!("{path}: {e}")),
+        }
+        slowest = slowest.max(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    ctx.reachable
+        .store(ok > 0, std::sync::atomic::Ordering::Relaxed);
+    let error_ratio = failures.len() as f64 / 3.0;
+    let status = if ok == 0 {
+        ProbeStatus::Unhealthy
+    } else if !failures.is_empty() || slowest > cfg.apiserver_slow_ms as f64 {
+        ProbeStatus::Degraded
+    } else {
+        ProbeStatus::Healthy
+    };
+    let detail = if failures.is_empty() {
+        format!("ready and live; slowest answer {slowest:.0} ms")
+    } else {
+        failures.join("; ")
+    };
+    let mut o = Outcome::new(status, detail)
+        .obs("max_latency_ms", slowest)
+        .obs("error_ratio", error_ratio);
+    if let Some(s) = skew {
+        o = o.obs("clock_skew_s", s);
+    }
+    o
+}
+
+async fn etcd(ctx: &ClusterCtx) -> Outcome {
+    match get_raw(ctx, "/readyz/etcd").await {
+        Ok((200, _, _)) => Outcome::new(ProbeStatus::Healthy, "etcd check passed"),
+        Ok((404, _, _)) => Outcome::new(
+            ProbeStatus::Unknown,
+            "this API server has no etcd readiness check",
+        ),
+        Ok((code, body, _)) => Outcome::new(
+            ProbeStatus::Unhealthy,
+            format!("/readyz/etcd: HTTP {code}: {}", body.trim()),
+        ),
+        Err(e) => Outcome::new(ProbeStatus::Unknown, format!("API server unreachable: {e}")),
+    }
+}
+
+/// The cluster's clock, from the API server's Date header.
+async fn cluster_now(ctx: &ClusterCtx) -> DateTime<Utc> {
+    match get_raw(ctx, "/version").await {
+        Ok((_, _, Some(d))) => d,
+        _ => Utc::now(),
+    }
+}
+
+async fn lease(ctx: &ClusterCtx, holder: &str) -> Outcome {
+    let api: Api<Lease> = Api::namespaced(ctx.client.clone(), "kube-system");
+    let lease = match api.get_opt(holder).await {
+        Ok(Some(l)) => l,
+        Ok(None) => {
+            return Outcome::new(
+                ProbeStatus::Unknown,
+                format!("no {holder} lease (a managed control plane hides it)"),
+            );
+        }
+        Err(e) => {
+            return Outcome::new(
+                ProbeStatus::Unknown,
+                format!("cannot read the {holder} lease: {e}"),
+            );
+        }
+    };
+    let now = cluster_now(ctx).await;
+    let spec = lease.spec.unwrap_or_default();
+    let duration = f64::from(spec.lease_duration_seconds.unwrap_or(15));
+    let Some(renewed) = spec.renew_time.map(|t| t.0) else {
+        return Outcome::new(
+            ProbeStatus::Unhealthy,
+            format!("{holder} lease was never renewed"),
+        );
+    };
+    let renewed: DateTime<Utc> = DateTime::from_timestamp(
+        renewed.as_second(),
+        renewed.subsec_nanosecond().max(0) as u32,
+    )
+    .unwrap_or(now);
+    let age = (now - renewed).num_milliseconds() as f64 / 1000.0;
+    let holder_id = spec.holder_identity.unwrap_or_default();
+    let status = if age > duration * 2.0 {
+        ProbeStatus::Unhealthy
+    } else if age > duration {
+        ProbeStatus::Degraded
+    } else {
+        ProbeStatus::Healthy
+    };
+    let mut o = Outcome::new(
+        status,
+        format!("leader {holder_id} renewed {age:.0}s ago (lease {duration:.0}s)"),
+    )
+    .obs("lease_age_s", age)
+    .obs("lease_duration_s", duration);
+    if status != ProbeStatus::Healthy {
+        o.findings.push(Finding {
+            severity: if status == ProbeStatus::Unhealthy {
+                Severity::Critical
+            } else {
+                Severity::Warning
+            },
+            object: Some(ObjectRef {
+                api_version: "coordination.k8s.io/v1".into(),
+                kind: "Lease".into(),
+                namespace: Some("kube-system".into()),
+                name: holder.into(),
+                uid: None,
+            }),
+            message: format!("{holder} has not renewed its lease for {age:.0}s: no active leader"),
+        });
+    }
+    o
+}
+
+fn nodes(ctx: &ClusterCtx) -> Outcome {
+    let view = ctx.view.read();
+    let total = view.nodes.len();
+    if total == 0 {
+        return Outcome::new(ProbeStatus::Unknown, "no nodes seen yet");
+    }
+    let mut o = Outcome::new(ProbeStatus::Healthy, "");
+    for (name, n) in &view.nodes {
+        if n.ready != Some(true) {
+            o.findings.push(Finding {
+                severity: Severity::Critical,
+                object: Some(ObjectRef {
+                    api_version: "v1".into(),
+                    kind: "Node".into(),
+                    namespace: None,
+                    name: name.clone(),
+                    uid: None,
+                }),
+                message: format!(
+                    "node {name} is not Ready: {}",
+                    if n.reason.is_empty() {
+                        "no Ready condition"
+                    } else {
+                        &n.reason
+                    }
+                ),
+            });
+        }
+    }
+    let bad = o.findings.len();
+    o.status = if bad == 0 {
+        ProbeStatus::Healthy
+    } else {
+        ProbeStatus::Unhealthy
+    };
+    o.detail = format!("{}/{total} nodes Ready", total - bad);
+    o.obs("nodes", total as f64).obs("not_ready", bad as f64)
+}
+
+fn daemonset_outcome(ds: &crate::view::WorkloadView, what: &str) -> Outcome {
+    let status = if ds.desired > 0 && ds.ready >= ds.desired {
+        ProbeStatus::Healthy
+    } else {
+        ProbeStatus::Unhealthy
+    };
+    let mut o = Outcome::new(
+        status,
+        format!(
+            "{what} {}/{}: {}/{} ready",
+            ds.object.namespace.clone().unwrap_or_default(),
+            ds.object.name,
+            ds.ready,
+            ds.desired
+        ),
+    )
+    .obs("ready", ds.ready as f64)
+    .obs("desired", ds.desired as f64);
+    if status != ProbeStatus::Healthy {
+        o.findings.push(Finding {
+            severity: Severity::Critical,
+            object: Some(ds.object.clone()),
+            message: format!(
+                "{what} is not ready on {} of {} nodes",
+                ds.desired - ds.ready,
+                ds.desired
+            ),
+        });
+    }
+    o
+}
+
+fn cni(ctx: &ClusterCtx) -> Outcome {
+    let view = ctx.view.read();
+    let found = CNI_DAEMONSETS.iter().find_map(|(name, label)| {
+        view.workloads
+            .values()
+            .find(|w| w.object.kind == "DaemonSet" && w.object.name == *name)
+            .map(|w| (w.clone(), *label))
+    });
+    match found {
+        Some((ds, label)) => daemonset_outcome(&ds, &format!("CNI ({label})")),
+        None => Outcome::new(ProbeStatus::Unknown, "no known CNI daemonset found"),
+    }
+}
+
+async fn coredns(ctx: &ClusterCtx) -> Outcome {
+    let dep = {
+        let view = ctx.view.read();
+        view.workloads
+            .values()
+            .find(|w| {
+                w.object.kind == "Deployment"
+                    && (w.object.name == "coredns"
+                        || w.labels.get("k8s-app").is_some_and(|v| v == "kube-dns"))
+            })
+            .cloned()
+    };
+    let api: Api<Endpoints> = Api::namespaced(ctx.client.clone(), "kube-system");
+    let ready_addresses = match api.get_opt("kube-dns").await {
+        Ok(Some(ep)) => Some(
+            ep.subsets
+                .unwrap_or_default()
+                .iter()
+                .map(|s| s.addresses.as_ref().map_or(0, Vec::len))
+                .sum::<usize>(),
+        ),
+        Ok(None) => None,
+        Err(e) => {
+            return Outcome::new(
+                ProbeStatus::Unknown,
+                format!("cannot read kube-dns endpoints: {e}"),
+            );
+        }
+    };
+    let Some(dep) = dep else {
+        return Outcome::new(ProbeStatus::Unknown, "no CoreDNS deployment found");
+    };
+    let endpoints = ready_addresses.unwrap_or(0);
+    let status = if dep.ready == 0 || endpoints == 0 {
+        ProbeStatus::Unhealthy
+    } else if dep.ready < dep.desired {
+        ProbeStatus::Degraded
+    } else {
+        ProbeStatus::Healthy
+    };
+    let mut o = Outcome::new(
+        status,
+        format!(
+            "{}/{} CoreDNS pods ready, {endpoints} ready endpoints",
+            dep.ready, dep.desired
+        ),
+    )
+    .obs("ready", dep.ready as f64)
+    .obs("endpoints", endpoints as f64);
+    if status == ProbeStatus::Unhealthy {
+        o.findings.push(Finding {
+            severity: Severity::Critical,
+            object: Some(dep.object.clone()),
+            message: "cluster DNS is down: no ready CoreDNS endpoints".into(),
+        });
+    }
+    o
+}
+
+fn parse_semver(v: &str) -> Option<(u64, u64, u64)> {
+    let v = v.trim_start_matches('v');
+    let mut it = v.split(['.', '-']).map(|p| p.parse::<u64>().ok());
+    Some((
+        it.next()??,
+        it.next().flatten().unwrap_or(0),
+        it.next().flatten().unwrap_or(0),
+    ))
+}
+
+/// The minimum driver major a plugin version needs, by the compatibility table.
+pub fn min_driver(compat: &[GpuCompat], plugin_version: &str) -> Option<u32> {
+    let pv = parse_semver(plugin_version)?;
+    compat
+        .iter()
+        .filter_map(|c| parse_semver(&c.plugin_from).map(|from| (from, c.min_driver_major)))
+        .filter(|(from, _)| pv >= *from)
+        .max_by_key(|(from, _)| *from)
+        .map(|(_, d)| d)
+}
+
+fn gpu(ctx: &ClusterCtx, cfg: &Config) -> Outcome {
+    let view = ctx.view.read();
+    let gpu_nodes: Vec<(&String, &crate::view::NodeView)> = view
+        .nodes
+        .iter()
+        .filter(|(_, n)| n.gpu_capacity > 0 || n.gpu_model.is_some())
+        .collect();
+    if gpu_nodes.is_empty() {
+        return Outcome::new(ProbeStatus::Healthy, "no GPU nodes");
+    }
+    let plugin = view
+        .workloads
+        .values()
+        .find(|w| {
+            w.object.kind == "DaemonSet"
+                && (w.object.name.contains("nvidia-device-plugin")
+                    || w.images.iter().any(|i| i.contains("k8s-device-plugin")))
+        })
+        .cloned();
+    let Some(plugin) = plugin else {
+        return Outcome::new(
+            ProbeStatus::Unhealthy,
+            format!(
+                "{} GPU nodes but no NVIDIA device plugin daemonset",
+                gpu_nodes.len()
+            ),
+        );
+    };
+    let version = plugin
+        .images
+        .first()
+        .and_then(|i| i.rsplit_once(':').map(|(_, t)| t.to_string()))
+        .unwrap_or_default();
+    let mut o = daemonset_outcome(&plugin, &format!("GPU device plugin {version}"));
+    o.detail = format!("{}; {} GPU nodes", o.detail, gpu_nodes.len());
+    if let Some(need) = min_driver(&cfg.gpu_compat, &version) {
+        for (name, n) in &gpu_nodes {
+            let major = n
+                .gpu_driver
+                .as_deref()
+                .and_then(|d| d.split('.').next())
+                .and_then(|m| m.parse::<u32>().ok());
+            if let Some(major) = major
+                && major < need
+            {
+                o.status = ProbeStatus::Unhealthy;
+                o.findings.push(Finding {
+                    severity: Severity::Critical,
+                    object: Some(ObjectRef {
+                        api_version: "v1".into(),
+                        kind: "Node".into(),
+                        namespace: None,
+                        name: (*name).clone(),
+                        uid: None,
+                    }),
+                    message: format!(
+                        "device plugin {version} needs driver >= {need}, node {name} runs {}",
+                        n.gpu_driver.clone().unwrap_or_default()
+                    ),
+                });
+            }
+        }
+    }
+    let stuck: Vec<_> = view
+        .gpu_pods
+        .values()
+        .filter(|p| p.phase == "ContainerCreating" || p.phase == "Pending")
+        .cloned()
+        .collect();
+    for p in &stuck {
+        o.findings.push(Finding {
+            severity: Severity::Warning,
+            object: Some(p.object.clone()),
+            message: format!(
+                "GPU pod stuck in {} on {}",
+                p.phase,
+                if p.node.is_empty() {
+                    "no node"
+                } else {
+                    &p.node
+                }
+            ),
+        });
+    }
+    if !stuck.is_empty() && o.status == ProbeStatus::Healthy {
+        o.status = ProbeStatus::Degraded;
+    }
+    o.obs("gpu_pods_stuck", stuck.len() as f64)
+}
+
+/// Reads the API server's serving certificate (a TLS handshake; nothing is sent).
+async fn peer_cert_expiry(ctx: &ClusterCtx) -> Result<DateTime<Utc>, String> {
+    let url = &ctx.kube_config.cluster_url;
+    let host = url
+        .host()
+        .ok_or("cluster URL has no host")?
+        .trim_matches(['[', ']'])
+        .to_string();
+    let port = url.port_u16().unwrap_or(443);
+    let tcp = tokio::time::timeout(
+        Duration::from_secs(5),
+        tokio::net::TcpStream::connect((host.as_str(), port)),
+    )
+    .await
+    .map_err(|_| "connect timed out".to_string())?
+    .map_err(|e| e.to_string())?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(ReadOnly(provider)))
+        .with_no_client_auth();
+    let name = rustls::pki_types::ServerName::try_from(host.clone()).map_err(|e| e.to_string())?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let cert = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .ok_or("no certificate presented")?
+        .clone();
+    let (_, parsed) =
+        x509_parser::parse_x509_certificate(cert.as_ref()).map_err(|e| e.to_string())?;
+    DateTime::from_timestamp(parsed.validity().not_after.timestamp(), 0)
+        .ok_or_else(|| "bad notAfter".to_string())
+}
+
+/// A verifier that accepts the certificate to read it: this connection only looks at the certificate
+/// (the agent's real API connection verifies it against the cluster CA).
+#[derive(Debug)]
+struct ReadOnly(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for ReadOnly {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &rustls::pki_types::CertificateDer<'_>,
+        _intermediates: &[rustls::pki_types::CertificateDer<'_>],
+        _server_name: &rustls::pki_types::ServerName<'_>,
+        _ocsp: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &rustls::pki_types::CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+async fn certificates(ctx: &ClusterCtx, cfg: &Config) -> Outcome {
+    if ctx.kube_config.cluster_url.scheme_str() != Some("https") {
+        return Outcome::new(
+            ProbeStatus::Unknown,
+            "the API server is not served over TLS",
+        );
+    }
+    match peer_cert_expiry(ctx).await {
+        Ok(not_after) => {
+            *ctx.cert_expiry.lock().unwrap_or_else(|e| e.into_inner()) = Some(not_after);
+            let days = (not_after - Utc::now()).num_seconds() as f64 / 86_400.0;
+            let status = if days < cfg.cert_critical_days as f64 {
+                ProbeStatus::Unhealthy
+            } else if days < cfg.cert_warn_days as f64 {
+                ProbeStatus::Degraded
+            } else {
+                ProbeStatus::Healthy
+            };
+            let mut o = Outcome::new(
+                status,
+                format!(
+                    "API server certificate expires {} ({days:.0} days)",
+                    not_after.format("%Y-%m-%d")
+                ),
+            )
+            .obs("days_left", days);
+            if status != ProbeStatus::Healthy {
+                o.findings.push(Finding {
+                    severity: if status == ProbeStatus::Unhealthy {
+                        Severity::Critical
+                    } else {
+                        Severity::Warning
+                    },
+                    object: None,
+                    message: format!(
+                        "the API server's serving certificate expires in {days:.0} days"
+                    ),
+                });
+            }
+            o
+        }
+        Err(e) => Outcome::new(
+            ProbeStatus::Unknown,
+            format!("could not read the serving certificate: {e}"),
+        ),
+    }
+}
+
+async fn finalizers(ctx: &ClusterCtx, cfg: &Config) -> Outcome {
+    let now = cluster_now(ctx).await;
+    let view = ctx.view.read();
+    let mut o = Outcome::new(ProbeStatus::Healthy, "");
+    for t in view.terminating.values() {
+        let age = (now - t.since).num_seconds();
+        if age > cfg.terminating_after_s && !t.finalizers.is_empty() {
+            o.findings.push(Finding {
+                severity: Severity::Warning,
+                object: Some(t.object.clone()),
+                message: format!(
+                    "{} {} stuck terminating for {}m, waiting on finalizers {}",
+                    t.object.kind,
+                    t.object.name,
+                    age / 60,
+                    t.finalizers.join(", ")
+                ),
+            });
+        }
+    }
+    let n = o.findings.len();
+    o.status = if n == 0 {
+        ProbeStatus::Healthy
+    } else {
+        ProbeStatus::Unhealthy
+    };
+    o.detail = format!(
+        "{n} objects stuck terminating ({} terminating)",
+        view.terminating.len()
+    );
+    o.obs("stuck", n as f64)
+}
+
+fn external_ips(ctx: &ClusterCtx) -> Outcome {
+    let view = ctx.view.read();
+    let mut o = Outcome::new(ProbeStatus::Healthy, "no Service uses spec.externalIPs");
+    for (oref, ips) in view.external_ips.values() {
+        o.findings.push(Finding {
+            severity: Severity::Critical,
+            object: Some(oref.clone()),
+            message: format!(
+                "Service {}/{} sets externalIPs {} (anyone who can create Services can intercept that traffic, CVE-2020-8554)",
+                oref.namespace.clone().unwrap_or_default(),
+                oref.name,
+                ips.join(",")
+            ),
+        });
+    }
+    if !o.findings.is_empty() {
+        o.status = ProbeStatus::Unhealthy;
+        o.detail = format!("{} Services expose externalIPs", o.findings.len());
+    }
+    let n = o.findings.len();
+    o.obs("services", n as f64)
+}
+
+/// One row of the deprecation table.
+#[derive(Debug, Clone, Deserialize)]
+struct Deprecation {
+    version: String,
+    kind: String,
+    #[serde(rename = "deprecated-in", default)]
+    deprecated_in: String,
+    #[serde(rename = "removed-in", default)]
+    removed_in: String,
+    #[serde(rename = "replacement-api", default)]
+    replacement: String,
+    #[serde(default)]
+    component: String,
+}
+
+#[derive(Debug, Deserialize)]
+struct Table {
+    #[serde(rename = "deprecated-versions")]
+    rows: Vec<Deprecation>,
+}
+
+/// The deprecation table shipped with the agent (Fairwinds pluto's `versions.yaml`, Apache-2.0).
+pub const DEPRECATIONS_YAML: &str = include_str!("../data/deprecations.yaml");
+
+fn minor_of(v: &str) -> Option<u32> {
+    v.trim_start_matches('v').split('.').nth(1)?.parse().ok()
+}
+
+fn table() -> &'static [Deprecation] {
+    static T: std::sync::OnceLock<Vec<Deprecation>> = std::sync::OnceLock::new();
+    T.get_or_init(|| {
+        serde_yaml::from_str::<Table>(DEPRECATIONS_YAML)
+            .map(|t| {
+                t.rows
+                    .into_iter()
+                    .filter(|r| r.component == "k8s")
+                    .collect()
+            })
+            .unwrap_or_default()
+    })
+}
+
+/// Judges `kind` applied as `api_version` on a cluster at `minor`: `(removed?, message)` when deprecated.
+pub fn judge(api_version: &str, kind: &str, minor: u32) -> Option<(bool, String)> {
+    let row = table()
+        .iter()
+        .find(|r| r.version == api_version && r.kind == kind)?;
+    let removed = minor_of(&row.removed_in).is_some_and(|m| minor >= m);
+    let deprecated = minor_of(&row.deprecated_in).is_some_and(|m| minor >= m);
+    if !removed && !deprecated {
+        return None;
+    }
+    let replacement = if row.replacement.is_empty() {
+        "no replacement".to_string()
+    } else {
+        format!("use {}", row.replacement)
+    };
+    let msg = if removed {
+        format!(
+            "{kind} {api_version} was removed in {}: {replacement}",
+            row.removed_in
+        )
+    } else {
+        format!(
+            "{kind} {api_version} is deprecated since {} and goes in {}: {replacement}",
+            row.deprecated_in,
+            if row.removed_in.is_empty() {
+                "a later release"
+            } else {
+                &row.removed_in
+            }
+        )
+    };
+    Some((removed, msg))
+}
+
+async fn deprecated(ctx: &ClusterCtx) -> Outcome {
+    let minor = match ctx.client.apiserver_version().await {
+        Ok(info) => info.minor.trim_end_matches('+').parse::<u32>().unwrap_or(0),
+        Err(e) => return Outcome::new(ProbeStatus::Unknown, format!("cannot read /version: {e}")),
+    };
+    let mut o = Outcome::new(ProbeStatus::Healthy, "");
+    let mut removed_count = 0;
+    {
+        let view = ctx.view.read();
+        for (oref, applied) in view.last_applied.values() {
+            if let Some((removed, msg)) = judge(applied, &oref.kind, minor) {
+                removed_count += usize::from(removed);
+                o.findings.push(Finding {
+                    severity: if removed {
+                        Severity::Critical
+                    } else {
+                        Severity::Warning
+                    },
+                    object: Some(oref.clone()),
+                    message: format!("last applied as {applied}: {msg}"),
+                });
+            }
+        }
+    }
+    // clients still calling deprecated APIs (the API server counts them)
+    if let Ok((200, body, _)) = get_raw(ctx, "/metrics").await {
+        for line in body
+            .lines()
+            .filter(|l| l.starts_with("apiserver_requested_deprecated_apis{"))
+        {
+            let label = |n: &str| {
+                line.split(&format!("{n}=\""))
+                    .nth(1)
+                    .and_then(|r| r.split('"').next())
+                    .unwrap_or("")
+                    .to_string()
+            };
+            o.findings.push(Finding {
+                severity: Severity::Info,
+                object: None,
+                message: format!(
+                    "a client requested {}/{} {} (removed in {})",
+                    label("group"),
+                    label("version"),
+                    label("resource"),
+                    label("removed_release")
+                ),
+            });
+        }
+    }
+    let warn = o
+        .findings
+        .iter()
+        .filter(|f| f.severity == Severity::Warning)
+        .count();
+    o.status = if removed_count > 0 {
+        ProbeStatus::Unhealthy
+    } else if warn > 0 {
+        ProbeStatus::Degraded
+    } else {
+        ProbeStatus::Healthy
+    };
+    o.detail = format!(
+        "{removed_count} objects last applied with removed APIs, {warn} with deprecated ones (Kubernetes 1.{minor})"
+    );
+    o.obs("removed", removed_count as f64)
+        .obs("deprecated", warn as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shipped_deprecation_table_is_the_fixture() {
+        let fixture = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../../shared/fixtures/deprecations/pluto-versions.yaml"
+        ))
+        .expect("fixture");
+        assert_eq!(
+            DEPRECATIONS_YAML, fixture,
+            "data/deprecations.yaml must stay a copy of the fixture"
+        );
+        assert!(table().len() > 50);
+    }
+
+    #[test]
+    fn judges_against_the_cluster_version() {
+        let (removed, msg) = judge("policy/v1beta1", "PodDisruptionBudget", 31).expect("judged");
+        assert!(removed, "{msg}");
+        assert!(msg.contains("policy/v1"), "{msg}");
+        let (removed, _) = judge("autoscaling/v2beta2", "HorizontalPodAutoscaler", 24)
+            .expect("deprecated on 1.24");
+        assert!(!removed);
+        assert!(judge("apps/v1", "Deployment", 31).is_none());
+        assert!(
+            judge("batch/v1beta1", "CronJob", 20).is_none(),
+            "not yet deprecated on 1.20"
+        );
+    }
+
+    #[test]
+    fn device_plugin_needs_a_recent_enough_driver() {
+        let c = Config::default().gpu_compat;
+        assert_eq!(min_driver(&c, "v0.17.0"), Some(550));
+        assert_eq!(min_driver(&c, "v0.14.5"), Some(470));
+        assert_eq!(min_driver(&c, "0.16.2"), Some(525));
+        assert_eq!(min_driver(&c, "v0.10.0"), None);
+        assert_eq!(min_driver(&c, "latest"), None);
+    }
+}
