@@ -50,6 +50,8 @@ pub struct Config {
     pub names: Vec<String>,
     /// Control-plane lease duration, seconds.
     pub lease_duration_s: u32,
+    /// Extra events per second per cluster.
+    pub events_per_second: f64,
 }
 
 impl Default for Config {
@@ -68,6 +70,7 @@ impl Default for Config {
             metric_fixtures: BTreeMap::new(),
             names: Vec::new(),
             lease_duration_s: 15,
+            events_per_second: 0.0,
         }
     }
 }
@@ -131,6 +134,7 @@ impl Fleet {
                 history: cfg.history,
                 metric_fixtures: cfg.metric_fixtures.clone(),
                 lease_duration_s: cfg.lease_duration_s.max(1),
+                events_per_second: cfg.events_per_second,
             };
             let cluster = Cluster::new(settings).with_context(|| format!("cluster {name}"))?;
             world::seed(&cluster);

@@ -70,6 +70,9 @@ struct ServeArgs {
     /// Serve a Prometheus scrape file from a `fixture-<name>` pod in `monitoring` (repeatable: NAME=PATH).
     #[arg(long = "metrics-fixture")]
     metrics_fixtures: Vec<String>,
+    /// Extra Kubernetes events per second per cluster (the churn makes some too).
+    #[arg(long, default_value_t = 0.0)]
+    events_per_second: f64,
     /// Explicit cluster names, in order (comma-separated).
     #[arg(long, value_delimiter = ',')]
     names: Vec<String>,
@@ -258,6 +261,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         base_port: args.base_port,
         metric_fixtures: fixtures,
         names: args.names,
+        events_per_second: args.events_per_second,
         ..Default::default()
     };
     let cancel = CancellationToken::new();

@@ -73,7 +73,7 @@ pub type Subscription = broadcast::Receiver<Arc<Change>>;
 struct Inner {
     rv: u64,
     objects: HashMap<ResKey, BTreeMap<ObjKey, Arc<Value>>>,
-    history: VecDeque<Arc<Change>>,
+    history: VecDeque<(std::time::Instant, Arc<Change>)>,
     /// Changes at or below this resourceVersion are no longer in the history.
     compacted: u64,
 }
@@ -84,6 +84,7 @@ pub struct Store {
     inner: Mutex<Inner>,
     tx: broadcast::Sender<Arc<Change>>,
     history_limit: usize,
+    history_age: std::time::Duration,
 }
 
 /// One page of a list.
@@ -120,13 +121,20 @@ pub fn str_at<'a>(v: &'a Value, path: &[&str]) -> &'a str {
 }
 
 impl Store {
-    /// A store keeping the last `history_limit` changes for watch resumption.
+    /// A store keeping the last `history_limit` changes for watch resumption, none older than five minutes
+    /// (the apiserver's default `--etcd-compaction-interval`).
     pub fn new(history_limit: usize) -> Self {
+        Self::with_compaction(history_limit, std::time::Duration::from_secs(300))
+    }
+
+    /// A store keeping at most `history_limit` changes, none older than `age`.
+    pub fn with_compaction(history_limit: usize, age: std::time::Duration) -> Self {
         let (tx, _) = broadcast::channel(8192);
         Store {
             inner: Mutex::new(Inner::default()),
             tx,
             history_limit: history_limit.max(16),
+            history_age: age,
         }
     }
 
@@ -207,9 +215,15 @@ impl Store {
             kind,
             object: obj.clone(),
         });
-        inner.history.push_back(change.clone());
-        while inner.history.len() > self.history_limit {
-            if let Some(old) = inner.history.pop_front() {
+        let now = std::time::Instant::now();
+        inner.history.push_back((now, change.clone()));
+        while inner.history.len() > self.history_limit
+            || inner
+                .history
+                .front()
+                .is_some_and(|(t, _)| now.duration_since(*t) > self.history_age)
+        {
+            if let Some((_, old)) = inner.history.pop_front() {
                 inner.compacted = old.rv;
             }
         }
@@ -343,8 +357,8 @@ impl Store {
         let backlog = inner
             .history
             .iter()
-            .filter(|c| c.rv > from)
-            .cloned()
+            .filter(|(_, c)| c.rv > from)
+            .map(|(_, c)| c.clone())
             .collect();
         Ok((backlog, self.tx.subscribe()))
     }

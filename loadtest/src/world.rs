@@ -1036,6 +1036,14 @@ pub async fn run(c: Arc<Cluster>, cancel: CancellationToken) {
     } else {
         Duration::from_secs(3600)
     };
+    let events_every = if c.settings.events_per_second > 0.0 {
+        Duration::from_secs_f64(1.0 / c.settings.events_per_second)
+    } else {
+        Duration::from_secs(3600)
+    };
+    let mut events = tokio::time::interval(events_every);
+    events.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+    let mut expire = tokio::time::interval(Duration::from_secs(30));
     let mut churn = tokio::time::interval(churn_every);
     churn.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
@@ -1044,6 +1052,8 @@ pub async fn run(c: Arc<Cluster>, cancel: CancellationToken) {
             _ = leases.tick() => renew_leases(&c),
             _ = rollouts.tick() => reconcile(&c),
             _ = churn.tick(), if c.settings.churn > 0.0 => churn_once(&c),
+            _ = events.tick(), if c.settings.events_per_second > 0.0 => event_once(&c),
+            _ = expire.tick() => expire_events(&c, chrono::Duration::hours(1)),
         }
     }
 }
@@ -1128,6 +1138,58 @@ fn reconcile(c: &Cluster) {
             ]);
         });
     }
+}
+
+/// Deletes events not seen for `ttl` (the apiserver's `--event-ttl`, 1 h by default).
+fn expire_events(c: &Cluster, ttl: chrono::Duration) {
+    let cutoff = c.now() - ttl;
+    for e in c.store.all(&rk("", "events"), None) {
+        let last = chrono::DateTime::parse_from_rfc3339(str_at(&e, &["lastTimestamp"]));
+        if last.is_ok_and(|t| t < cutoff) {
+            remove(
+                c,
+                "",
+                "events",
+                str_at(&e, &["metadata", "namespace"]),
+                str_at(&e, &["metadata", "name"]),
+            );
+        }
+    }
+}
+
+/// One event about a random pod: mostly new occurrences, some repeats (count and series grow).
+fn event_once(c: &Cluster) {
+    let pods = c.store.all(&rk("", "pods"), None);
+    let Some(pod) = pods.choose(&mut *c.rng()).cloned() else {
+        return;
+    };
+    let n: u32 = c.rng().random_range(0..1000);
+    let (ty, reason, message) = match n % 4 {
+        0 => (
+            "Warning",
+            "BackOff",
+            "Back-off restarting failed container".to_string(),
+        ),
+        1 => (
+            "Normal",
+            "Pulled",
+            format!("Container image pulled in {}ms", n),
+        ),
+        2 => (
+            "Warning",
+            "Unhealthy",
+            format!(
+                "Readiness probe failed: HTTP probe failed with statuscode: {}",
+                500 + n % 4
+            ),
+        ),
+        _ => (
+            "Normal",
+            "Killing",
+            format!("Stopping container (attempt {n})"),
+        ),
+    };
+    event(c, &pod, ty, reason, &message, "kubelet");
 }
 
 fn churn_once(c: &Cluster) {

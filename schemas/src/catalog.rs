@@ -339,6 +339,29 @@ pub fn entries() -> Vec<Entry> {
             },
         ),
         entry(
+            subject::compliance("prod-eu-1"),
+            ComplianceReport {
+                cluster: "prod-eu-1".into(),
+                baseline: "fleet-baseline".into(),
+                compliant: false,
+                checks: vec![
+                    ComplianceCheck {
+                        rule: "kubernetes-version".into(),
+                        status: CheckStatus::Pass,
+                        message: "v1.31.4 is within 1.28–1.33".into(),
+                        objects: vec![],
+                    },
+                    ComplianceCheck {
+                        rule: "pss-labels".into(),
+                        status: CheckStatus::Fail,
+                        message: "1 namespace without a Pod Security Standards level".into(),
+                        objects: vec![obj("Namespace", None, "legacy")],
+                    },
+                ],
+                evaluated_at: t(0),
+            },
+        ),
+        entry(
             subject::alert("oncall-webhook"),
             Notification {
                 id: "ntf-77b1".into(),

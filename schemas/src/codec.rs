@@ -122,20 +122,26 @@ pub fn decode<T: Payload>(
         return Err(DecodeError::ContentType(ct.to_string()));
     }
     let (name, version) = parse_schema_header(schema.ok_or(DecodeError::MissingSchema)?)?;
-    if name != T::SCHEMA {
+    let Some(supported) = T::accepts(name) else {
         return Err(DecodeError::WrongSchema {
             expected: T::SCHEMA,
             got: name.to_string(),
         });
-    }
-    if version == 0 || version > T::VERSION {
+    };
+    if version == 0 || version > supported {
         return Err(DecodeError::UnsupportedVersion {
             schema: name.to_string(),
             version,
-            supported: T::VERSION,
+            supported,
         });
     }
-    let envelope: Envelope<T> = rmp_serde::from_slice(body)?;
+    let envelope: Envelope<T> = T::decode_envelope(name, body)?;
+    if envelope.schema != name {
+        return Err(DecodeError::Invalid(format!(
+            "body says schema {:?}, header says {name:?}",
+            envelope.schema
+        )));
+    }
     validate(&envelope)?;
     Ok(envelope)
 }
@@ -160,18 +166,18 @@ pub fn latest_time() -> DateTime<Utc> {
 /// message on a timeline would scramble it. Moderate skew (minutes, hours) is accepted and measured by the
 /// correlator instead.
 pub fn validate<T: Payload>(envelope: &Envelope<T>) -> Result<(), DecodeError> {
-    if envelope.schema != T::SCHEMA {
+    let Some(supported) = T::accepts(&envelope.schema) else {
         return Err(DecodeError::Invalid(format!(
             "body says schema {:?}, header says {:?}",
             envelope.schema,
             T::SCHEMA
         )));
-    }
-    if envelope.version == 0 || envelope.version > T::VERSION {
+    };
+    if envelope.version == 0 || envelope.version > supported {
         return Err(DecodeError::UnsupportedVersion {
             schema: envelope.schema.clone(),
             version: envelope.version,
-            supported: T::VERSION,
+            supported,
         });
     }
     let (lo, hi) = (earliest_time(), latest_time());

@@ -20,6 +20,50 @@ pub trait Payload: Serialize + DeserializeOwned + JsonSchema + Send + Sync + 'st
     fn schema_header() -> String {
         format!("{}/{}", Self::SCHEMA, Self::VERSION)
     }
+
+    /// The highest major version of `schema` this type decodes, or `None` when it doesn't decode it. A
+    /// payload accepts its own schema; a union of payloads (what a consumer of a stream carrying several
+    /// schemas reads, e.g. heartbeats and probe results) accepts each member's.
+    fn accepts(schema: &str) -> Option<u32> {
+        (schema == Self::SCHEMA).then_some(Self::VERSION)
+    }
+
+    /// Decodes the body of a message whose (accepted) schema is `schema`.
+    fn decode_envelope(
+        schema: &str,
+        body: &[u8],
+    ) -> Result<Envelope<Self>, rmp_serde::decode::Error>
+    where
+        Self: Sized,
+    {
+        let _ = schema;
+        rmp_serde::from_slice(body)
+    }
+}
+
+impl<T> Envelope<T> {
+    /// The same envelope around another payload (e.g. a member payload lifted into a union).
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Envelope<U> {
+        Envelope {
+            schema: self.schema,
+            version: self.version,
+            cluster: self.cluster,
+            source: self.source,
+            cluster_time: self.cluster_time,
+            agent_time: self.agent_time,
+            seq: self.seq,
+            payload: f(self.payload),
+        }
+    }
+}
+
+/// Decodes a member payload's envelope and lifts it into a union (for [`Payload::decode_envelope`] of a
+/// union type).
+pub fn decode_member<M: Payload, U>(
+    body: &[u8],
+    lift: impl FnOnce(M) -> U,
+) -> Result<Envelope<U>, rmp_serde::decode::Error> {
+    Ok(rmp_serde::from_slice::<Envelope<M>>(body)?.map(lift))
 }
 
 /// One envelope for every message.

@@ -636,6 +636,51 @@ pub struct Incident {
 }
 payload!(Incident, "Incident", 1);
 
+/// Outcome of one baseline check.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CheckStatus {
+    /// The cluster meets the rule.
+    #[default]
+    Pass,
+    /// It doesn't.
+    Fail,
+    /// It can't be told yet (no facts).
+    Unknown,
+}
+
+/// One baseline rule judged on one cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ComplianceCheck {
+    /// Rule id, e.g. `kubernetes-version`, `component:coredns`, `pss-labels`, `external-ips`, `cert-validity`.
+    pub rule: String,
+    /// Outcome.
+    pub status: CheckStatus,
+    /// What was found, for a person.
+    pub message: String,
+    /// Objects violating the rule (at most a few dozen).
+    #[serde(default)]
+    pub objects: Vec<ObjectRef>,
+}
+
+/// A cluster judged against the fleet baseline; republished whenever the verdict changes.
+///
+/// Subject `fleet.compliance.<cluster>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ComplianceReport {
+    /// Cluster.
+    pub cluster: String,
+    /// Name of the baseline the cluster was judged against.
+    pub baseline: String,
+    /// Whether every check passed.
+    pub compliant: bool,
+    /// The checks.
+    pub checks: Vec<ComplianceCheck>,
+    /// When it was evaluated (the hub's clock).
+    pub evaluated_at: DateTime<Utc>,
+}
+payload!(ComplianceReport, "ComplianceReport", 1);
+
 /// Firing or resolved, as Alertmanager says it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]

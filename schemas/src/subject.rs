@@ -144,6 +144,11 @@ pub fn incident(cluster: &str, kind: &str) -> String {
     format!("fleet.incident.{}.{}", escape(cluster), escape(kind))
 }
 
+/// `fleet.compliance.<cluster>`: the cluster's current baseline compliance report.
+pub fn compliance(cluster: &str) -> String {
+    format!("fleet.compliance.{}", escape(cluster))
+}
+
 /// `fleet.alert.<receiver>`: notifications for integrations that subscribe.
 pub fn alert(receiver: &str) -> String {
     format!("fleet.alert.{}", escape(receiver))

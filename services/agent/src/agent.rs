@@ -145,6 +145,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
             reachable: AtomicBool::new(false),
             chosen: Default::default(),
             cert_expiry: Default::default(),
+            clock_offset_ms: Default::default(),
             started_at,
             timings: config.timings.clone(),
         });

@@ -88,6 +88,8 @@ pub struct ClusterCtx {
     pub chosen: std::sync::Mutex<BTreeMap<String, String>>,
     /// The apiserver certificate's expiry, from the certificate probe.
     pub cert_expiry: std::sync::Mutex<Option<DateTime<Utc>>>,
+    /// The cluster clock minus the agent's, in ms (from the API server's Date header; second resolution).
+    pub clock_offset_ms: std::sync::atomic::AtomicI64,
     /// When the agent started.
     pub started_at: DateTime<Utc>,
     /// Timings.
@@ -282,7 +284,9 @@ fn heartbeat(ctx: &ClusterCtx) {
         superseded: c.superseded,
         duplicates: c.duplicates,
     };
-    let now = Utc::now();
+    // the heartbeat is stamped with the cluster's clock, so the hub can tell a skewed cluster
+    let now =
+        Utc::now() + chrono::Duration::milliseconds(ctx.clock_offset_ms.load(Ordering::Relaxed));
     let subject = subject::heartbeat(ctx.name());
     ctx.emit(
         Meta {

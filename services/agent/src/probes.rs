@@ -274,6 +274,14 @@ async fn apiserver(ctx: &ClusterCtx, cfg: &Config) -> Outcome {
         .obs("max_latency_ms", slowest)
         .obs("error_ratio", error_ratio);
     if let Some(s) = skew {
+        // the Date header has second resolution: half a second either way is noise
+        let ms = if s.abs() < 1.5 {
+            0
+        } else {
+            (s * 1000.0) as i64
+        };
+        ctx.clock_offset_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
         o = o.obs("clock_skew_s", s);
     }
     o

@@ -209,6 +209,7 @@ async fn every_payload_type_round_trips_through_jetstream() -> Result<()> {
             "Heartbeat" => round_trip::<Heartbeat>(&js, s, subj).await?,
             "ClusterFacts" => round_trip::<ClusterFacts>(&js, s, subj).await?,
             "Incident" => round_trip::<Incident>(&js, s, subj).await?,
+            "ComplianceReport" => round_trip::<ComplianceReport>(&js, s, subj).await?,
             "Notification" => round_trip::<Notification>(&js, s, subj).await?,
             "ReleaseCommand" => round_trip::<ReleaseCommand>(&js, s, subj).await?,
             "ReleaseResult" => round_trip::<ReleaseResult>(&js, s, subj).await?,

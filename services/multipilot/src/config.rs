@@ -56,6 +56,8 @@ pub struct Config {
     pub storage: Storage,
     /// Stream provisioning.
     pub provision: Provision,
+    /// The correlator role (`data_dir` empty: `<storage.data_dir>/correlator`).
+    pub correlator: multipilot_correlator::Config,
 }
 
 impl Config {
@@ -67,6 +69,21 @@ impl Config {
             "provision.replicas must be 1..=5"
         );
         Ok(())
+    }
+
+    /// The correlator's settings with its data directory resolved.
+    pub fn correlator(&self) -> multipilot_correlator::Config {
+        let mut c = self.correlator.clone();
+        if c.data_dir.is_empty() || c.data_dir == multipilot_correlator::Config::default().data_dir
+        {
+            c.data_dir = self
+                .storage
+                .data_dir
+                .join("correlator")
+                .to_string_lossy()
+                .into_owned();
+        }
+        c
     }
 
     /// The stream topology at the configured replica count.

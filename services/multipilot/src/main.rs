@@ -10,6 +10,7 @@ use clap::{Parser, Subcommand};
 use multipilot_runtime::config as cfg;
 
 mod config;
+mod incidents;
 mod roles;
 mod status;
 
@@ -52,6 +53,24 @@ enum Command {
         #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "json"])]
         output: String,
     },
+    /// Show the fleet's current incidents (from the correlator); --watch follows every change.
+    Incidents {
+        /// Include resolved incidents of the last week.
+        #[arg(long)]
+        all: bool,
+        /// After the list, print every incident change as it happens.
+        #[arg(long, short = 'w')]
+        watch: bool,
+        /// Output format.
+        #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "json"])]
+        output: String,
+    },
+    /// Show each cluster's compliance with the fleet baseline (from the correlator).
+    Compliance {
+        /// Output format.
+        #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "json"])]
+        output: String,
+    },
 }
 
 #[tokio::main]
@@ -73,7 +92,13 @@ async fn run() -> Result<()> {
         print!("{}", cfg::render(&config));
         return Ok(());
     }
-    let operator_command = matches!(cli.command, Command::Provision | Command::Status { .. });
+    let operator_command = matches!(
+        cli.command,
+        Command::Provision
+            | Command::Status { .. }
+            | Command::Incidents { .. }
+            | Command::Compliance { .. }
+    );
     let mut log = config.log.clone();
     if operator_command {
         // Operator commands print their result; only problems belong in the log.
@@ -106,6 +131,14 @@ async fn run() -> Result<()> {
         Command::Status { output } => {
             let client = multipilot_bus::connect::connect(&config.nats).await?;
             return status::print(&async_nats::jetstream::new(client), &output).await;
+        }
+        Command::Incidents { all, watch, output } => {
+            let client = multipilot_bus::connect::connect(&config.nats).await?;
+            return incidents::print(&client, all, watch, &output).await;
+        }
+        Command::Compliance { output } => {
+            let client = multipilot_bus::connect::connect(&config.nats).await?;
+            return incidents::compliance(&client, &output).await;
         }
     };
     roles::run(config, roles).await

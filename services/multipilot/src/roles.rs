@@ -1,8 +1,8 @@
 //! Running roles: connect, provision, serve health and metrics, run each role until shutdown.
 //!
-//! The roles' own logic lives in their library crates as they are built (see the open issues); until a role
-//! has its crate, its subcommand only provisions and checks the durable consumers it will read, reports
-//! ready, and says in its log that it has no logic yet.
+//! The roles' own logic lives in their library crates (`multipilot-correlator`, …); a role that has no crate
+//! yet only provisions and checks the durable consumers it will read, reports ready, and says in its log that
+//! it has no logic yet.
 
 use anyhow::{Context as _, Result};
 use multipilot_runtime::Context;
@@ -100,7 +100,19 @@ pub async fn run(config: Config, roles: Vec<Role>) -> Result<()> {
     let mut tasks = Vec::new();
     for role in roles {
         let ctx = ctx.clone();
-        tasks.push(tokio::spawn(async move { run_role(role, ctx).await }));
+        let config = config.clone();
+        tasks.push(tokio::spawn(async move {
+            match role {
+                Role::Correlator => {
+                    let r = multipilot_correlator::run(config.correlator(), ctx.clone()).await;
+                    if r.is_err() {
+                        ctx.health.set(role.name(), false);
+                    }
+                    r
+                }
+                _ => run_role(role, ctx).await,
+            }
+        }));
     }
     multipilot_runtime::shutdown_signal().await;
     tracing::info!("shutting down");

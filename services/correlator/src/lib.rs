@@ -1,0 +1,374 @@
+//! The correlator role: turns raw fleet messages into the few things a person must look at.
+//!
+//! Reads (durable consumers): `fleet.event.>` (correlator-events), `fleet.hb.>` + `fleet.probe.>`
+//! (correlator-health), `fleet.state.>` + `fleet.resync.>` (correlator-state), `fleet.facts.>`
+//! (correlator-facts). Writes: `fleet.incident.<cluster>.<kind>` (every incident change) and
+//! `fleet.compliance.<cluster>` (baseline reports). Answers `fleet.query.incidents` and
+//! `fleet.query.compliance` (request/reply, JSON).
+
+pub mod baseline;
+pub mod dedup;
+pub mod engine;
+pub mod mask;
+pub mod noise;
+pub mod rules;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use chrono::Utc;
+use futures::StreamExt;
+use multipilot_bus::consume::{self, Handler, Outcome, Received, Runner};
+use multipilot_bus::publish::{Completion, Outgoing, Publisher};
+use multipilot_runtime::Context;
+use multipilot_schemas::payload::{
+    ClusterFacts, Heartbeat, KubeEvent, ProbeResult, ResourceDeleted, ResourceState, ResyncMarker,
+};
+use multipilot_schemas::{Envelope, Payload, envelope::decode_member};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use tokio::sync::Mutex;
+
+use crate::engine::Engine;
+
+/// Subject answering the current incidents (request body: `{"all": bool}`).
+pub const QUERY_INCIDENTS: &str = "fleet.query.incidents";
+/// Subject answering the current compliance reports.
+pub const QUERY_COMPLIANCE: &str = "fleet.query.compliance";
+
+/// The correlator's settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Where its state lives (sled).
+    pub data_dir: String,
+    /// Rules file (default: the embedded `rules.yaml`).
+    pub rules: Option<String>,
+    /// Baseline file (default: the embedded `baseline.yaml`).
+    pub baseline: Option<String>,
+    /// Messages per pull.
+    pub batch: usize,
+    /// Milliseconds between clock ticks (heartbeat silence checks).
+    pub tick_ms: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            data_dir: "./data/hub/correlator".into(),
+            rules: None,
+            baseline: None,
+            batch: 500,
+            tick_ms: 1000,
+        }
+    }
+}
+
+/// What the health stream carries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum HealthMsg {
+    /// `fleet.hb.<cluster>`.
+    Heartbeat(Heartbeat),
+    /// `fleet.probe.<cluster>.<probe>`.
+    Probe(ProbeResult),
+}
+
+impl Payload for HealthMsg {
+    const SCHEMA: &'static str = "Heartbeat|ProbeResult";
+    const VERSION: u32 = 1;
+    fn accepts(schema: &str) -> Option<u32> {
+        Heartbeat::accepts(schema).or_else(|| ProbeResult::accepts(schema))
+    }
+    fn decode_envelope(
+        schema: &str,
+        body: &[u8],
+    ) -> Result<Envelope<Self>, rmp_serde::decode::Error> {
+        if schema == Heartbeat::SCHEMA {
+            decode_member(body, HealthMsg::Heartbeat)
+        } else {
+            decode_member(body, HealthMsg::Probe)
+        }
+    }
+}
+
+/// What the state stream carries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+#[allow(clippy::large_enum_variant)] // one message at a time: boxing would only add an allocation
+pub enum StateMsg {
+    /// An object's state.
+    State(ResourceState),
+    /// Its tombstone.
+    Deleted(ResourceDeleted),
+    /// A resync marker.
+    Resync(ResyncMarker),
+}
+
+impl Payload for StateMsg {
+    const SCHEMA: &'static str = "ResourceState|ResourceDeleted|ResyncMarker";
+    const VERSION: u32 = 1;
+    fn accepts(schema: &str) -> Option<u32> {
+        ResourceState::accepts(schema)
+            .or_else(|| ResourceDeleted::accepts(schema))
+            .or_else(|| ResyncMarker::accepts(schema))
+    }
+    fn decode_envelope(
+        schema: &str,
+        body: &[u8],
+    ) -> Result<Envelope<Self>, rmp_serde::decode::Error> {
+        match schema {
+            s if s == ResourceState::SCHEMA => decode_member(body, StateMsg::State),
+            s if s == ResourceDeleted::SCHEMA => decode_member(body, StateMsg::Deleted),
+            _ => decode_member(body, StateMsg::Resync),
+        }
+    }
+}
+
+type Shared = Arc<Mutex<Engine>>;
+
+/// Makes the engine's work durable, then publishes its outputs (outbox: a crash between the two
+/// re-publishes them with the same Msg-Ids).
+async fn commit(
+    engine: &Shared,
+    js: &async_nats::jetstream::Context,
+    metrics: &multipilot_bus::metrics::BusMetrics,
+) -> Result<(), String> {
+    let pending = {
+        let e = engine.lock().await;
+        e.persist().await.map_err(|e| e.to_string())?;
+        e.out.clone()
+    };
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let mut publisher: Publisher<String> = Publisher::new(js.clone(), 256, metrics.clone());
+    let mut done = Vec::new();
+    let mut completions = Vec::new();
+    for o in pending {
+        let id = o.msg_id.clone();
+        completions.extend(
+            publisher
+                .send(
+                    id,
+                    Outgoing::raw(o.subject, o.msg_id, &o.schema, o.body.into()),
+                )
+                .await,
+        );
+    }
+    completions.extend(publisher.flush().await);
+    let mut failed = None;
+    for c in completions {
+        match c {
+            Completion::Stored { key, .. } => done.push(key),
+            Completion::Failed { error, .. } => failed = Some(error.to_string()),
+        }
+    }
+    engine.lock().await.confirmed(&done);
+    match failed {
+        Some(e) => Err(format!("publishing incidents: {e}")),
+        None => Ok(()),
+    }
+}
+
+struct H {
+    engine: Shared,
+    consumer: &'static str,
+    js: async_nats::jetstream::Context,
+    metrics: multipilot_bus::metrics::BusMetrics,
+}
+
+impl Handler<KubeEvent> for H {
+    async fn handle(&mut self, msg: Received<KubeEvent>) -> Outcome {
+        let mut e = self.engine.lock().await;
+        if e.replayed(self.consumer, msg.stream_seq) {
+            return Outcome::Done;
+        }
+        match e.on_event(&msg.envelope) {
+            Ok(()) => Outcome::Done,
+            Err(err) => Outcome::Retry(err.to_string()),
+        }
+    }
+    async fn commit(&mut self) -> Result<(), String> {
+        commit(&self.engine, &self.js, &self.metrics).await
+    }
+}
+
+impl Handler<HealthMsg> for H {
+    async fn handle(&mut self, msg: Received<HealthMsg>) -> Outcome {
+        let mut e = self.engine.lock().await;
+        if e.replayed(self.consumer, msg.stream_seq) {
+            return Outcome::Done;
+        }
+        let env = msg.envelope;
+        match env.payload.clone() {
+            HealthMsg::Heartbeat(hb) => e.on_heartbeat(&env.map(|_| hb), msg.ingest_time),
+            HealthMsg::Probe(p) => e.on_probe(&env.map(|_| p), msg.ingest_time),
+        }
+        Outcome::Done
+    }
+    async fn commit(&mut self) -> Result<(), String> {
+        commit(&self.engine, &self.js, &self.metrics).await
+    }
+}
+
+impl Handler<StateMsg> for H {
+    async fn handle(&mut self, msg: Received<StateMsg>) -> Outcome {
+        let mut e = self.engine.lock().await;
+        if !e.replayed(self.consumer, msg.stream_seq) {
+            e.on_state(&msg.envelope);
+        }
+        Outcome::Done
+    }
+    async fn commit(&mut self) -> Result<(), String> {
+        commit(&self.engine, &self.js, &self.metrics).await
+    }
+}
+
+impl Handler<ClusterFacts> for H {
+    async fn handle(&mut self, msg: Received<ClusterFacts>) -> Outcome {
+        let mut e = self.engine.lock().await;
+        if !e.replayed(self.consumer, msg.stream_seq) {
+            e.on_facts(&msg.envelope);
+        }
+        Outcome::Done
+    }
+    async fn commit(&mut self) -> Result<(), String> {
+        commit(&self.engine, &self.js, &self.metrics).await
+    }
+}
+
+fn runner(ctx: &Context, cfg: &Config, stream: &str, durable: &str) -> Runner {
+    Runner::new(
+        ctx.js.clone(),
+        consume::Config {
+            stream: stream.into(),
+            durable: durable.into(),
+            batch: cfg.batch,
+            ..Default::default()
+        },
+        ctx.bus_metrics.clone(),
+    )
+}
+
+/// Runs the correlator until `ctx.cancel` fires.
+pub async fn run(config: Config, ctx: Context) -> Result<()> {
+    let rules = rules::Rules::load(config.rules.as_deref())?;
+    let baseline = baseline::Baseline::load(config.baseline.as_deref())?;
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("creating {}", config.data_dir))?;
+    let db = sled::Config::new()
+        .path(&config.data_dir)
+        .cache_capacity(32 * 1024 * 1024)
+        .open()
+        .with_context(|| format!("opening the correlator store in {}", config.data_dir))?;
+    let engine: Shared = Arc::new(Mutex::new(Engine::open(
+        db,
+        rules,
+        baseline,
+        &ctx.instance,
+    )?));
+    // outputs left from before a crash go out first
+    commit(&engine, &ctx.js, &ctx.bus_metrics)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    ctx.health.register("correlator");
+
+    let mut tasks = tokio::task::JoinSet::new();
+    macro_rules! consumer {
+        ($ty:ty, $stream:expr, $durable:expr) => {{
+            let r = runner(&ctx, &config, $stream, $durable);
+            let mut h = H { engine: engine.clone(), consumer: $durable, js: ctx.js.clone(), metrics: ctx.bus_metrics.clone() };
+            let cancel = ctx.cancel.clone();
+            tasks.spawn(async move {
+                if let Err(e) = r.run::<$ty, _>(&mut h, cancel).await {
+                    tracing::error!(error = %e, consumer = $durable, "consumer stopped");
+                }
+            });
+        }};
+    }
+    consumer!(KubeEvent, "FLEET_EVENTS", "correlator-events");
+    consumer!(HealthMsg, "FLEET_HEALTH", "correlator-health");
+    consumer!(StateMsg, "FLEET_STATE", "correlator-state");
+    consumer!(ClusterFacts, "FLEET_FACTS", "correlator-facts");
+
+    // the clock: silent clusters, housekeeping
+    {
+        let (engine, js, metrics, cancel) = (
+            engine.clone(),
+            ctx.js.clone(),
+            ctx.bus_metrics.clone(),
+            ctx.cancel.clone(),
+        );
+        let every = Duration::from_millis(config.tick_ms.max(100));
+        tasks.spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            let mut n = 0u64;
+            loop {
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tick.tick() => {}
+                }
+                n += 1;
+                {
+                    let mut e = engine.lock().await;
+                    e.tick(Utc::now());
+                    if n.is_multiple_of(3600) {
+                        e.housekeeping(Utc::now());
+                    }
+                }
+                if let Err(err) = commit(&engine, &js, &metrics).await {
+                    tracing::warn!(error = %err, "publishing incidents failed; will retry");
+                }
+            }
+        });
+    }
+    // queries
+    {
+        let (engine, client, cancel) = (engine.clone(), ctx.nats.clone(), ctx.cancel.clone());
+        let mut incidents = client.subscribe(QUERY_INCIDENTS).await?;
+        let mut compliance = client.subscribe(QUERY_COMPLIANCE).await?;
+        tasks.spawn(async move {
+            loop {
+                let (msg, what) = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    Some(m) = incidents.next() => (m, "incidents"),
+                    Some(m) = compliance.next() => (m, "compliance"),
+                };
+                let Some(reply) = msg.reply.clone() else {
+                    continue;
+                };
+                let body = {
+                    let e = engine.lock().await;
+                    if what == "incidents" {
+                        let all = serde_json::from_slice::<serde_json::Value>(&msg.payload)
+                            .ok()
+                            .and_then(|v| v.get("all").and_then(serde_json::Value::as_bool))
+                            .unwrap_or(false);
+                        serde_json::to_vec(&e.current(all))
+                    } else {
+                        serde_json::to_vec(&e.compliance())
+                    }
+                };
+                if let Ok(body) = body {
+                    let _ = client.publish(reply, body.into()).await;
+                }
+            }
+        });
+    }
+    ctx.health.set("correlator", true);
+    tracing::info!(data_dir = %config.data_dir, "correlator running");
+    while tasks.join_next().await.is_some() {}
+    let e = engine.lock().await;
+    e.persist().await?;
+    let s = e.stats;
+    tracing::info!(
+        events_in = s.events_in,
+        events_passed = s.events_passed,
+        replays_skipped = s.replays_skipped,
+        late_ignored = s.late_ignored,
+        "correlator stopped"
+    );
+    Ok(())
+}

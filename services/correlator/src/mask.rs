@@ -1,0 +1,210 @@
+//! Event fingerprints: the same problem reported with different numbers, durations, hashes, pod-template
+//! suffixes, IPs or UIDs gets the same id.
+
+use multipilot_schemas::stable_id;
+
+fn is_hex(s: &str) -> bool {
+    s.chars().all(|c| c.is_ascii_hexdigit())
+}
+
+const SUFFIX_ALPHABET: &str = "bcdfghjklmnpqrstvwxz2456789";
+
+fn is_uuid_at(b: &[u8], i: usize) -> bool {
+    const SHAPE: [usize; 5] = [8, 4, 4, 4, 12];
+    let mut pos = i;
+    for (n, len) in SHAPE.iter().enumerate() {
+        if pos + len > b.len() || !b[pos..pos + len].iter().all(u8::is_ascii_hexdigit) {
+            return false;
+        }
+        pos += len;
+        if n < 4 {
+            if b.get(pos) != Some(&b'-') {
+                return false;
+            }
+            pos += 1;
+        }
+    }
+    true
+}
+
+/// Replaces every UUID inside `s` with `*`.
+fn mask_uuids(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = String::with_capacity(s.len());
+    let mut i = 0;
+    while i < b.len() {
+        if is_uuid_at(b, i) {
+            out.push('*');
+            i += 36;
+        } else {
+            out.push(b[i] as char);
+            i += 1;
+        }
+    }
+    out
+}
+
+/// A name's generated parts (`web-7d4b9c8f5-x2x9k` → `web-*`, `nightly-28790640-abcde` → `nightly-*`,
+/// `prometheus-0` → `prometheus-*`, `pvc-<uuid>` → `pvc-*`): numbers, hex hashes and UUIDs anywhere, and
+/// a last part made of the random-suffix alphabet Kubernetes uses.
+pub fn mask_name(name: &str) -> String {
+    let name = mask_uuids(name);
+    let parts: Vec<&str> = name.split('-').collect();
+    let last = parts.len().saturating_sub(1);
+    let mut out: Vec<&str> = Vec::with_capacity(parts.len());
+    for (i, p) in parts.iter().enumerate() {
+        let digits = p.chars().any(|c| c.is_ascii_digit());
+        let generated = *p == "*"
+            || (!p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+            || (p.len() >= 6 && digits && is_hex(p))
+            || (i == last
+                && i > 0
+                && p.len() == 5
+                && p.chars().all(|c| SUFFIX_ALPHABET.contains(c)));
+        let piece = if generated { "*" } else { p };
+        if piece == "*" && out.last() == Some(&"*") {
+            continue;
+        }
+        out.push(piece);
+    }
+    out.join("-")
+}
+
+/// Masks the volatile parts of a message: numbers (with units and durations), hex hashes, UUIDs, IPs and
+/// generated name suffixes become `*`. The message is cut into runs of name characters (letters, digits,
+/// `-`, `.`) and everything else; each run is judged alone.
+pub fn mask_message(msg: &str) -> String {
+    let mut out = String::with_capacity(msg.len());
+    let mut run = String::new();
+    for ch in msg.chars() {
+        if ch.is_ascii_alphanumeric() || ch == '-' || ch == '.' {
+            run.push(ch);
+        } else {
+            if !run.is_empty() {
+                out.push_str(&mask_run(&run));
+                run.clear();
+            }
+            out.push(ch);
+        }
+    }
+    if !run.is_empty() {
+        out.push_str(&mask_run(&run));
+    }
+    out
+}
+
+fn mask_run(run: &str) -> String {
+    let core = run.trim_end_matches('.');
+    let tail = &run[core.len()..];
+    if !core.chars().any(|c| c.is_ascii_digit()) {
+        let masked = if core.contains('-') {
+            mask_name(core)
+        } else {
+            core.to_string()
+        };
+        return format!("{masked}{tail}");
+    }
+    let uuid_like = core.len() == 36 && is_uuid_at(core.as_bytes(), 0);
+    let numeric = core
+        .trim_start_matches(['+', '-'])
+        .chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_digit());
+    let hexy = core.len() >= 6 && is_hex(core);
+    let masked = if uuid_like || numeric || hexy {
+        "*".to_string()
+    } else if core.contains('-') {
+        mask_name(core)
+    } else {
+        // digits inside a word (web3, v1beta1) name things: kept
+        core.to_string()
+    };
+    format!("{masked}{tail}")
+}
+
+/// The stable id of a problem: cluster, involved kind, namespace, masked name, reason, masked message.
+pub fn fingerprint(
+    cluster: &str,
+    kind: &str,
+    namespace: &str,
+    name: &str,
+    reason: &str,
+    message: &str,
+) -> String {
+    stable_id(&[
+        cluster,
+        kind,
+        namespace,
+        &mask_name(name),
+        reason,
+        &mask_message(message),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_suffixes_are_masked() {
+        assert_eq!(mask_name("web-7d4b9c8f5-x2x9k"), "web-*");
+        assert_eq!(mask_name("prometheus-0"), "prometheus-*");
+        assert_eq!(
+            mask_name("nightly-report-28790640-bq7tz"),
+            "nightly-report-*"
+        );
+        assert_eq!(mask_name("coredns"), "coredns");
+        assert_eq!(mask_name("kube-proxy"), "kube-proxy");
+        assert_eq!(
+            mask_name("ingress-nginx-controller"),
+            "ingress-nginx-controller"
+        );
+    }
+
+    #[test]
+    fn volatile_parts_of_messages_are_masked() {
+        let a = mask_message(
+            "back-off 5m0s restarting failed container=web pod=web-7d4b9c8f5-x2x9k_shop(0b5c1e6a-4d2f-4c1e-9a43-2b7f0c6d1e11)",
+        );
+        let b = mask_message(
+            "back-off 2m40s restarting failed container=web pod=web-7d4b9c8f5-bq7tz_shop(1b5c1e6a-4d2f-4c1e-9a43-2b7f0c6d1e12)",
+        );
+        assert_eq!(a, b);
+        assert_eq!(
+            mask_message(
+                "Readiness probe failed: Get \"http://10.244.1.17:8080/healthz\": dial tcp 10.244.1.17:8080: connect: connection refused"
+            ),
+            mask_message(
+                "Readiness probe failed: Get \"http://10.244.3.9:8080/healthz\": dial tcp 10.244.3.9:8080: connect: connection refused"
+            )
+        );
+        assert_eq!(
+            mask_message("0/6 nodes are available: 3 Insufficient cpu."),
+            mask_message("0/7 nodes are available: 4 Insufficient cpu.")
+        );
+        assert_ne!(
+            mask_message("Insufficient cpu"),
+            mask_message("Insufficient memory")
+        );
+    }
+
+    #[test]
+    fn fingerprint_ignores_noise_but_not_the_problem() {
+        let f = |name: &str, msg: &str| fingerprint("c1", "Pod", "shop", name, "BackOff", msg);
+        assert_eq!(
+            f(
+                "web-7d4b9c8f5-x2x9k",
+                "Back-off restarting failed container web in pod web-7d4b9c8f5-x2x9k"
+            ),
+            f(
+                "web-7d4b9c8f5-q8w7r",
+                "Back-off restarting failed container web in pod web-7d4b9c8f5-q8w7r"
+            )
+        );
+        assert_ne!(f("web-7d4b9c8f5-x2x9k", "x"), f("api-6c5b4a3f2-x2x9k", "x"));
+        assert_ne!(
+            fingerprint("c1", "Pod", "shop", "web", "BackOff", "x"),
+            fingerprint("c2", "Pod", "shop", "web", "BackOff", "x")
+        );
+    }
+}

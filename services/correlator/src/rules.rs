@@ -1,0 +1,220 @@
+//! The correlation rules, as data: which probe status for how many rounds opens which incident kind, with
+//! what severity and summary; heartbeat, clock-skew and event-storm thresholds; the evidence window. The
+//! defaults are `rules.yaml` next to this file; a rules file in the config replaces them.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use multipilot_schemas::payload::{ProbeStatus, Severity};
+use serde::{Deserialize, Serialize};
+
+/// A probe-driven rule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeRule {
+    /// Probe name.
+    pub probe: String,
+    /// Statuses that count as failing for this rule.
+    pub on: Vec<ProbeStatus>,
+    /// Incident kind.
+    pub kind: String,
+    /// Severity.
+    pub severity: Severity,
+    /// Failing rounds in a row before the incident opens.
+    pub after: u32,
+    /// Healthy rounds in a row before it resolves.
+    pub resolve_after: u32,
+    /// Summary template.
+    pub summary: String,
+}
+
+/// Heartbeat rule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HeartbeatRule {
+    /// Incident kind.
+    pub kind: String,
+    /// Severity.
+    pub severity: Severity,
+    /// Missed intervals before the incident opens.
+    pub missed: u32,
+    /// Heartbeats in a row before it resolves.
+    pub resolve_after: u32,
+    /// Summary template.
+    pub summary: String,
+}
+
+/// Clock-skew rule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SkewRule {
+    /// Incident kind.
+    pub kind: String,
+    /// Severity.
+    pub severity: Severity,
+    /// Seconds of offset that open the incident (it resolves under half of it).
+    pub threshold_s: f64,
+    /// Heartbeats the estimate looks at.
+    pub window: usize,
+    /// Summary template.
+    pub summary: String,
+}
+
+/// Event-storm rule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StormRule {
+    /// Incident kind.
+    pub kind: String,
+    /// Severity.
+    pub severity: Severity,
+    /// Warning events per minute that open it.
+    pub warnings_per_minute: u64,
+    /// Per minute under which it resolves.
+    pub resolve_below_per_minute: u64,
+    /// Summary template.
+    pub summary: String,
+}
+
+/// Evidence settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvidenceRule {
+    /// How far back changes count as evidence.
+    #[serde(with = "humantime_serde")]
+    pub change_window: Duration,
+    /// Evidence items per incident.
+    pub max_items: usize,
+}
+
+/// The whole rules file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rules {
+    /// Probe rules.
+    pub probes: Vec<ProbeRule>,
+    /// Heartbeat rule.
+    pub heartbeat: HeartbeatRule,
+    /// Clock-skew rule.
+    pub clock_skew: SkewRule,
+    /// Event-storm rule.
+    pub event_storm: StormRule,
+    /// Evidence.
+    pub evidence: EvidenceRule,
+}
+
+/// The default rules.
+pub const DEFAULT_RULES: &str = include_str!("rules.yaml");
+
+/// Errors loading rules.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Unreadable file.
+    #[error("reading rules {path}: {source}")]
+    Read {
+        /// Path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Not a rules file.
+    #[error("rules {path}: {source}")]
+    Parse {
+        /// Path.
+        path: String,
+        /// Cause.
+        #[source]
+        source: serde_yaml::Error,
+    },
+}
+
+impl Rules {
+    /// The defaults.
+    pub fn defaults() -> Self {
+        serde_yaml::from_str(DEFAULT_RULES).expect("the embedded rules parse (a unit test checks)")
+    }
+
+    /// Loads a rules file (or the defaults when `path` is None).
+    pub fn load(path: Option<&str>) -> Result<Self, Error> {
+        let Some(path) = path else {
+            return Ok(Self::defaults());
+        };
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+            path: path.into(),
+            source,
+        })?;
+        serde_yaml::from_str(&text).map_err(|source| Error::Parse {
+            path: path.into(),
+            source,
+        })
+    }
+}
+
+/// Fills `{placeholders}` from `vars` (unknown ones stay as written).
+pub fn render(template: &str, vars: &BTreeMap<&str, String>) -> String {
+    let mut out = String::with_capacity(template.len() + 32);
+    let mut rest = template;
+    while let Some(start) = rest.find('{') {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 1..];
+        match after.find('}') {
+            Some(end) if vars.contains_key(&after[..end]) => {
+                out.push_str(&vars[&after[..end]]);
+                rest = &after[end + 1..];
+            }
+            _ => {
+                out.push('{');
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_rules_parse_and_cover_every_probe() {
+        let r = Rules::defaults();
+        for p in [
+            "apiserver",
+            "etcd",
+            "scheduler",
+            "controller-manager",
+            "nodes",
+            "cni",
+            "coredns",
+            "gpu-device-plugin",
+            "certificates",
+            "finalizers",
+            "external-ips",
+            "deprecated-apis",
+        ] {
+            assert!(r.probes.iter().any(|x| x.probe == p), "no rule for {p}");
+        }
+        assert!(
+            r.probes
+                .iter()
+                .all(|p| p.after >= 1 && p.resolve_after >= 1)
+        );
+    }
+
+    #[test]
+    fn templates_fill_known_placeholders_only() {
+        let vars = BTreeMap::from([
+            ("cluster", "prod-1".to_string()),
+            ("detail", "p95 2.4 s".to_string()),
+        ]);
+        assert_eq!(
+            render(
+                "API server of {cluster} overloaded: {detail} {unknown}",
+                &vars
+            ),
+            "API server of prod-1 overloaded: p95 2.4 s {unknown}"
+        );
+    }
+}

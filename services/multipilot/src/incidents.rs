@@ -1,0 +1,141 @@
+//! `multipilot incidents` and `multipilot compliance`: what the correlator says needs a person.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use chrono::Utc;
+use futures::StreamExt;
+use multipilot_schemas::Envelope;
+use multipilot_schemas::payload::{CheckStatus, ComplianceReport, Incident, IncidentStatus};
+
+fn ago(t: chrono::DateTime<Utc>) -> String {
+    let s = (Utc::now() - t).num_seconds().max(0);
+    match s {
+        0..120 => format!("{s}s"),
+        120..7200 => format!("{}m", s / 60),
+        7200..172_800 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
+}
+
+fn status(i: &Incident) -> &'static str {
+    match i.status {
+        IncidentStatus::Open => "open",
+        IncidentStatus::Acknowledged => "acked",
+        IncidentStatus::Resolved => "resolved",
+    }
+}
+
+fn line(i: &Incident) -> String {
+    format!(
+        "{:<9} {:<8} {:<16} {:<24} {:>5}  {}",
+        format!("{:?}", i.severity).to_lowercase(),
+        status(i),
+        i.cluster,
+        i.kind,
+        ago(i.opened_at),
+        i.summary
+    )
+}
+
+async fn request(client: &async_nats::Client, subject: &str, body: &[u8]) -> Result<bytes::Bytes> {
+    let reply = tokio::time::timeout(
+        Duration::from_secs(5),
+        client.request(subject.to_string(), body.to_vec().into()),
+    )
+    .await
+    .context(
+        "no answer from the correlator within 5 s (is `multipilot correlator` or `all` running?)",
+    )?
+    .map_err(|e| {
+        anyhow::anyhow!("asking the correlator: {e} (is `multipilot correlator` or `all` running?)")
+    })?;
+    Ok(reply.payload)
+}
+
+/// Prints the current incidents; with `watch`, then every change.
+#[allow(clippy::print_stdout)]
+pub async fn print(
+    client: &async_nats::Client,
+    all: bool,
+    watch: bool,
+    output: &str,
+) -> Result<()> {
+    let body = serde_json::json!({ "all": all }).to_string();
+    let incidents: Vec<Incident> = serde_json::from_slice(
+        &request(
+            client,
+            multipilot_correlator::QUERY_INCIDENTS,
+            body.as_bytes(),
+        )
+        .await?,
+    )
+    .context("the correlator's answer is not a list of incidents")?;
+    if output == "json" && !watch {
+        println!("{}", serde_json::to_string_pretty(&incidents)?);
+        return Ok(());
+    }
+    println!(
+        "{:<9} {:<8} {:<16} {:<24} {:>5}  SUMMARY",
+        "SEVERITY", "STATUS", "CLUSTER", "KIND", "AGE"
+    );
+    for i in &incidents {
+        println!("{}", line(i));
+        for e in &i.evidence {
+            println!("{:>70}  {}. [{}] {}", "", e.rank, e.kind, e.summary);
+        }
+    }
+    if incidents.is_empty() {
+        println!("(no {}incidents)", if all { "" } else { "open " });
+    }
+    if !watch {
+        return Ok(());
+    }
+    let mut sub = client.subscribe("fleet.incident.>").await?;
+    while let Some(m) = sub.next().await {
+        match rmp_serde::from_slice::<Envelope<Incident>>(&m.payload) {
+            Ok(env) if output == "json" => println!("{}", serde_json::to_string(&env.payload)?),
+            Ok(env) => println!("{}", line(&env.payload)),
+            Err(e) => eprintln!("undecodable incident on {}: {e}", m.subject),
+        }
+    }
+    Ok(())
+}
+
+/// Prints every cluster's compliance report.
+#[allow(clippy::print_stdout)]
+pub async fn compliance(client: &async_nats::Client, output: &str) -> Result<()> {
+    let reports: Vec<ComplianceReport> = serde_json::from_slice(
+        &request(client, multipilot_correlator::QUERY_COMPLIANCE, b"{}").await?,
+    )
+    .context("the correlator's answer is not a list of reports")?;
+    if output == "json" {
+        println!("{}", serde_json::to_string_pretty(&reports)?);
+        return Ok(());
+    }
+    println!(
+        "{:<16} {:<10} {:<9} {:<26} MESSAGE",
+        "CLUSTER", "BASELINE", "STATUS", "RULE"
+    );
+    for r in &reports {
+        for c in &r.checks {
+            let st = match c.status {
+                CheckStatus::Pass => "pass",
+                CheckStatus::Fail => "FAIL",
+                CheckStatus::Unknown => "unknown",
+            };
+            println!(
+                "{:<16} {:<10} {:<9} {:<26} {}",
+                r.cluster,
+                if r.compliant { "compliant" } else { "drift" },
+                st,
+                c.rule,
+                c.message
+            );
+        }
+    }
+    if reports.is_empty() {
+        println!("(no reports yet)");
+    }
+    Ok(())
+}

@@ -1,0 +1,614 @@
+//! The correlator role (the real `multipilot correlator` process) fed sequences through a real nats-server:
+//! incidents with summary and evidence, unreachable clusters, clock skew, late messages, baseline drift,
+//! and a kill -9 mid-stream.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use async_nats::jetstream::{self, consumer};
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use multipilot_bus::publish::{Outgoing, Publisher};
+use multipilot_bus::topology::Topology;
+use multipilot_schemas::payload::*;
+use multipilot_schemas::{Envelope, Payload, stable_id, subject};
+use multipilot_testkit::NatsServer;
+
+struct Hub {
+    nats: NatsServer,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    js: jetstream::Context,
+    client: async_nats::Client,
+    seq: u64,
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+impl Hub {
+    async fn start() -> Result<Hub> {
+        let nats = NatsServer::start().await?;
+        let client = nats.client().await?;
+        let js = jetstream::new(client.clone());
+        Topology::embedded().provision(&js).await?;
+        let mut hub = Hub {
+            nats,
+            dir: tempfile::tempdir()?,
+            child: None,
+            js,
+            client,
+            seq: 0,
+        };
+        hub.spawn()?;
+        hub.wait_ready().await?;
+        Ok(hub)
+    }
+
+    fn spawn(&mut self) -> Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("hub.log"))?;
+        let child = Command::new(env!("CARGO_BIN_EXE_multipilot"))
+            .arg("correlator")
+            .env("MULTIPILOT_NATS__URL", self.nats.url())
+            .env("MULTIPILOT_HTTP__LISTEN", "127.0.0.1:0")
+            .env("MULTIPILOT_STORAGE__DATA_DIR", self.dir.path().join("data"))
+            .env("MULTIPILOT_CORRELATOR__TICK_MS", "200")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    async fn wait_ready(&self) -> Result<()> {
+        for _ in 0..100 {
+            if let Ok(Ok(_)) = tokio::time::timeout(
+                Duration::from_millis(500),
+                self.client
+                    .request(multipilot_correlator::QUERY_INCIDENTS, "{}".into()),
+            )
+            .await
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        anyhow::bail!("the correlator did not answer\n{}", self.log())
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("hub.log")).unwrap_or_default()
+    }
+
+    async fn send<T: Payload>(
+        &mut self,
+        subject: String,
+        cluster: &str,
+        cluster_time: DateTime<Utc>,
+        payload: T,
+    ) -> Result<()> {
+        self.seq += 1;
+        let env = Envelope::new(
+            cluster,
+            format!("agent/{cluster}"),
+            cluster_time,
+            self.seq,
+            payload,
+        );
+        let id = stable_id(&[cluster, &self.seq.to_string(), &subject]);
+        let mut p: Publisher<u64> = Publisher::new(
+            self.js.clone(),
+            16,
+            multipilot_bus::metrics::BusMetrics::register(&mut Default::default()),
+        );
+        p.send(self.seq, Outgoing::envelope(subject, id, &env)?)
+            .await;
+        for c in p.flush().await {
+            anyhow::ensure!(
+                matches!(c, multipilot_bus::publish::Completion::Stored { .. }),
+                "not stored: {c:?}"
+            );
+        }
+        Ok(())
+    }
+
+    async fn probe(
+        &mut self,
+        cluster: &str,
+        probe: &str,
+        status: ProbeStatus,
+        round: u64,
+        t: DateTime<Utc>,
+    ) -> Result<()> {
+        let detail = format!("{probe} round {round}: {status:?}");
+        let findings = if status == ProbeStatus::Healthy {
+            vec![]
+        } else {
+            vec![Finding {
+                severity: Severity::Critical,
+                object: None,
+                message: "cluster DNS is down: no ready CoreDNS endpoints".into(),
+            }]
+        };
+        let p = ProbeResult {
+            probe: probe.into(),
+            status,
+            latency_ms: 3.0,
+            detail,
+            round,
+            observations: BTreeMap::from([(
+                "ready".into(),
+                if status == ProbeStatus::Healthy {
+                    2.0
+                } else {
+                    0.0
+                },
+            )]),
+            findings,
+        };
+        self.send(subject::probe(cluster, probe), cluster, t, p)
+            .await
+    }
+
+    async fn heartbeat(&mut self, cluster: &str, cluster_time: DateTime<Utc>) -> Result<()> {
+        let hb = Heartbeat {
+            interval_s: 1,
+            agent_version: "test".into(),
+            started_at: Utc::now(),
+            outbox_depth: 0,
+            dropped_metric_batches: 0,
+            apiserver_reachable: true,
+            superseded: 0,
+            duplicates: 0,
+        };
+        self.send(subject::heartbeat(cluster), cluster, cluster_time, hb)
+            .await
+    }
+
+    /// Every incident message so far.
+    async fn incidents(&self) -> Result<Vec<Incident>> {
+        let s = self.js.get_stream("FLEET_INCIDENTS").await?;
+        let total = s.cached_info().state.messages;
+        let c = s
+            .create_consumer(consumer::pull::OrderedConfig {
+                filter_subject: "fleet.incident.>".into(),
+                ..Default::default()
+            })
+            .await?;
+        let mut msgs = c.messages().await?;
+        let mut out = Vec::new();
+        while (out.len() as u64) < total {
+            let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(2), msgs.next()).await
+            else {
+                break;
+            };
+            let m = m.map_err(|e| anyhow::anyhow!("{e}"))?;
+            out.push(rmp_serde::from_slice::<Envelope<Incident>>(&m.payload)?.payload);
+        }
+        Ok(out)
+    }
+
+    /// Waits until the correlator has taken and acked everything of one of its consumers.
+    async fn drained(&self, stream: &str, durable: &str) -> Result<()> {
+        for _ in 0..100 {
+            let mut c = self
+                .js
+                .get_stream(stream)
+                .await?
+                .get_consumer::<consumer::pull::Config>(durable)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let info = c.info().await?;
+            if info.num_pending == 0 && info.num_ack_pending == 0 {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        anyhow::bail!("{durable} did not drain")
+    }
+
+    async fn wait_for<F: Fn(&[Incident]) -> bool>(
+        &self,
+        what: &str,
+        f: F,
+    ) -> Result<Vec<Incident>> {
+        for _ in 0..150 {
+            let all = self.incidents().await?;
+            if f(&all) {
+                return Ok(all);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        anyhow::bail!(
+            "timed out waiting for {what}; incidents: {:#?}\n{}",
+            self.incidents().await?,
+            self.log()
+        )
+    }
+}
+
+fn t0() -> DateTime<Utc> {
+    Utc::now() - chrono::Duration::hours(1)
+}
+
+fn secs(n: i64) -> chrono::Duration {
+    chrono::Duration::seconds(n)
+}
+
+fn deployment(spec_hash: &str) -> ResourceState {
+    ResourceState {
+        api_version: "apps/v1".into(),
+        kind: "Deployment".into(),
+        namespace: Some("kube-system".into()),
+        name: "coredns".into(),
+        uid: "u-coredns".into(),
+        resource_version: "1".into(),
+        generation: Some(1),
+        spec_hash: spec_hash.into(),
+        metadata_hash: "m".into(),
+        spec: None,
+        status: Default::default(),
+        labels: Default::default(),
+        annotations: Default::default(),
+        owner_refs: vec![],
+        finalizers: vec![],
+        deletion_timestamp: None,
+        creation_timestamp: None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failing_probe_opens_an_incident_with_evidence_and_resolves_without_reopening_late()
+-> Result<()> {
+    let mut hub = Hub::start().await?;
+    let t = t0();
+    let c = "prod-1";
+    hub.send(
+        subject::state(c, "Deployment", Some("kube-system"), "coredns"),
+        c,
+        t,
+        deployment("aaaa1111"),
+    )
+    .await?;
+    hub.send(
+        subject::state(c, "Deployment", Some("kube-system"), "coredns"),
+        c,
+        t + secs(60),
+        deployment("bbbb2222"),
+    )
+    .await?;
+    // streams are consumed independently: the change is in before the failures (as it is in life)
+    hub.drained("FLEET_STATE", "correlator-state").await?;
+    for round in 1..=6 {
+        hub.probe(
+            c,
+            "coredns",
+            ProbeStatus::Unhealthy,
+            round,
+            t + secs(120 + round as i64 * 15),
+        )
+        .await?;
+    }
+    let all = hub
+        .wait_for("a dns-failure incident", |i| {
+            i.iter().any(|x| x.kind == "dns-failure")
+        })
+        .await?;
+    let inc = all
+        .iter()
+        .find(|x| x.kind == "dns-failure")
+        .context("incident")?;
+    assert_eq!(inc.cluster, c);
+    assert_eq!(inc.status, IncidentStatus::Open);
+    assert_eq!(inc.severity, Severity::Critical);
+    assert!(
+        inc.summary.starts_with("Cluster DNS failing on prod-1"),
+        "{}",
+        inc.summary
+    );
+    assert!(
+        inc.summary.contains("1 deployment changed there"),
+        "{}",
+        inc.summary
+    );
+    assert_eq!(
+        inc.opened_at,
+        t + secs(120 + 5 * 15),
+        "opened at the fifth failing round, in the cluster's clock"
+    );
+    let first = inc.evidence.first().context("evidence")?;
+    assert_eq!((first.rank, first.kind.as_str()), (1, "change"));
+    assert!(
+        first
+            .summary
+            .contains("Deployment kube-system/coredns changed (spec aaaa1111 → bbbb2222)"),
+        "{}",
+        first.summary
+    );
+    assert!(
+        inc.evidence.iter().any(|e| e.kind == "trend"),
+        "{:?}",
+        inc.evidence
+    );
+
+    for round in 7..=9 {
+        hub.probe(
+            c,
+            "coredns",
+            ProbeStatus::Healthy,
+            round,
+            t + secs(120 + round as i64 * 15),
+        )
+        .await?;
+    }
+    hub.wait_for("the incident resolved", |i| {
+        i.iter()
+            .any(|x| x.kind == "dns-failure" && x.status == IncidentStatus::Resolved)
+    })
+    .await?;
+    // late messages (older than what was applied) neither reopen it nor open another
+    for round in 2..=8 {
+        hub.probe(
+            c,
+            "coredns",
+            ProbeStatus::Unhealthy,
+            round,
+            t + secs(100 + round as i64),
+        )
+        .await?;
+    }
+    hub.heartbeat(c, Utc::now()).await?; // a marker: once it is processed, the late probes were too
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = hub.incidents().await?;
+    let dns: Vec<_> = after.iter().filter(|x| x.kind == "dns-failure").collect();
+    assert_eq!(
+        dns.len(),
+        2,
+        "one open and one resolve change, nothing reopened: {dns:#?}"
+    );
+
+    // the CLI shows what the correlator knows
+    let out = Command::new(env!("CARGO_BIN_EXE_multipilot"))
+        .args(["incidents", "--all"])
+        .env("MULTIPILOT_NATS__URL", hub.nats.url())
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("dns-failure") && text.contains("resolved"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_cluster_is_unreachable_and_skewed_clock_is_detected() -> Result<()> {
+    let mut hub = Hub::start().await?;
+    for _ in 0..3 {
+        hub.heartbeat("quiet-1", Utc::now()).await?;
+        hub.heartbeat("skewed-1", Utc::now() + secs(120)).await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let all = hub
+        .wait_for("clock skew on skewed-1", |i| {
+            i.iter().any(|x| x.kind == "clock-skew")
+        })
+        .await?;
+    let skew = all
+        .iter()
+        .find(|x| x.kind == "clock-skew")
+        .context("skew")?;
+    assert_eq!(skew.cluster, "skewed-1");
+    assert!(skew.summary.contains("off by +12"), "{}", skew.summary);
+    // quiet-1 stops; skewed-1 keeps going
+    let all = hub
+        .wait_for("quiet-1 unreachable", |i| {
+            i.iter()
+                .any(|x| x.kind == "cluster-unreachable" && x.cluster == "quiet-1")
+        })
+        .await?;
+    assert!(
+        all.iter()
+            .find(|x| x.kind == "cluster-unreachable")
+            .is_some_and(|x| x.summary.contains("no agent heartbeat for"))
+    );
+    for _ in 0..2 {
+        hub.heartbeat("quiet-1", Utc::now()).await?;
+    }
+    hub.wait_for("quiet-1 reachable again", |i| {
+        i.iter()
+            .any(|x| x.kind == "cluster-unreachable" && x.status == IncidentStatus::Resolved)
+    })
+    .await?;
+    // skew corrected: resolved
+    for _ in 0..12 {
+        hub.heartbeat("skewed-1", Utc::now()).await?;
+    }
+    hub.wait_for("skew resolved", |i| {
+        i.iter()
+            .any(|x| x.kind == "clock-skew" && x.status == IncidentStatus::Resolved)
+    })
+    .await?;
+    Ok(())
+}
+
+fn facts(minor: u32) -> ClusterFacts {
+    let comp = |n: &str, v: &str| {
+        Some(Component {
+            name: n.into(),
+            version: v.into(),
+            ready: None,
+        })
+    };
+    ClusterFacts {
+        version: KubeVersion {
+            major: 1,
+            minor,
+            git_version: format!("v1.{minor}.2"),
+            platform: "linux/amd64".into(),
+        },
+        api_versions: vec![],
+        preferred_versions: Default::default(),
+        nodes: NodeCounts {
+            total: 3,
+            ready: 3,
+            control_plane: 1,
+        },
+        cni: comp("cilium", "v1.15.6"),
+        coredns: comp("coredns", "v1.11.1"),
+        ingress_controller: comp("ingress-nginx", "v1.10.1"),
+        gpu_device_plugin: None,
+        ingress_classes: vec![],
+        storage_classes: vec![],
+        default_storage_class: None,
+        apiserver_cert_expiry: Some(Utc::now() + chrono::Duration::days(300)),
+        gpus: vec![],
+        labels: BTreeMap::from([("env".into(), "prod".into())]),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_violating_the_baseline_drifts_and_a_compliant_one_does_not() -> Result<()> {
+    let mut hub = Hub::start().await?;
+    let now = Utc::now();
+    hub.send(subject::facts("old-1"), "old-1", now, facts(24))
+        .await?;
+    hub.send(subject::facts("new-1"), "new-1", now, facts(31))
+        .await?;
+    let all = hub
+        .wait_for("baseline drift on old-1", |i| {
+            i.iter().any(|x| x.kind == "baseline-drift")
+        })
+        .await?;
+    let drift: Vec<_> = all.iter().filter(|x| x.kind == "baseline-drift").collect();
+    assert!(drift.iter().all(|x| x.cluster == "old-1"), "{drift:#?}");
+    assert!(
+        drift
+            .iter()
+            .any(|x| x.summary.contains("kubernetes-version") && x.summary.contains("v1.24.2")),
+        "{drift:#?}"
+    );
+    let reports: Vec<ComplianceReport> = serde_json::from_slice(
+        &hub.client
+            .request(multipilot_correlator::QUERY_COMPLIANCE, "{}".into())
+            .await?
+            .payload,
+    )?;
+    let by: BTreeMap<_, _> = reports.iter().map(|r| (r.cluster.as_str(), r)).collect();
+    assert!(!by["old-1"].compliant);
+    assert!(by["new-1"].compliant, "{:#?}", by["new-1"]);
+    // a namespace without a Pod Security level makes new-1 drift too, and labelling it heals it
+    let mut ns = deployment("x");
+    ns.kind = "Namespace".into();
+    ns.api_version = "v1".into();
+    ns.namespace = None;
+    ns.name = "legacy".into();
+    hub.send(
+        subject::state("new-1", "Namespace", None, "legacy"),
+        "new-1",
+        now + secs(1),
+        ns.clone(),
+    )
+    .await?;
+    hub.wait_for("pss drift on new-1", |i| {
+        i.iter().any(|x| {
+            x.cluster == "new-1" && x.kind == "baseline-drift" && x.summary.contains("pss-labels")
+        })
+    })
+    .await?;
+    ns.labels.insert(
+        "pod-security.kubernetes.io/enforce".into(),
+        "baseline".into(),
+    );
+    hub.send(
+        subject::state("new-1", "Namespace", None, "legacy"),
+        "new-1",
+        now + secs(2),
+        ns,
+    )
+    .await?;
+    hub.wait_for("pss drift resolved", |i| {
+        i.iter()
+            .any(|x| x.cluster == "new-1" && x.status == IncidentStatus::Resolved)
+    })
+    .await?;
+    // the reports are on the stream too
+    let s = hub.js.get_stream("FLEET_INCIDENTS").await?;
+    assert!(
+        s.get_last_raw_message_by_subject(&subject::compliance("old-1"))
+            .await
+            .is_ok()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_stream_neither_loses_nor_duplicates_an_incident() -> Result<()> {
+    let mut hub = Hub::start().await?;
+    let t = t0();
+    let clusters: Vec<String> = (0..12).map(|i| format!("c{i:02}")).collect();
+    // 3 cycles of 5 failing + 3 healthy rounds per cluster: 3 opens and 3 resolutions each
+    let mut round = 0u64;
+    for cycle in 0..3 {
+        for step in 0..8u64 {
+            round += 1;
+            for c in &clusters {
+                let st = if step < 5 {
+                    ProbeStatus::Unhealthy
+                } else {
+                    ProbeStatus::Healthy
+                };
+                hub.probe(c, "etcd", st, round, t + secs(round as i64 * 10))
+                    .await?;
+            }
+            if cycle == 1 && step == 3 {
+                // mid-stream: the correlator dies without a chance to clean up, and comes back
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                hub.kill();
+                hub.spawn()?;
+            }
+        }
+    }
+    let all = hub
+        .wait_for("36 incident changes", |i| {
+            i.iter().filter(|x| x.kind == "etcd-unhealthy").count() >= clusters.len() * 6
+        })
+        .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let all: Vec<Incident> = if hub.incidents().await?.len() > all.len() {
+        hub.incidents().await?
+    } else {
+        all
+    };
+    let etcd: Vec<&Incident> = all.iter().filter(|x| x.kind == "etcd-unhealthy").collect();
+    let keys: BTreeSet<(String, u64)> = etcd.iter().map(|x| (x.id.clone(), x.revision)).collect();
+    assert_eq!(keys.len(), etcd.len(), "an incident change stored twice");
+    for c in &clusters {
+        let mine: Vec<_> = etcd.iter().filter(|x| &x.cluster == c).collect();
+        let opened = mine
+            .iter()
+            .filter(|x| x.status == IncidentStatus::Open)
+            .count();
+        let resolved = mine
+            .iter()
+            .filter(|x| x.status == IncidentStatus::Resolved)
+            .count();
+        assert_eq!((opened, resolved), (3, 3), "{c}: {mine:#?}\n{}", hub.log());
+    }
+    Ok(())
+}
