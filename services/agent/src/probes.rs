@@ -587,20 +587,24 @@ fn gpu(ctx: &ClusterCtx, cfg: &Config) -> Outcome {
                 && major < need
             {
                 o.status = ProbeStatus::Unhealthy;
-                o.findings.push(Finding {
-                    severity: Severity::Critical,
-                    object: Some(ObjectRef {
-                        api_version: "v1".into(),
-                        kind: "Node".into(),
-                        namespace: None,
-                        name: (*name).clone(),
-                        uid: None,
-                    }),
-                    message: format!(
-                        "device plugin {version} needs driver >= {need}, node {name} runs {}",
-                        n.gpu_driver.clone().unwrap_or_default()
-                    ),
-                });
+                // the driver mismatch is the finding a person acts on: first
+                o.findings.insert(
+                    0,
+                    Finding {
+                        severity: Severity::Critical,
+                        object: Some(ObjectRef {
+                            api_version: "v1".into(),
+                            kind: "Node".into(),
+                            namespace: None,
+                            name: (*name).clone(),
+                            uid: None,
+                        }),
+                        message: format!(
+                            "device plugin {version} needs driver >= {need}, node {name} runs {}",
+                            n.gpu_driver.clone().unwrap_or_default()
+                        ),
+                    },
+                );
             }
         }
     }

@@ -47,6 +47,9 @@ pub struct ProbeTrack {
     pub detail: String,
     /// Latest first finding.
     pub finding: String,
+    /// Objects the latest findings name (changes to them are the most relevant evidence).
+    #[serde(default)]
+    pub related: Vec<ObjectRef>,
     /// Recent observations (oldest first), for trends.
     pub history: VecDeque<(DateTime<Utc>, BTreeMap<String, f64>)>,
 }
@@ -281,13 +284,33 @@ impl Engine {
             Duration::from_std(self.rules.evidence.change_window).unwrap_or(Duration::minutes(30));
         let mut scored: Vec<(f64, Evidence)> = Vec::new();
         if let Some(c) = self.clusters.get(cluster) {
+            let related: Vec<ObjectRef> = probe
+                .and_then(|p| c.probes.get(p))
+                .map(|t| t.related.clone())
+                .unwrap_or_default();
             for ch in c
                 .changes
                 .iter()
                 .filter(|ch| ch.at <= at && ch.at >= at - window)
             {
                 let age = (at - ch.at).num_seconds().max(0) as f64;
-                let score = 3.0 - age / window.num_seconds().max(1) as f64;
+                // recency, then relevance: the object a finding names, one named like the probe, its namespace
+                let mut score = 3.0 - age / window.num_seconds().max(1) as f64;
+                let same = |o: &ObjectRef| {
+                    o.kind == ch.object.kind
+                        && o.namespace == ch.object.namespace
+                        && o.name == ch.object.name
+                };
+                if related.iter().any(same) {
+                    score += 3.0;
+                } else if probe.is_some_and(|p| ch.object.name.contains(p)) {
+                    score += 2.0;
+                } else if related
+                    .iter()
+                    .any(|o| o.namespace.is_some() && o.namespace == ch.object.namespace)
+                {
+                    score += 1.0;
+                }
                 scored.push((
                     score,
                     Evidence {
@@ -610,6 +633,14 @@ impl Engine {
             .first()
             .map(|f| f.message.clone())
             .unwrap_or_default();
+        if p.status != ProbeStatus::Healthy {
+            track.related = p
+                .findings
+                .iter()
+                .filter_map(|f| f.object.clone())
+                .take(20)
+                .collect();
+        }
         track.history.push_back((at, p.observations.clone()));
         while track.history.len() > 10 {
             track.history.pop_front();
