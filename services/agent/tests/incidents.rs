@@ -17,6 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 type Seen = Arc<Mutex<Vec<Incident>>>;
 
+/// (fault, its parameters, cluster, incident kind, what the summary says)
+type Case<'a> = (&'a str, BTreeMap<String, String>, &'a str, &'a str, &'a str);
+
 async fn wait_incident(
     seen: &Seen,
     h: &Harness,
@@ -98,7 +101,7 @@ async fn each_simulator_fault_becomes_its_incident_and_resolves() -> Result<()> 
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect::<BTreeMap<_, _>>()
     };
-    let cases: Vec<(&str, BTreeMap<String, String>, &str, &str, &str)> = vec![
+    let cases: Vec<Case> = vec![
         (
             "coredns-down",
             none.clone(),
