@@ -65,7 +65,7 @@ impl Default for Config {
             objects: 300,
             churn: 5.0,
             bookmark_interval: Duration::from_secs(60),
-            history: 20_000,
+            history: 1_000,
             base_port: 0,
             metric_fixtures: BTreeMap::new(),
             names: Vec::new(),

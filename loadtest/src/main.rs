@@ -55,7 +55,7 @@ struct ServeArgs {
     #[arg(long, default_value_t = 60.0)]
     bookmark_interval: f64,
     /// Changes kept per cluster for watch resumption (older resourceVersions get 410 Gone).
-    #[arg(long, default_value_t = 20_000)]
+    #[arg(long, default_value_t = 1_000)]
     history: usize,
     /// First apiserver port (cluster i listens on base+i); 0 picks free ports.
     #[arg(long, default_value_t = 0)]

@@ -129,7 +129,9 @@ impl Store {
 
     /// A store keeping at most `history_limit` changes, none older than `age`.
     pub fn with_compaction(history_limit: usize, age: std::time::Duration) -> Self {
-        let (tx, _) = broadcast::channel(8192);
+        // Every slot keeps a version of an object alive until it is overwritten: 1,024 changes are ~50 s of
+        // a busy cluster for a slow watcher (which then gets 410 and relists), and bound the memory.
+        let (tx, _) = broadcast::channel(1024);
         Store {
             inner: Mutex::new(Inner::default()),
             tx,
