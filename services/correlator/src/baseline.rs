@@ -285,8 +285,9 @@ pub fn evaluate(
             )
         } else {
             format!(
-                "{} namespaces without a Pod Security Standards level",
-                unlabelled.len()
+                "{} namespace{} without a Pod Security Standards level",
+                unlabelled.len(),
+                if unlabelled.len() == 1 { "" } else { "s" }
             )
         },
         unlabelled.into_iter().take(50).collect(),
@@ -313,8 +314,10 @@ pub fn evaluate(
             "no externalIPs outside the allowlist".into()
         } else {
             format!(
-                "{} Services use externalIPs outside the allowlist",
-                bad_ips.len()
+                "{} Service{} use{} externalIPs outside the allowlist",
+                bad_ips.len(),
+                if bad_ips.len() == 1 { "" } else { "s" },
+                if bad_ips.len() == 1 { "s" } else { "" }
             )
         },
         bad_ips,

@@ -295,21 +295,22 @@ impl Engine {
             {
                 let age = (at - ch.at).num_seconds().max(0) as f64;
                 // recency, then relevance: the object a finding names, one named like the probe, its namespace
-                let mut score = 3.0 - age / window.num_seconds().max(1) as f64;
+                // an unrelated change ranks below the probe's own trend and related events
+                let mut score = 1.0 - age / window.num_seconds().max(1) as f64;
                 let same = |o: &ObjectRef| {
                     o.kind == ch.object.kind
                         && o.namespace == ch.object.namespace
                         && o.name == ch.object.name
                 };
                 if related.iter().any(same) {
-                    score += 3.0;
+                    score += 5.0;
                 } else if probe.is_some_and(|p| ch.object.name.contains(p)) {
-                    score += 2.0;
+                    score += 4.0;
                 } else if related
                     .iter()
                     .any(|o| o.namespace.is_some() && o.namespace == ch.object.namespace)
                 {
-                    score += 1.0;
+                    score += 2.0;
                 }
                 scored.push((
                     score,
@@ -401,6 +402,12 @@ impl Engine {
             .changes
             .iter()
             .filter(|ch| ch.at <= at && ch.at >= at - window)
+            .filter(|ch| {
+                matches!(
+                    ch.object.kind.as_str(),
+                    "Deployment" | "DaemonSet" | "StatefulSet" | "CronJob"
+                )
+            })
             .collect();
         if recent.is_empty() {
             return String::new();
@@ -837,7 +844,13 @@ impl Engine {
     /// Judges a cluster against the baseline; publishes the report when its verdict changed and raises or
     /// resolves drift incidents.
     fn judge(&mut self, cluster: &str, at: DateTime<Utc>) {
-        let Some(c) = self.clusters.get(cluster) else {
+        // a cluster is judged once its facts are in (they follow the agent's initial lists), so the first
+        // verdict isn't made on half an inventory
+        let Some(c) = self
+            .clusters
+            .get(cluster)
+            .filter(|c| c.inventory.facts.is_some())
+        else {
             return;
         };
         let report = baseline::evaluate(&self.baseline, cluster, &c.inventory, at);
