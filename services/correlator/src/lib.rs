@@ -36,6 +36,55 @@ use crate::engine::Engine;
 pub const QUERY_INCIDENTS: &str = "fleet.query.incidents";
 /// Subject answering the current compliance reports.
 pub const QUERY_COMPLIANCE: &str = "fleet.query.compliance";
+/// Header on query replies: how many partitions (instances) answer, so the asker knows when it has all.
+pub const HEADER_PARTITIONS: &str = "Multipilot-Partitions";
+
+/// Asks every correlator instance (one per partition) and gathers their answers: JSON arrays, concatenated.
+pub async fn query(
+    client: &async_nats::Client,
+    subject: &str,
+    body: &[u8],
+    timeout: Duration,
+) -> Result<Vec<serde_json::Value>> {
+    let inbox = client.new_inbox();
+    let mut sub = client.subscribe(inbox.clone()).await?;
+    client
+        .publish_with_reply(subject.to_string(), inbox, body.to_vec().into())
+        .await?;
+    client.flush().await?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let (mut answers, mut expected, mut out) = (0usize, None::<usize>, Vec::new());
+    while expected.is_none_or(|n| answers < n) {
+        let Ok(Some(m)) = tokio::time::timeout_at(deadline, sub.next()).await else {
+            break;
+        };
+        answers += 1;
+        if expected.is_none() {
+            expected = m
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(HEADER_PARTITIONS))
+                .and_then(|v| v.as_str().parse().ok());
+        }
+        let items: Vec<serde_json::Value> = serde_json::from_slice(&m.payload)
+            .context("a correlator answered something that is not a JSON array")?;
+        out.extend(items);
+    }
+    anyhow::ensure!(
+        answers > 0,
+        "no correlator answered on {subject} (is `multipilot correlator` or `all` running?)"
+    );
+    if let Some(n) = expected
+        && answers < n
+    {
+        tracing::warn!(
+            answers,
+            expected = n,
+            "not every correlator partition answered; the list is partial"
+        );
+    }
+    Ok(out)
+}
 
 /// The correlator's settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -51,6 +100,12 @@ pub struct Config {
     pub batch: usize,
     /// Milliseconds between clock ticks (heartbeat silence checks).
     pub tick_ms: u64,
+    /// Partitions the fleet is split into (1: one instance owns every cluster). With N > 1, the NATS server
+    /// maps agent subjects to carry `partition(N, cluster)` as a last token (`deploy/nats/partitions.conf`),
+    /// and each instance reads only its partition through durable consumers of its own.
+    pub partitions: u32,
+    /// This instance's partition, 0..partitions.
+    pub partition: u32,
 }
 
 impl Default for Config {
@@ -61,6 +116,8 @@ impl Default for Config {
             baseline: None,
             batch: 500,
             tick_ms: 1000,
+            partitions: 1,
+            partition: 0,
         }
     }
 }
@@ -252,8 +309,58 @@ fn runner(ctx: &Context, cfg: &Config, stream: &str, durable: &str) -> Runner {
     )
 }
 
+/// The subjects of one partition of a stream the correlator reads (the partition is the last token the
+/// server's subject mapping adds).
+pub fn partition_filters(stream: &str, partition: u32) -> Vec<String> {
+    let k = partition;
+    match stream {
+        "FLEET_EVENTS" => vec![format!("fleet.event.*.*.{k}")],
+        "FLEET_HEALTH" => vec![format!("fleet.hb.*.{k}"), format!("fleet.probe.*.*.{k}")],
+        "FLEET_STATE" => vec![
+            format!("fleet.state.*.*.*.*.{k}"),
+            format!("fleet.resync.*.*.{k}"),
+        ],
+        "FLEET_FACTS" => vec![format!("fleet.facts.*.{k}")],
+        _ => Vec::new(),
+    }
+}
+
+/// The durable consumer this instance reads `stream` with: the shared one, or with partitions its
+/// partition's own (created here, filtered to that partition's subjects).
+async fn durable_for(
+    ctx: &Context,
+    cfg: &Config,
+    stream: &str,
+    base: &'static str,
+) -> Result<&'static str> {
+    if cfg.partitions <= 1 {
+        return Ok(base);
+    }
+    let name: &'static str =
+        Box::leak(format!("{base}-p{}-of-{}", cfg.partition, cfg.partitions).into_boxed_str());
+    let def = multipilot_bus::topology::Topology::embedded()
+        .consumer(stream, base)
+        .cloned()
+        .with_context(|| format!("no consumer {base} on {stream} in the topology"))?;
+    let mut config = def.to_config();
+    config.durable_name = Some(name.to_string());
+    config.filter_subjects = partition_filters(stream, cfg.partition);
+    ctx.js
+        .get_stream(stream)
+        .await
+        .with_context(|| format!("stream {stream}"))?
+        .create_consumer(config)
+        .await
+        .map_err(|e| anyhow::anyhow!("consumer {stream}/{name}: {e}"))?;
+    Ok(name)
+}
+
 /// Runs the correlator until `ctx.cancel` fires.
 pub async fn run(config: Config, ctx: Context) -> Result<()> {
+    anyhow::ensure!(
+        config.partitions >= 1 && config.partition < config.partitions,
+        "correlator.partition must be in 0..partitions"
+    );
     let rules = rules::Rules::load(config.rules.as_deref())?;
     let baseline = baseline::Baseline::load(config.baseline.as_deref())?;
     std::fs::create_dir_all(&config.data_dir)
@@ -278,12 +385,13 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     let mut tasks = tokio::task::JoinSet::new();
     macro_rules! consumer {
         ($ty:ty, $stream:expr, $durable:expr) => {{
-            let r = runner(&ctx, &config, $stream, $durable);
+            let durable = durable_for(&ctx, &config, $stream, $durable).await?;
+            let r = runner(&ctx, &config, $stream, durable);
             let mut h = H { engine: engine.clone(), consumer: $durable, js: ctx.js.clone(), metrics: ctx.bus_metrics.clone() };
             let cancel = ctx.cancel.clone();
             tasks.spawn(async move {
                 if let Err(e) = r.run::<$ty, _>(&mut h, cancel).await {
-                    tracing::error!(error = %e, consumer = $durable, "consumer stopped");
+                    tracing::error!(error = %e, consumer = durable, "consumer stopped");
                 }
             });
         }};
@@ -327,6 +435,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     // queries
     {
         let (engine, client, cancel) = (engine.clone(), ctx.nats.clone(), ctx.cancel.clone());
+        let partitions = config.partitions.to_string();
         let mut incidents = client.subscribe(QUERY_INCIDENTS).await?;
         let mut compliance = client.subscribe(QUERY_COMPLIANCE).await?;
         tasks.spawn(async move {
@@ -352,7 +461,12 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
                     }
                 };
                 if let Ok(body) = body {
-                    let _ = client.publish(reply, body.into()).await;
+                    // with partitions, every instance answers for its part: the asker gathers them all
+                    let mut headers = async_nats::HeaderMap::new();
+                    headers.insert(HEADER_PARTITIONS, partitions.as_str());
+                    let _ = client
+                        .publish_with_headers(reply, headers, body.into())
+                        .await;
                 }
             }
         });

@@ -38,19 +38,16 @@ fn line(i: &Incident) -> String {
     )
 }
 
-async fn request(client: &async_nats::Client, subject: &str, body: &[u8]) -> Result<bytes::Bytes> {
-    let reply = tokio::time::timeout(
-        Duration::from_secs(5),
-        client.request(subject.to_string(), body.to_vec().into()),
-    )
-    .await
-    .context(
-        "no answer from the correlator within 5 s (is `multipilot correlator` or `all` running?)",
-    )?
-    .map_err(|e| {
-        anyhow::anyhow!("asking the correlator: {e} (is `multipilot correlator` or `all` running?)")
-    })?;
-    Ok(reply.payload)
+async fn request<T: serde::de::DeserializeOwned>(
+    client: &async_nats::Client,
+    subject: &str,
+    body: &[u8],
+) -> Result<Vec<T>> {
+    let items = multipilot_correlator::query(client, subject, body, Duration::from_secs(3)).await?;
+    items
+        .into_iter()
+        .map(|v| serde_json::from_value(v).context("unexpected answer from the correlator"))
+        .collect()
 }
 
 /// Prints the current incidents; with `watch`, then every change.
@@ -62,15 +59,17 @@ pub async fn print(
     output: &str,
 ) -> Result<()> {
     let body = serde_json::json!({ "all": all }).to_string();
-    let incidents: Vec<Incident> = serde_json::from_slice(
-        &request(
-            client,
-            multipilot_correlator::QUERY_INCIDENTS,
-            body.as_bytes(),
-        )
-        .await?,
+    let mut incidents: Vec<Incident> = request(
+        client,
+        multipilot_correlator::QUERY_INCIDENTS,
+        body.as_bytes(),
     )
-    .context("the correlator's answer is not a list of incidents")?;
+    .await?;
+    incidents.sort_by(|a, b| {
+        b.severity
+            .cmp(&a.severity)
+            .then(b.updated_at.cmp(&a.updated_at))
+    });
     if output == "json" && !watch {
         println!("{}", serde_json::to_string_pretty(&incidents)?);
         return Ok(());
@@ -105,10 +104,9 @@ pub async fn print(
 /// Prints every cluster's compliance report.
 #[allow(clippy::print_stdout)]
 pub async fn compliance(client: &async_nats::Client, output: &str) -> Result<()> {
-    let reports: Vec<ComplianceReport> = serde_json::from_slice(
-        &request(client, multipilot_correlator::QUERY_COMPLIANCE, b"{}").await?,
-    )
-    .context("the correlator's answer is not a list of reports")?;
+    let mut reports: Vec<ComplianceReport> =
+        request(client, multipilot_correlator::QUERY_COMPLIANCE, b"{}").await?;
+    reports.sort_by(|a, b| a.cluster.cmp(&b.cluster));
     if output == "json" {
         println!("{}", serde_json::to_string_pretty(&reports)?);
         return Ok(());

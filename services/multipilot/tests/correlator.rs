@@ -20,6 +20,8 @@ struct Hub {
     nats: NatsServer,
     dir: tempfile::TempDir,
     child: Option<Child>,
+    /// More correlator instances (partitions), each with its data directory.
+    others: Vec<Child>,
     js: jetstream::Context,
     client: async_nats::Client,
     seq: u64,
@@ -41,6 +43,7 @@ impl Hub {
             nats,
             dir: tempfile::tempdir()?,
             child: None,
+            others: Vec::new(),
             js,
             client,
             seq: 0,
@@ -86,6 +89,10 @@ impl Hub {
 
     fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for mut c in self.others.drain(..) {
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -610,5 +617,114 @@ async fn kill_9_mid_stream_neither_loses_nor_duplicates_an_incident() -> Result<
             .count();
         assert_eq!((opened, resolved), (3, 3), "{c}: {mine:#?}\n{}", hub.log());
     }
+    Ok(())
+}
+
+/// Two correlator instances, each owning one partition of the fleet (the server's subject mapping adds
+/// `partition(2, cluster)`), handle every cluster exactly once between them, and `multipilot incidents`
+/// gathers both halves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_partitions_share_the_fleet_one_owner_per_cluster() -> Result<()> {
+    let mapping = include_str!("../../../deploy/nats/partitions.conf");
+    let nats = NatsServer::start_with(|_| mapping.to_string()).await?;
+    let client = nats.client().await?;
+    let js = jetstream::new(client.clone());
+    Topology::embedded().provision(&js).await?;
+    let dir = tempfile::tempdir()?;
+    let url = nats.url();
+    let spawn = |k: u32| -> Result<Child> {
+        let log = std::fs::File::create(dir.path().join(format!("p{k}.log")))?;
+        Ok(Command::new(env!("CARGO_BIN_EXE_multipilot"))
+            .arg("correlator")
+            .env("MULTIPILOT_NATS__URL", &url)
+            .env("MULTIPILOT_HTTP__LISTEN", "127.0.0.1:0")
+            .env(
+                "MULTIPILOT_STORAGE__DATA_DIR",
+                dir.path().join(format!("data-{k}")),
+            )
+            .env("MULTIPILOT_CORRELATOR__PARTITIONS", "2")
+            .env("MULTIPILOT_CORRELATOR__PARTITION", k.to_string())
+            .env("MULTIPILOT_CORRELATOR__TICK_MS", "200")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()?)
+    };
+    let mut hub = Hub {
+        nats,
+        dir: tempfile::tempdir()?,
+        child: Some(spawn(0)?),
+        others: vec![spawn(1)?],
+        js,
+        client,
+        seq: 0,
+    };
+    // both instances answer before anything is sent
+    for _ in 0..100 {
+        let got = multipilot_correlator::query(
+            &hub.client,
+            multipilot_correlator::QUERY_INCIDENTS,
+            b"{}",
+            Duration::from_millis(500),
+        )
+        .await;
+        if got.is_ok() {
+            break;
+        }
+    }
+    let t = t0();
+    let clusters: Vec<String> = (0..10).map(|i| format!("part-{i}")).collect();
+    for round in 1..=6u64 {
+        for c in &clusters {
+            hub.probe(
+                c,
+                "etcd",
+                ProbeStatus::Unhealthy,
+                round,
+                t + secs(round as i64 * 10),
+            )
+            .await?;
+        }
+    }
+    let all = hub
+        .wait_for("an incident per cluster", |i| {
+            i.iter().filter(|x| x.kind == "etcd-unhealthy").count() >= clusters.len()
+        })
+        .await?;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let all = if hub.incidents().await?.len() > all.len() {
+        hub.incidents().await?
+    } else {
+        all
+    };
+    let owners: BTreeSet<&str> = all.iter().map(|i| i.cluster.as_str()).collect();
+    assert_eq!(owners.len(), clusters.len());
+    assert_eq!(
+        all.iter().filter(|x| x.kind == "etcd-unhealthy").count(),
+        clusters.len(),
+        "one incident per cluster, not one per instance: {all:#?}"
+    );
+    // the stored subjects carry the partition, and both partitions have clusters
+    let s = hub.js.get_stream("FLEET_HEALTH").await?;
+    let mut parts = BTreeSet::new();
+    for c in &clusters {
+        for k in 0..2 {
+            if s.get_last_raw_message_by_subject(&format!("{}.{k}", subject::probe(c, "etcd")))
+                .await
+                .is_ok()
+            {
+                parts.insert(k);
+            }
+        }
+    }
+    assert_eq!(parts.len(), 2, "both partitions own clusters");
+    // the CLI gathers both instances' answers
+    let listed = multipilot_correlator::query(
+        &hub.client,
+        multipilot_correlator::QUERY_INCIDENTS,
+        b"{}",
+        Duration::from_secs(3),
+    )
+    .await?;
+    assert_eq!(listed.len(), clusters.len(), "{listed:#?}");
     Ok(())
 }
