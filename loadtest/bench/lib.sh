@@ -8,7 +8,7 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$BENCH_DIR"; }
 trap cleanup EXIT
 
-build_release() { log "building (release)"; cargo build -q --release --bins; BIN="$ROOT/target/release"; }
+build_release() { log "building (release)"; cargo build -q --release --bins; BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release"; }
 
 start_nats() {
   NATS_PORT="$(free_port)"; NATS_MON="$(free_port)"
