@@ -130,6 +130,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     let mut collectors = tokio::task::JoinSet::new();
     let mut drains = tokio::task::JoinSet::new();
     let started_at = Utc::now();
+    let mut contexts = Vec::new();
     for c in &config.clusters {
         let kc = kube_config(&config, c).await?;
         let client = kube::Client::try_from(kc.clone())
@@ -151,6 +152,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         });
         ctx.health.register(&format!("cluster/{}", c.name));
         ctx.health.set(&format!("cluster/{}", c.name), true);
+        contexts.push(cctx.clone());
         collectors.spawn(cluster::run(
             cctx,
             config.probes.clone(),
@@ -168,12 +170,18 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         tracing::info!(cluster = %c.name, "serving cluster");
     }
     ctx.cancel.cancelled().await;
-    // collectors stop first (their last heartbeat goes into the outbox), then the drains get a grace period
+    // Collectors stop first; the drains send what waits (up to 5 s); then a last heartbeat carries the final
+    // counters — taken after everything else was confirmed, so the seq accounting closes exactly.
     while collectors.join_next().await.is_some() {}
-    for c in &config.clusters {
-        if let Ok(ob) = store.outbox(&c.name) {
-            let _ = ob.flush().await;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    for cctx in &contexts {
+        let ob = cctx.sink.outbox();
+        let _ = ob.flush().await;
+        while ob.counters().depth > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
+        cluster::heartbeat(cctx);
+        let _ = ob.flush().await;
     }
     drain_cancel.cancel();
     while drains.join_next().await.is_some() {}

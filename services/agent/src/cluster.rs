@@ -176,8 +176,6 @@ pub async fn run(
     let mut tasks = tokio::task::JoinSet::new();
     collect(&ctx, probes, scrape, &cancel, &mut tasks).await;
     while tasks.join_next().await.is_some() {}
-    // every collector has stopped: a last heartbeat carries the final counters, so the accounting closes
-    heartbeat(&ctx);
     if let Err(e) = ctx.sink.outbox().flush().await {
         tracing::error!(cluster = ctx.name(), error = %e, "outbox flush failed");
     }
@@ -272,7 +270,8 @@ async fn heartbeats(ctx: Arc<ClusterCtx>, cancel: CancellationToken) {
     }
 }
 
-fn heartbeat(ctx: &ClusterCtx) {
+/// Publishes a heartbeat with the outbox's counters now.
+pub fn heartbeat(ctx: &ClusterCtx) {
     let c = ctx.sink.outbox().counters();
     let hb = Heartbeat {
         interval_s: ctx.timings.heartbeat_interval_s,

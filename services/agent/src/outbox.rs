@@ -18,6 +18,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
+use sled::Transactional;
+use sled::transaction::TransactionError;
 
 /// Errors of the outbox (all of them are disk problems: not retryable by waiting).
 #[derive(Debug, thiserror::Error)]
@@ -253,6 +255,16 @@ struct Inner {
 }
 
 const META_SEQ: &[u8] = b"seq";
+
+fn tx_error(e: TransactionError<()>) -> Error {
+    match e {
+        TransactionError::Storage(e) => Error::Sled(e),
+        TransactionError::Abort(()) => Error::Corrupt {
+            key: Vec::new(),
+            reason: "outbox transaction aborted".into(),
+        },
+    }
+}
 const META_SUPERSEDED: &[u8] = b"superseded";
 const META_DROPPED: &[u8] = b"dropped_metric_batches";
 const META_DUPLICATES: &[u8] = b"duplicates";
@@ -334,28 +346,37 @@ impl Outbox {
         })?;
         let key = seq.to_be_bytes();
         let queue = &i.queues[class as usize];
-        if let Some(ck) = &item.collapse {
-            let mut idx = vec![class as u8];
-            idx.extend_from_slice(&key);
-            if let Some(old) = i.index.insert(ck.as_bytes(), idx).map_err(Error::from)?
-                && old.len() == 9
-                && !self.attempted(u64::from_be_bytes(old[1..9].try_into().unwrap_or([0; 8])))
-            {
-                let old_queue = &i.queues[usize::from(old[0]).min(Class::ALL.len() - 1)];
-                if let Some(v) = old_queue.remove(&old[1..]).map_err(Error::from)? {
-                    i.bytes.fetch_sub(v.len() as u64, Ordering::SeqCst);
-                    i.depth.fetch_sub(1, Ordering::SeqCst);
-                    let n = i.superseded.fetch_add(1, Ordering::SeqCst) + 1;
-                    i.meta
-                        .insert(META_SUPERSEDED, &n.to_be_bytes())
-                        .map_err(Error::from)?;
+        // One sled transaction: a crash keeps all of it or none of it, so a superseded message is never
+        // gone without being counted, nor counted without being gone.
+        let superseded_before = i.superseded.load(Ordering::SeqCst);
+        let collapse = item.collapse.clone();
+        let removed: Option<usize> = (queue, &i.index, &i.meta)
+            .transaction(|(q, idx, m)| {
+                let mut removed = None;
+                if let Some(ck) = &collapse {
+                    let mut new_idx = vec![class as u8];
+                    new_idx.extend_from_slice(&key);
+                    if let Some(old) = idx.insert(ck.as_bytes(), new_idx)?
+                        && old.len() == 9
+                        && old[0] == class as u8
+                        && !self
+                            .attempted(u64::from_be_bytes(old[1..9].try_into().unwrap_or([0; 8])))
+                        && let Some(v) = q.remove(&old[1..])?
+                    {
+                        removed = Some(v.len());
+                        m.insert(META_SUPERSEDED, &(superseded_before + 1).to_be_bytes())?;
+                    }
                 }
-            }
+                q.insert(&key, value.as_slice())?;
+                m.insert(META_SEQ, &seq.to_be_bytes())?;
+                Ok(removed)
+            })
+            .map_err(tx_error)?;
+        if let Some(len) = removed {
+            i.bytes.fetch_sub(len as u64, Ordering::SeqCst);
+            i.depth.fetch_sub(1, Ordering::SeqCst);
+            i.superseded.fetch_add(1, Ordering::SeqCst);
         }
-        queue.insert(key, value.as_slice()).map_err(Error::from)?;
-        i.meta
-            .insert(META_SEQ, &seq.to_be_bytes())
-            .map_err(Error::from)?;
         i.seq.store(seq, Ordering::SeqCst);
         i.bytes.fetch_add(value.len() as u64, Ordering::SeqCst);
         i.depth.fetch_add(1, Ordering::SeqCst);
@@ -372,18 +393,27 @@ impl Outbox {
                 <[u8; 8]>::try_from(k.as_ref())
                     .is_ok_and(|k| !self.attempted(u64::from_be_bytes(k)))
             });
-            let Some((k, v)) =
-                oldest.and_then(|(k, _)| metrics.remove(&k).ok().flatten().map(|v| (k, v)))
-            else {
+            let dropped_before = i.dropped.load(Ordering::SeqCst);
+            let Some((_, v)) = oldest.and_then(|(k, _)| {
+                (metrics, &i.meta)
+                    .transaction(|(q, m)| {
+                        let v = q.remove(&k)?;
+                        if v.is_some() {
+                            m.insert(META_DROPPED, &(dropped_before + 1).to_be_bytes())?;
+                        }
+                        Ok::<_, sled::transaction::ConflictableTransactionError<()>>(v)
+                    })
+                    .ok()
+                    .flatten()
+                    .map(|v| (k, v))
+            }) else {
                 tracing::error!(cluster = %i.cluster, bytes = i.bytes.load(Ordering::SeqCst), budget = i.max_bytes,
                     "outbox over its disk budget with no metric batches left to drop; keeping states, probes and events");
                 break;
             };
-            let _ = k;
             i.bytes.fetch_sub(v.len() as u64, Ordering::SeqCst);
             i.depth.fetch_sub(1, Ordering::SeqCst);
-            let n = i.dropped.fetch_add(1, Ordering::SeqCst) + 1;
-            i.meta.insert(META_DROPPED, &n.to_be_bytes())?;
+            i.dropped.fetch_add(1, Ordering::SeqCst);
         }
         Ok(())
     }
@@ -462,47 +492,67 @@ impl Outbox {
     /// Removes a message JetStream answered as a duplicate of one it stored under another seq, and counts
     /// it (that seq will never be seen).
     pub fn remove_duplicate(&self, class: Class, seq: u64) -> Result<()> {
-        let n = self.inner.duplicates.fetch_add(1, Ordering::SeqCst) + 1;
-        self.inner.meta.insert(META_DUPLICATES, &n.to_be_bytes())?;
-        self.remove(class, seq)
+        self.remove_counted(class, seq, true)
     }
 
     /// Removes a message JetStream has confirmed. A message that was superseded or dropped while it was
     /// being sent has been delivered after all: it is taken off that count again.
     pub fn remove(&self, class: Class, seq: u64) -> Result<()> {
+        self.remove_counted(class, seq, false)
+    }
+
+    fn remove_counted(&self, class: Class, seq: u64, duplicate: bool) -> Result<()> {
         let i = &self.inner;
         let _guard = i.write_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let removed = i.queues[class as usize].remove(seq.to_be_bytes())?;
+        let key = seq.to_be_bytes();
+        let (uncount, uncount_key) = if class == Class::Metrics {
+            (&i.dropped, META_DROPPED)
+        } else {
+            (&i.superseded, META_SUPERSEDED)
+        };
+        let (dup_before, uncount_before) = (
+            i.duplicates.load(Ordering::SeqCst),
+            uncount.load(Ordering::SeqCst),
+        );
+        // removal and counters in one transaction: a crash can't count a message and keep it
+        let removed = (&i.queues[class as usize], &i.meta)
+            .transaction(|(q, m)| {
+                let v = q.remove(&key)?;
+                if duplicate {
+                    m.insert(META_DUPLICATES, &(dup_before + 1).to_be_bytes())?;
+                }
+                if v.is_none() {
+                    m.insert(uncount_key, &uncount_before.saturating_sub(1).to_be_bytes())?;
+                }
+                Ok(v)
+            })
+            .map_err(|e: TransactionError<()>| tx_error(e))?;
+        if duplicate {
+            i.duplicates.fetch_add(1, Ordering::SeqCst);
+        }
         i.attempted
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&seq);
-        if removed.is_none() {
-            let (counter, key) = if class == Class::Metrics {
-                (&i.dropped, META_DROPPED)
-            } else {
-                (&i.superseded, META_SUPERSEDED)
-            };
-            let n = counter
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+        match removed {
+            None => {
+                let _ = uncount.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
                     Some(n.saturating_sub(1))
-                })
-                .unwrap_or(0)
-                .saturating_sub(1);
-            i.meta.insert(key, &n.to_be_bytes())?;
-        }
-        if let Some(v) = removed {
-            i.bytes.fetch_sub(v.len() as u64, Ordering::SeqCst);
-            i.depth.fetch_sub(1, Ordering::SeqCst);
-            if let Ok(item) = rmp_serde::from_slice::<Item>(&v)
-                && let Some(ck) = item.collapse
-            {
-                // only if the index still points at this very message
-                let mut idx = vec![class as u8];
-                idx.extend_from_slice(&seq.to_be_bytes());
-                let _ = i
-                    .index
-                    .compare_and_swap(ck.as_bytes(), Some(idx), None::<&[u8]>)?;
+                });
+            }
+            Some(v) => {
+                i.bytes.fetch_sub(v.len() as u64, Ordering::SeqCst);
+                i.depth.fetch_sub(1, Ordering::SeqCst);
+                if let Ok(item) = rmp_serde::from_slice::<Item>(&v)
+                    && let Some(ck) = item.collapse
+                {
+                    // only if the index still points at this very message
+                    let mut idx = vec![class as u8];
+                    idx.extend_from_slice(&key);
+                    let _ = i
+                        .index
+                        .compare_and_swap(ck.as_bytes(), Some(idx), None::<&[u8]>)?;
+                }
             }
         }
         Ok(())
