@@ -58,6 +58,8 @@ pub struct Config {
     pub provision: Provision,
     /// The correlator role (`data_dir` empty: `<storage.data_dir>/correlator`).
     pub correlator: multipilot_correlator::Config,
+    /// The TSDB role (its default `data_dir` becomes `<storage.data_dir>/tsdb`).
+    pub tsdb: multipilot_tsdb::Config,
 }
 
 impl Config {
@@ -82,6 +84,15 @@ impl Config {
                 .join("correlator")
                 .to_string_lossy()
                 .into_owned();
+        }
+        c
+    }
+
+    /// The TSDB's settings with its data directory resolved.
+    pub fn tsdb(&self) -> multipilot_tsdb::Config {
+        let mut c = self.tsdb.clone();
+        if c.data_dir == multipilot_tsdb::Config::default().data_dir {
+            c.data_dir = self.storage.data_dir.join("tsdb");
         }
         c
     }

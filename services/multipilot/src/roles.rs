@@ -110,6 +110,13 @@ pub async fn run(config: Config, roles: Vec<Role>) -> Result<()> {
                     }
                     r
                 }
+                Role::Tsdb => {
+                    let r = multipilot_tsdb::run(config.tsdb(), ctx.clone()).await;
+                    if r.is_err() {
+                        ctx.health.set(role.name(), false);
+                    }
+                    r
+                }
                 _ => run_role(role, ctx).await,
             }
         }));

@@ -1,0 +1,234 @@
+//! TSDB benchmark (run by `loadtest/bench/tsdb`, release build):
+//!
+//! 1. `ingest`: end-to-end ingest from JetStream: 30 clusters × 1,000 series, N scrapes each, published to a
+//!    local nats-server first, then the `tsdb` role consumes them; samples/s until the last message is acked.
+//! 2. `query`: `sum by (cluster) (rate(x[5m]))` over 30 clusters × 1,000 series × H hours at a 30 s step.
+//! 3. `memory`: resident memory with 1M active series (3 scrapes each).
+//!
+//! Usage: `tsdb-bench [ingest SCRAPES] [query HOURS] [memory SERIES]` (default: all three: 40, 24, 1000000).
+
+#![allow(clippy::print_stdout)] // a benchmark reports on stdout
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use async_nats::jetstream;
+use chrono::Utc;
+use multipilot_bus::metrics::BusMetrics;
+use multipilot_bus::publish::{Outgoing, Publisher};
+use multipilot_bus::topology::Topology;
+use multipilot_runtime::Context;
+use multipilot_schemas::payload::{MetricBatch, Sample};
+use multipilot_schemas::{Envelope, subject};
+use multipilot_testkit::{NatsServer, free_port};
+use multipilot_tsdb::promql::{Engine, Value};
+use multipilot_tsdb::store::{Options, Store};
+use tokio_util::sync::CancellationToken;
+
+const CLUSTERS: usize = 30;
+const SERIES: usize = 1000;
+
+fn scrape(cluster: usize, t: i64, k: i64) -> Vec<Sample> {
+    (0..SERIES)
+        .map(|i| Sample {
+            name: "x".into(),
+            labels: BTreeMap::from([
+                ("cluster".to_string(), format!("c{cluster:02}")),
+                ("job".to_string(), "node".to_string()),
+                ("instance".to_string(), format!("n{}", i / 100)),
+                ("series".to_string(), i.to_string()),
+            ]),
+            // A counter: most rise by a few per scrape, some stay flat.
+            value: if i % 4 == 0 {
+                7.0
+            } else {
+                (k * (i as i64 % 13 + 1)) as f64
+            },
+            timestamp_ms: t,
+        })
+        .collect()
+}
+
+fn status_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+async fn ingest(scrapes: i64) -> Result<()> {
+    let server = NatsServer::start().await?;
+    let js = jetstream::new(server.client().await?);
+    Topology::embedded().provision(&js).await?;
+    let t0 = Utc::now().timestamp_millis() - scrapes * 30_000;
+    let mut publisher = Publisher::new(js.clone(), 256, BusMetrics::default());
+    let mut messages = 0u64;
+    for k in 0..scrapes {
+        for c in 0..CLUSTERS {
+            let cluster = format!("c{c:02}");
+            let batch = MetricBatch {
+                job: "node".into(),
+                instance: "n".into(),
+                families: Vec::new(),
+                samples: scrape(c, t0 + k * 30_000, k),
+                rejected_lines: 0,
+            };
+            let env = Envelope::new(&cluster, "bench", Utc::now(), k as u64, batch);
+            let msg = Outgoing::envelope(subject::metrics(&cluster), format!("b-{c}-{k}"), &env)?;
+            publisher.send((), msg).await;
+            messages += 1;
+        }
+    }
+    publisher.flush().await;
+    let samples = messages * SERIES as u64;
+    println!("ingest: {messages} messages, {samples} samples published");
+
+    let dir = tempfile::tempdir()?;
+    let mut config = multipilot_tsdb::Config {
+        data_dir: dir.path().to_path_buf(),
+        listen: format!("127.0.0.1:{}", free_port()?),
+        ..Default::default()
+    };
+    config.consumer.fetch_wait = Duration::from_millis(100);
+    let cancel = CancellationToken::new();
+    let ctx = Context::new(server.client().await?, "bench", cancel.clone());
+    let stream = js.get_stream("FLEET_METRICS").await?;
+    let consumer: jetstream::consumer::Consumer<jetstream::consumer::pull::Config> = stream
+        .get_consumer("tsdb")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let started = Instant::now();
+    let role = tokio::spawn(multipilot_tsdb::run(config, ctx));
+    loop {
+        let info = consumer.get_info().await?;
+        if info.ack_floor.stream_sequence >= messages {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let secs = started.elapsed().as_secs_f64();
+    println!(
+        "ingest: {samples} samples end to end in {secs:.2} s = {:.0} samples/s (acked, durable)",
+        samples as f64 / secs
+    );
+    cancel.cancel();
+    role.await??;
+    Ok(())
+}
+
+fn query(hours: i64, rt: tokio::runtime::Handle) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(Store::open(dir.path(), Options::default())?);
+    let scrapes = hours * 120;
+    let t0 = 1_750_000_000_000i64;
+    let started = Instant::now();
+    for k in 0..scrapes {
+        for c in 0..CLUSTERS {
+            store.append("", &scrape(c, t0 + k * 30_000, k))?;
+        }
+        // As the consumer does after each batch (keeps the pending WAL record small).
+        rt.block_on(store.commit())?;
+    }
+    let total = scrapes * (CLUSTERS * SERIES) as i64;
+    println!(
+        "query: loaded {total} samples in {:.1} s (store only, {:.0}/s)",
+        started.elapsed().as_secs_f64(),
+        total as f64 / started.elapsed().as_secs_f64()
+    );
+    let engine = Engine::new(store, Duration::from_secs(300));
+    let end = t0 + (scrapes - 1) * 30_000;
+    let q = "sum by (cluster) (rate(x[5m]))";
+    for _ in 0..2 {
+        let started = Instant::now();
+        let v = engine.range(q, t0, end, 30_000)?;
+        let secs = started.elapsed().as_secs_f64();
+        let Value::Vector(series) = v else {
+            anyhow::bail!("not a vector")
+        };
+        let points: usize = series
+            .iter()
+            .map(|s| s.values.iter().flatten().count())
+            .sum();
+        println!(
+            "query: {q} over {CLUSTERS}×{SERIES} series × {hours} h, 30 s step: {} series, {points} points in {secs:.3} s",
+            series.len()
+        );
+    }
+    Ok(())
+}
+
+fn memory(series: usize) -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = Store::open(dir.path(), Options::default())?;
+    let before = status_kib("VmRSS:");
+    let t0 = 1_750_000_000_000i64;
+    for k in 0..3i64 {
+        let mut batch = Vec::with_capacity(10_000);
+        for i in 0..series {
+            batch.push(Sample {
+                name: "node_metric".into(),
+                labels: BTreeMap::from([
+                    ("cluster".to_string(), format!("c{:02}", i % 30)),
+                    ("instance".to_string(), format!("node-{}", i / 500)),
+                    ("id".to_string(), i.to_string()),
+                ]),
+                value: (k * i as i64) as f64,
+                timestamp_ms: t0 + k * 30_000,
+            });
+            if batch.len() == 10_000 {
+                store.append("", &batch)?;
+                batch.clear();
+            }
+        }
+        store.append("", &batch)?;
+    }
+    println!(
+        "memory: {} active series: RSS {} MiB (was {} MiB), peak {} MiB",
+        store.series_count(),
+        status_kib("VmRSS:") / 1024,
+        before / 1024,
+        status_kib("VmHWM:") / 1024
+    );
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let arg = |name: &str, default: i64| -> Result<Option<i64>> {
+        if args.is_empty() {
+            return Ok(Some(default));
+        }
+        match args.iter().position(|a| a == name) {
+            Some(i) => Ok(Some(
+                args.get(i + 1)
+                    .map(|v| v.parse())
+                    .transpose()?
+                    .unwrap_or(default),
+            )),
+            None => Ok(None),
+        }
+    };
+    if let Some(n) = arg("ingest", 40)? {
+        ingest(n).await.context("ingest")?;
+    }
+    if let Some(h) = arg("query", 24)? {
+        let rt = tokio::runtime::Handle::current();
+        tokio::task::spawn_blocking(move || query(h, rt))
+            .await?
+            .context("query")?;
+    }
+    if let Some(n) = arg("memory", 1_000_000)? {
+        tokio::task::spawn_blocking(move || memory(n as usize))
+            .await?
+            .context("memory")?;
+    }
+    Ok(())
+}

@@ -1,0 +1,546 @@
+//! Gorilla-compressed chunks of one series' samples.
+//!
+//! Timestamps (milliseconds) are stored as delta-of-delta, values as the XOR of their bits with the previous
+//! value's, as in Facebook's Gorilla paper (Pelkonen et al., VLDB 2015) and Prometheus' XOR chunk. The value
+//! bits are kept exactly, so NaN payloads (Prometheus' stale marker) and ±Inf survive a round trip.
+//!
+//! Layout: a big-endian `u16` sample count, then the bit stream: the first timestamp and value in 64 bits
+//! each; then per sample a delta-of-delta bucket (`0`, `10`+7 bits, `110`+14, `1110`+20, `1111`+64: the
+//! small 7-bit bucket absorbs the few milliseconds of scrape jitter) and an XOR value (`0` for "same";
+//! `10` + the meaningful bits when they fit the previous leading/trailing zero window; `11` + 5 bits of
+//! leading zeros + 6 bits of length + the bits otherwise).
+
+/// Chunk decoding failures (a chunk from disk that is truncated or corrupt).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The bytes end before the count of samples the header announces.
+    #[error("chunk truncated: {decoded} of {count} samples readable")]
+    Truncated {
+        /// Samples decoded before the end.
+        decoded: usize,
+        /// Samples the header announced.
+        count: usize,
+    },
+    /// Too short to hold a header.
+    #[error("chunk too short ({0} bytes)")]
+    TooShort(usize),
+}
+
+/// Chunk result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Most samples one chunk holds (the count is a `u16`).
+pub const MAX_SAMPLES: usize = u16::MAX as usize;
+
+#[derive(Debug, Clone, Default)]
+struct BitWriter {
+    bytes: Vec<u8>,
+    /// Free bits in the last byte (0 = the next bit starts a new byte).
+    free: u8,
+}
+
+impl BitWriter {
+    fn write_bit(&mut self, bit: bool) {
+        if self.free == 0 {
+            self.bytes.push(0);
+            self.free = 8;
+        }
+        if bit && let Some(last) = self.bytes.last_mut() {
+            *last |= 1 << (self.free - 1);
+        }
+        self.free -= 1;
+    }
+
+    /// Writes the low `n` bits of `v`, most significant first.
+    fn write_bits(&mut self, v: u64, mut n: u8) {
+        while n > 0 {
+            if self.free == 0 {
+                self.bytes.push(0);
+                self.free = 8;
+            }
+            let take = n.min(self.free);
+            let shift = n - take;
+            let chunk = ((v >> shift) & ((1u64 << take) - 1)) as u8;
+            if let Some(last) = self.bytes.last_mut() {
+                *last |= chunk << (self.free - take);
+            }
+            self.free -= take;
+            n -= take;
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct BitReader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl BitReader<'_> {
+    fn read_bit(&mut self) -> Option<bool> {
+        let byte = *self.bytes.get(self.pos / 8)?;
+        let bit = byte & (0x80 >> (self.pos % 8)) != 0;
+        self.pos += 1;
+        Some(bit)
+    }
+
+    /// Reads `n` ≤ 64 bits at once through a 128-bit window.
+    fn read_bits(&mut self, n: u8) -> Option<u64> {
+        if n == 0 {
+            return Some(0);
+        }
+        if self.pos + n as usize > self.bytes.len() * 8 {
+            return None;
+        }
+        let byte = self.pos / 8;
+        let mut buf = [0u8; 16];
+        let avail = (self.bytes.len() - byte).min(16);
+        buf[..avail].copy_from_slice(&self.bytes[byte..byte + avail]);
+        let window = u128::from_be_bytes(buf) << (self.pos % 8);
+        self.pos += n as usize;
+        Some((window >> (128 - n as u32)) as u64)
+    }
+}
+
+/// Delta-of-delta buckets: (prefix bits, prefix length, value bits).
+const DOD_BUCKETS: [(u64, u8, u8); 3] = [(0b10, 2, 7), (0b110, 3, 14), (0b1110, 4, 20)];
+
+fn fits(dod: i64, bits: u8) -> bool {
+    let half = 1i64 << (bits - 1);
+    dod > -half && dod <= half
+}
+
+fn from_bits(v: u64, bits: u8) -> i64 {
+    let v = v as i64;
+    if v > (1i64 << (bits - 1)) {
+        v - (1i64 << bits)
+    } else {
+        v
+    }
+}
+
+/// An append-only compressed chunk.
+#[derive(Debug, Clone)]
+pub struct Chunk {
+    w: BitWriter,
+    count: u16,
+    first_t: i64,
+    t: i64,
+    delta: i64,
+    v: u64,
+    leading: u8,
+    trailing: u8,
+}
+
+impl Default for Chunk {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Chunk {
+    /// An empty chunk.
+    pub fn new() -> Self {
+        Chunk {
+            w: BitWriter {
+                bytes: vec![0, 0],
+                free: 0,
+            },
+            count: 0,
+            first_t: 0,
+            t: 0,
+            delta: 0,
+            v: 0,
+            leading: 0xff,
+            trailing: 0,
+        }
+    }
+
+    /// Rebuilds an appendable chunk from its bytes (re-encoding gives the same bytes).
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        let mut c = Chunk::new();
+        for s in iter(bytes)? {
+            let (t, v) = s?;
+            c.push(t, v);
+        }
+        Ok(c)
+    }
+
+    /// Samples in the chunk.
+    pub fn len(&self) -> usize {
+        self.count as usize
+    }
+
+    /// Whether the chunk holds no sample.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// First timestamp (0 when empty).
+    pub fn first_t(&self) -> i64 {
+        self.first_t
+    }
+
+    /// Last timestamp (0 when empty).
+    pub fn last_t(&self) -> i64 {
+        self.t
+    }
+
+    /// The encoded bytes.
+    pub fn bytes(&self) -> &[u8] {
+        &self.w.bytes
+    }
+
+    /// Appends a sample. The caller keeps timestamps strictly increasing and the chunk under
+    /// [`MAX_SAMPLES`]; returns false (and appends nothing) otherwise.
+    pub fn append(&mut self, t: i64, v: f64) -> bool {
+        if (self.count > 0 && t <= self.t) || self.len() >= MAX_SAMPLES {
+            return false;
+        }
+        self.push(t, v);
+        true
+    }
+
+    fn push(&mut self, t: i64, v: f64) {
+        let bits = v.to_bits();
+        match self.count {
+            0 => {
+                self.w.write_bits(t as u64, 64);
+                self.w.write_bits(bits, 64);
+                self.first_t = t;
+            }
+            1 => {
+                let delta = t.wrapping_sub(self.t);
+                self.write_dod(delta);
+                self.delta = delta;
+                self.write_xor(bits);
+            }
+            _ => {
+                let delta = t.wrapping_sub(self.t);
+                self.write_dod(delta.wrapping_sub(self.delta));
+                self.delta = delta;
+                self.write_xor(bits);
+            }
+        }
+        self.t = t;
+        self.v = bits;
+        self.count += 1;
+        let [hi, lo] = self.count.to_be_bytes();
+        self.w.bytes[0] = hi;
+        self.w.bytes[1] = lo;
+    }
+
+    fn write_dod(&mut self, dod: i64) {
+        if dod == 0 {
+            self.w.write_bit(false);
+            return;
+        }
+        for (prefix, plen, bits) in DOD_BUCKETS {
+            if fits(dod, bits) {
+                self.w.write_bits(prefix, plen);
+                self.w.write_bits(dod as u64 & ((1u64 << bits) - 1), bits);
+                return;
+            }
+        }
+        self.w.write_bits(0b1111, 4);
+        self.w.write_bits(dod as u64, 64);
+    }
+
+    fn write_xor(&mut self, bits: u64) {
+        let delta = bits ^ self.v;
+        if delta == 0 {
+            self.w.write_bit(false);
+            return;
+        }
+        self.w.write_bit(true);
+        let leading = (delta.leading_zeros() as u8).min(31);
+        let trailing = delta.trailing_zeros() as u8;
+        if self.leading != 0xff && leading >= self.leading && trailing >= self.trailing {
+            self.w.write_bit(false);
+            let sig = 64 - self.leading - self.trailing;
+            self.w.write_bits(delta >> self.trailing, sig);
+        } else {
+            self.leading = leading;
+            self.trailing = trailing;
+            self.w.write_bit(true);
+            self.w.write_bits(leading as u64, 5);
+            let sig = 64 - leading - trailing;
+            // 64 significant bits are written as 0 (6 bits can't hold 64; 0 bits is never needed).
+            self.w.write_bits((sig & 63) as u64, 6);
+            self.w.write_bits(delta >> trailing, sig);
+        }
+    }
+}
+
+/// Iterates over an encoded chunk's samples. Fails at once if the header is missing; a truncated body
+/// ends the iteration with an error.
+pub fn iter(bytes: &[u8]) -> Result<Iter<'_>> {
+    if bytes.len() < 2 {
+        return Err(Error::TooShort(bytes.len()));
+    }
+    let count = u16::from_be_bytes([bytes[0], bytes[1]]) as usize;
+    Ok(Iter {
+        r: BitReader {
+            bytes: &bytes[2..],
+            pos: 0,
+        },
+        count,
+        i: 0,
+        t: 0,
+        delta: 0,
+        v: 0,
+        leading: 0,
+        trailing: 0,
+        failed: false,
+    })
+}
+
+/// Decodes every sample of a chunk.
+pub fn decode(bytes: &[u8]) -> Result<Vec<(i64, f64)>> {
+    iter(bytes)?.collect()
+}
+
+/// Sample iterator over an encoded chunk.
+#[derive(Debug, Clone)]
+pub struct Iter<'a> {
+    r: BitReader<'a>,
+    count: usize,
+    i: usize,
+    t: i64,
+    delta: i64,
+    v: u64,
+    leading: u8,
+    trailing: u8,
+    failed: bool,
+}
+
+impl Iter<'_> {
+    fn read_dod(&mut self) -> Option<i64> {
+        let mut ones = 0u8;
+        while ones < 4 {
+            if !self.r.read_bit()? {
+                break;
+            }
+            ones += 1;
+        }
+        Some(match ones {
+            0 => 0,
+            4 => self.r.read_bits(64)? as i64,
+            n => {
+                let bits = DOD_BUCKETS[n as usize - 1].2;
+                from_bits(self.r.read_bits(bits)?, bits)
+            }
+        })
+    }
+
+    fn read_xor(&mut self) -> Option<u64> {
+        if !self.r.read_bit()? {
+            return Some(self.v);
+        }
+        if self.r.read_bit()? {
+            self.leading = self.r.read_bits(5)? as u8;
+            let mut sig = self.r.read_bits(6)? as u8;
+            if sig == 0 {
+                sig = 64;
+            }
+            self.trailing = 64u8.saturating_sub(self.leading).saturating_sub(sig);
+        }
+        let sig = 64u8
+            .saturating_sub(self.leading)
+            .saturating_sub(self.trailing);
+        let bits = self.r.read_bits(sig)?;
+        let delta = bits.checked_shl(self.trailing as u32).unwrap_or(0);
+        Some(self.v ^ delta)
+    }
+
+    fn step(&mut self) -> Option<(i64, u64)> {
+        match self.i {
+            0 => {
+                self.t = self.r.read_bits(64)? as i64;
+                self.v = self.r.read_bits(64)?;
+            }
+            1 => {
+                self.delta = self.read_dod()?;
+                self.t = self.t.wrapping_add(self.delta);
+                self.v = self.read_xor()?;
+            }
+            _ => {
+                let dod = self.read_dod()?;
+                self.delta = self.delta.wrapping_add(dod);
+                self.t = self.t.wrapping_add(self.delta);
+                self.v = self.read_xor()?;
+            }
+        }
+        Some((self.t, self.v))
+    }
+}
+
+impl Iterator for Iter<'_> {
+    type Item = Result<(i64, f64)>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed || self.i >= self.count {
+            return None;
+        }
+        match self.step() {
+            Some((t, v)) => {
+                self.i += 1;
+                Some(Ok((t, f64::from_bits(v))))
+            }
+            None => {
+                self.failed = true;
+                Some(Err(Error::Truncated {
+                    decoded: self.i,
+                    count: self.count,
+                }))
+            }
+        }
+    }
+}
+
+/// Prometheus' staleness marker: a NaN with this exact bit pattern.
+pub const STALE_NAN_BITS: u64 = 0x7ff0_0000_0000_0002;
+
+/// Whether a value is the staleness marker.
+pub fn is_stale(v: f64) -> bool {
+    v.to_bits() == STALE_NAN_BITS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn round_trip(samples: &[(i64, f64)]) -> Chunk {
+        let mut c = Chunk::new();
+        for &(t, v) in samples {
+            assert!(c.append(t, v));
+        }
+        let back = decode(c.bytes()).expect("decodes");
+        assert_eq!(back.len(), samples.len());
+        for ((t1, v1), (t2, v2)) in samples.iter().zip(&back) {
+            assert_eq!(t1, t2);
+            assert_eq!(v1.to_bits(), v2.to_bits(), "value bits at {t1}");
+        }
+        c
+    }
+
+    #[test]
+    fn regular_samples_round_trip() {
+        let s: Vec<_> = (0..120)
+            .map(|i| (1_700_000_000_000 + i * 30_000, i as f64 * 1.5))
+            .collect();
+        round_trip(&s);
+    }
+
+    #[test]
+    fn special_values_round_trip() {
+        let stale = f64::from_bits(STALE_NAN_BITS);
+        let s = [
+            (1, 0.0),
+            (2, f64::NAN),
+            (3, f64::INFINITY),
+            (4, f64::NEG_INFINITY),
+            (5, stale),
+            (6, -0.0),
+            (7, f64::MAX),
+            (8, f64::MIN_POSITIVE),
+            (9, 1e-300),
+            (10, stale),
+            (11, 42.0),
+        ];
+        let c = round_trip(&s);
+        let back = decode(c.bytes()).expect("decodes");
+        assert!(is_stale(back[4].1));
+        assert!(!is_stale(back[1].1));
+    }
+
+    #[test]
+    fn irregular_timestamps_use_every_bucket() {
+        let mut t = -5_000i64;
+        let mut s = Vec::new();
+        for (i, step) in [
+            1i64,
+            30_000,
+            30_003,
+            29_990,
+            40_000,
+            600_000,
+            1 << 40,
+            7,
+            7,
+            30_000,
+        ]
+        .iter()
+        .enumerate()
+        {
+            t += step;
+            s.push((t, i as f64));
+        }
+        round_trip(&s);
+    }
+
+    #[test]
+    fn single_and_empty_chunks() {
+        assert!(decode(Chunk::new().bytes()).expect("empty").is_empty());
+        round_trip(&[(i64::MIN + 1, f64::NAN)]);
+        round_trip(&[(i64::MAX - 10, 1.0), (i64::MAX, 2.0)]);
+    }
+
+    #[test]
+    fn out_of_order_append_is_refused() {
+        let mut c = Chunk::new();
+        assert!(c.append(10, 1.0));
+        assert!(!c.append(10, 2.0));
+        assert!(!c.append(9, 2.0));
+        assert_eq!(c.len(), 1);
+    }
+
+    #[test]
+    fn from_bytes_gives_the_same_encoding_and_keeps_appending() {
+        let mut c = Chunk::new();
+        for i in 0..50 {
+            c.append(i * 1000 + (i % 3), (i * i) as f64);
+        }
+        let mut d = Chunk::from_bytes(c.bytes()).expect("rebuilds");
+        assert_eq!(c.bytes(), d.bytes());
+        c.append(100_000, 0.25);
+        d.append(100_000, 0.25);
+        assert_eq!(c.bytes(), d.bytes());
+    }
+
+    #[test]
+    fn corrupt_chunks_give_errors_not_panics() {
+        assert!(iter(&[1]).is_err());
+        let mut c = Chunk::new();
+        for i in 0..20 {
+            c.append(i * 15_000, i as f64 * 0.1);
+        }
+        let bytes = c.bytes();
+        for cut in 2..bytes.len() {
+            let r: Result<Vec<_>> = iter(&bytes[..cut]).expect("header").collect();
+            assert!(r.is_err(), "cut at {cut} should fail");
+        }
+        // Random garbage never panics.
+        let mut x = 0x1234_5678_9abc_def0u64;
+        for _ in 0..200 {
+            let mut junk = Vec::new();
+            for _ in 0..40 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                junk.push(x as u8);
+            }
+            let _ = iter(&junk).map(|it| it.count());
+        }
+    }
+
+    #[test]
+    fn constant_series_cost_about_two_bits_per_sample() {
+        let mut c = Chunk::new();
+        for i in 0..120 {
+            c.append(i * 30_000, 1.0);
+        }
+        // 2 count bytes + 16 first-sample bytes + the delta + 118 × 2 bits.
+        assert!(c.bytes().len() <= 2 + 16 + 4 + 30, "{}", c.bytes().len());
+    }
+}

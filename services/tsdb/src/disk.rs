@@ -1,0 +1,517 @@
+//! The on-disk layout, on sled. Everything the rest of the crate knows about sled is in this file, so the
+//! embedded store can change without touching the head, the index or the query engine.
+//!
+//! Trees:
+//! - `series`: series id (`u64` BE) → its labels (JSON). Written when a series is first seen.
+//! - `chunks-<day>`: one tree per UTC day of chunk start time; key = series id (`u64` BE) + chunk start
+//!   (`i64` BE, sign-flipped so keys sort by time); value = an encoded [`crate::chunk`]. Retention drops
+//!   whole trees, which frees their pages in bulk without touching the trees that are written.
+//! - `wal-<generation>`: the write-ahead log; key = sequence (`u64` BE), value = the samples of one commit
+//!   ([`encode_wal`]). A checkpoint starts a new generation and drops the older ones once the heads it
+//!   snapshotted are durable.
+//! - `heads`: series id → the bytes of its open (head) chunk at the last checkpoint.
+//! - `meta`: `wal_from` = the first WAL generation recovery must replay.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Mutex, RwLock};
+
+use crate::chunk;
+use crate::store::{Labels, SeriesId};
+
+/// Disk failures.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// sled failed (I/O error or corruption): retryable for ingestion, fatal at open.
+    #[error("sled: {0}")]
+    Sled(#[from] sled::Error),
+    /// A stored record could not be decoded.
+    #[error("corrupt {what}: {detail}")]
+    Corrupt {
+        /// Which record.
+        what: &'static str,
+        /// Why.
+        detail: String,
+    },
+}
+
+/// Disk result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Milliseconds in one chunk partition (one tree).
+pub const PARTITION_MS: i64 = 86_400_000;
+
+const WAL_PREFIX: &str = "wal-";
+const CHUNK_PREFIX: &str = "chunks-";
+
+fn sortable(t: i64) -> [u8; 8] {
+    ((t as u64) ^ (1 << 63)).to_be_bytes()
+}
+
+fn chunk_key(id: SeriesId, start: i64) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(&id.to_be_bytes());
+    k[8..].copy_from_slice(&sortable(start));
+    k
+}
+
+fn partition_of(t: i64) -> i64 {
+    t.div_euclid(PARTITION_MS)
+}
+
+fn corrupt(what: &'static str, detail: impl ToString) -> Error {
+    Error::Corrupt {
+        what,
+        detail: detail.to_string(),
+    }
+}
+
+fn u64_of(bytes: &[u8], what: &'static str) -> Result<u64> {
+    let arr: [u8; 8] = bytes
+        .get(..8)
+        .and_then(|b| b.try_into().ok())
+        .ok_or_else(|| corrupt(what, "short key"))?;
+    Ok(u64::from_be_bytes(arr))
+}
+
+#[derive(Debug)]
+struct Wal {
+    generation: u64,
+    tree: sled::Tree,
+    next_seq: u64,
+}
+
+/// The sled database with the crate's layout.
+#[derive(Debug)]
+pub struct Disk {
+    db: sled::Db,
+    series: sled::Tree,
+    heads: sled::Tree,
+    meta: sled::Tree,
+    partitions: RwLock<BTreeMap<i64, sled::Tree>>,
+    wal: Mutex<Wal>,
+}
+
+impl Disk {
+    /// Opens (or creates) the store in `dir` with a page cache of `cache_bytes`.
+    pub fn open(dir: &Path, cache_bytes: u64) -> Result<Self> {
+        let db = sled::Config::new()
+            .path(dir)
+            .cache_capacity(cache_bytes)
+            .mode(sled::Mode::HighThroughput)
+            .open()?;
+        let series = db.open_tree("series")?;
+        let heads = db.open_tree("heads")?;
+        let meta = db.open_tree("meta")?;
+        let mut partitions = BTreeMap::new();
+        let mut max_gen = None;
+        for name in db.tree_names() {
+            let name = String::from_utf8_lossy(&name).into_owned();
+            if let Some(hex) = name.strip_prefix(CHUNK_PREFIX) {
+                let p = u64::from_str_radix(hex, 16).map_err(|e| corrupt("tree name", e))? as i64;
+                partitions.insert(p, db.open_tree(&name)?);
+            } else if let Some(hex) = name.strip_prefix(WAL_PREFIX) {
+                let g = u64::from_str_radix(hex, 16).map_err(|e| corrupt("tree name", e))?;
+                max_gen = max_gen.max(Some(g));
+            }
+        }
+        let generation = max_gen.map(|g| g + 1).unwrap_or(0);
+        let tree = db.open_tree(format!("{WAL_PREFIX}{generation:016x}"))?;
+        Ok(Disk {
+            db,
+            series,
+            heads,
+            meta,
+            partitions: RwLock::new(partitions),
+            wal: Mutex::new(Wal {
+                generation,
+                tree,
+                next_seq: 0,
+            }),
+        })
+    }
+
+    /// Every stored series.
+    pub fn load_series(&self) -> Result<Vec<(SeriesId, Labels)>> {
+        let mut out = Vec::new();
+        for kv in self.series.iter() {
+            let (k, v) = kv?;
+            let id = u64_of(&k, "series key")?;
+            let labels: Labels = serde_json::from_slice(&v).map_err(|e| corrupt("series", e))?;
+            out.push((id, labels));
+        }
+        Ok(out)
+    }
+
+    /// Records a new series.
+    pub fn put_series(&self, id: SeriesId, labels: &Labels) -> Result<()> {
+        let v = serde_json::to_vec(labels).map_err(|e| corrupt("series", e))?;
+        self.series.insert(id.to_be_bytes(), v)?;
+        Ok(())
+    }
+
+    /// Forgets a series (retention removed all its data).
+    pub fn remove_series(&self, id: SeriesId) -> Result<()> {
+        self.series.remove(id.to_be_bytes())?;
+        self.heads.remove(id.to_be_bytes())?;
+        Ok(())
+    }
+
+    /// The head chunks saved at the last checkpoint.
+    pub fn load_heads(&self) -> Result<Vec<(SeriesId, Vec<u8>)>> {
+        let mut out = Vec::new();
+        for kv in self.heads.iter() {
+            let (k, v) = kv?;
+            out.push((u64_of(&k, "head key")?, v.to_vec()));
+        }
+        Ok(out)
+    }
+
+    fn partition(&self, p: i64) -> Result<sled::Tree> {
+        if let Some(t) = self
+            .partitions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&p)
+        {
+            return Ok(t.clone());
+        }
+        let mut parts = self.partitions.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = parts.get(&p) {
+            return Ok(t.clone());
+        }
+        let tree = self
+            .db
+            .open_tree(format!("{CHUNK_PREFIX}{:016x}", p as u64))?;
+        parts.insert(p, tree.clone());
+        Ok(tree)
+    }
+
+    /// Stores a sealed chunk. If a chunk with the same series and start is stored already (a replay after a
+    /// crash, or out-of-order samples), the two are merged: a sample is never lost by an overwrite.
+    pub fn write_chunk(&self, id: SeriesId, bytes: &[u8]) -> Result<()> {
+        let mut it = chunk::iter(bytes).map_err(|e| corrupt("chunk", e))?;
+        let Some(first) = it.next() else {
+            return Ok(());
+        };
+        let start = first.map_err(|e| corrupt("chunk", e))?.0;
+        let tree = self.partition(partition_of(start))?;
+        let key = chunk_key(id, start);
+        match tree.get(key)? {
+            Some(old) if old.as_ref() == bytes => {}
+            Some(old) => {
+                let merged = merge_chunks(&old, bytes)?;
+                for c in merged {
+                    let start = chunk::iter(&c)
+                        .ok()
+                        .and_then(|mut i| i.next())
+                        .and_then(|r| r.ok())
+                        .map(|s| s.0)
+                        .unwrap_or(start);
+                    self.partition(partition_of(start))?
+                        .insert(chunk_key(id, start), c)?;
+                }
+            }
+            None => {
+                tree.insert(key, bytes)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Appends the samples of chunks of `id` that may hold samples in `[mint, maxt]` to `out` (unfiltered:
+    /// the caller trims). A chunk never spans more than `max_span` ms.
+    pub fn read_chunks(
+        &self,
+        id: SeriesId,
+        mint: i64,
+        maxt: i64,
+        max_span: i64,
+        out: &mut Vec<(i64, f64)>,
+    ) -> Result<()> {
+        let from = mint.saturating_sub(max_span);
+        let trees: Vec<sled::Tree> = self
+            .partitions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .range(partition_of(from)..=partition_of(maxt))
+            .map(|(_, t)| t.clone())
+            .collect();
+        for tree in trees {
+            for kv in tree.range(chunk_key(id, from)..=chunk_key(id, maxt)) {
+                let (_, v) = kv?;
+                for s in chunk::iter(&v).map_err(|e| corrupt("chunk", e))? {
+                    out.push(s.map_err(|e| corrupt("chunk", e))?);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds one commit's samples to the current WAL generation (durable after [`Disk::flush`]).
+    pub fn append_wal(&self, record: &[u8]) -> Result<()> {
+        let mut wal = self.wal.lock().unwrap_or_else(|e| e.into_inner());
+        let seq = wal.next_seq;
+        wal.tree.insert(seq.to_be_bytes(), record)?;
+        wal.next_seq += 1;
+        Ok(())
+    }
+
+    /// The WAL records recovery must replay, oldest first; drops generations a finished checkpoint made
+    /// obsolete.
+    pub fn wal_records(&self) -> Result<Vec<sled::IVec>> {
+        let from = match self.meta.get("wal_from")? {
+            Some(v) => u64_of(&v, "wal_from")?,
+            None => 0,
+        };
+        let current = self
+            .wal
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .generation;
+        let mut out = Vec::new();
+        for g in self.wal_generations()? {
+            if g == current {
+                continue;
+            }
+            let name = format!("{WAL_PREFIX}{g:016x}");
+            if g < from {
+                self.db.drop_tree(name)?;
+                continue;
+            }
+            let tree = self.db.open_tree(name)?;
+            for kv in tree.iter() {
+                out.push(kv?.1);
+            }
+        }
+        Ok(out)
+    }
+
+    fn wal_generations(&self) -> Result<Vec<u64>> {
+        let mut gens: Vec<u64> = self
+            .db
+            .tree_names()
+            .iter()
+            .filter_map(|n| {
+                let n = std::str::from_utf8(n).ok()?;
+                u64::from_str_radix(n.strip_prefix(WAL_PREFIX)?, 16).ok()
+            })
+            .collect();
+        gens.sort_unstable();
+        Ok(gens)
+    }
+
+    /// Starts a new WAL generation; returns its number. Records appended from now on go to it.
+    pub fn rotate_wal(&self) -> Result<u64> {
+        let mut wal = self.wal.lock().unwrap_or_else(|e| e.into_inner());
+        let generation = wal.generation + 1;
+        wal.tree = self
+            .db
+            .open_tree(format!("{WAL_PREFIX}{generation:016x}"))?;
+        wal.generation = generation;
+        wal.next_seq = 0;
+        Ok(generation)
+    }
+
+    /// Second half of a checkpoint: saves the head snapshot (`None` removes a head), makes it durable, then
+    /// marks `generation` as the first to replay and drops the older WAL generations.
+    pub async fn finish_checkpoint(
+        &self,
+        heads: Vec<(SeriesId, Option<Vec<u8>>)>,
+        generation: u64,
+    ) -> Result<()> {
+        let mut batch = sled::Batch::default();
+        for (id, bytes) in heads {
+            match bytes {
+                Some(b) => batch.insert(&id.to_be_bytes(), b),
+                None => batch.remove(&id.to_be_bytes()),
+            }
+        }
+        self.heads.apply_batch(batch)?;
+        self.db.flush_async().await?;
+        self.meta.insert("wal_from", &generation.to_be_bytes())?;
+        self.db.flush_async().await?;
+        for g in self.wal_generations()? {
+            if g < generation {
+                self.db.drop_tree(format!("{WAL_PREFIX}{g:016x}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes everything written so far durable.
+    pub async fn flush(&self) -> Result<()> {
+        self.db.flush_async().await?;
+        Ok(())
+    }
+
+    /// Drops every chunk partition whose chunks all end before `cutoff` (ms); returns how many.
+    pub fn drop_partitions_before(&self, cutoff: i64, max_span: i64) -> Result<usize> {
+        let old: Vec<i64> = {
+            let parts = self.partitions.read().unwrap_or_else(|e| e.into_inner());
+            parts
+                .keys()
+                .copied()
+                .filter(|p| {
+                    p.saturating_add(1)
+                        .saturating_mul(PARTITION_MS)
+                        .saturating_add(max_span)
+                        <= cutoff
+                })
+                .collect()
+        };
+        for p in &old {
+            self.partitions
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(p);
+            self.db
+                .drop_tree(format!("{CHUNK_PREFIX}{:016x}", *p as u64))?;
+        }
+        Ok(old.len())
+    }
+
+    /// Bytes sled uses on disk.
+    pub fn size_on_disk(&self) -> u64 {
+        self.db.size_on_disk().unwrap_or(0)
+    }
+
+    /// Encoded bytes of every stored chunk, and the number of samples they hold (for size accounting).
+    pub fn chunk_stats(&self) -> Result<(u64, u64)> {
+        let trees: Vec<sled::Tree> = self
+            .partitions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        let (mut bytes, mut samples) = (0u64, 0u64);
+        for t in trees {
+            for kv in t.iter() {
+                let (k, v) = kv?;
+                bytes += (k.len() + v.len()) as u64;
+                if v.len() >= 2 {
+                    samples += u16::from_be_bytes([v[0], v[1]]) as u64;
+                }
+            }
+        }
+        Ok((bytes, samples))
+    }
+}
+
+/// Merges two chunks of one series (union by timestamp; `a` wins on equal timestamps) into chunks of at most
+/// [`chunk::MAX_SAMPLES`].
+fn merge_chunks(a: &[u8], b: &[u8]) -> Result<Vec<Vec<u8>>> {
+    let mut all = chunk::decode(a).map_err(|e| corrupt("chunk", e))?;
+    all.extend(chunk::decode(b).map_err(|e| corrupt("chunk", e))?);
+    // Stable sort keeps `a`'s sample first among equal timestamps.
+    all.sort_by_key(|s| s.0);
+    all.dedup_by_key(|s| s.0);
+    let mut out = Vec::new();
+    let mut c = chunk::Chunk::new();
+    for (t, v) in all {
+        if c.len() >= chunk::MAX_SAMPLES {
+            out.push(std::mem::take(&mut c).bytes().to_vec());
+        }
+        c.append(t, v);
+    }
+    if !c.is_empty() {
+        out.push(c.bytes().to_vec());
+    }
+    Ok(out)
+}
+
+/// Encodes samples (series id, timestamp ms, value) as one WAL record.
+pub fn encode_wal(samples: &[(SeriesId, i64, f64)]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(samples.len() * 14);
+    for &(id, t, v) in samples {
+        put_varint(&mut out, id);
+        put_varint(&mut out, ((t << 1) ^ (t >> 63)) as u64);
+        out.extend_from_slice(&v.to_bits().to_le_bytes());
+    }
+    out
+}
+
+/// Decodes a WAL record.
+pub fn decode_wal(mut bytes: &[u8]) -> Result<Vec<(SeriesId, i64, f64)>> {
+    let mut out = Vec::new();
+    while !bytes.is_empty() {
+        let id = get_varint(&mut bytes).ok_or_else(|| corrupt("wal", "bad id"))?;
+        let z = get_varint(&mut bytes).ok_or_else(|| corrupt("wal", "bad time"))?;
+        let t = ((z >> 1) as i64) ^ -((z & 1) as i64);
+        let (v, rest) = bytes
+            .split_first_chunk::<8>()
+            .ok_or_else(|| corrupt("wal", "bad value"))?;
+        bytes = rest;
+        out.push((id, t, f64::from_bits(u64::from_le_bytes(*v))));
+    }
+    Ok(out)
+}
+
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+fn get_varint(bytes: &mut &[u8]) -> Option<u64> {
+    let mut v = 0u64;
+    for shift in (0..64).step_by(7) {
+        let (&b, rest) = bytes.split_first()?;
+        *bytes = rest;
+        v |= ((b & 0x7f) as u64) << shift;
+        if b < 0x80 {
+            return Some(v);
+        }
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wal_records_round_trip() {
+        let s = vec![
+            (0, 0, 0.0),
+            (u64::MAX, i64::MIN, f64::NAN),
+            (7, -1, f64::INFINITY),
+            (300, 1_700_000_000_123, 1.5),
+        ];
+        let back = decode_wal(&encode_wal(&s)).expect("decodes");
+        assert_eq!(back.len(), s.len());
+        for (a, b) in s.iter().zip(&back) {
+            assert_eq!((a.0, a.1, a.2.to_bits()), (b.0, b.1, b.2.to_bits()));
+        }
+        assert!(decode_wal(&[0x80]).is_err());
+        assert!(decode_wal(&[1, 2, 3]).is_err());
+    }
+
+    #[test]
+    fn chunk_keys_sort_by_series_then_time() {
+        assert!(chunk_key(1, -5) < chunk_key(1, 3));
+        assert!(chunk_key(1, i64::MAX) < chunk_key(2, i64::MIN));
+        assert_eq!(partition_of(-1), -1);
+    }
+
+    #[test]
+    fn colliding_chunks_are_merged_not_overwritten() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let disk = Disk::open(dir.path(), 1 << 20).expect("open");
+        let mut a = chunk::Chunk::new();
+        a.append(1000, 1.0);
+        a.append(3000, 3.0);
+        let mut b = chunk::Chunk::new();
+        b.append(1000, 9.0);
+        b.append(2000, 2.0);
+        disk.write_chunk(5, a.bytes()).expect("a");
+        disk.write_chunk(5, b.bytes()).expect("b");
+        let mut out = Vec::new();
+        disk.read_chunks(5, 0, 10_000, 7_200_000, &mut out)
+            .expect("read");
+        assert_eq!(out, vec![(1000, 1.0), (2000, 2.0), (3000, 3.0)]);
+    }
+}

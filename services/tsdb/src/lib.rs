@@ -1,0 +1,383 @@
+//! The `tsdb` role: durable fleet metrics and a Prometheus-compatible query API.
+//!
+//! Reads `fleet.metrics.<cluster>` ([`MetricBatch`]) from the FLEET_METRICS stream with the durable
+//! consumer `tsdb`; writes nothing to the bus (undecodable batches go to `fleet.dlq.FLEET_METRICS` through
+//! the consumer runner). Samples are stored in Gorilla-compressed chunks ([`chunk`]) on sled ([`disk`]),
+//! indexed and placed in time by [`store`]; a batch is acked only after its samples are in a flushed
+//! write-ahead record. PromQL ([`promql`]) is served on the Prometheus HTTP API ([`http`]); samples can
+//! also be forwarded to a Prometheus remote-write endpoint ([`remote_write`]).
+
+pub mod chunk;
+pub mod disk;
+pub mod http;
+pub mod promql;
+pub mod remote_write;
+pub mod store;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use multipilot_bus::consume::{self, Handler, Outcome, Received, Runner};
+use multipilot_runtime::Context;
+use multipilot_schemas::payload::MetricBatch;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use serde::{Deserialize, Serialize};
+
+use crate::store::Store;
+
+/// Role settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Directory of the sled database.
+    pub data_dir: PathBuf,
+    /// How long samples are kept (removed a day at a time once older).
+    #[serde(with = "humantime_serde")]
+    pub retention: Duration,
+    /// How far behind its series' newest sample a late sample is still stored.
+    #[serde(with = "humantime_serde")]
+    pub out_of_order_window: Duration,
+    /// Listen address of the Prometheus HTTP API.
+    pub listen: String,
+    /// The consumer (stream FLEET_METRICS, durable `tsdb`).
+    pub consumer: consume::Config,
+    /// How often heads are saved and the write-ahead log truncated.
+    #[serde(with = "humantime_serde")]
+    pub checkpoint_interval: Duration,
+    /// How often retention runs.
+    #[serde(with = "humantime_serde")]
+    pub retention_interval: Duration,
+    /// Samples per sealed chunk.
+    pub chunk_samples: usize,
+    /// sled page cache in bytes.
+    pub cache_bytes: u64,
+    /// How far back an instant selector looks for a sample (PromQL's lookback delta).
+    #[serde(with = "humantime_serde")]
+    pub lookback_delta: Duration,
+    /// Forward ingested samples to a Prometheus remote-write endpoint (off when absent).
+    pub remote_write: Option<remote_write::Config>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            data_dir: PathBuf::from("data/tsdb"),
+            retention: Duration::from_secs(90 * 86_400),
+            out_of_order_window: Duration::from_secs(3600),
+            listen: "127.0.0.1:9466".into(),
+            consumer: consume::Config {
+                stream: "FLEET_METRICS".into(),
+                durable: "tsdb".into(),
+                batch: 500,
+                ..Default::default()
+            },
+            checkpoint_interval: Duration::from_secs(300),
+            retention_interval: Duration::from_secs(3600),
+            chunk_samples: 120,
+            cache_bytes: 256 << 20,
+            lookback_delta: Duration::from_secs(300),
+            remote_write: None,
+        }
+    }
+}
+
+/// Configuration and start-up failures.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A setting is out of range.
+    #[error("invalid tsdb config: {0}")]
+    Invalid(String),
+    /// The store could not be opened.
+    #[error("opening the store: {0}")]
+    Store(#[from] store::Error),
+}
+
+impl Config {
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<(), Error> {
+        let bad = |m: &str| Err(Error::Invalid(m.into()));
+        if self.retention < Duration::from_secs(3600) {
+            return bad("retention must be at least 1h");
+        }
+        if self.chunk_samples < 2 || self.chunk_samples > chunk::MAX_SAMPLES {
+            return bad("chunk_samples must be between 2 and 65535");
+        }
+        if self.checkpoint_interval.is_zero() || self.retention_interval.is_zero() {
+            return bad("checkpoint_interval and retention_interval must be positive");
+        }
+        if self.lookback_delta.is_zero() {
+            return bad("lookback_delta must be positive");
+        }
+        if self.consumer.stream.is_empty() || self.consumer.durable.is_empty() {
+            return bad("consumer.stream and consumer.durable must be set");
+        }
+        if let Some(rw) = &self.remote_write
+            && (!(rw.url.starts_with("http://") || rw.url.starts_with("https://"))
+                || rw.max_samples_per_send == 0)
+        {
+            return bad(
+                "remote_write.url must be an http(s) URL and max_samples_per_send positive",
+            );
+        }
+        Ok(())
+    }
+
+    /// The engine options these settings give.
+    pub fn store_options(&self) -> store::Options {
+        store::Options {
+            out_of_order_window: self.out_of_order_window,
+            chunk_samples: self.chunk_samples,
+            cache_bytes: self.cache_bytes,
+            retention: Some(self.retention),
+            ..Default::default()
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+/// The role's metrics (`multipilot_tsdb_*`).
+#[derive(Clone, Debug, Default)]
+pub struct Metrics {
+    samples: Family<OutcomeLabel, Counter>,
+    series: Gauge,
+    disk_bytes: Gauge,
+    partitions_dropped: Counter,
+    remote_write: Family<OutcomeLabel, Counter>,
+}
+
+impl Metrics {
+    /// Creates the metrics and registers them.
+    pub fn register(registry: &mut prometheus_client::registry::Registry) -> Self {
+        let m = Metrics::default();
+        registry.register(
+            "multipilot_tsdb_samples",
+            "Samples received, by outcome (appended, out_of_order, duplicate, too_old, invalid)",
+            m.samples.clone(),
+        );
+        registry.register(
+            "multipilot_tsdb_series",
+            "Series in the index",
+            m.series.clone(),
+        );
+        registry.register(
+            "multipilot_tsdb_disk_bytes",
+            "Bytes the store uses on disk",
+            m.disk_bytes.clone(),
+        );
+        registry.register(
+            "multipilot_tsdb_retention_partitions_dropped",
+            "Day partitions dropped by retention",
+            m.partitions_dropped.clone(),
+        );
+        registry.register(
+            "multipilot_tsdb_remote_write_samples",
+            "Samples forwarded by remote write, by outcome (sent, dropped, failed)",
+            m.remote_write.clone(),
+        );
+        m
+    }
+
+    pub(crate) fn remote_write(&self, outcome: &'static str, n: u64) {
+        self.remote_write
+            .get_or_create(&OutcomeLabel { outcome })
+            .inc_by(n);
+    }
+
+    fn count(&self, s: store::AppendStats) {
+        for (outcome, n) in [
+            ("appended", s.appended),
+            ("out_of_order", s.out_of_order),
+            ("duplicate", s.duplicates),
+            ("too_old", s.too_old),
+            ("invalid", s.invalid),
+        ] {
+            if n > 0 {
+                self.samples
+                    .get_or_create(&OutcomeLabel { outcome })
+                    .inc_by(n);
+            }
+        }
+    }
+}
+
+/// The consumer handler: appends each batch to the store, commits (WAL + flush) before the runner acks.
+#[derive(Debug)]
+pub struct Ingest {
+    store: Arc<Store>,
+    metrics: Metrics,
+    remote: Option<remote_write::Sender>,
+}
+
+impl Ingest {
+    /// A handler writing to `store`.
+    pub fn new(store: Arc<Store>, metrics: Metrics) -> Self {
+        Ingest {
+            store,
+            metrics,
+            remote: None,
+        }
+    }
+
+    /// Also forwards the samples to a remote-write output.
+    pub fn with_remote_write(mut self, sender: remote_write::Sender) -> Self {
+        self.remote = Some(sender);
+        self
+    }
+}
+
+impl Handler<MetricBatch> for Ingest {
+    async fn handle(&mut self, msg: Received<MetricBatch>) -> Outcome {
+        match self
+            .store
+            .append(&msg.envelope.cluster, &msg.envelope.payload.samples)
+        {
+            Ok(stats) => {
+                self.metrics.count(stats);
+                if let Some(remote) = &self.remote {
+                    let env = &msg.envelope;
+                    remote.offer(
+                        env.payload
+                            .samples
+                            .iter()
+                            .filter(|s| !s.name.is_empty())
+                            .map(|s| {
+                                let labels = store::sample_labels(&s.name, &s.labels, &env.cluster);
+                                (labels, s.timestamp_ms, s.value)
+                            })
+                            .collect(),
+                    );
+                }
+                Outcome::Done
+            }
+            Err(e) => Outcome::Retry(e.to_string()),
+        }
+    }
+
+    async fn commit(&mut self) -> Result<(), String> {
+        self.store.commit().await.map_err(|e| e.to_string())
+    }
+}
+
+/// Opens the store (blocking work, off the async threads).
+pub async fn open_store(config: &Config) -> Result<Arc<Store>, Error> {
+    let dir = config.data_dir.clone();
+    let opts = config.store_options();
+    let store = tokio::task::spawn_blocking(move || Store::open(&dir, opts))
+        .await
+        .map_err(|e| Error::Invalid(format!("store open task: {e}")))??;
+    Ok(Arc::new(store))
+}
+
+/// Runs the role until `ctx.cancel` fires: opens the store, serves the query API, consumes metric batches,
+/// checkpoints and applies retention in the background.
+pub async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
+    config.validate()?;
+    ctx.health.register("tsdb");
+    let store = open_store(&config).await?;
+    let metrics = {
+        let mut registry = ctx.registry.write().unwrap_or_else(|e| e.into_inner());
+        Metrics::register(&mut registry)
+    };
+    // The role's own tasks stop with the process or when the consumer runner gives up.
+    let local = ctx.cancel.child_token();
+    let router = http::router(store.clone(), http::Options::from(&config));
+    let (addr, server) =
+        multipilot_runtime::http::serve(&config.listen, router, local.clone()).await?;
+    tracing::info!(%addr, data_dir = %config.data_dir.display(), "tsdb query API listening");
+
+    let maintenance = tokio::spawn(maintain(
+        store.clone(),
+        config.clone(),
+        metrics.clone(),
+        local.clone(),
+    ));
+    let runner = Runner::new(
+        ctx.js.clone(),
+        config.consumer.clone(),
+        ctx.bus_metrics.clone(),
+    );
+    let mut ingest = Ingest::new(store.clone(), metrics.clone());
+    if let Some(rw) = &config.remote_write {
+        tracing::info!(url = %rw.url, "forwarding samples by remote write");
+        ingest = ingest.with_remote_write(remote_write::spawn(rw.clone(), metrics, local.clone()));
+    }
+    ctx.health.set("tsdb", true);
+    let result = runner.run(&mut ingest, local.clone()).await;
+    ctx.health.set("tsdb", false);
+    local.cancel();
+    let _ = maintenance.await;
+    let _ = server.await;
+    store.commit().await?;
+    store.checkpoint().await?;
+    result?;
+    tracing::info!("tsdb stopped");
+    Ok(())
+}
+
+/// Checkpoints and retention, each on its own interval, until cancelled.
+async fn maintain(
+    store: Arc<Store>,
+    config: Config,
+    metrics: Metrics,
+    cancel: tokio_util::sync::CancellationToken,
+) {
+    let mut checkpoint = tokio::time::interval(config.checkpoint_interval);
+    let mut retention = tokio::time::interval(config.retention_interval);
+    checkpoint.tick().await;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = checkpoint.tick() => {
+                if let Err(e) = store.checkpoint().await {
+                    tracing::warn!(error = %e, "checkpoint failed; the write-ahead log keeps growing");
+                }
+            }
+            _ = retention.tick() => {
+                let cutoff = chrono::Utc::now().timestamp_millis()
+                    - config.retention.as_millis() as i64;
+                let s = store.clone();
+                match tokio::task::spawn_blocking(move || s.apply_retention(cutoff)).await {
+                    Ok(Ok((partitions, series))) => {
+                        metrics.partitions_dropped.inc_by(partitions as u64);
+                        if partitions + series > 0 {
+                            tracing::info!(partitions, series, "retention removed old data");
+                        }
+                    }
+                    Ok(Err(e)) => tracing::warn!(error = %e, "retention failed"),
+                    Err(e) => tracing::warn!(error = %e, "retention task failed"),
+                }
+                metrics.series.set(store.series_count() as i64);
+                metrics.disk_bytes.set(store.size_on_disk() as i64);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_round_trips_and_rejects_unknown_keys() {
+        let c = Config::default();
+        c.validate().expect("defaults are valid");
+        let json = serde_json::to_string(&c).expect("serializes");
+        let back: Config = serde_json::from_str(&json).expect("parses");
+        assert_eq!(c, back);
+        assert_eq!(back.retention, Duration::from_secs(90 * 86_400));
+        let partial: Config =
+            serde_json::from_str(r#"{"retention":"30d","out_of_order_window":"2h"}"#)
+                .expect("partial");
+        assert_eq!(partial.retention, Duration::from_secs(30 * 86_400));
+        assert_eq!(partial.consumer.durable, "tsdb");
+        assert!(serde_json::from_str::<Config>(r#"{"retension":"30d"}"#).is_err());
+    }
+}

@@ -1,0 +1,657 @@
+//! The storage engine: the series index, the in-memory head and the rules for time.
+//!
+//! - **Index**: labels → series id (a hash map checked for collisions) and postings (label name → value →
+//!   sorted ids) for matching. Rebuilt from the `series` tree at open.
+//! - **Head**: per series one open Gorilla chunk; it is sealed (written to [`crate::disk`]) at
+//!   [`Options::chunk_samples`] samples or when it would span more than [`Options::max_chunk_span`].
+//! - **Durability**: every appended sample also goes to a pending write-ahead record; [`Store::commit`]
+//!   writes it and flushes sled, so what the consumer acks after `commit` survives `kill -9`.
+//!   [`Store::checkpoint`] saves the heads and starts a new WAL generation so the log stays short.
+//! - **Time**: a sample newer than its series' newest is appended; an older one within
+//!   [`Options::out_of_order_window`] of the newest goes to the series' out-of-order buffer (written as its
+//!   own chunk at the next checkpoint; reads merge by timestamp); an older one is rejected. A sample whose
+//!   (series, timestamp) is stored already is a duplicate and dropped: the first value wins.
+//! - **Retention**: [`Store::apply_retention`] drops whole day partitions and forgets series without data.
+
+use std::collections::{BTreeMap, HashMap};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use multipilot_schemas::payload::Sample;
+use promql_parser::label::{MatchOp, Matcher};
+
+use crate::chunk::{self, Chunk};
+use crate::disk::{self, Disk};
+
+/// A series id (assigned in order of first sight, never reused).
+pub type SeriesId = u64;
+
+/// A series' labels, sorted by name, the metric name as `__name__`.
+pub type Labels = Vec<(String, String)>;
+
+/// The label that carries the metric name.
+pub const METRIC_NAME: &str = "__name__";
+
+/// Store failures.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The disk layer failed (retryable for ingestion: nothing is acked).
+    #[error(transparent)]
+    Disk(#[from] disk::Error),
+    /// A head chunk could not be decoded.
+    #[error("head chunk of series {id}: {source}")]
+    Chunk {
+        /// Series.
+        id: SeriesId,
+        /// Why.
+        #[source]
+        source: chunk::Error,
+    },
+}
+
+/// Store result.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Engine settings.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// How far behind its series' newest sample a sample may arrive and still be stored.
+    pub out_of_order_window: Duration,
+    /// Samples per sealed chunk.
+    pub chunk_samples: usize,
+    /// Longest time one chunk spans.
+    pub max_chunk_span: Duration,
+    /// sled page cache.
+    pub cache_bytes: u64,
+    /// Samples older than this (by the wall clock) are refused as too old; `None` keeps everything.
+    pub retention: Option<Duration>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            out_of_order_window: Duration::from_secs(3600),
+            chunk_samples: 120,
+            max_chunk_span: Duration::from_secs(2 * 3600),
+            cache_bytes: 256 << 20,
+            retention: None,
+        }
+    }
+}
+
+/// What happened to the samples of one append.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AppendStats {
+    /// Stored in order.
+    pub appended: u64,
+    /// Stored out of order (within the window).
+    pub out_of_order: u64,
+    /// Already stored.
+    pub duplicates: u64,
+    /// Older than the out-of-order window.
+    pub too_old: u64,
+    /// Unusable (empty metric name).
+    pub invalid: u64,
+}
+
+impl AppendStats {
+    fn add(&mut self, o: AppendStats) {
+        self.appended += o.appended;
+        self.out_of_order += o.out_of_order;
+        self.duplicates += o.duplicates;
+        self.too_old += o.too_old;
+        self.invalid += o.invalid;
+    }
+}
+
+#[derive(Debug)]
+struct Series {
+    labels: Arc<Labels>,
+    hash: u64,
+    head: Chunk,
+    ooo: BTreeMap<i64, f64>,
+    /// Newest timestamp stored in order (`i64::MIN` when none).
+    max_t: i64,
+    /// Changed since the last checkpoint.
+    dirty: bool,
+}
+
+#[derive(Debug, Default)]
+struct Head {
+    series: HashMap<SeriesId, Series>,
+    by_hash: HashMap<u64, Vec<SeriesId>>,
+    postings: BTreeMap<String, BTreeMap<String, Vec<SeriesId>>>,
+    next_id: SeriesId,
+    pending: Vec<(SeriesId, i64, f64)>,
+}
+
+/// The store. Cheap to share behind an `Arc`; one writer (the ingester) and any number of readers.
+#[derive(Debug)]
+pub struct Store {
+    disk: Disk,
+    head: RwLock<Head>,
+    opts: Options,
+}
+
+fn hash_pairs<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)>) -> u64 {
+    let mut h = DefaultHasher::new();
+    for (k, v) in pairs {
+        k.hash(&mut h);
+        v.hash(&mut h);
+    }
+    h.finish()
+}
+
+/// A sample's labels in sorted order with `__name__` merged in (empty values dropped, as in Prometheus).
+fn sample_pairs<'a>(
+    name: &'a str,
+    labels: &'a BTreeMap<String, String>,
+    cluster: Option<(&'a str, &'a str)>,
+) -> Vec<(&'a str, &'a str)> {
+    let mut out = Vec::with_capacity(labels.len() + 2);
+    out.push((METRIC_NAME, name));
+    out.extend(cluster);
+    out.extend(
+        labels
+            .iter()
+            .filter(|(k, v)| k.as_str() != METRIC_NAME && !v.is_empty())
+            .map(|(k, v)| (k.as_str(), v.as_str())),
+    );
+    out.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    out
+}
+
+/// The labels a sample is stored under: its labels (empty values dropped), `__name__`, and `cluster` from
+/// the envelope when the sample has none.
+pub fn sample_labels(name: &str, labels: &BTreeMap<String, String>, cluster: &str) -> Labels {
+    let extra =
+        (!cluster.is_empty() && !labels.contains_key("cluster")).then_some(("cluster", cluster));
+    sample_pairs(name, labels, extra)
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn intersect(a: &[SeriesId], b: &[SeriesId]) -> Vec<SeriesId> {
+    let (mut i, mut j, mut out) = (0, 0, Vec::new());
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                out.push(a[i]);
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    out
+}
+
+/// The value of a label (empty when absent).
+pub fn label<'a>(labels: &'a Labels, name: &str) -> &'a str {
+    labels
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+        .unwrap_or("")
+}
+
+impl Store {
+    /// Opens the store in `dir`, replaying the write-ahead log.
+    pub fn open(dir: &Path, opts: Options) -> Result<Self> {
+        let disk = Disk::open(dir, opts.cache_bytes)?;
+        let mut head = Head::default();
+        for (id, labels) in disk.load_series()? {
+            head.insert_series(id, Arc::new(labels));
+            head.next_id = head.next_id.max(id + 1);
+        }
+        for (id, bytes) in disk.load_heads()? {
+            let Some(s) = head.series.get_mut(&id) else {
+                continue;
+            };
+            let Some((max_t, chunk_bytes)) = bytes.split_first_chunk::<8>() else {
+                continue;
+            };
+            s.max_t = i64::from_be_bytes(*max_t);
+            s.head =
+                Chunk::from_bytes(chunk_bytes).map_err(|source| Error::Chunk { id, source })?;
+        }
+        let store = Store {
+            disk,
+            head: RwLock::new(head),
+            opts,
+        };
+        let records = store.disk.wal_records()?;
+        let mut replayed = 0usize;
+        {
+            let mut head = store.write();
+            for rec in records {
+                for (id, t, v) in disk::decode_wal(&rec)? {
+                    store.append_sample(&mut head, id, t, v)?;
+                    replayed += 1;
+                }
+            }
+            head.pending.clear();
+        }
+        tracing::info!(
+            dir = %dir.display(),
+            series = store.series_count(),
+            replayed,
+            "tsdb store opened"
+        );
+        Ok(store)
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Head> {
+        self.head.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Head> {
+        self.head.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The engine settings.
+    pub fn options(&self) -> &Options {
+        &self.opts
+    }
+
+    fn max_span_ms(&self) -> i64 {
+        self.opts.max_chunk_span.as_millis() as i64
+    }
+
+    /// Appends the samples of one scrape. Samples without a `cluster` label get `cluster` (when not empty).
+    /// Not durable until [`Store::commit`].
+    pub fn append(&self, cluster: &str, samples: &[Sample]) -> Result<AppendStats> {
+        let mut stats = AppendStats::default();
+        let cutoff = self.opts.retention.map(|r| {
+            chrono::Utc::now()
+                .timestamp_millis()
+                .saturating_sub(r.as_millis().min(i64::MAX as u128) as i64)
+        });
+        let mut head = self.write();
+        for s in samples {
+            if s.name.is_empty() {
+                stats.invalid += 1;
+                continue;
+            }
+            if cutoff.is_some_and(|c| s.timestamp_ms < c) {
+                stats.too_old += 1;
+                continue;
+            }
+            let extra = (!cluster.is_empty() && !s.labels.contains_key("cluster"))
+                .then_some(("cluster", cluster));
+            let pairs = sample_pairs(&s.name, &s.labels, extra);
+            let hash = hash_pairs(pairs.iter().copied());
+            let found = head.by_hash.get(&hash).and_then(|ids| {
+                ids.iter().copied().find(|id| {
+                    head.series.get(id).is_some_and(|ser| {
+                        ser.labels
+                            .iter()
+                            .map(|(k, v)| (k.as_str(), v.as_str()))
+                            .eq(pairs.iter().copied())
+                    })
+                })
+            });
+            let id = match found {
+                Some(id) => id,
+                None => {
+                    let labels: Labels = pairs
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), v.to_string()))
+                        .collect();
+                    let id = head.next_id;
+                    self.disk.put_series(id, &labels)?;
+                    head.next_id += 1;
+                    head.insert_series(id, Arc::new(labels));
+                    id
+                }
+            };
+            let one = self.append_sample(&mut head, id, s.timestamp_ms, s.value)?;
+            stats.add(one);
+        }
+        Ok(stats)
+    }
+
+    /// Appends one sample of a known series, logging it for the next commit when it is stored.
+    fn append_sample(&self, head: &mut Head, id: SeriesId, t: i64, v: f64) -> Result<AppendStats> {
+        let window = self.opts.out_of_order_window.as_millis() as i64;
+        let span = self.max_span_ms();
+        let Some(s) = head.series.get_mut(&id) else {
+            return Ok(AppendStats {
+                invalid: 1,
+                ..Default::default()
+            });
+        };
+        let stats = if s.max_t == i64::MIN || t > s.max_t {
+            if !s.head.is_empty()
+                && (s.head.len() >= self.opts.chunk_samples.min(chunk::MAX_SAMPLES)
+                    || t.saturating_sub(s.head.first_t()) >= span)
+            {
+                self.disk.write_chunk(id, s.head.bytes())?;
+                s.head = Chunk::new();
+            }
+            s.head.append(t, v);
+            s.max_t = t;
+            s.dirty = true;
+            AppendStats {
+                appended: 1,
+                ..Default::default()
+            }
+        } else if t < s.max_t.saturating_sub(window) {
+            AppendStats {
+                too_old: 1,
+                ..Default::default()
+            }
+        } else if s.ooo.contains_key(&t) || self.stored(id, &s.head, t)? {
+            AppendStats {
+                duplicates: 1,
+                ..Default::default()
+            }
+        } else {
+            s.ooo.insert(t, v);
+            AppendStats {
+                out_of_order: 1,
+                ..Default::default()
+            }
+        };
+        if stats.appended + stats.out_of_order > 0 {
+            head.pending.push((id, t, v));
+        }
+        Ok(stats)
+    }
+
+    /// Whether (series, t) is in the head chunk or on disk.
+    fn stored(&self, id: SeriesId, head: &Chunk, t: i64) -> Result<bool> {
+        if !head.is_empty() && t >= head.first_t() {
+            for s in chunk::iter(head.bytes()).map_err(|source| Error::Chunk { id, source })? {
+                let (st, _) = s.map_err(|source| Error::Chunk { id, source })?;
+                if st == t {
+                    return Ok(true);
+                }
+                if st > t {
+                    break;
+                }
+            }
+        }
+        let mut out = Vec::new();
+        self.disk
+            .read_chunks(id, t, t, self.max_span_ms(), &mut out)?;
+        Ok(out.iter().any(|s| s.0 == t))
+    }
+
+    /// Makes every sample appended so far durable (the write-ahead record, then a sled flush).
+    pub async fn commit(&self) -> Result<()> {
+        let pending = std::mem::take(&mut self.write().pending);
+        for part in pending.chunks(65_536) {
+            self.disk.append_wal(&disk::encode_wal(part))?;
+        }
+        self.disk.flush().await?;
+        Ok(())
+    }
+
+    /// Writes the out-of-order buffers as chunks, saves the changed heads and starts a new WAL generation;
+    /// then drops the older generations. Ingestion waits only for the in-memory part.
+    pub async fn checkpoint(&self) -> Result<()> {
+        let span = self.max_span_ms();
+        let (snapshot, generation) = {
+            let mut head = self.write();
+            let mut snapshot = Vec::new();
+            for (id, s) in head.series.iter_mut() {
+                if !s.ooo.is_empty() {
+                    let mut c = Chunk::new();
+                    for (t, v) in std::mem::take(&mut s.ooo) {
+                        if !c.is_empty()
+                            && (c.len() >= self.opts.chunk_samples.min(chunk::MAX_SAMPLES)
+                                || t - c.first_t() >= span)
+                        {
+                            self.disk.write_chunk(*id, c.bytes())?;
+                            c = Chunk::new();
+                        }
+                        c.append(t, v);
+                    }
+                    if !c.is_empty() {
+                        self.disk.write_chunk(*id, c.bytes())?;
+                    }
+                }
+                if s.dirty {
+                    let mut bytes = s.max_t.to_be_bytes().to_vec();
+                    bytes.extend_from_slice(s.head.bytes());
+                    snapshot.push((*id, Some(bytes)));
+                    s.dirty = false;
+                }
+            }
+            (snapshot, self.disk.rotate_wal()?)
+        };
+        let saved = snapshot.len();
+        self.disk.finish_checkpoint(snapshot, generation).await?;
+        tracing::debug!(saved, generation, "checkpoint done");
+        Ok(())
+    }
+
+    /// Drops data older than `cutoff_ms` in whole day partitions and forgets series whose newest sample is
+    /// older; returns (partitions dropped, series forgotten).
+    pub fn apply_retention(&self, cutoff_ms: i64) -> Result<(usize, usize)> {
+        let dropped = self
+            .disk
+            .drop_partitions_before(cutoff_ms, self.max_span_ms())?;
+        let mut head = self.write();
+        let old: Vec<SeriesId> = head
+            .series
+            .iter()
+            .filter(|(_, s)| s.max_t != i64::MIN && s.max_t < cutoff_ms && s.ooo.is_empty())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &old {
+            self.disk.remove_series(*id)?;
+            head.remove_series(*id);
+        }
+        Ok((dropped, old.len()))
+    }
+
+    /// Number of series in the index.
+    pub fn series_count(&self) -> usize {
+        self.read().series.len()
+    }
+
+    /// Bytes on disk.
+    pub fn size_on_disk(&self) -> u64 {
+        self.disk.size_on_disk()
+    }
+
+    /// Bytes and samples of all sealed chunks (keys included).
+    pub fn chunk_stats(&self) -> Result<(u64, u64)> {
+        Ok(self.disk.chunk_stats()?)
+    }
+
+    /// The series matching any of the matcher sets (each set: all must match), sorted by labels.
+    pub fn select(&self, alternatives: &[Vec<Matcher>]) -> Vec<(SeriesId, Arc<Labels>)> {
+        let head = self.read();
+        let mut ids: Vec<SeriesId> = Vec::new();
+        for matchers in alternatives {
+            ids.extend(head.matching(matchers));
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        let mut out: Vec<(SeriesId, Arc<Labels>)> = ids
+            .into_iter()
+            .filter_map(|id| head.series.get(&id).map(|s| (id, s.labels.clone())))
+            .collect();
+        out.sort_by(|a, b| a.1.cmp(&b.1));
+        out
+    }
+
+    /// The samples of a series in `[mint, maxt]`, sorted by time, one per timestamp.
+    pub fn samples(&self, id: SeriesId, mint: i64, maxt: i64) -> Result<Vec<(i64, f64)>> {
+        // Memory first, disk second: a chunk sealed (or an out-of-order buffer written) in between is then
+        // read twice (and deduplicated) rather than missed. Disk samples go first in the result, so the
+        // usual case (disk older than the head, no out-of-order data) needs no sort.
+        let mut head_part = Vec::new();
+        {
+            let head = self.read();
+            if let Some(s) = head.series.get(&id) {
+                if !s.head.is_empty() && s.head.last_t() >= mint && s.head.first_t() <= maxt {
+                    for x in
+                        chunk::iter(s.head.bytes()).map_err(|source| Error::Chunk { id, source })?
+                    {
+                        head_part.push(x.map_err(|source| Error::Chunk { id, source })?);
+                    }
+                }
+                head_part.extend(s.ooo.range(mint..=maxt).map(|(t, v)| (*t, *v)));
+            }
+        }
+        let mut out = Vec::with_capacity(head_part.len() + 256);
+        self.disk
+            .read_chunks(id, mint, maxt, self.max_span_ms(), &mut out)?;
+        out.extend(head_part);
+        out.retain(|s| s.0 >= mint && s.0 <= maxt);
+        if !out.is_sorted_by_key(|s| s.0) {
+            out.sort_by_key(|s| s.0);
+        }
+        out.dedup_by_key(|s| s.0);
+        Ok(out)
+    }
+
+    /// Label names of the series matching `alternatives` (all series when empty).
+    pub fn label_names(&self, alternatives: &[Vec<Matcher>]) -> Vec<String> {
+        if alternatives.is_empty() {
+            return self.read().postings.keys().cloned().collect();
+        }
+        let mut names: Vec<String> = self
+            .select(alternatives)
+            .iter()
+            .flat_map(|(_, l)| l.iter().map(|(k, _)| k.clone()))
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// Values of label `name` among the series matching `alternatives` (all series when empty).
+    pub fn label_values(&self, name: &str, alternatives: &[Vec<Matcher>]) -> Vec<String> {
+        if alternatives.is_empty() {
+            return self
+                .read()
+                .postings
+                .get(name)
+                .map(|m| m.keys().cloned().collect())
+                .unwrap_or_default();
+        }
+        let mut values: Vec<String> = self
+            .select(alternatives)
+            .iter()
+            .map(|(_, l)| label(l, name).to_string())
+            .filter(|v| !v.is_empty())
+            .collect();
+        values.sort();
+        values.dedup();
+        values
+    }
+}
+
+impl Head {
+    fn insert_series(&mut self, id: SeriesId, labels: Arc<Labels>) {
+        let hash = hash_pairs(labels.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+        self.by_hash.entry(hash).or_default().push(id);
+        for (k, v) in labels.iter() {
+            let list = self
+                .postings
+                .entry(k.clone())
+                .or_default()
+                .entry(v.clone())
+                .or_default();
+            // Ids come in increasing order except at open, where the tree iterates in key (= id) order.
+            if list.last().is_none_or(|last| *last < id) {
+                list.push(id);
+            } else if let Err(pos) = list.binary_search(&id) {
+                list.insert(pos, id);
+            }
+        }
+        self.series.insert(
+            id,
+            Series {
+                labels,
+                hash,
+                head: Chunk::new(),
+                ooo: BTreeMap::new(),
+                max_t: i64::MIN,
+                dirty: false,
+            },
+        );
+    }
+
+    fn remove_series(&mut self, id: SeriesId) {
+        let Some(s) = self.series.remove(&id) else {
+            return;
+        };
+        if let Some(ids) = self.by_hash.get_mut(&s.hash) {
+            ids.retain(|x| *x != id);
+            if ids.is_empty() {
+                self.by_hash.remove(&s.hash);
+            }
+        }
+        for (k, v) in s.labels.iter() {
+            if let Some(values) = self.postings.get_mut(k) {
+                if let Some(list) = values.get_mut(v) {
+                    if let Ok(pos) = list.binary_search(&id) {
+                        list.remove(pos);
+                    }
+                    if list.is_empty() {
+                        values.remove(v);
+                    }
+                }
+                if values.is_empty() {
+                    self.postings.remove(k);
+                }
+            }
+        }
+    }
+
+    /// Ids of the series all `matchers` match, sorted.
+    fn matching(&self, matchers: &[Matcher]) -> Vec<SeriesId> {
+        let mut candidates: Option<Vec<SeriesId>> = None;
+        for m in matchers {
+            if m.is_match("") {
+                continue;
+            }
+            let values = self.postings.get(&m.name);
+            let list: Vec<SeriesId> = match &m.op {
+                MatchOp::Equal => values
+                    .and_then(|v| v.get(&m.value))
+                    .cloned()
+                    .unwrap_or_default(),
+                _ => {
+                    let mut ids: Vec<SeriesId> = values
+                        .into_iter()
+                        .flat_map(|v| v.iter())
+                        .filter(|(val, _)| m.is_match(val))
+                        .flat_map(|(_, ids)| ids.iter().copied())
+                        .collect();
+                    ids.sort_unstable();
+                    ids
+                }
+            };
+            candidates = Some(match candidates {
+                None => list,
+                Some(c) => intersect(&c, &list),
+            });
+        }
+        let candidates = candidates.unwrap_or_else(|| {
+            let mut all: Vec<SeriesId> = self.series.keys().copied().collect();
+            all.sort_unstable();
+            all
+        });
+        candidates
+            .into_iter()
+            .filter(|id| {
+                self.series.get(id).is_some_and(|s| {
+                    matchers
+                        .iter()
+                        .all(|m| m.is_match(label(&s.labels, &m.name)))
+                })
+            })
+            .collect()
+    }
+}

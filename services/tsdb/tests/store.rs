@@ -1,0 +1,252 @@
+//! The storage engine's rules for time, duplicates and retention, through restarts and checkpoints.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::Result;
+use multipilot_schemas::payload::Sample;
+use multipilot_tsdb::store::{AppendStats, Options, SeriesId, Store};
+use promql_parser::label::{MatchOp, Matcher};
+
+const MIN: i64 = 60_000;
+const HOUR: i64 = 3_600_000;
+const DAY: i64 = 24 * HOUR;
+
+fn s(name: &str, cluster: &str, t: i64, v: f64) -> Sample {
+    Sample {
+        name: name.into(),
+        labels: BTreeMap::from([("cluster".to_string(), cluster.to_string())]),
+        value: v,
+        timestamp_ms: t,
+    }
+}
+
+fn only(store: &Store, name: &str) -> SeriesId {
+    let found = store.select(&[vec![Matcher::new(MatchOp::Equal, "__name__", name)]]);
+    assert_eq!(found.len(), 1, "{name}");
+    found[0].0
+}
+
+fn all(store: &Store, name: &str) -> Result<Vec<(i64, f64)>> {
+    Ok(store.samples(only(store, name), i64::MIN, i64::MAX)?)
+}
+
+#[tokio::test]
+async fn late_samples_within_the_window_are_placed_by_their_time() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = Store::open(dir.path(), Options::default())?;
+    let base = 1_750_000_000_000;
+    // In order every minute for 3 hours (two sealed chunks plus a head), leaving out minute 150 and 170.
+    let mut batch = Vec::new();
+    for m in 0..180 {
+        if m != 150 && m != 170 {
+            batch.push(s("x", "a", base + m * MIN, m as f64));
+        }
+    }
+    let st = store.append("", &batch)?;
+    assert_eq!(st.appended, 178);
+    // 29 and 9 minutes late: within the 1 h window, stored out of order.
+    let st = store.append(
+        "",
+        &[
+            s("x", "a", base + 150 * MIN, 150.0),
+            s("x", "a", base + 170 * MIN, 170.0),
+        ],
+    )?;
+    assert_eq!(st.out_of_order, 2, "{st:?}");
+    // 2 hours late: refused.
+    let st = store.append("", &[s("x", "a", base + 60 * MIN - 1, -1.0)])?;
+    assert_eq!(st.too_old, 1, "{st:?}");
+    store.commit().await?;
+    let got = all(&store, "x")?;
+    assert_eq!(got.len(), 180);
+    assert!(
+        got.iter()
+            .enumerate()
+            .all(|(m, (t, v))| *t == base + m as i64 * MIN && *v == m as f64)
+    );
+
+    // Still so after the out-of-order samples are written as chunks and after a restart.
+    store.checkpoint().await?;
+    drop(store);
+    let store = Store::open(dir.path(), Options::default())?;
+    let got = all(&store, "x")?;
+    assert_eq!(got.len(), 180);
+    assert!(
+        got.iter()
+            .enumerate()
+            .all(|(m, (t, _))| *t == base + m as i64 * MIN)
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_same_sample_written_twice_is_stored_once() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = Store::open(dir.path(), Options::default())?;
+    let base = 1_750_000_000_000;
+    let batch: Vec<Sample> = (0..300)
+        .map(|i| s("d", "a", base + i * 30_000, i as f64))
+        .collect();
+    assert_eq!(store.append("", &batch)?.appended, 300);
+    store.commit().await?;
+    // A redelivery of the whole batch: the recent part is in the head, the older part in sealed chunks
+    // (or, out of the window, refused): nothing is stored twice.
+    let again = store.append("", &batch)?;
+    assert_eq!(again.appended + again.out_of_order, 0, "{again:?}");
+    assert_eq!(again.duplicates + again.too_old, 300);
+    // A duplicate with another value keeps the first value.
+    let st = store.append(
+        "",
+        &[
+            s("d", "a", base + 299 * 30_000, -5.0),
+            s("d", "a", base + 290 * 30_000, -5.0),
+        ],
+    )?;
+    assert_eq!(st.duplicates, 2, "{st:?}");
+    store.commit().await?;
+    store.checkpoint().await?;
+    drop(store);
+
+    // Replaying the WAL and redelivering once more after a restart changes nothing either.
+    let store = Store::open(dir.path(), Options::default())?;
+    let again = store.append("", &batch[200..])?;
+    assert_eq!(again.duplicates, 100, "{again:?}");
+    let got = all(&store, "d")?;
+    assert_eq!(got.len(), 300);
+    assert!(
+        got.iter()
+            .enumerate()
+            .all(|(i, (t, v))| *t == base + i as i64 * 30_000 && *v == i as f64)
+    );
+    let (_, sealed) = store.chunk_stats()?;
+    assert!(sealed <= 300, "{sealed} samples in sealed chunks");
+    Ok(())
+}
+
+#[tokio::test]
+async fn wal_replay_restores_uncheckpointed_samples_and_cluster_labels() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let base = 1_750_000_000_000;
+    {
+        let store = Store::open(dir.path(), Options::default())?;
+        let mut unlabelled = s("w", "", base, 1.0);
+        unlabelled.labels.clear();
+        store.append("envelope-cluster", &[unlabelled])?;
+        store.append(
+            "",
+            &(1..130)
+                .map(|i| s("w2", "a", base + i * 1000, i as f64))
+                .collect::<Vec<_>>(),
+        )?;
+        store.commit().await?;
+        // Appended but never committed: may be lost (it was never acked).
+        store.append("", &[s("w2", "a", base + 999_000, 0.0)])?;
+    }
+    let store = Store::open(dir.path(), Options::default())?;
+    let found = store.select(&[vec![Matcher::new(
+        MatchOp::Equal,
+        "cluster",
+        "envelope-cluster",
+    )]]);
+    assert_eq!(
+        found.len(),
+        1,
+        "the envelope's cluster labels a sample without one"
+    );
+    let got = all(&store, "w2")?;
+    assert!(got.len() >= 129);
+    assert!(
+        got[..129]
+            .iter()
+            .enumerate()
+            .all(|(i, (t, _))| *t == base + (i as i64 + 1) * 1000)
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn retention_drops_old_days_in_bulk_and_forgets_dead_series() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = Store::open(dir.path(), Options::default())?;
+    let day0 = 20_000 * DAY;
+    // Series "old" lives on days 0–2; "live" on days 0–5. Every 5 minutes.
+    for day in 0..6 {
+        let mut batch = Vec::new();
+        for k in 0..(DAY / (5 * MIN)) {
+            let t = day0 + day * DAY + k * 5 * MIN;
+            if day < 3 {
+                batch.push(s("old", "a", t, k as f64));
+            }
+            batch.push(s("live", "a", t, k as f64));
+        }
+        store.append("", &batch)?;
+        store.commit().await?;
+    }
+    store.checkpoint().await?;
+    let (bytes_before, _) = store.chunk_stats()?;
+
+    // Keep 2.5 days back from the end of day 5: days 0–2 are entirely older (their chunks end before).
+    let cutoff = day0 + 6 * DAY - (5 * DAY / 2);
+    let (partitions, series) = store.apply_retention(cutoff)?;
+    assert_eq!(partitions, 3, "days 0, 1, 2 dropped");
+    assert_eq!(series, 1, "`old` forgotten");
+    let (bytes_after, _) = store.chunk_stats()?;
+    assert!(
+        bytes_after * 2 < bytes_before,
+        "{bytes_after} of {bytes_before} bytes left"
+    );
+    assert!(
+        store
+            .select(&[vec![Matcher::new(MatchOp::Equal, "__name__", "old")]])
+            .is_empty()
+    );
+    let live = all(&store, "live")?;
+    assert!(
+        live.first()
+            .is_some_and(|(t, _)| *t >= day0 + 3 * DAY - 2 * HOUR),
+        "{:?}",
+        live.first()
+    );
+    assert_eq!(live.last().map(|x| x.0), Some(day0 + 6 * DAY - 5 * MIN));
+
+    // A restart does not bring anything back.
+    drop(store);
+    let store = Store::open(dir.path(), Options::default())?;
+    assert!(
+        store
+            .select(&[vec![Matcher::new(MatchOp::Equal, "__name__", "old")]])
+            .is_empty()
+    );
+    assert_eq!(all(&store, "live")?.first(), live.first());
+    Ok(())
+}
+
+#[test]
+fn samples_older_than_retention_are_refused() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = Store::open(
+        dir.path(),
+        Options {
+            retention: Some(Duration::from_secs(86_400)),
+            ..Default::default()
+        },
+    )?;
+    let now = chrono::Utc::now().timestamp_millis();
+    let st = store.append(
+        "",
+        &[
+            s("r", "a", now - 2 * DAY, 1.0),
+            s("r", "a", now - HOUR, 2.0),
+        ],
+    )?;
+    assert_eq!(
+        st,
+        AppendStats {
+            appended: 1,
+            too_old: 1,
+            ..Default::default()
+        }
+    );
+    Ok(())
+}
