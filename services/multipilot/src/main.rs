@@ -86,8 +86,11 @@ async fn main() -> std::process::ExitCode {
 
 async fn run() -> Result<()> {
     let cli = Cli::parse();
-    let config: Config = cfg::load(cli.config.as_deref(), "MULTIPILOT_", &["agent__"])?;
+    let mut config: Config = cfg::load(cli.config.as_deref(), "MULTIPILOT_", &["agent__"])?;
     config.validate()?;
+    // role data directories default to subdirectories of storage.data_dir; show and use the resolved ones
+    config.correlator = config.correlator();
+    config.tsdb = config.tsdb();
     if cli.print_config {
         print!("{}", cfg::render(&config));
         return Ok(());
