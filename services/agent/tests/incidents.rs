@@ -198,7 +198,7 @@ async fn each_simulator_fault_becomes_its_incident_and_resolves() -> Result<()> 
             p(&[("seconds", "300")]),
             "new-131",
             "clock-skew",
-            "Clock of new-131 off by +30",
+            "Clock of new-131 off by +",
         ),
     ];
     for (fault, params, cluster, kind, summary) in &cases {
@@ -209,6 +209,17 @@ async fn each_simulator_fault_becomes_its_incident_and_resolves() -> Result<()> 
             "{fault}: summary {:?} lacks {summary:?}",
             inc.summary
         );
+        if *fault == "clock-skew" {
+            // 300 s of skew, estimated through the Date header's whole seconds and delivery delay
+            let secs: f64 = inc
+                .summary
+                .split("off by +")
+                .nth(1)
+                .and_then(|r| r.split('s').next())
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0.0);
+            assert!((290.0..=310.0).contains(&secs), "{}", inc.summary);
+        }
         if *fault == "coredns-down" {
             let first = inc
                 .evidence
