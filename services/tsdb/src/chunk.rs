@@ -77,6 +77,7 @@ struct BitReader<'a> {
 }
 
 impl BitReader<'_> {
+    #[inline]
     fn read_bit(&mut self) -> Option<bool> {
         let byte = *self.bytes.get(self.pos / 8)?;
         let bit = byte & (0x80 >> (self.pos % 8)) != 0;
@@ -84,7 +85,8 @@ impl BitReader<'_> {
         Some(bit)
     }
 
-    /// Reads `n` ≤ 64 bits at once through a 128-bit window.
+    /// Reads `n` ≤ 64 bits at once (one 64-bit load when the bits fit in it, else a 128-bit window).
+    #[inline]
     fn read_bits(&mut self, n: u8) -> Option<u64> {
         if n == 0 {
             return Some(0);
@@ -93,12 +95,22 @@ impl BitReader<'_> {
             return None;
         }
         let byte = self.pos / 8;
-        let mut buf = [0u8; 16];
-        let avail = (self.bytes.len() - byte).min(16);
-        buf[..avail].copy_from_slice(&self.bytes[byte..byte + avail]);
-        let window = u128::from_be_bytes(buf) << (self.pos % 8);
+        let shift = (self.pos % 8) as u32;
+        let v = if let Some(w) = self.bytes.get(byte..byte + 8)
+            && n as u32 + shift <= 64
+        {
+            let mut word = [0u8; 8];
+            word.copy_from_slice(w);
+            (u64::from_be_bytes(word) << shift) >> (64 - n as u32)
+        } else {
+            let mut buf = [0u8; 16];
+            let avail = (self.bytes.len() - byte).min(16);
+            buf[..avail].copy_from_slice(&self.bytes[byte..byte + avail]);
+            let window = u128::from_be_bytes(buf) << shift;
+            (window >> (128 - n as u32)) as u64
+        };
         self.pos += n as usize;
-        Some((window >> (128 - n as u32)) as u64)
+        Some(v)
     }
 }
 
@@ -297,7 +309,26 @@ pub fn iter(bytes: &[u8]) -> Result<Iter<'_>> {
 
 /// Decodes every sample of a chunk.
 pub fn decode(bytes: &[u8]) -> Result<Vec<(i64, f64)>> {
-    iter(bytes)?.collect()
+    let mut out = Vec::new();
+    decode_into(bytes, &mut out)?;
+    Ok(out)
+}
+
+/// Appends every sample of a chunk to `out` (on error, the samples decoded before it are kept).
+pub fn decode_into(bytes: &[u8], out: &mut Vec<(i64, f64)>) -> Result<()> {
+    let mut it = iter(bytes)?;
+    out.reserve(it.count);
+    while it.i < it.count {
+        let Some((t, v)) = it.step() else {
+            return Err(Error::Truncated {
+                decoded: it.i,
+                count: it.count,
+            });
+        };
+        it.i += 1;
+        out.push((t, f64::from_bits(v)));
+    }
+    Ok(())
 }
 
 /// Sample iterator over an encoded chunk.
@@ -315,6 +346,7 @@ pub struct Iter<'a> {
 }
 
 impl Iter<'_> {
+    #[inline]
     fn read_dod(&mut self) -> Option<i64> {
         let mut ones = 0u8;
         while ones < 4 {
@@ -333,6 +365,7 @@ impl Iter<'_> {
         })
     }
 
+    #[inline]
     fn read_xor(&mut self) -> Option<u64> {
         if !self.r.read_bit()? {
             return Some(self.v);
@@ -353,6 +386,7 @@ impl Iter<'_> {
         Some(self.v ^ delta)
     }
 
+    #[inline]
     fn step(&mut self) -> Option<(i64, u64)> {
         match self.i {
             0 => {

@@ -240,9 +240,7 @@ impl Disk {
         for tree in trees {
             for kv in tree.range(chunk_key(id, from)..=chunk_key(id, maxt)) {
                 let (_, v) = kv?;
-                for s in chunk::iter(&v).map_err(|e| corrupt("chunk", e))? {
-                    out.push(s.map_err(|e| corrupt("chunk", e))?);
-                }
+                chunk::decode_into(&v, out).map_err(|e| corrupt("chunk", e))?;
             }
         }
         Ok(())

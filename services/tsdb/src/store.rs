@@ -493,11 +493,8 @@ impl Store {
             let head = self.read();
             if let Some(s) = head.series.get(&id) {
                 if !s.head.is_empty() && s.head.last_t() >= mint && s.head.first_t() <= maxt {
-                    for x in
-                        chunk::iter(s.head.bytes()).map_err(|source| Error::Chunk { id, source })?
-                    {
-                        head_part.push(x.map_err(|source| Error::Chunk { id, source })?);
-                    }
+                    chunk::decode_into(s.head.bytes(), &mut head_part)
+                        .map_err(|source| Error::Chunk { id, source })?;
                 }
                 head_part.extend(s.ooo.range(mint..=maxt).map(|(t, v)| (*t, *v)));
             }
