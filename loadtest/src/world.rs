@@ -1078,8 +1078,8 @@ fn renew_leases(c: &Cluster) {
     }
 }
 
-/// Moves rollouts forward: a Deployment/DaemonSet/StatefulSet whose generation is ahead of its
-/// observedGeneration updates one replica per step.
+/// Moves Deployment rollouts forward: one whose generation is ahead of its observedGeneration updates one
+/// replica per step. (DaemonSets and StatefulSets keep the status they were seeded with.)
 fn reconcile(c: &Cluster) {
     for d in c.store.all(&rk("apps", "deployments"), None) {
         let generation = d

@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::StreamExt;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use kube::api::{Api, DynamicObject};
 use kube::core::PartialObjectMeta;
 use kube::discovery::Discovery;
@@ -467,50 +468,43 @@ async fn watch_kind(ctx: Arc<ClusterCtx>, kind: Chosen, cancel: CancellationToke
             );
         }
     };
-    if kind.spec.metadata_only {
+    // Secrets are read metadata-only; everything else whole. Both become JSON for one event loop.
+    let (api_version, kind_name) = (kind.api_version().to_string(), kind.spec.kind);
+    let mut stream: BoxStream<'static, Result<watcher::Event<Value>, watcher::Error>> = if kind
+        .spec
+        .metadata_only
+    {
         let api: Api<PartialObjectMeta<DynamicObject>> =
             Api::all_with(ctx.client.clone(), &kind.resource);
-        let mut stream = watcher(api, watcher_config(&ctx)).default_backoff().boxed();
-        loop {
-            let next = tokio::select! {
-                _ = cancel.cancelled() => return,
-                n = stream.next() => n,
-            };
-            match next {
-                None => return,
-                Some(Ok(ev)) => {
-                    ctx.reachable.store(true, Ordering::Relaxed);
-                    let ev = map_event(
-                        ev,
-                        |m| serde_json::json!({"apiVersion": kind.api_version(), "kind": kind.spec.kind, "metadata": serde_json::to_value(&m.metadata).unwrap_or(Value::Null)}),
-                    );
-                    handle(ev, &mut present);
-                }
-                Some(Err(e)) => {
-                    ctx.reachable.store(false, Ordering::Relaxed);
-                    tracing::debug!(cluster = ctx.name(), kind = kind.spec.kind, error = %e, "watch error; backing off");
-                }
-            }
-        }
+        watcher(api, watcher_config(&ctx))
+                .default_backoff()
+                .map_ok(move |ev| {
+                    map_event(ev, |m| {
+                        serde_json::json!({"apiVersion": api_version, "kind": kind_name, "metadata": serde_json::to_value(&m.metadata).unwrap_or(Value::Null)})
+                    })
+                })
+                .boxed()
     } else {
         let api: Api<DynamicObject> = Api::all_with(ctx.client.clone(), &kind.resource);
-        let mut stream = watcher(api, watcher_config(&ctx)).default_backoff().boxed();
-        loop {
-            let next = tokio::select! {
-                _ = cancel.cancelled() => return,
-                n = stream.next() => n,
-            };
-            match next {
-                None => return,
-                Some(Ok(ev)) => {
-                    ctx.reachable.store(true, Ordering::Relaxed);
-                    let ev = map_event(ev, |o| serde_json::to_value(o).unwrap_or(Value::Null));
-                    handle(ev, &mut present);
-                }
-                Some(Err(e)) => {
-                    ctx.reachable.store(false, Ordering::Relaxed);
-                    tracing::debug!(cluster = ctx.name(), kind = kind.spec.kind, error = %e, "watch error; backing off");
-                }
+        watcher(api, watcher_config(&ctx))
+            .default_backoff()
+            .map_ok(|ev| map_event(ev, |o| serde_json::to_value(o).unwrap_or(Value::Null)))
+            .boxed()
+    };
+    loop {
+        let next = tokio::select! {
+            _ = cancel.cancelled() => return,
+            n = stream.next() => n,
+        };
+        match next {
+            None => return,
+            Some(Ok(ev)) => {
+                ctx.reachable.store(true, Ordering::Relaxed);
+                handle(ev, &mut present);
+            }
+            Some(Err(e)) => {
+                ctx.reachable.store(false, Ordering::Relaxed);
+                tracing::debug!(cluster = ctx.name(), kind = kind.spec.kind, error = %e, "watch error; backing off");
             }
         }
     }

@@ -82,6 +82,17 @@ fn str_map(v: Option<&Value>, skip: &[&str]) -> BTreeMap<String, String> {
         .unwrap_or_default()
 }
 
+/// The strings of a JSON array (finalizers, externalIPs…); empty when absent.
+pub fn strings(v: Option<&Value>) -> Vec<String> {
+    v.and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn time(v: Option<&Value>) -> Option<DateTime<Utc>> {
     v.and_then(Value::as_str)
         .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
@@ -145,15 +156,7 @@ pub fn resource_state(
                 .collect()
         })
         .unwrap_or_default();
-    let finalizers = meta
-        .get("finalizers")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|f| f.as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default();
+    let finalizers = strings(meta.get("finalizers"));
     let ns = s(obj, "/metadata/namespace");
     ResourceState {
         api_version: api_version.to_string(),

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use multipilot_schemas::payload::ObjectRef;
 use serde_json::Value;
 
-use crate::normalize::{LAST_APPLIED, object_ref};
+use crate::normalize::{LAST_APPLIED, object_ref, strings};
 
 /// A node, as the probes need it.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -194,15 +194,7 @@ impl View {
             .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
         {
             Some(since) => {
-                let finalizers = obj
-                    .pointer("/metadata/finalizers")
-                    .and_then(Value::as_array)
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|f| f.as_str().map(str::to_string))
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                let finalizers = strings(obj.pointer("/metadata/finalizers"));
                 v.terminating.insert(
                     k.clone(),
                     Terminating {
@@ -372,15 +364,7 @@ impl View {
                 v.gpu_requests = per_node;
             }
             "Service" => {
-                let ips: Vec<String> = obj
-                    .pointer("/spec/externalIPs")
-                    .and_then(Value::as_array)
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|x| x.as_str().map(str::to_string))
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                let ips = strings(obj.pointer("/spec/externalIPs"));
                 let sk = k[8..].to_string();
                 if ips.is_empty() {
                     v.external_ips.remove(&sk);

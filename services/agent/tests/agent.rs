@@ -186,6 +186,23 @@ async fn every_kind_lands_with_the_version_chosen_per_cluster() -> Result<()> {
     Ok(())
 }
 
+/// Waits until both clusters' pods were relisted (a resync marker with a later epoch) since `since_ms`.
+async fn relisted_since(js: &jetstream::Context, since_ms: i64) -> Result<()> {
+    eventually("a relist of both clusters", 60, || {
+        let js = js.clone();
+        async move {
+            let states = read_stream(&js, "FLEET_STATE").await?;
+            Ok(["old-124", "new-131"].iter().all(|c| {
+                states.iter().any(|(s, e)| {
+                    s == &format!("fleet.resync.{c}.Pod")
+                        && e.payload["epoch"].as_i64().is_some_and(|ep| ep > since_ms)
+                })
+            }))
+        }
+    })
+    .await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_are_not_republished_after_a_relist_or_a_restart() -> Result<()> {
     let mut h = harness_with(5.0, 15, true).await?;
@@ -210,14 +227,17 @@ async fn events_are_not_republished_after_a_relist_or_a_restart() -> Result<()> 
     })
     .await?;
     // force a relist: the watch history is compacted, resumes get 410 Gone
+    let expired_at = chrono::Utc::now().timestamp_millis();
     for c in ["old-124", "new-131"] {
         world::set_fault(&h.cluster(c), "watch-expire", true, &BTreeMap::new())?;
     }
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    relisted_since(&js, expired_at).await?;
     // and a restart
     h.stop_agent()?;
+    let restarted_at = chrono::Utc::now().timestamp_millis();
     h.start_agent()?;
-    tokio::time::sleep(Duration::from_secs(6)).await;
+    relisted_since(&js, restarted_at).await?;
+    h.stop_agent()?; // drains: what it sent is all in the stream
     let (messages, occurrences) = count_events(js.clone()).await?;
     assert_eq!(
         messages,
