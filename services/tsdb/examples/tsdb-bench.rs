@@ -2,7 +2,9 @@
 //!
 //! 1. `ingest`: end-to-end ingest from JetStream: 30 clusters × 1,000 series, N scrapes each, published to a
 //!    local nats-server first, then the `tsdb` role consumes them; samples/s until the last message is acked.
-//! 2. `query`: `sum by (cluster) (rate(x[5m]))` over 30 clusters × 1,000 series × H hours at a 30 s step.
+//! 2. `query`: `sum by (cluster) (rate(x[5m]))` over 30 clusters × 1,000 series × H hours at a 30 s step,
+//!    `TSDB_BENCH_RUNS` times (default 5: each time, then median, min and max); `TSDB_BENCH_DIR` keeps the
+//!    loaded store for the next run.
 //! 3. `memory`: resident memory with 1M active series (3 scrapes each).
 //!
 //! Usage: `tsdb-bench [ingest SCRAPES] [query HOURS] [memory SERIES]` (default: all three: 40, 24, 1000000).
@@ -124,31 +126,49 @@ async fn ingest(scrapes: i64) -> Result<()> {
 }
 
 fn query(hours: i64, rt: tokio::runtime::Handle) -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    let store = Arc::new(Store::open(dir.path(), Options::default())?);
+    // `TSDB_BENCH_DIR` keeps the loaded store between runs (loading 24 h takes minutes); a marker file
+    // says it is complete.
+    let tmp = tempfile::tempdir()?;
+    let dir = std::env::var_os("TSDB_BENCH_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| tmp.path().to_path_buf());
+    let marker = dir.join(format!("loaded-{hours}h"));
+    let store = Arc::new(Store::open(&dir, Options::default())?);
     let scrapes = hours * 120;
     let t0 = 1_750_000_000_000i64;
-    let started = Instant::now();
-    for k in 0..scrapes {
-        for c in 0..CLUSTERS {
-            store.append("", &scrape(c, t0 + k * 30_000, k))?;
+    if marker.exists() {
+        println!("query: reusing the store loaded in {}", dir.display());
+    } else {
+        let started = Instant::now();
+        for k in 0..scrapes {
+            for c in 0..CLUSTERS {
+                store.append("", &scrape(c, t0 + k * 30_000, k))?;
+            }
+            // As the consumer does after each batch (keeps the pending WAL record small).
+            rt.block_on(store.commit())?;
         }
-        // As the consumer does after each batch (keeps the pending WAL record small).
-        rt.block_on(store.commit())?;
+        rt.block_on(store.checkpoint())?;
+        let total = scrapes * (CLUSTERS * SERIES) as i64;
+        println!(
+            "query: loaded {total} samples in {:.1} s (store only, {:.0}/s)",
+            started.elapsed().as_secs_f64(),
+            total as f64 / started.elapsed().as_secs_f64()
+        );
+        std::fs::write(&marker, b"")?;
     }
-    let total = scrapes * (CLUSTERS * SERIES) as i64;
-    println!(
-        "query: loaded {total} samples in {:.1} s (store only, {:.0}/s)",
-        started.elapsed().as_secs_f64(),
-        total as f64 / started.elapsed().as_secs_f64()
-    );
     let engine = Engine::new(store, Duration::from_secs(300));
     let end = t0 + (scrapes - 1) * 30_000;
     let q = "sum by (cluster) (rate(x[5m]))";
-    for _ in 0..2 {
+    let runs: usize = std::env::var("TSDB_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let mut times = Vec::new();
+    for _ in 0..runs.max(1) {
         let started = Instant::now();
         let v = engine.range(q, t0, end, 30_000)?;
         let secs = started.elapsed().as_secs_f64();
+        times.push(secs);
         let Value::Vector(series) = v else {
             anyhow::bail!("not a vector")
         };
@@ -161,6 +181,14 @@ fn query(hours: i64, rt: tokio::runtime::Handle) -> Result<()> {
             series.len()
         );
     }
+    times.sort_by(f64::total_cmp);
+    println!(
+        "query: {} runs: median {:.3} s, min {:.3} s, max {:.3} s",
+        times.len(),
+        times[times.len() / 2],
+        times[0],
+        times[times.len() - 1]
+    );
     Ok(())
 }
 

@@ -77,7 +77,7 @@ struct BitReader<'a> {
 }
 
 impl BitReader<'_> {
-    #[inline]
+    #[inline(always)]
     fn read_bit(&mut self) -> Option<bool> {
         let byte = *self.bytes.get(self.pos / 8)?;
         let bit = byte & (0x80 >> (self.pos % 8)) != 0;
@@ -86,7 +86,7 @@ impl BitReader<'_> {
     }
 
     /// Reads `n` ≤ 64 bits at once (one 64-bit load when the bits fit in it, else a 128-bit window).
-    #[inline]
+    #[inline(always)]
     fn read_bits(&mut self, n: u8) -> Option<u64> {
         if n == 0 {
             return Some(0);
@@ -346,7 +346,7 @@ pub struct Iter<'a> {
 }
 
 impl Iter<'_> {
-    #[inline]
+    #[inline(always)]
     fn read_dod(&mut self) -> Option<i64> {
         let mut ones = 0u8;
         while ones < 4 {
@@ -365,7 +365,7 @@ impl Iter<'_> {
         })
     }
 
-    #[inline]
+    #[inline(always)]
     fn read_xor(&mut self) -> Option<u64> {
         if !self.r.read_bit()? {
             return Some(self.v);
@@ -386,7 +386,7 @@ impl Iter<'_> {
         Some(self.v ^ delta)
     }
 
-    #[inline]
+    #[inline(always)]
     fn step(&mut self) -> Option<(i64, u64)> {
         match self.i {
             0 => {

@@ -4,13 +4,15 @@
 //! optional value per step, so a range query reads every series once. Selectors feeding an aggregation are
 //! streamed series by series, so `sum by (cluster) (rate(x[5m]))` holds only the groups in memory.
 //!
-//! Supported: vector selectors (`=`, `!=`, `=~`, `!~`, `offset`, `@`), range vectors in functions;
-//! `rate`, `irate`, `increase`, `delta`, `{avg,min,max,sum,count,last}_over_time`, `abs`, `ceil`, `floor`,
-//! `round`, `sqrt`, `exp`, `ln`, `log2`, `log10`, `clamp_min`, `clamp_max`, `time`, `vector`, `scalar`;
-//! aggregations `sum`, `avg`, `min`, `max`, `count`, `group`, `topk`, `bottomk` with `by`/`without`; binary
+//! Supported: vector selectors (`=`, `!=`, `=~`, `!~`, `offset`, `@`), range vectors and subqueries
+//! (`expr[range:step]`, also as a whole instant query) in functions; `rate`, `irate`, `increase`, `delta`,
+//! `{avg,min,max,sum,count,last}_over_time`, `histogram_quantile` (classic buckets), `label_replace`,
+//! `label_join`, `abs`, `ceil`, `floor`, `round`, `sqrt`, `exp`, `ln`, `log2`, `log10`, `clamp_min`,
+//! `clamp_max`, `time`, `vector`, `scalar`; aggregations `sum`, `avg`, `min`, `max`, `count`, `group`,
+//! `stddev`, `stdvar`, `quantile`, `count_values`, `topk`, `bottomk` with `by`/`without`; binary
 //! `+ - * / % ^`, comparisons (with `bool`) and `and`/`or`/`unless` between scalars and vectors, vector
-//! matching one-to-one with `on`/`ignoring`. Not supported (a clear error): subqueries, `group_left` and
-//! `group_right`, other functions and aggregations.
+//! matching one-to-one, many-to-one and one-to-many (`on`/`ignoring`, `group_left`/`group_right`). Anything
+//! else is a clear `bad_data` error.
 
 mod functions;
 
@@ -21,7 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use promql_parser::label::{MatchOp, Matcher};
 use promql_parser::parser::token::*;
 use promql_parser::parser::{
-    AggregateExpr, AtModifier, BinaryExpr, Call, Expr, LabelModifier, Offset,
+    AggregateExpr, AtModifier, BinaryExpr, Call, Expr, LabelModifier, Offset, SubqueryExpr,
     VectorMatchCardinality, VectorSelector,
 };
 
@@ -77,6 +79,17 @@ pub struct Engine {
     store: Arc<Store>,
     lookback_ms: i64,
 }
+
+thread_local! {
+    /// A query worker's sample buffer, reused from series to series.
+    static SAMPLES: std::cell::RefCell<Vec<(i64, f64)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Step of a subquery without one (Prometheus' default evaluation interval).
+const DEFAULT_SUBQUERY_STEP_MS: i64 = 60_000;
+/// Most inner steps one subquery may evaluate (ten times a range query's 11,000 points per series: a bound
+/// on the memory one query can take).
+const MAX_SUBQUERY_STEPS: i64 = 110_000;
 
 /// Evaluation steps: `start`, `start + step`, … ≤ `end`, in milliseconds.
 #[derive(Debug, Clone)]
@@ -160,6 +173,32 @@ impl Engine {
         if let Expr::MatrixSelector(ms) = &expr {
             return ev.raw_matrix(&ms.vs, millis(ms.range));
         }
+        if let Expr::Subquery(sq) = &expr {
+            let (refs, inner) = ev.subquery_steps(sq)?;
+            let t = refs.first().copied().unwrap_or(time_ms);
+            let range = millis(sq.range);
+            let inner_ev = Eval {
+                engine: self,
+                steps: &inner,
+            };
+            let out = inner_ev
+                .eval_vector(&sq.expr)?
+                .into_iter()
+                .filter_map(|s| {
+                    let pts: Vec<(i64, f64)> = inner
+                        .times
+                        .iter()
+                        .zip(&s.values)
+                        .filter_map(|(st, v)| {
+                            v.filter(|_| *st > t.saturating_sub(range) && *st <= t)
+                                .map(|v| (*st, v))
+                        })
+                        .collect();
+                    (!pts.is_empty()).then_some((s.labels, pts))
+                })
+                .collect();
+            return Ok(Value::Matrix(out));
+        }
         ev.eval(&expr)
     }
 
@@ -196,9 +235,23 @@ impl Engine {
     }
 }
 
-/// Computes an output series from a selected series' labels, the per-step reference times and the samples
-/// read for them (runs on worker threads).
-type ComputeFn<'f> = dyn Fn(&Labels, &[i64], &[(i64, f64)]) -> Option<Series> + Sync + 'f;
+/// Computes one value per reference time from a selected series' samples into `out` (cleared first);
+/// returns whether any step has a value (runs on worker threads).
+type ComputeFn<'f> = dyn Fn(&[i64], &[(i64, f64)], &mut Vec<Option<f64>>) -> bool + Sync + 'f;
+
+/// Folds one computed series (its stored labels and its values) into a worker's state.
+type FoldFn<'f, S> = dyn Fn(&mut S, &Labels, &[Option<f64>]) + Sync + 'f;
+
+/// An expression whose output series are each computed from one stored series alone (a selector, or a
+/// range function of a range selector).
+struct Streamed<'e> {
+    vs: &'e VectorSelector,
+    /// How far before each reference time samples are read.
+    window: i64,
+    /// Whether the output keeps the metric name.
+    keep_name: bool,
+    compute: Box<ComputeFn<'e>>,
+}
 
 struct Eval<'a> {
     engine: &'a Engine,
@@ -246,7 +299,9 @@ impl Eval<'_> {
             ),
             Expr::Aggregate(a) => self.aggregate(a),
             Expr::Binary(b) => self.binary(b),
-            Expr::Subquery(_) => bad("subqueries are not supported by this TSDB"),
+            Expr::Subquery(_) => bad(
+                "a subquery is only allowed as a range-function argument or as a whole instant query",
+            ),
             Expr::Extension(_) => bad("extension expressions are not supported"),
         }
     }
@@ -285,25 +340,30 @@ impl Eval<'_> {
     /// label order.
     fn map_selected(
         &self,
-        vs: &VectorSelector,
-        window: i64,
-        compute: &ComputeFn<'_>,
+        st: &Streamed<'_>,
         f: &mut dyn FnMut(Series) -> Result<()>,
     ) -> Result<()> {
-        let refs = self.ref_times(vs);
+        let refs = self.ref_times(st.vs);
         let (Some(&min), Some(&max)) = (refs.iter().min(), refs.iter().max()) else {
             return Ok(());
         };
-        let mint = min.saturating_sub(window).saturating_add(1);
+        let mint = min.saturating_sub(st.window).saturating_add(1);
         let store = &self.engine.store;
-        let selected = store.select(&selector_matchers(vs));
+        let selected = store.select(&selector_matchers(st.vs));
         let refs = &refs[..];
         let one = |(id, labels): &(store::SeriesId, Arc<Labels>)| -> Result<Option<Series>> {
-            let samples = store.samples(*id, mint, max)?;
-            if samples.is_empty() {
-                return Ok(None);
-            }
-            Ok(compute(labels, refs, &samples))
+            SAMPLES.with_borrow_mut(|samples| {
+                store.samples_into(*id, mint, max, samples)?;
+                let mut values = Vec::new();
+                if samples.is_empty() || !(st.compute)(refs, samples, &mut values) {
+                    return Ok(None);
+                }
+                let mut labels = (**labels).clone();
+                if !st.keep_name {
+                    drop_name(&mut labels);
+                }
+                Ok(Some(Series { labels, values }))
+            })
         };
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
         for block in selected.chunks(256 * threads) {
@@ -335,29 +395,196 @@ impl Eval<'_> {
         Ok(())
     }
 
+    /// The outer steps' reference times of a subquery (after `@` and `offset`) and the inner steps: the
+    /// multiples of the subquery step from the first after the earliest range start to the latest
+    /// reference time (as Prometheus aligns them).
+    fn subquery_steps(&self, sq: &SubqueryExpr) -> Result<(Vec<i64>, Steps)> {
+        let off = offset_ms(&sq.offset);
+        let at = sq.at.as_ref().map(|a| match a {
+            AtModifier::Start => self.steps.start,
+            AtModifier::End => self.steps.end,
+            AtModifier::At(t) => system_ms(*t),
+        });
+        let refs: Vec<i64> = self
+            .steps
+            .times
+            .iter()
+            .map(|t| at.unwrap_or(*t).saturating_sub(off))
+            .collect();
+        let step = sq
+            .step
+            .map(millis)
+            .filter(|s| *s > 0)
+            .unwrap_or(DEFAULT_SUBQUERY_STEP_MS);
+        let (Some(&min), Some(&max)) = (refs.iter().min(), refs.iter().max()) else {
+            return bad("empty evaluation range");
+        };
+        let from = min.saturating_sub(millis(sq.range));
+        let mut first = from.div_euclid(step).saturating_mul(step);
+        if first < from {
+            first = first.saturating_add(step);
+        }
+        let count = if max < first {
+            0
+        } else {
+            (max.saturating_sub(first) / step).saturating_add(1)
+        };
+        if count > MAX_SUBQUERY_STEPS {
+            return bad(format!(
+                "subquery {sq} needs {count} inner steps, more than {MAX_SUBQUERY_STEPS}: use a larger step"
+            ));
+        }
+        let times = (0..count).map(|i| first + i * step).collect();
+        Ok((
+            refs,
+            Steps {
+                times,
+                start: self.steps.start,
+                end: self.steps.end,
+            },
+        ))
+    }
+
+    /// Evaluates a subquery's expression at its own steps and hands each resulting series, as samples, to
+    /// `compute` with the outer steps' reference times (a range function over a subquery).
+    fn map_subquery(
+        &self,
+        sq: &SubqueryExpr,
+        keep_name: bool,
+        compute: &ComputeFn<'_>,
+        f: &mut dyn FnMut(Series) -> Result<()>,
+    ) -> Result<()> {
+        let (refs, inner) = self.subquery_steps(sq)?;
+        let ev = Eval {
+            engine: self.engine,
+            steps: &inner,
+        };
+        let mut samples = Vec::new();
+        for s in ev.eval_vector(&sq.expr)? {
+            samples.clear();
+            samples.extend(
+                inner
+                    .times
+                    .iter()
+                    .zip(&s.values)
+                    .filter_map(|(t, v)| v.map(|v| (*t, v))),
+            );
+            if samples.is_empty() {
+                continue;
+            }
+            let mut values = Vec::new();
+            if compute(&refs, &samples, &mut values) {
+                let mut labels = s.labels;
+                if !keep_name {
+                    drop_name(&mut labels);
+                }
+                f(Series { labels, values })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Like [`Eval::map_selected`], but each worker folds its series into its own state (from `init`)
+    /// instead of handing them over: nothing per series crosses threads or is kept. The workers take
+    /// contiguous parts of the selection, so the states (returned in part order) and any floating-point
+    /// sums over them are the same from run to run.
+    fn fold_selected<S: Send>(
+        &self,
+        st: &Streamed<'_>,
+        init: &(dyn Fn() -> S + Sync),
+        fold: &FoldFn<'_, S>,
+    ) -> Result<Vec<S>> {
+        let refs = self.ref_times(st.vs);
+        let (Some(&min), Some(&max)) = (refs.iter().min(), refs.iter().max()) else {
+            return Ok(Vec::new());
+        };
+        let mint = min.saturating_sub(st.window).saturating_add(1);
+        let store = &self.engine.store;
+        // Series id order: as fixed as label order, without sorting by labels.
+        let selected = store.select_by_id(&selector_matchers(st.vs));
+        let refs = &refs[..];
+        let work = |part: &[(store::SeriesId, Arc<Labels>)]| -> Result<S> {
+            let mut state = init();
+            let (mut samples, mut values) = (Vec::new(), Vec::new());
+            for (id, labels) in part {
+                store.samples_into(*id, mint, max, &mut samples)?;
+                if !samples.is_empty() && (st.compute)(refs, &samples, &mut values) {
+                    fold(&mut state, labels, &values);
+                }
+            }
+            Ok(state)
+        };
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(8));
+        if threads == 1 || selected.len() < 64 {
+            return Ok(vec![work(&selected)?]);
+        }
+        let work = &work;
+        std::thread::scope(|scope| {
+            let workers: Vec<_> = selected
+                .chunks(selected.len().div_ceil(threads))
+                .map(|part| scope.spawn(move || work(part)))
+                .collect();
+            workers
+                .into_iter()
+                .map(|w| {
+                    w.join()
+                        .unwrap_or_else(|_| Err(Error::Internal("a query worker panicked".into())))
+                })
+                .collect()
+        })
+    }
+
+    /// How to compute the series of `expr` one stored series at a time, when it can be.
+    fn streamed<'e>(&self, expr: &'e Expr) -> Option<Streamed<'e>> {
+        match expr {
+            Expr::Paren(p) => self.streamed(&p.expr),
+            Expr::VectorSelector(vs) => {
+                let lookback = self.engine.lookback_ms;
+                let compute =
+                    move |refs: &[i64], samples: &[(i64, f64)], out: &mut Vec<Option<f64>>| {
+                        out.clear();
+                        out.extend(refs.iter().map(|&t| {
+                            let end = samples.partition_point(|s| s.0 <= t);
+                            let (st, v) = *samples.get(end.checked_sub(1)?)?;
+                            (st > t.saturating_sub(lookback) && !is_stale(v)).then_some(v)
+                        }));
+                        out.iter().any(Option::is_some)
+                    };
+                Some(Streamed {
+                    vs,
+                    window: lookback,
+                    keep_name: true,
+                    compute: Box::new(compute),
+                })
+            }
+            Expr::Call(c) => {
+                let [arg] = &c.args.args[..] else {
+                    return None;
+                };
+                let Expr::MatrixSelector(ms) = arg.as_ref() else {
+                    return None;
+                };
+                let range = millis(ms.range);
+                let (compute, keep_name) = functions::range_compute(c.func.name, range)?;
+                Some(Streamed {
+                    vs: &ms.vs,
+                    window: range,
+                    keep_name,
+                    compute,
+                })
+            }
+            _ => None,
+        }
+    }
+
     /// Streams the series of an instant-vector expression (selectors and functions of selectors without
     /// materialising the rest).
     fn each_series(&self, expr: &Expr, f: &mut dyn FnMut(Series) -> Result<()>) -> Result<()> {
+        if let Some(st) = self.streamed(expr) {
+            return self.map_selected(&st, f);
+        }
         match expr {
             Expr::Paren(p) => self.each_series(&p.expr, f),
-            Expr::VectorSelector(vs) => {
-                let lookback = self.engine.lookback_ms;
-                let compute = |labels: &Labels, refs: &[i64], samples: &[(i64, f64)]| {
-                    let values: Vec<Option<f64>> = refs
-                        .iter()
-                        .map(|&t| {
-                            let end = samples.partition_point(|s| s.0 <= t);
-                            let (st, v) = *samples.get(end.checked_sub(1)?)?;
-                            (st > t - lookback && !is_stale(v)).then_some(v)
-                        })
-                        .collect();
-                    values.iter().any(Option::is_some).then(|| Series {
-                        labels: labels.clone(),
-                        values,
-                    })
-                };
-                self.map_selected(vs, lookback, &compute, f)
-            }
             Expr::Call(c) => functions::call(self, c, f),
             _ => {
                 for s in self.eval_vector(expr)? {
@@ -445,107 +672,149 @@ impl Eval<'_> {
                     .collect(),
             }
         };
-        if op == T_TOPK || op == T_BOTTOMK {
+        if op == T_TOPK || op == T_BOTTOMK || op == T_QUANTILE {
             let Some(param) = &a.param else {
-                return bad("topk/bottomk need a parameter");
+                return bad("topk, bottomk and quantile need a parameter");
             };
-            let k = self.eval_scalar(param)?;
+            let param = self.eval_scalar(param)?;
             let mut groups: HashMap<Labels, Vec<Series>> = HashMap::new();
             self.each_series(&a.expr, &mut |s| {
                 groups.entry(group_labels(&s.labels)).or_default().push(s);
                 Ok(())
             })?;
             let mut out = Vec::new();
-            for (_, mut members) in groups {
-                for i in 0..n {
-                    let k = k[i];
-                    let k = if k.is_nan() || k < 1.0 {
-                        0
-                    } else {
-                        k.min(members.len() as f64) as usize
-                    };
-                    let mut present: Vec<(usize, f64)> = members
-                        .iter()
-                        .enumerate()
-                        .filter_map(|(j, s)| s.values[i].map(|v| (j, v)))
+            if op == T_QUANTILE {
+                let mut present = Vec::new();
+                for (labels, members) in groups {
+                    let values = (0..n)
+                        .map(|i| {
+                            present.clear();
+                            present.extend(members.iter().filter_map(|s| s.values[i]));
+                            (!present.is_empty()).then(|| quantile(param[i], &mut present))
+                        })
                         .collect();
-                    // NaN sorts last for both directions, as in Prometheus.
-                    present.sort_by(|x, y| {
-                        let ord = if op == T_TOPK {
-                            y.1.partial_cmp(&x.1)
-                        } else {
-                            x.1.partial_cmp(&y.1)
-                        };
-                        ord.unwrap_or_else(|| x.1.is_nan().cmp(&y.1.is_nan()))
-                    });
-                    for (j, _) in present.iter().skip(k) {
-                        members[*j].values[i] = None;
-                    }
+                    out.push(Series { labels, values });
                 }
-                out.extend(
-                    members
-                        .into_iter()
-                        .filter(|s| s.values.iter().any(Option::is_some)),
-                );
+            } else {
+                for (_, mut members) in groups {
+                    for (i, &k) in param.iter().enumerate() {
+                        let k = if k.is_nan() || k < 1.0 {
+                            0
+                        } else {
+                            k.min(members.len() as f64) as usize
+                        };
+                        let mut present: Vec<(usize, f64)> = members
+                            .iter()
+                            .enumerate()
+                            .filter_map(|(j, s)| s.values[i].map(|v| (j, v)))
+                            .collect();
+                        // NaN sorts last for both directions, as in Prometheus.
+                        present.sort_by(|x, y| {
+                            let ord = if op == T_TOPK {
+                                y.1.partial_cmp(&x.1)
+                            } else {
+                                x.1.partial_cmp(&y.1)
+                            };
+                            ord.unwrap_or_else(|| x.1.is_nan().cmp(&y.1.is_nan()))
+                        });
+                        for (j, _) in present.iter().skip(k) {
+                            members[*j].values[i] = None;
+                        }
+                    }
+                    out.extend(members);
+                }
             }
+            out.retain(|s| s.values.iter().any(Option::is_some));
             out.sort_by(|x, y| x.labels.cmp(&y.labels));
             return Ok(Value::Vector(out));
         }
-        if ![T_SUM, T_AVG, T_MIN, T_MAX, T_COUNT, T_GROUP].contains(&op) {
+        if op == T_COUNT_VALUES {
+            let name = match a.param.as_deref().map(|p| self.eval(p)).transpose()? {
+                Some(Value::String(s)) => s,
+                _ => return bad("count_values needs a string parameter (the label name)"),
+            };
+            if !valid_label_name(&name) {
+                return bad(format!("invalid label name {name:?} in count_values"));
+            }
+            let mut out: Vec<Series> = Vec::new();
+            let mut index: HashMap<Labels, usize> = HashMap::new();
+            self.each_series(&a.expr, &mut |s| {
+                let group = group_labels(&s.labels);
+                for (i, v) in s.values.iter().enumerate() {
+                    let Some(v) = *v else { continue };
+                    let mut labels: Labels =
+                        group.iter().filter(|(k, _)| *k != name).cloned().collect();
+                    labels.push((name.clone(), format_value(v)));
+                    labels.sort();
+                    let k = *index.entry(labels.clone()).or_insert_with(|| {
+                        out.push(Series {
+                            labels,
+                            values: vec![None; n],
+                        });
+                        out.len() - 1
+                    });
+                    let slot = &mut out[k].values[i];
+                    *slot = Some(slot.unwrap_or(0.0) + 1.0);
+                }
+                Ok(())
+            })?;
+            out.sort_by(|x, y| x.labels.cmp(&y.labels));
+            return Ok(Value::Vector(out));
+        }
+        if ![
+            T_SUM, T_AVG, T_MIN, T_MAX, T_COUNT, T_GROUP, T_STDDEV, T_STDVAR,
+        ]
+        .contains(&op)
+        {
             return bad(format!(
                 "aggregation {} is not supported by this TSDB",
                 a.to_string().split('(').next().unwrap_or("")
             ));
         }
-        struct Acc {
-            sum: Vec<f64>,
-            count: Vec<u32>,
-        }
+        let spread = op == T_STDDEV || op == T_STDVAR;
         let mut groups: HashMap<Labels, Acc> = HashMap::new();
-        self.each_series(&a.expr, &mut |s| {
-            let acc = groups
-                .entry(group_labels(&s.labels))
-                .or_insert_with(|| Acc {
-                    sum: vec![0.0; n],
-                    count: vec![0; n],
-                });
-            for (i, v) in s.values.iter().enumerate() {
-                let Some(v) = *v else { continue };
-                let first = acc.count[i] == 0;
-                acc.sum[i] = if op == T_MIN {
-                    if first || v < acc.sum[i] || acc.sum[i].is_nan() {
-                        v
-                    } else {
-                        acc.sum[i]
+        if !spread && let Some(st) = self.streamed(&a.expr) {
+            // `sum by (cluster) (rate(x[5m]))` and the like: the workers aggregate what they compute.
+            let states = self.fold_selected(
+                &st,
+                &HashMap::<Labels, Acc>::new,
+                &|groups, labels, values| {
+                    let mut group = group_labels(labels);
+                    if !st.keep_name {
+                        drop_name(&mut group);
                     }
-                } else if op == T_MAX {
-                    if first || v > acc.sum[i] || acc.sum[i].is_nan() {
-                        v
-                    } else {
-                        acc.sum[i]
+                    groups
+                        .entry(group)
+                        .or_insert_with(|| Acc::new(n, false))
+                        .add(op, values)
+                },
+            )?;
+            for state in states {
+                for (labels, acc) in state {
+                    match groups.entry(labels) {
+                        std::collections::hash_map::Entry::Vacant(e) => {
+                            e.insert(acc);
+                        }
+                        std::collections::hash_map::Entry::Occupied(mut e) => {
+                            e.get_mut().merge(op, acc)
+                        }
                     }
-                } else {
-                    acc.sum[i] + v
-                };
-                acc.count[i] += 1;
+                }
             }
-            Ok(())
-        })?;
+        } else {
+            self.each_series(&a.expr, &mut |s| {
+                groups
+                    .entry(group_labels(&s.labels))
+                    .or_insert_with(|| Acc::new(n, spread))
+                    .add(op, &s.values);
+                Ok(())
+            })?;
+        }
         let mut out: Vec<Series> = groups
             .into_iter()
-            .map(|(labels, acc)| {
-                let values = (0..n)
-                    .map(|i| {
-                        let c = acc.count[i];
-                        (c > 0).then(|| match op {
-                            x if x == T_COUNT => c as f64,
-                            x if x == T_GROUP => 1.0,
-                            x if x == T_AVG => acc.sum[i] / c as f64,
-                            _ => acc.sum[i],
-                        })
-                    })
-                    .collect();
-                Series { labels, values }
+            .map(|(labels, acc)| Series {
+                labels,
+                values: acc.finish(op),
             })
             .filter(|s| s.values.iter().any(Option::is_some))
             .collect();
@@ -602,14 +871,12 @@ impl Eval<'_> {
     ) -> Result<Value> {
         let modifier = b.modifier.as_ref();
         let matching = modifier.and_then(|m| m.matching.as_ref());
-        if let Some(m) = modifier
-            && matches!(
-                m.card,
-                VectorMatchCardinality::ManyToOne(_) | VectorMatchCardinality::OneToMany(_)
-            )
-        {
-            return bad("group_left/group_right matching is not supported by this TSDB");
-        }
+        let (include, one_to_many, explicit): (&[String], bool, bool) =
+            match modifier.map(|m| &m.card) {
+                Some(VectorMatchCardinality::ManyToOne(l)) => (&l.labels, false, true),
+                Some(VectorMatchCardinality::OneToMany(l)) => (&l.labels, true, true),
+                _ => (&[], false, false),
+            };
         let signature = |labels: &Labels| -> Labels {
             match matching {
                 Some(LabelModifier::Include(on)) => labels
@@ -630,11 +897,11 @@ impl Eval<'_> {
             }
         };
         let n = self.n();
-        let mut by_sig: HashMap<Labels, Vec<usize>> = HashMap::new();
-        for (i, s) in rhs.iter().enumerate() {
-            by_sig.entry(signature(&s.labels)).or_default().push(i);
-        }
         if is_set {
+            let mut by_sig: HashMap<Labels, Vec<usize>> = HashMap::new();
+            for (i, s) in rhs.iter().enumerate() {
+                by_sig.entry(signature(&s.labels)).or_default().push(i);
+            }
             let mut out = Vec::new();
             let mut lhs_sigs: HashMap<Labels, Vec<bool>> = HashMap::new();
             for mut s in lhs {
@@ -671,57 +938,248 @@ impl Eval<'_> {
             out.retain(|s| s.values.iter().any(Option::is_some));
             return Ok(Value::Vector(out));
         }
-        let mut out: Vec<Series> = Vec::new();
-        let mut lhs_seen: HashMap<Labels, Vec<bool>> = HashMap::new();
-        for l in lhs {
-            let sig = signature(&l.labels);
-            let Some(ids) = by_sig.get(&sig) else {
-                continue;
-            };
-            let seen = lhs_seen
-                .entry(sig.clone())
-                .or_insert_with(|| vec![false; n]);
-            let mut values = vec![None; n];
-            for i in 0..n {
-                let Some(a) = l.values[i] else { continue };
-                let mut matches = ids.iter().filter_map(|j| rhs[*j].values[i]);
-                let Some(c) = matches.next() else { continue };
-                if matches.next().is_some() {
-                    return bad(format!(
-                        "found duplicate series for the match group {sig:?} on the right hand-side of the operation"
-                    ));
-                }
-                if std::mem::replace(&mut seen[i], true) {
-                    return bad(format!(
-                        "multiple matches for labels {sig:?}: many-to-one matching must be explicit (group_left/group_right)"
-                    ));
-                }
-                let r = arith(op, a, c)?;
-                values[i] = match (is_cmp, return_bool) {
-                    (true, true) => Some(if r.is_some() { 1.0 } else { 0.0 }),
-                    (true, false) => r.map(|_| a),
-                    _ => r,
-                };
-            }
-            let mut labels = l.labels;
+        // As in Prometheus' VectorBinop: the "many" side drives, the "one" side is looked up by signature
+        // (for one-to-one matching the left side drives); with group_right the operands swap roles, not
+        // places in the operation.
+        let (many, one) = if one_to_many { (rhs, lhs) } else { (lhs, rhs) };
+        let one_side = if one_to_many { "left" } else { "right" };
+        let mut by_sig: HashMap<Labels, Vec<usize>> = HashMap::new();
+        for (i, s) in one.iter().enumerate() {
+            by_sig.entry(signature(&s.labels)).or_default().push(i);
+        }
+        let result_labels = |many: &Labels, one: &Labels| -> Labels {
+            let mut labels = many.clone();
             if !is_cmp || return_bool {
                 drop_name(&mut labels);
             }
-            match matching {
-                Some(LabelModifier::Include(on)) => {
-                    labels.retain(|(k, _)| on.labels.iter().any(|x| x == k))
+            if !explicit {
+                match matching {
+                    Some(LabelModifier::Include(on)) => {
+                        labels.retain(|(k, _)| on.labels.iter().any(|x| x == k))
+                    }
+                    Some(LabelModifier::Exclude(ign)) => {
+                        labels.retain(|(k, _)| !ign.labels.iter().any(|x| x == k))
+                    }
+                    None => {}
                 }
-                Some(LabelModifier::Exclude(ign)) => {
-                    labels.retain(|(k, _)| !ign.labels.iter().any(|x| x == k))
-                }
-                None => {}
             }
-            if values.iter().any(Option::is_some) {
-                out.push(Series { labels, values });
+            // group_x(labels) copies those labels from the "one" side (an absent one is removed).
+            for name in include {
+                labels.retain(|(k, _)| k != name);
+                let v = store::label(one, name);
+                if !v.is_empty() {
+                    labels.push((name.clone(), v.to_string()));
+                }
+            }
+            labels.sort();
+            labels
+        };
+        let mut out: Vec<Series> = Vec::new();
+        let mut out_index: HashMap<Labels, usize> = HashMap::new();
+        let mut sig_seen: HashMap<Labels, Vec<bool>> = HashMap::new();
+        for m in many {
+            let sig = signature(&m.labels);
+            let Some(ids) = by_sig.get(&sig) else {
+                continue;
+            };
+            // Output series of this "many" series, per matching "one" series.
+            let mut targets: Vec<(usize, usize)> = Vec::new();
+            for i in 0..n {
+                let Some(a) = m.values[i] else { continue };
+                let mut matches = ids
+                    .iter()
+                    .filter_map(|j| one[*j].values[i].map(|v| (*j, v)));
+                let Some((j, c)) = matches.next() else {
+                    continue;
+                };
+                if matches.next().is_some() {
+                    return bad(format!(
+                        "found duplicate series for the match group {} on the {one_side} hand-side of the operation; many-to-many matching not allowed: matching labels must be unique on one side",
+                        render(&sig)
+                    ));
+                }
+                if !explicit {
+                    let seen = sig_seen
+                        .entry(sig.clone())
+                        .or_insert_with(|| vec![false; n]);
+                    if std::mem::replace(&mut seen[i], true) {
+                        return bad(format!(
+                            "multiple matches for labels {}: many-to-one matching must be explicit (group_left/group_right)",
+                            render(&sig)
+                        ));
+                    }
+                }
+                let (fl, fr) = if one_to_many { (c, a) } else { (a, c) };
+                let r = arith(op, fl, fr)?;
+                let value = match (is_cmp, return_bool) {
+                    (true, true) => Some(if r.is_some() { 1.0 } else { 0.0 }),
+                    (true, false) => r.map(|_| fl),
+                    _ => r,
+                };
+                let Some(value) = value else { continue };
+                let k = match targets.iter().find(|(jj, _)| *jj == j) {
+                    Some((_, k)) => *k,
+                    None => {
+                        let labels = result_labels(&m.labels, &one[j].labels);
+                        let k = *out_index.entry(labels.clone()).or_insert_with(|| {
+                            out.push(Series {
+                                labels,
+                                values: vec![None; n],
+                            });
+                            out.len() - 1
+                        });
+                        targets.push((j, k));
+                        k
+                    }
+                };
+                if out[k].values[i].replace(value).is_some() {
+                    return bad(format!(
+                        "vector cannot contain metrics with the same labelset {}",
+                        render(&out[k].labels)
+                    ));
+                }
             }
         }
         Ok(Value::Vector(out))
     }
+}
+
+/// Per-step state of one group of a `sum`/`avg`/`min`/`max`/`count`/`group`/`stddev`/`stdvar`.
+struct Acc {
+    /// Sum, minimum, maximum or (for stddev/stdvar) running mean.
+    value: Vec<f64>,
+    count: Vec<u32>,
+    /// Sum of squared deviations from the running mean (Welford), stddev/stdvar only.
+    m2: Vec<f64>,
+}
+
+impl Acc {
+    fn new(n: usize, spread: bool) -> Self {
+        Acc {
+            value: vec![0.0; n],
+            count: vec![0; n],
+            m2: if spread { vec![0.0; n] } else { Vec::new() },
+        }
+    }
+
+    fn add(&mut self, op: TokenId, values: &[Option<f64>]) {
+        for (i, v) in values.iter().enumerate() {
+            let Some(v) = *v else { continue };
+            let first = self.count[i] == 0;
+            self.count[i] += 1;
+            let acc = &mut self.value[i];
+            if op == T_MIN {
+                if first || v < *acc || acc.is_nan() {
+                    *acc = v;
+                }
+            } else if op == T_MAX {
+                if first || v > *acc || acc.is_nan() {
+                    *acc = v;
+                }
+            } else if op == T_STDDEV || op == T_STDVAR {
+                // As Prometheus: mean and squared deviations updated one value at a time.
+                let delta = v - *acc;
+                *acc += delta / self.count[i] as f64;
+                self.m2[i] += delta * (v - *acc);
+            } else {
+                *acc += v;
+            }
+        }
+    }
+
+    /// Adds another worker's state of the same group (not for stddev/stdvar).
+    fn merge(&mut self, op: TokenId, other: Acc) {
+        for i in 0..self.count.len() {
+            let (c, v) = (other.count[i], other.value[i]);
+            if c == 0 {
+                continue;
+            }
+            let acc = &mut self.value[i];
+            if self.count[i] == 0 {
+                *acc = v;
+            } else if op == T_MIN {
+                if v < *acc || acc.is_nan() {
+                    *acc = v;
+                }
+            } else if op == T_MAX {
+                if v > *acc || acc.is_nan() {
+                    *acc = v;
+                }
+            } else {
+                *acc += v;
+            }
+            self.count[i] += c;
+        }
+    }
+
+    fn finish(self, op: TokenId) -> Vec<Option<f64>> {
+        (0..self.count.len())
+            .map(|i| {
+                let c = self.count[i];
+                (c > 0).then(|| match op {
+                    x if x == T_COUNT => c as f64,
+                    x if x == T_GROUP => 1.0,
+                    x if x == T_AVG => self.value[i] / c as f64,
+                    x if x == T_STDVAR => self.m2[i] / c as f64,
+                    x if x == T_STDDEV => (self.m2[i] / c as f64).sqrt(),
+                    _ => self.value[i],
+                })
+            })
+            .collect()
+    }
+}
+
+/// Prometheus' `quantile`: linear interpolation between the closest ranks (NaN sorts first; φ < 0 is
+/// -Inf, φ > 1 is +Inf).
+fn quantile(q: f64, values: &mut [f64]) -> f64 {
+    if values.is_empty() || q.is_nan() {
+        return f64::NAN;
+    }
+    if q < 0.0 {
+        return f64::NEG_INFINITY;
+    }
+    if q > 1.0 {
+        return f64::INFINITY;
+    }
+    values.sort_by(|a, b| match (a.is_nan(), b.is_nan()) {
+        (true, false) => std::cmp::Ordering::Less,
+        (false, true) => std::cmp::Ordering::Greater,
+        _ => a.partial_cmp(b).unwrap_or(std::cmp::Ordering::Equal),
+    });
+    let n = values.len() as f64;
+    let rank = q * (n - 1.0);
+    let lower = rank.floor().max(0.0);
+    let upper = (lower + 1.0).min(n - 1.0);
+    let weight = rank - rank.floor();
+    values[lower as usize] * (1.0 - weight) + values[upper as usize] * weight
+}
+
+/// A sample value as Prometheus writes it in a label (Go's `FormatFloat(v, 'f', -1, 64)`).
+fn format_value(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v == f64::INFINITY {
+        "+Inf".into()
+    } else if v == f64::NEG_INFINITY {
+        "-Inf".into()
+    } else {
+        format!("{v}")
+    }
+}
+
+/// Whether `name` is a valid (classic) Prometheus label name: `[a-zA-Z_][a-zA-Z0-9_]*`.
+fn valid_label_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// Labels as PromQL writes them: `{a="1", b="2"}`.
+fn render(labels: &Labels) -> String {
+    let inner: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v:?}")).collect();
+    format!("{{{}}}", inner.join(", "))
 }
 
 /// A vector and a scalar: each value against the scalar of its step.

@@ -199,6 +199,11 @@ pub fn label<'a>(labels: &'a Labels, name: &str) -> &'a str {
         .unwrap_or("")
 }
 
+/// Most labels one series may have (Prometheus' `label_limit` idea; kube-state-metrics stays far below).
+pub const MAX_LABELS: usize = 64;
+/// Longest label name or value, and metric name, in bytes.
+pub const MAX_LABEL_BYTES: usize = 4096;
+
 impl Store {
     /// Opens the store in `dir`, replaying the write-ahead log.
     pub fn open(dir: &Path, opts: Options) -> Result<Self> {
@@ -273,7 +278,15 @@ impl Store {
         });
         let mut head = self.write();
         for s in samples {
-            if s.name.is_empty() {
+            // A label bomb (thousands of labels, or megabyte values) is refused sample by sample: one bad
+            // series can't bloat the index, and its valid neighbours are stored.
+            if s.name.is_empty()
+                || s.name.len() > MAX_LABEL_BYTES
+                || s.labels.len() > MAX_LABELS
+                || s.labels.iter().any(|(k, v)| {
+                    k.is_empty() || k.len() > MAX_LABEL_BYTES || v.len() > MAX_LABEL_BYTES
+                })
+            {
                 stats.invalid += 1;
                 continue;
             }
@@ -468,6 +481,13 @@ impl Store {
 
     /// The series matching any of the matcher sets (each set: all must match), sorted by labels.
     pub fn select(&self, alternatives: &[Vec<Matcher>]) -> Vec<(SeriesId, Arc<Labels>)> {
+        let mut out = self.select_by_id(alternatives);
+        out.sort_by(|a, b| a.1.cmp(&b.1));
+        out
+    }
+
+    /// [`Store::select`] in series id order (cheaper: no label comparisons).
+    pub fn select_by_id(&self, alternatives: &[Vec<Matcher>]) -> Vec<(SeriesId, Arc<Labels>)> {
         let head = self.read();
         let mut ids: Vec<SeriesId> = Vec::new();
         for matchers in alternatives {
@@ -475,16 +495,27 @@ impl Store {
         }
         ids.sort_unstable();
         ids.dedup();
-        let mut out: Vec<(SeriesId, Arc<Labels>)> = ids
-            .into_iter()
+        ids.into_iter()
             .filter_map(|id| head.series.get(&id).map(|s| (id, s.labels.clone())))
-            .collect();
-        out.sort_by(|a, b| a.1.cmp(&b.1));
-        out
+            .collect()
     }
 
     /// The samples of a series in `[mint, maxt]`, sorted by time, one per timestamp.
     pub fn samples(&self, id: SeriesId, mint: i64, maxt: i64) -> Result<Vec<(i64, f64)>> {
+        let mut out = Vec::new();
+        self.samples_into(id, mint, maxt, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Store::samples`] into a buffer the caller reuses across series (cleared first).
+    pub fn samples_into(
+        &self,
+        id: SeriesId,
+        mint: i64,
+        maxt: i64,
+        out: &mut Vec<(i64, f64)>,
+    ) -> Result<()> {
+        out.clear();
         // Memory first, disk second: a chunk sealed (or an out-of-order buffer written) in between is then
         // read twice (and deduplicated) rather than missed. Disk samples go first in the result, so the
         // usual case (disk older than the head, no out-of-order data) needs no sort.
@@ -499,16 +530,21 @@ impl Store {
                 head_part.extend(s.ooo.range(mint..=maxt).map(|(t, v)| (*t, *v)));
             }
         }
-        let mut out = Vec::with_capacity(head_part.len() + 256);
         self.disk
-            .read_chunks(id, mint, maxt, self.max_span_ms(), &mut out)?;
+            .read_chunks(id, mint, maxt, self.max_span_ms(), out)?;
         out.extend(head_part);
-        out.retain(|s| s.0 >= mint && s.0 <= maxt);
-        if !out.is_sorted_by_key(|s| s.0) {
+        if out.is_sorted_by(|a, b| a.0 < b.0) {
+            // The usual case: only the ends (chunks reaching past the range) need trimming.
+            let end = out.partition_point(|s| s.0 <= maxt);
+            out.truncate(end);
+            let start = out.partition_point(|s| s.0 < mint);
+            out.drain(..start);
+        } else {
+            out.retain(|s| s.0 >= mint && s.0 <= maxt);
             out.sort_by_key(|s| s.0);
+            out.dedup_by_key(|s| s.0);
         }
-        out.dedup_by_key(|s| s.0);
-        Ok(out)
+        Ok(())
     }
 
     /// Label names of the series matching `alternatives` (all series when empty).

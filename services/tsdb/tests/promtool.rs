@@ -122,6 +122,37 @@ async fn promtool_queries_get_the_expected_values() -> Result<()> {
     // rate per series = 0.1/30 per s (no counter resets, no extrapolation past the edges): × 6 × 300 = 6.
     assert!((got - 6.0).abs() < 1e-9, "{v}");
 
+    // Many-to-one matching: each node's share of its cluster, (10N + M + 2) / (20N + 7), labelled by the
+    // node (a "node" label made by label_replace from the instance).
+    let v = run(vec![
+        "query".into(),
+        "instant".into(),
+        "-o".into(),
+        "json".into(),
+        format!("--time={t}"),
+        url.clone(),
+        r#"label_replace(node_load, "node", "n$1", "instance", "i(.)") / on(cluster) group_left sum by (cluster) (node_load)"#.into(),
+    ])
+    .await?;
+    let result = v.as_array().context("vector")?;
+    assert_eq!(result.len(), 6, "{v}");
+    for n in 1..=3i64 {
+        for m in 1..=2i64 {
+            let r = result
+                .iter()
+                .find(|r| {
+                    r["metric"]["cluster"] == format!("c{n}")
+                        && r["metric"]["node"] == format!("n{m}")
+                })
+                .with_context(|| format!("c{n} n{m} in {v}"))?;
+            assert_eq!(r["metric"]["instance"], format!("i{m}"), "{r}");
+            assert!(r["metric"].get("__name__").is_none(), "{r}");
+            let got: f64 = r["value"][1].as_str().context("value")?.parse()?;
+            let want = (10 * n + m + 2) as f64 / (20 * n + 7) as f64;
+            assert!((got - want).abs() < 1e-9, "{r}");
+        }
+    }
+
     // Range: sum of the fleet every minute over 4 minutes from k = 10: 6 series, Σ(10N+M) = 129,
     // plus 6 · k/10.
     let (start, end) = (BASE_S + 300, BASE_S + 540);

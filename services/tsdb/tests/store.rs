@@ -250,3 +250,34 @@ fn samples_older_than_retention_are_refused() -> Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_label_bomb_is_refused_and_its_neighbours_are_stored() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = Store::open(dir.path(), Options::default())?;
+    let t = 1_750_000_000_000;
+    let mut bomb = s("bomb", "prod-1", t, 1.0);
+    for i in 0..10_000 {
+        bomb.labels.insert(format!("l{i}"), "x".into());
+    }
+    let mut long = s("long_value", "prod-1", t, 1.0);
+    long.labels.insert("v".into(), "y".repeat(1 << 20));
+    let stats = store.append(
+        "prod-1",
+        &[
+            s("before", "prod-1", t, 1.0),
+            bomb,
+            long,
+            s("after", "prod-1", t, 2.0),
+        ],
+    )?;
+    assert_eq!(stats.invalid, 2, "{stats:?}");
+    assert_eq!(all(&store, "before")?, vec![(t, 1.0)]);
+    assert_eq!(all(&store, "after")?, vec![(t, 2.0)]);
+    assert!(
+        store
+            .select(&[vec![Matcher::new(MatchOp::Equal, "__name__", "bomb")]])
+            .is_empty()
+    );
+    Ok(())
+}
