@@ -353,6 +353,16 @@ pub fn apply(
             .any(|(o, (_, f))| *o != me && f.contains(p));
         if !owned_elsewhere {
             remove(&mut obj, p);
+            // an emptied map disappears, as Go's `omitempty` maps and optional structs do
+            for depth in (1..p.len()).rev() {
+                if get(&obj, &p[..depth])
+                    .is_some_and(|v| v.as_object().is_some_and(|m| m.is_empty()))
+                {
+                    remove(&mut obj, &p[..depth]);
+                } else {
+                    break;
+                }
+            }
         }
     }
     let mut body = applied.clone();

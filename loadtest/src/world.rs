@@ -1078,8 +1078,26 @@ fn renew_leases(c: &Cluster) {
     }
 }
 
+/// Registry host of images that never pull: a Deployment whose pod template uses one (e.g.
+/// `unpullable.invalid/web:2`) starts one new pod that never becomes available (ImagePullBackOff), so its
+/// rollout never completes — what a release's health gate must catch.
+pub const UNPULLABLE_REGISTRY: &str = "unpullable.invalid/";
+
+fn unpullable(d: &Value) -> bool {
+    d.pointer("/spec/template/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|c| {
+            c.get("image")
+                .and_then(Value::as_str)
+                .is_some_and(|i| i.starts_with(UNPULLABLE_REGISTRY))
+        })
+}
+
 /// Moves Deployment rollouts forward: one whose generation is ahead of its observedGeneration updates one
-/// replica per step. (DaemonSets and StatefulSets keep the status they were seeded with.)
+/// replica per step; one whose image never pulls ([`UNPULLABLE_REGISTRY`]) stalls with one new pod not
+/// available. (DaemonSets and StatefulSets keep the status they were seeded with.)
 fn reconcile(c: &Cluster) {
     for d in c.store.all(&rk("apps", "deployments"), None) {
         let generation = d
@@ -1103,6 +1121,32 @@ fn reconcile(c: &Cluster) {
             .and_then(Value::as_i64)
             .unwrap_or(0);
         if generation == observed && updated == want && replicas == want {
+            continue;
+        }
+        if unpullable(&d) {
+            let stuck_updated = want.min(1);
+            let stuck_available = (want - 1).max(0);
+            if generation == observed
+                && updated == stuck_updated
+                && replicas == want + stuck_updated
+            {
+                continue;
+            }
+            let ns = str_at(&d, &["metadata", "namespace"]).to_string();
+            let name = str_at(&d, &["metadata", "name"]).to_string();
+            change(c, "apps", "deployments", &ns, &name, |d| {
+                d["status"]["observedGeneration"] = json!(generation);
+                d["status"]["updatedReplicas"] = json!(stuck_updated);
+                d["status"]["replicas"] = json!(want + stuck_updated);
+                d["status"]["readyReplicas"] = json!(stuck_available);
+                d["status"]["availableReplicas"] = json!(stuck_available);
+                d["status"]["unavailableReplicas"] = json!(stuck_updated);
+                d["status"]["conditions"] = json!([
+                    {"type": "Available", "status": if stuck_available > 0 {"True"} else {"False"}, "reason": "MinimumReplicasAvailable"},
+                    {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated",
+                     "message": "new pods are in ImagePullBackOff"}
+                ]);
+            });
             continue;
         }
         let ns = str_at(&d, &["metadata", "namespace"]).to_string();

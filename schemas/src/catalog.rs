@@ -339,6 +339,23 @@ pub fn entries() -> Vec<Entry> {
             },
         ),
         entry(
+            subject::digest("prod-eu-1", "Pod"),
+            EventDigest {
+                id: "9f1c2a7b0d3e4f56".into(),
+                cluster: "prod-eu-1".into(),
+                object: obj("Pod", Some("shop"), "checkout-*"),
+                reason: "BackOff".into(),
+                severity: Severity::Warning,
+                message:
+                    "Back-off restarting failed container checkout in pod checkout-7d9f8b-x2x4z"
+                        .into(),
+                first_seen: t(-600),
+                last_seen: t(0),
+                count: 100,
+                pass: "milestone".into(),
+            },
+        ),
+        entry(
             subject::compliance("prod-eu-1"),
             ComplianceReport {
                 cluster: "prod-eu-1".into(),
@@ -413,8 +430,26 @@ pub fn entries() -> Vec<Entry> {
                     outcome: "configured".into(),
                     error: None,
                     live: None,
+                    result: None,
                 }],
                 replayed: false,
+            },
+        ),
+        entry(
+            subject::release("ingress-1.12", "step"),
+            ReleaseEvent {
+                release: "ingress-1.12".into(),
+                revision: 1,
+                what: "step".into(),
+                state: "applying".into(),
+                actor: "alice".into(),
+                batch: Some(1),
+                clusters: vec!["prod-eu-1".into()],
+                ok: true,
+                summary: "applied 3 objects on prod-eu-1 (1 created, 2 configured)".into(),
+                detail: serde_json::json!({"outcomes": {"created": 1, "configured": 2}}),
+                commit: Some("3e1f0c2".into()),
+                at: t(0),
             },
         ),
         entry(

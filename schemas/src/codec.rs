@@ -290,6 +290,16 @@ mod tests {
         }
         let err = decode::<Heartbeat>(None, Some("Heartbeat/1"), &bytes, 10).unwrap_err();
         assert_eq!(err.reason(), "too-large");
+        // invalid UTF-8 inside a string field (the agent version "0.1.0" with a byte replaced)
+        let at = bytes
+            .windows(5)
+            .position(|w| w == b"0.1.0")
+            .expect("the version string");
+        let mut bad = bytes.clone();
+        bad[at] = 0xff;
+        let err =
+            decode::<Heartbeat>(None, Some("Heartbeat/1"), &bad, DEFAULT_MAX_BYTES).unwrap_err();
+        assert_eq!(err.reason(), "decode", "{err}");
     }
 
     #[test]

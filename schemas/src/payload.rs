@@ -636,6 +636,34 @@ pub struct Incident {
 }
 payload!(Incident, "Incident", 1);
 
+/// A deduplicated Kubernetes event problem, passed on by the correlator when it is new, changes severity
+/// or crosses a count milestone (10, 100, 1000, …): the digest of a stream of repeats.
+/// Subject `fleet.digest.<cluster>.<involved kind>`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct EventDigest {
+    /// Stable id of the problem (cluster + masked object + reason + masked message).
+    pub id: String,
+    /// Cluster.
+    pub cluster: String,
+    /// The object (its name masked to the workload, e.g. `checkout-*` for its pods).
+    pub object: ObjectRef,
+    /// Event reason, e.g. `BackOff`.
+    pub reason: String,
+    /// Severity of the latest occurrence.
+    pub severity: Severity,
+    /// The latest message, as it came.
+    pub message: String,
+    /// First occurrence (cluster clock).
+    pub first_seen: DateTime<Utc>,
+    /// Latest occurrence (cluster clock).
+    pub last_seen: DateTime<Utc>,
+    /// Occurrences so far.
+    pub count: u64,
+    /// Why it was passed on: `new`, `severity` or `milestone`.
+    pub pass: String,
+}
+payload!(EventDigest, "EventDigest", 1);
+
 /// Outcome of one baseline check.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
@@ -804,6 +832,10 @@ pub struct ObjectOutcome {
     /// The live object before the command (for snapshots and diffs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub live: Option<serde_json::Value>,
+    /// The object as the API server returned it after the command (the dry-run's would-be object, or the
+    /// applied one), `managedFields` removed: with `live`, what a field-level diff compares.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<serde_json::Value>,
 }
 
 /// The agent's reply to a release command.
@@ -828,6 +860,44 @@ pub struct ReleaseResult {
     pub replayed: bool,
 }
 payload!(ReleaseResult, "ReleaseResult", 1);
+
+/// One entry of a release's history, published by the release role on `fleet.release.<release>.<what>`
+/// (FLEET_RELEASE): a plan, an approval, a batch starting, a step on one cluster, a health gate, the end of
+/// the release, a rollback.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ReleaseEvent {
+    /// Release name.
+    pub release: String,
+    /// Which run of the release (each new plan of the same name is a new revision), from 1.
+    pub revision: u64,
+    /// What happened (the subject's last token): `plan`, `approve`, `batch`, `step`, `health`, `done`,
+    /// `failed`, `rollback`, `rollback-step`, `rolled-back`.
+    pub what: String,
+    /// The release's state after it: `planned`, `blocked`, `applying`, `succeeded`, `failed`,
+    /// `rolling-back`, `rolled-back`, `rollback-failed`.
+    pub state: String,
+    /// Who caused it (the operator, or `system`).
+    pub actor: String,
+    /// The batch concerned, from 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<u32>,
+    /// The clusters concerned.
+    #[serde(default)]
+    pub clusters: Vec<String>,
+    /// Whether it went well.
+    pub ok: bool,
+    /// One line for a person.
+    pub summary: String,
+    /// Details (structured: per-cluster outcomes, risks, blocked objects, diffs in counts).
+    #[serde(default)]
+    pub detail: serde_json::Value,
+    /// Git commit of the spec, with `-dirty` when the work tree had changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+    /// When it happened (hub clock).
+    pub at: DateTime<Utc>,
+}
+payload!(ReleaseEvent, "ReleaseEvent", 1);
 
 /// A record of something that changed the fleet or its handling: plans, approvals, steps, rollbacks,
 /// acknowledgements, silences.

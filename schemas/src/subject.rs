@@ -144,6 +144,11 @@ pub fn incident(cluster: &str, kind: &str) -> String {
     format!("fleet.incident.{}.{}", escape(cluster), escape(kind))
 }
 
+/// `fleet.digest.<cluster>.<involved kind>`: deduplicated event problems (new, severity change, milestone).
+pub fn digest(cluster: &str, involved_kind: &str) -> String {
+    format!("fleet.digest.{}.{}", escape(cluster), escape(involved_kind))
+}
+
 /// `fleet.compliance.<cluster>`: the cluster's current baseline compliance report.
 pub fn compliance(cluster: &str) -> String {
     format!("fleet.compliance.{}", escape(cluster))

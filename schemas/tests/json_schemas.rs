@@ -59,6 +59,7 @@ fn every_payload_type_is_in_the_catalog_once() {
         "Notification",
         "ReleaseCommand",
         "ReleaseResult",
+        "ReleaseEvent",
         "AuditRecord",
         "DeadLetter",
     ] {

@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use crate::cluster::{self, ClusterConfig, ClusterCtx, Timings};
 use crate::sink::Sink;
 use crate::view::View;
-use crate::{drain, outbox, probes, scrape};
+use crate::{drain, outbox, probes, release, scrape};
 
 /// The agent's configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -40,6 +40,8 @@ pub struct Config {
     pub http: http::Config,
     /// Logging.
     pub log: telemetry::Config,
+    /// The release command executor (off unless enabled, with the release role's public key trusted).
+    pub release: release::Config,
 }
 
 impl Default for Config {
@@ -59,6 +61,7 @@ impl Default for Config {
                 listen: "127.0.0.1:9465".into(),
             },
             log: telemetry::Config::default(),
+            release: release::Config::default(),
         }
     }
 }
@@ -67,6 +70,7 @@ impl Config {
     /// Checks what serde can't.
     pub fn validate(&self) -> Result<()> {
         self.nats.validate()?;
+        self.release.validate()?;
         anyhow::ensure!(
             !self.clusters.is_empty(),
             "no cluster configured: pass --cluster NAME or set clusters in the config"
@@ -131,6 +135,8 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     let mut drains = tokio::task::JoinSet::new();
     let started_at = Utc::now();
     let mut contexts = Vec::new();
+    let keys = Arc::new(release::Keys::load(&config.release));
+    let mut executors = tokio::task::JoinSet::new();
     for c in &config.clusters {
         let kc = kube_config(&config, c).await?;
         let client = kube::Client::try_from(kc.clone())
@@ -138,7 +144,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         let ob = store.outbox(&c.name)?;
         let cctx = Arc::new(ClusterCtx {
             config: c.clone(),
-            client,
+            client: client.clone(),
             kube_config: kc,
             sink: Sink::new(&c.name, ob.clone()),
             view: View::default(),
@@ -167,12 +173,30 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
             drain::Settings::default(),
             drain_cancel.clone(),
         ));
+        if config.release.enabled {
+            let exec = Arc::new(release::Executor::new(
+                &c.name,
+                client.clone(),
+                keys.clone(),
+                config.release.clone(),
+                store.tree(&format!("release/nonces/{}", c.name))?,
+                store.tree(&format!("release/results/{}", c.name))?,
+                ctx.instance.clone(),
+            ));
+            let (nats, cancel) = (ctx.nats.clone(), collect_cancel.clone());
+            executors.spawn(async move {
+                if let Err(e) = release::serve(exec, nats, cancel).await {
+                    tracing::error!(error = %e, "release executor stopped");
+                }
+            });
+        }
         tracing::info!(cluster = %c.name, "serving cluster");
     }
     ctx.cancel.cancelled().await;
     // Collectors stop first; the drains send what waits (up to 5 s); then a last heartbeat carries the final
     // counters — taken after everything else was confirmed, so the seq accounting closes exactly.
     while collectors.join_next().await.is_some() {}
+    while executors.join_next().await.is_some() {}
     let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
     for cctx in &contexts {
         let ob = cctx.sink.outbox();

@@ -3,7 +3,8 @@
 //!
 //! Reads: the Kubernetes API of each cluster (kubeconfig contexts, or in-cluster). Writes (JetStream):
 //! `fleet.state.>`, `fleet.resync.>`, `fleet.event.>`, `fleet.facts.>`, `fleet.hb.>`, `fleet.probe.>`,
-//! `fleet.metrics.>`.
+//! `fleet.metrics.>`. With `release.enabled`, answers signed release commands on
+//! `fleet.cmd.<cluster>.release` (request/reply).
 
 pub mod agent;
 pub mod cluster;
@@ -13,6 +14,7 @@ pub mod kinds;
 pub mod normalize;
 pub mod outbox;
 pub mod probes;
+pub mod release;
 pub mod scrape;
 pub mod sink;
 pub mod view;

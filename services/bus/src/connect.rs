@@ -65,6 +65,10 @@ pub struct Config {
     /// Return at once and connect in the background (for the agent, which must keep collecting while NATS is
     /// unreachable).
     pub background: bool,
+    /// Prefix of this client's reply subjects (default `_INBOX`). With per-user prefixes such as
+    /// `_INBOX_prod-1`, each user's permissions allow only its own replies (`deploy/nats/accounts.conf`),
+    /// so no client can read another's request/reply or JetStream API traffic.
+    pub inbox_prefix: Option<String>,
 }
 
 impl Default for Config {
@@ -81,6 +85,7 @@ impl Default for Config {
             connect_timeout: Duration::from_secs(5),
             give_up_after: Duration::ZERO,
             background: false,
+            inbox_prefix: None,
         }
     }
 }
@@ -146,6 +151,13 @@ impl Config {
         if self.url.trim().is_empty() {
             return Err(Error::Config("url is empty".into()));
         }
+        if let Some(p) = &self.inbox_prefix
+            && (p.is_empty() || p.contains(['.', '*', '>']) || p.chars().any(char::is_whitespace))
+        {
+            return Err(Error::Config(format!(
+                "inbox_prefix {p:?} must be one subject token: no '.', '*', '>' or spaces"
+            )));
+        }
         Ok(())
     }
 
@@ -192,6 +204,9 @@ impl Config {
         }
         if let (Some(c), Some(k)) = (&self.tls.cert_file, &self.tls.key_file) {
             o = o.add_client_certificate(c.clone(), k.clone());
+        }
+        if let Some(prefix) = &self.inbox_prefix {
+            o = o.custom_inbox_prefix(prefix.clone());
         }
         if let Some(name) = &self.name {
             o = o.name(name);

@@ -320,6 +320,19 @@ impl Runner {
                 return None;
             }
         };
+        // A publisher speaks only for the cluster its subject names (the bus' permissions pin agents to their
+        // own subjects; this pins the payload to the subject).
+        if let Some(owner) = subject::cluster_of(&msg.subject)
+            && owner != envelope.cluster
+        {
+            let error = format!(
+                "the envelope speaks for cluster {:?} but subject {} belongs to {owner:?}",
+                envelope.cluster, msg.subject
+            );
+            self.dead_letter(&msg, stream_seq, delivered, "invalid", &error)
+                .await;
+            return None;
+        }
         if let Decision::Later(wait) = self.limiter.check_key(&envelope.cluster) {
             self.metrics.consumed(&c.durable, "rate_limited");
             let _ = msg

@@ -209,10 +209,12 @@ async fn every_payload_type_round_trips_through_jetstream() -> Result<()> {
             "Heartbeat" => round_trip::<Heartbeat>(&js, s, subj).await?,
             "ClusterFacts" => round_trip::<ClusterFacts>(&js, s, subj).await?,
             "Incident" => round_trip::<Incident>(&js, s, subj).await?,
+            "EventDigest" => round_trip::<EventDigest>(&js, s, subj).await?,
             "ComplianceReport" => round_trip::<ComplianceReport>(&js, s, subj).await?,
             "Notification" => round_trip::<Notification>(&js, s, subj).await?,
             "ReleaseCommand" => round_trip::<ReleaseCommand>(&js, s, subj).await?,
             "ReleaseResult" => round_trip::<ReleaseResult>(&js, s, subj).await?,
+            "ReleaseEvent" => round_trip::<ReleaseEvent>(&js, s, subj).await?,
             "AuditRecord" => round_trip::<AuditRecord>(&js, s, subj).await?,
             "DeadLetter" => round_trip::<DeadLetter>(&js, s, subj).await?,
             other => anyhow::bail!("no round trip for {other}: add it here"),
@@ -354,6 +356,17 @@ async fn garbage_is_dead_lettered_with_its_reason_and_valid_neighbours_are_proce
     )
     .await?
     .await?;
+    // A valid heartbeat of prod-2 published on prod-1's subject: one cluster speaking for another.
+    let mut spoof = hb_msg("prod-2", 102);
+    spoof.headers.insert("Nats-Msg-Id", "bad-4");
+    js.send_publish(
+        subject::heartbeat("prod-1"),
+        jetstream::message::PublishMessage::build()
+            .payload(spoof.payload)
+            .headers(spoof.headers),
+    )
+    .await?
+    .await?;
     for seq in 6..=10 {
         p.send(seq, good(seq)).await;
     }
@@ -369,12 +382,12 @@ async fn garbage_is_dead_lettered_with_its_reason_and_valid_neighbours_are_proce
         rec.seen.lock().unwrap().len() >= 10
     })
     .await?;
-    wait_until("3 dead letters", Duration::from_secs(20), || {
-        ["decode", "schema", "version"]
+    wait_until("4 dead letters", Duration::from_secs(20), || {
+        ["decode", "schema", "version", "invalid"]
             .iter()
             .map(|r| metrics.dead_letters("t-dlq", r))
             .sum::<u64>()
-            >= 3
+            >= 4
     })
     .await?;
     cancel.cancel();
@@ -408,7 +421,7 @@ async fn garbage_is_dead_lettered_with_its_reason_and_valid_neighbours_are_proce
         reasons.push(env.payload.reason);
     }
     reasons.sort();
-    assert_eq!(reasons, vec!["decode", "schema", "version"]);
+    assert_eq!(reasons, vec!["decode", "invalid", "schema", "version"]);
     drop(client);
     Ok(())
 }
@@ -583,6 +596,7 @@ fn shipped_nats_configs_are_valid() -> Result<()> {
             "ALERTS",
             "RELEASE",
             "CONSOLE",
+            "OPERATOR",
             "ADMIN",
             "SYS",
         ] {

@@ -8,9 +8,9 @@ use std::collections::{BTreeMap, VecDeque};
 
 use chrono::{DateTime, Duration, Utc};
 use multipilot_schemas::payload::{
-    CheckStatus, ClusterFacts, ComplianceReport, Evidence, Heartbeat, Incident, IncidentStatus,
-    KubeEvent, ObjectRef, ProbeResult, ProbeStatus, ResourceDeleted, ResourceState, ResyncMarker,
-    Severity,
+    AuditRecord, CheckStatus, ClusterFacts, ComplianceReport, EventDigest, Evidence, Heartbeat,
+    Incident, IncidentStatus, KubeEvent, ObjectRef, ProbeResult, ProbeStatus, ResourceDeleted,
+    ResourceState, ResyncMarker, Severity,
 };
 use multipilot_schemas::{Envelope, stable_id, subject};
 use serde::{Deserialize, Serialize};
@@ -257,6 +257,47 @@ impl Engine {
                 body,
             }),
             Err(e) => tracing::error!(error = %e, "cannot encode an incident"),
+        }
+    }
+
+    /// Passes a deduplicated event problem on (`fleet.digest.<cluster>.<kind>`): the alert router and other
+    /// teams read these instead of every repeat.
+    fn emit_digest(&mut self, rec: &crate::dedup::Record, pass: crate::dedup::Pass) {
+        let digest = EventDigest {
+            id: rec.id.clone(),
+            cluster: rec.cluster.clone(),
+            object: rec.object.clone(),
+            reason: rec.reason.clone(),
+            severity: rec.severity,
+            message: rec.last_message.clone(),
+            first_seen: rec.first_seen,
+            last_seen: rec.last_seen,
+            count: rec.count,
+            pass: match pass {
+                crate::dedup::Pass::New => "new",
+                crate::dedup::Pass::Severity => "severity",
+                crate::dedup::Pass::Milestone(_) => "milestone",
+            }
+            .into(),
+        };
+        let env = Envelope::new(
+            rec.cluster.as_str(),
+            self.source.as_str(),
+            rec.last_seen,
+            rec.count,
+            digest,
+        );
+        if let Ok(body) = multipilot_schemas::encode(&env) {
+            self.out.push(Out {
+                subject: subject::digest(&rec.cluster, &rec.object.kind),
+                msg_id: stable_id(&[
+                    &rec.id,
+                    &rec.count.to_string(),
+                    &format!("{:?}", rec.severity),
+                ]),
+                schema: <EventDigest as multipilot_schemas::Payload>::schema_header(),
+                body,
+            });
         }
     }
 
@@ -711,8 +752,11 @@ impl Engine {
         self.stats.events_in += 1;
         let e = &env.payload;
         let (rec, pass) = self.dedup.observe(&env.cluster, e)?;
-        if pass.is_some() {
+        if let Some(pass) = pass {
             self.stats.events_passed += 1;
+            if e.severity >= Severity::Warning {
+                self.emit_digest(&rec, pass);
+            }
         }
         if e.severity < Severity::Warning {
             return Ok(());
@@ -916,6 +960,81 @@ impl Engine {
                 .then(b.updated_at.cmp(&a.updated_at))
         });
         v
+    }
+
+    /// Carries out a person's command on an incident (hub clock `now`): acknowledging sets the status and
+    /// who did it; resolving by hand resolves it at `now` (a condition still failing afterwards opens a new
+    /// incident). A change publishes the new revision and an [`AuditRecord`] on
+    /// `fleet.audit.console.incident-<action>`; the caller commits.
+    pub fn command(
+        &mut self,
+        cmd: &crate::IncidentCommand,
+        now: DateTime<Utc>,
+    ) -> (crate::CommandOutcome, Option<Incident>) {
+        use crate::{CommandOutcome, IncidentAction};
+        let Some(inc) = self.incidents.values_mut().find(|i| i.id == cmd.id) else {
+            return (CommandOutcome::NotFound, None);
+        };
+        match (cmd.action, inc.status) {
+            (IncidentAction::Ack, IncidentStatus::Resolved) => {
+                return (CommandOutcome::Conflict, Some(inc.clone()));
+            }
+            (IncidentAction::Ack, IncidentStatus::Acknowledged)
+            | (IncidentAction::Resolve, IncidentStatus::Resolved) => {
+                return (CommandOutcome::Unchanged, Some(inc.clone()));
+            }
+            (IncidentAction::Ack, _) => {
+                // updated_at stays in the cluster's clock: the acknowledgement's time is in the audit record
+                inc.status = IncidentStatus::Acknowledged;
+                inc.acknowledged_by = Some(cmd.actor.clone());
+            }
+            (IncidentAction::Resolve, _) => {
+                let at = now.max(inc.updated_at);
+                inc.status = IncidentStatus::Resolved;
+                inc.resolved_at = Some(at);
+                inc.updated_at = at;
+            }
+        }
+        inc.revision += 1;
+        let inc = inc.clone();
+        tracing::info!(id = %inc.id, cluster = %inc.cluster, kind = %inc.kind, action = cmd.action.name(), actor = %cmd.actor, "incident changed by hand");
+        self.emit_incident(&inc);
+        let record = AuditRecord {
+            id: stable_id(&["audit", &inc.id, &inc.revision.to_string()]),
+            actor: cmd.actor.clone(),
+            role: "console".into(),
+            action: match cmd.action {
+                IncidentAction::Ack => "incident.acknowledge".into(),
+                IncidentAction::Resolve => "incident.resolve".into(),
+            },
+            target: inc.id.clone(),
+            outcome: "ok".into(),
+            detail: serde_json::json!({
+                "cluster": inc.cluster,
+                "kind": inc.kind,
+                "revision": inc.revision,
+                "summary": inc.summary,
+                "recorded_by": self.source,
+            }),
+            commit: None,
+        };
+        let env = Envelope::new(
+            inc.cluster.as_str(),
+            self.source.as_str(),
+            now,
+            inc.revision,
+            record,
+        );
+        match multipilot_schemas::encode(&env) {
+            Ok(body) => self.out.push(Out {
+                subject: subject::audit("console", &format!("incident-{}", cmd.action.name())),
+                msg_id: env.payload.id.clone(),
+                schema: <AuditRecord as multipilot_schemas::Payload>::schema_header(),
+                body,
+            }),
+            Err(e) => tracing::error!(error = %e, "cannot encode an audit record"),
+        }
+        (CommandOutcome::Done, Some(inc))
     }
 
     /// Current compliance reports.

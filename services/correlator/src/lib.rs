@@ -3,8 +3,9 @@
 //! Reads (durable consumers): `fleet.event.>` (correlator-events), `fleet.hb.>` + `fleet.probe.>`
 //! (correlator-health), `fleet.state.>` + `fleet.resync.>` (correlator-state), `fleet.facts.>`
 //! (correlator-facts). Writes: `fleet.incident.<cluster>.<kind>` (every incident change) and
-//! `fleet.compliance.<cluster>` (baseline reports). Answers `fleet.query.incidents` and
-//! `fleet.query.compliance` (request/reply, JSON).
+//! `fleet.compliance.<cluster>` (baseline reports), and `fleet.audit.console.incident-<action>` for the
+//! incident commands it carries out. Answers `fleet.query.incidents` and `fleet.query.compliance`
+//! (request/reply, JSON) and the incident commands on `fleet.ctl.incident` (acknowledge, resolve).
 
 pub mod baseline;
 pub mod dedup;
@@ -38,6 +39,107 @@ pub const QUERY_INCIDENTS: &str = "fleet.query.incidents";
 pub const QUERY_COMPLIANCE: &str = "fleet.query.compliance";
 /// Header on query replies: how many partitions (instances) answer, so the asker knows when it has all.
 pub const HEADER_PARTITIONS: &str = "Multipilot-Partitions";
+/// Subject of incident commands (request/reply, JSON [`IncidentCommand`] → [`CommandReply`]).
+pub const COMMAND_INCIDENT: &str = "fleet.ctl.incident";
+
+/// What a person does to an incident.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IncidentAction {
+    /// Acknowledge: someone is on it.
+    Ack,
+    /// Resolve by hand: it is over (a condition still failing opens a new incident).
+    Resolve,
+}
+
+impl IncidentAction {
+    /// The action's name (`ack`, `resolve`).
+    pub fn name(self) -> &'static str {
+        match self {
+            IncidentAction::Ack => "ack",
+            IncidentAction::Resolve => "resolve",
+        }
+    }
+}
+
+/// A request on [`COMMAND_INCIDENT`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IncidentCommand {
+    /// Incident id.
+    pub id: String,
+    /// What to do.
+    pub action: IncidentAction,
+    /// Who does it (the console's token subject).
+    pub actor: String,
+}
+
+/// How a command ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CommandOutcome {
+    /// Changed: a new revision and an audit record are published.
+    Done,
+    /// Already so (acknowledging an acknowledged incident): nothing published.
+    Unchanged,
+    /// This instance has no incident with that id.
+    NotFound,
+    /// Not possible in the incident's state (acknowledging a resolved incident).
+    Conflict,
+    /// The change could not be made durable or published; try again.
+    Failed,
+}
+
+/// The reply on [`COMMAND_INCIDENT`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CommandReply {
+    /// Outcome.
+    pub outcome: CommandOutcome,
+    /// The incident after the command.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incident: Option<multipilot_schemas::payload::Incident>,
+    /// What went wrong.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Sends an incident command to every correlator instance and returns the answer of the one that owns the
+/// incident (or `NotFound` once every partition said so).
+pub async fn command(
+    client: &async_nats::Client,
+    cmd: &IncidentCommand,
+    timeout: Duration,
+) -> Result<CommandReply> {
+    let inbox = client.new_inbox();
+    let mut sub = client.subscribe(inbox.clone()).await?;
+    client
+        .publish_with_reply(COMMAND_INCIDENT, inbox, serde_json::to_vec(cmd)?.into())
+        .await?;
+    client.flush().await?;
+    let deadline = tokio::time::Instant::now() + timeout;
+    let (mut answers, mut expected, mut last) = (0usize, None::<usize>, None);
+    while expected.is_none_or(|n| answers < n) {
+        let Ok(Some(m)) = tokio::time::timeout_at(deadline, sub.next()).await else {
+            break;
+        };
+        answers += 1;
+        if expected.is_none() {
+            expected = m
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(HEADER_PARTITIONS))
+                .and_then(|v| v.as_str().parse().ok());
+        }
+        let reply: CommandReply = serde_json::from_slice(&m.payload)
+            .context("a correlator answered something that is not a command reply")?;
+        if reply.outcome != CommandOutcome::NotFound {
+            return Ok(reply);
+        }
+        last = Some(reply);
+    }
+    last.with_context(|| {
+        format!("no correlator answered on {COMMAND_INCIDENT} (is `multipilot correlator` or `all` running?)")
+    })
+}
 
 /// Asks every correlator instance (one per partition) and gathers their answers: JSON arrays, concatenated.
 pub async fn query(
@@ -466,6 +568,74 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
                     headers.insert(HEADER_PARTITIONS, partitions.as_str());
                     let _ = client
                         .publish_with_headers(reply, headers, body.into())
+                        .await;
+                }
+            }
+        });
+    }
+    // incident commands (acknowledge, resolve) from the console
+    {
+        let (engine, client, js, metrics, cancel) = (
+            engine.clone(),
+            ctx.nats.clone(),
+            ctx.js.clone(),
+            ctx.bus_metrics.clone(),
+            ctx.cancel.clone(),
+        );
+        let partitions = config.partitions.to_string();
+        let mut commands = client.subscribe(COMMAND_INCIDENT).await?;
+        tasks.spawn(async move {
+            loop {
+                let msg = tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    Some(m) = commands.next() => m,
+                };
+                let Some(reply_to) = msg.reply.clone() else {
+                    continue;
+                };
+                let reply = match serde_json::from_slice::<IncidentCommand>(&msg.payload) {
+                    Err(e) => CommandReply {
+                        outcome: CommandOutcome::Failed,
+                        incident: None,
+                        error: Some(format!("not an incident command: {e}")),
+                    },
+                    Ok(cmd) => {
+                        let (outcome, incident) = engine.lock().await.command(&cmd, Utc::now());
+                        match outcome {
+                            // the new revision and the audit record are durable and published before
+                            // the asker hears it is done
+                            CommandOutcome::Done => match commit(&engine, &js, &metrics).await {
+                                Ok(()) => CommandReply {
+                                    outcome,
+                                    incident,
+                                    error: None,
+                                },
+                                Err(e) => CommandReply {
+                                    outcome: CommandOutcome::Failed,
+                                    incident,
+                                    error: Some(e),
+                                },
+                            },
+                            CommandOutcome::Conflict => CommandReply {
+                                outcome,
+                                error: incident
+                                    .as_ref()
+                                    .map(|i| format!("incident is {:?}", i.status).to_lowercase()),
+                                incident,
+                            },
+                            _ => CommandReply {
+                                outcome,
+                                incident,
+                                error: None,
+                            },
+                        }
+                    }
+                };
+                let mut headers = async_nats::HeaderMap::new();
+                headers.insert(HEADER_PARTITIONS, partitions.as_str());
+                if let Ok(body) = serde_json::to_vec(&reply) {
+                    let _ = client
+                        .publish_with_headers(reply_to, headers, body.into())
                         .await;
                 }
             }

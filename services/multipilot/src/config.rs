@@ -60,6 +60,12 @@ pub struct Config {
     pub correlator: multipilot_correlator::Config,
     /// The TSDB role (its default `data_dir` becomes `<storage.data_dir>/tsdb`).
     pub tsdb: multipilot_tsdb::Config,
+    /// The alert router (its default `data_dir` becomes `<storage.data_dir>/alerts`).
+    pub alerts: multipilot_alerts::Config,
+    /// The console (HTTP API and web UI; `tsdb_url` defaults to the TSDB role's `tsdb.listen`).
+    pub console: multipilot_console::Config,
+    /// Release orchestration (its default `data_dir` becomes `<storage.data_dir>/release`).
+    pub release: multipilot_release::Config,
 }
 
 impl Config {
@@ -70,6 +76,8 @@ impl Config {
             (1..=5).contains(&self.provision.replicas),
             "provision.replicas must be 1..=5"
         );
+        self.console.validate()?;
+        self.release.validate()?;
         Ok(())
     }
 
@@ -93,6 +101,45 @@ impl Config {
         let mut c = self.tsdb.clone();
         if c.data_dir == multipilot_tsdb::Config::default().data_dir {
             c.data_dir = self.storage.data_dir.join("tsdb");
+        }
+        c
+    }
+
+    /// The alert router's settings with its data directory resolved.
+    pub fn alerts(&self) -> multipilot_alerts::Config {
+        let mut c = self.alerts.clone();
+        if c.data_dir.is_empty() || c.data_dir == multipilot_alerts::Config::default().data_dir {
+            c.data_dir = self
+                .storage
+                .data_dir
+                .join("alerts")
+                .to_string_lossy()
+                .into_owned();
+        }
+        c
+    }
+
+    /// The release role's settings with its data directory resolved.
+    pub fn release(&self) -> multipilot_release::Config {
+        let mut c = self.release.clone();
+        if c.data_dir.is_empty() || c.data_dir == multipilot_release::Config::default().data_dir {
+            c.data_dir = self
+                .storage
+                .data_dir
+                .join("release")
+                .to_string_lossy()
+                .into_owned();
+        }
+        c
+    }
+
+    /// The console's settings with the TSDB address resolved: when left at its default, it follows the
+    /// TSDB role's `tsdb.listen` (the same process or host runs both in the demo).
+    pub fn console(&self) -> multipilot_console::Config {
+        let mut c = self.console.clone();
+        if c.tsdb_url == multipilot_console::Config::default().tsdb_url {
+            let listen = self.tsdb.listen.replace("0.0.0.0", "127.0.0.1");
+            c.tsdb_url = format!("http://{listen}");
         }
         c
     }

@@ -10,8 +10,11 @@ use clap::{Parser, Subcommand};
 use multipilot_runtime::config as cfg;
 
 mod config;
+mod fleet;
 mod incidents;
+mod release;
 mod roles;
+mod silence;
 mod status;
 
 use config::Config;
@@ -41,8 +44,15 @@ enum Command {
     Tsdb,
     /// Run the alert router role.
     Alerts,
-    /// Run the release orchestration role.
-    Release,
+    /// Run the release orchestration role; with a subcommand, ask it (plan, apply, approve, rollback,
+    /// status, history).
+    Release {
+        /// How long to wait for the release role's answer.
+        #[arg(long, global = true, default_value = "120s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+        #[command(subcommand)]
+        command: Option<release::Command>,
+    },
     /// Run the console role (HTTP API and web UI).
     Console,
     /// Create or update every stream and durable consumer, then exit.
@@ -65,6 +75,17 @@ enum Command {
         #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "json"])]
         output: String,
     },
+    /// Add, list or expire silences of the alert router (its HTTP API, `alerts.listen`).
+    Silence {
+        /// The alert router's API (default: http://<alerts.listen>).
+        #[arg(long, global = true, env = "MULTIPILOT_ALERTS_URL")]
+        url: Option<String>,
+        #[command(subcommand)]
+        command: silence::Command,
+    },
+    /// The fleet as the console sees it: clusters, get, diff, compare, gpu.
+    #[command(flatten)]
+    Fleet(fleet::Command),
     /// Show each cluster's compliance with the fleet baseline (from the correlator).
     Compliance {
         /// Output format.
@@ -91,6 +112,9 @@ async fn run() -> Result<()> {
     // role data directories default to subdirectories of storage.data_dir; show and use the resolved ones
     config.correlator = config.correlator();
     config.tsdb = config.tsdb();
+    config.alerts = config.alerts();
+    config.console = config.console();
+    config.release = config.release();
     if cli.print_config {
         print!("{}", cfg::render(&config));
         return Ok(());
@@ -101,6 +125,12 @@ async fn run() -> Result<()> {
             | Command::Status { .. }
             | Command::Incidents { .. }
             | Command::Compliance { .. }
+            | Command::Silence { .. }
+            | Command::Fleet(_)
+            | Command::Release {
+                command: Some(_),
+                ..
+            }
     );
     let mut log = config.log.clone();
     if operator_command {
@@ -113,7 +143,14 @@ async fn run() -> Result<()> {
         Command::Correlator => vec![Role::Correlator],
         Command::Tsdb => vec![Role::Tsdb],
         Command::Alerts => vec![Role::Alerts],
-        Command::Release => vec![Role::Release],
+        Command::Release { command: None, .. } => vec![Role::Release],
+        Command::Release {
+            command: Some(cmd),
+            timeout,
+        } => {
+            let client = multipilot_bus::connect::connect(&config.nats).await?;
+            return release::run(&client, cmd, timeout).await;
+        }
         Command::Console => vec![Role::Console],
         Command::Provision => {
             let client = multipilot_bus::connect::connect(&config.nats).await?;
@@ -139,10 +176,15 @@ async fn run() -> Result<()> {
             let client = multipilot_bus::connect::connect(&config.nats).await?;
             return incidents::print(&client, all, watch, &output).await;
         }
+        Command::Silence { url, command } => {
+            let url = url.unwrap_or_else(|| format!("http://{}", config.alerts.listen));
+            return silence::run(&url, command).await;
+        }
         Command::Compliance { output } => {
             let client = multipilot_bus::connect::connect(&config.nats).await?;
             return incidents::compliance(&client, &output).await;
         }
+        Command::Fleet(cmd) => return fleet::run(&config.console.listen, cmd).await,
     };
     roles::run(config, roles).await
 }

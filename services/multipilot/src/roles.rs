@@ -1,8 +1,8 @@
 //! Running roles: connect, provision, serve health and metrics, run each role until shutdown.
 //!
-//! The roles' own logic lives in their library crates (`multipilot-correlator`, …); a role that has no crate
-//! yet only provisions and checks the durable consumers it will read, reports ready, and says in its log that
-//! it has no logic yet.
+//! The roles' own logic lives in their library crates (`multipilot-correlator`, `multipilot-tsdb`,
+//! `multipilot-alerts`, `multipilot-release`, `multipilot-console`); each provisions what it reads and reports
+//! ready itself.
 
 use anyhow::{Context as _, Result};
 use multipilot_runtime::Context;
@@ -43,22 +43,6 @@ impl Role {
             Role::Alerts => "alerts",
             Role::Release => "release",
             Role::Console => "console",
-        }
-    }
-
-    /// The durable consumers (stream, durable) the role reads.
-    fn consumers(self) -> &'static [(&'static str, &'static str)] {
-        match self {
-            Role::Correlator => &[
-                ("FLEET_EVENTS", "correlator-events"),
-                ("FLEET_HEALTH", "correlator-health"),
-                ("FLEET_STATE", "correlator-state"),
-                ("FLEET_FACTS", "correlator-facts"),
-            ],
-            Role::Tsdb => &[("FLEET_METRICS", "tsdb")],
-            Role::Alerts => &[("FLEET_INCIDENTS", "alerts")],
-            Role::Release => &[],
-            Role::Console => &[("FLEET_RELEASE", "console-release")],
         }
     }
 }
@@ -117,7 +101,27 @@ pub async fn run(config: Config, roles: Vec<Role>) -> Result<()> {
                     }
                     r
                 }
-                _ => run_role(role, ctx).await,
+                Role::Alerts => {
+                    let r = multipilot_alerts::run(config.alerts(), ctx.clone()).await;
+                    if r.is_err() {
+                        ctx.health.set(role.name(), false);
+                    }
+                    r
+                }
+                Role::Release => {
+                    let r = multipilot_release::run(config.release(), ctx.clone()).await;
+                    if r.is_err() {
+                        ctx.health.set(role.name(), false);
+                    }
+                    r
+                }
+                Role::Console => {
+                    let r = multipilot_console::run(config.console(), ctx.clone()).await;
+                    if r.is_err() {
+                        ctx.health.set(role.name(), false);
+                    }
+                    r
+                }
             }
         }));
     }
@@ -132,25 +136,5 @@ pub async fn run(config: Config, roles: Vec<Role>) -> Result<()> {
         }
     }
     let _ = server.await;
-    Ok(())
-}
-
-async fn run_role(role: Role, ctx: Context) -> Result<()> {
-    for (stream, durable) in role.consumers() {
-        let s = ctx
-            .js
-            .get_stream(*stream)
-            .await
-            .with_context(|| format!("stream {stream}"))?;
-        s.get_consumer::<async_nats::jetstream::consumer::pull::Config>(durable)
-            .await
-            .map_err(|e| anyhow::anyhow!("consumer {stream}/{durable}: {e}"))?;
-    }
-    ctx.health.set(role.name(), true);
-    tracing::warn!(
-        role = role.name(),
-        "role has no processing logic in this build yet; it only holds its consumers"
-    );
-    ctx.cancel.cancelled().await;
     Ok(())
 }

@@ -728,3 +728,121 @@ async fn two_partitions_share_the_fleet_one_owner_per_cluster() -> Result<()> {
     assert_eq!(listed.len(), clusters.len(), "{listed:#?}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_person_acknowledges_and_resolves_an_incident_and_the_audit_stream_records_it()
+-> Result<()> {
+    use multipilot_correlator::{CommandOutcome, IncidentAction, IncidentCommand, command};
+    let mut hub = Hub::start().await?;
+    let t = t0();
+    let c = "prod-1";
+    for round in 1..=5 {
+        hub.probe(
+            c,
+            "etcd",
+            ProbeStatus::Unhealthy,
+            round,
+            t + secs(round as i64 * 15),
+        )
+        .await?;
+    }
+    let all = hub
+        .wait_for("etcd-unhealthy", |i| {
+            i.iter().any(|x| x.kind == "etcd-unhealthy")
+        })
+        .await?;
+    let id = all
+        .iter()
+        .find(|x| x.kind == "etcd-unhealthy")
+        .context("incident")?
+        .id
+        .clone();
+    let cmd = |action| IncidentCommand {
+        id: id.clone(),
+        action,
+        actor: "otto".into(),
+    };
+    let wait = Duration::from_secs(5);
+    let r = command(&hub.client, &cmd(IncidentAction::Ack), wait).await?;
+    assert_eq!(r.outcome, CommandOutcome::Done, "{r:?}");
+    let acked = r.incident.context("incident in the reply")?;
+    assert_eq!(
+        (
+            acked.status,
+            acked.revision,
+            acked.acknowledged_by.as_deref()
+        ),
+        (IncidentStatus::Acknowledged, 2, Some("otto"))
+    );
+    // the revision is on the stream before the reply, and so is the audit record
+    let stream = hub.incidents().await?;
+    assert!(
+        stream
+            .iter()
+            .any(|x| x.id == id && x.revision == 2 && x.status == IncidentStatus::Acknowledged),
+        "{stream:#?}"
+    );
+    let audit = hub
+        .js
+        .get_stream("FLEET_AUDIT")
+        .await?
+        .get_last_raw_message_by_subject("fleet.audit.console.incident-ack")
+        .await?;
+    let rec: Envelope<AuditRecord> = rmp_serde::from_slice(&audit.payload)?;
+    assert_eq!(rec.payload.actor, "otto");
+    assert_eq!(rec.payload.action, "incident.acknowledge");
+    assert_eq!(rec.payload.target, id);
+    assert_eq!(rec.payload.detail["revision"], 2);
+    // once is enough: a second acknowledgement changes nothing
+    let again = command(&hub.client, &cmd(IncidentAction::Ack), wait).await?;
+    assert_eq!(again.outcome, CommandOutcome::Unchanged);
+    // later failing rounds keep it acknowledged (no reopening, no new incident)
+    hub.probe(c, "etcd", ProbeStatus::Unhealthy, 6, t + secs(6 * 15))
+        .await?;
+    hub.drained("FLEET_HEALTH", "correlator-health").await?;
+    let r = command(&hub.client, &cmd(IncidentAction::Resolve), wait).await?;
+    assert_eq!(r.outcome, CommandOutcome::Done);
+    let resolved = r.incident.context("incident")?;
+    assert_eq!(resolved.status, IncidentStatus::Resolved);
+    assert!(resolved.resolved_at.is_some());
+    assert!(
+        hub.js
+            .get_stream("FLEET_AUDIT")
+            .await?
+            .get_last_raw_message_by_subject("fleet.audit.console.incident-resolve")
+            .await
+            .is_ok()
+    );
+    assert_eq!(
+        command(&hub.client, &cmd(IncidentAction::Ack), wait)
+            .await?
+            .outcome,
+        CommandOutcome::Conflict
+    );
+    let missing = IncidentCommand {
+        id: "no-such-incident".into(),
+        action: IncidentAction::Resolve,
+        actor: "otto".into(),
+    };
+    assert_eq!(
+        command(&hub.client, &missing, wait).await?.outcome,
+        CommandOutcome::NotFound
+    );
+    // the condition still failing after the hand resolution opens a new incident
+    for round in 7..=11 {
+        hub.probe(
+            c,
+            "etcd",
+            ProbeStatus::Unhealthy,
+            round,
+            Utc::now() + secs(round as i64),
+        )
+        .await?;
+    }
+    hub.wait_for("a new etcd incident", |i| {
+        i.iter()
+            .any(|x| x.kind == "etcd-unhealthy" && x.id != id && x.status == IncidentStatus::Open)
+    })
+    .await?;
+    Ok(())
+}

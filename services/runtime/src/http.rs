@@ -116,18 +116,100 @@ pub fn router(health: Health, registry: Arc<RwLock<Registry>>) -> Router {
         .with_state(AppState { health, registry })
 }
 
-/// Binds `listen` and serves `router` until `cancel` fires. Returns the bound address (useful with port 0).
+/// Per-client request limits every HTTP surface applies (a governor limiter keyed by the client's IP): a
+/// client over its rate gets `429 Too Many Requests` with `Retry-After`, and can't starve the others or
+/// the process. The defaults are far above what people and scripts send, and stop floods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    /// Requests per second per client IP (0: no limit).
+    pub per_second: u32,
+    /// Burst above the rate.
+    pub burst: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            per_second: 1000,
+            burst: 2000,
+        }
+    }
+}
+
+type IpLimiter = governor::DefaultKeyedRateLimiter<std::net::IpAddr>;
+
+async fn limit(
+    State(limiter): State<Arc<IpLimiter>>,
+    axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<SocketAddr>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    use governor::clock::{Clock, DefaultClock};
+    match limiter.check_key(&peer.ip()) {
+        Ok(()) => next.run(req).await,
+        Err(not_until) => {
+            let wait = not_until.wait_time_from(DefaultClock::default().now());
+            tracing::debug!(client = %peer.ip(), "rate limited");
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                [
+                    (header::RETRY_AFTER, wait.as_secs().max(1).to_string()),
+                    (header::CONTENT_TYPE, "application/json".to_string()),
+                ],
+                r#"{"error":"too many requests from this client; slow down"}"#,
+            )
+                .into_response()
+        }
+    }
+}
+
+/// Binds `listen` and serves `router` until `cancel` fires, with the default [`Limits`]. Returns the bound
+/// address (useful with port 0).
 pub async fn serve(
     listen: &str,
     router: Router,
     cancel: tokio_util::sync::CancellationToken,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    serve_limited(listen, router, cancel, Limits::default()).await
+}
+
+/// [`serve`] with explicit per-client limits.
+pub async fn serve_limited(
+    listen: &str,
+    router: Router,
+    cancel: tokio_util::sync::CancellationToken,
+    limits: Limits,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let router = match std::num::NonZeroU32::new(limits.per_second) {
+        Some(rate) => {
+            let quota = governor::Quota::per_second(rate)
+                .allow_burst(std::num::NonZeroU32::new(limits.burst).unwrap_or(rate));
+            let limiter: Arc<IpLimiter> = Arc::new(governor::RateLimiter::keyed(quota));
+            let gc = (limiter.clone(), cancel.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        _ = gc.1.cancelled() => return,
+                        _ = tokio::time::sleep(std::time::Duration::from_secs(60)) => {}
+                    }
+                    gc.0.retain_recent();
+                    gc.0.shrink_to_fit();
+                }
+            });
+            router.layer(axum::middleware::from_fn_with_state(limiter, limit))
+        }
+        None => router,
+    };
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let addr = listener.local_addr()?;
     let task = tokio::spawn(async move {
-        let result = axum::serve(listener, router)
-            .with_graceful_shutdown(async move { cancel.cancelled().await })
-            .await;
+        let result = axum::serve(
+            listener,
+            router.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .with_graceful_shutdown(async move { cancel.cancelled().await })
+        .await;
         if let Err(e) = result {
             tracing::error!(error = %e, "http server failed");
         }

@@ -1,0 +1,697 @@
+//! Release orchestration end to end: a real nats-server, the fleet simulator (1.24 and 1.31 side by side),
+//! the real `multipilot-agent` binary with its release executor, and the release role (library) — planning,
+//! approvals, batches behind health gates, rollback to snapshots, and the agent's checks on commands.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use async_nats::jetstream;
+use chrono::Utc;
+use multipilot_bus::topology::Topology;
+use multipilot_release::exec::{Command as Cmd, Sender};
+use multipilot_release::model::{ApplyRequest, NameRequest, PlanRequest, Reply, State};
+use multipilot_release::signer::Signer;
+use multipilot_schemas::payload::ReleaseAction;
+use multipilot_sim::fleet::{self, Fleet};
+use multipilot_sim::store::ResKey;
+use multipilot_testkit::NatsServer;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+struct H {
+    _nats: NatsServer,
+    fleet: Arc<Fleet>,
+    sim_cancel: CancellationToken,
+    role_cancel: CancellationToken,
+    dir: tempfile::TempDir,
+    agent: Option<Child>,
+    client: async_nats::Client,
+    key: PathBuf,
+}
+
+impl Drop for H {
+    fn drop(&mut self) {
+        if let Some(mut a) = self.agent.take() {
+            let _ = a.kill();
+            let _ = a.wait();
+        }
+        self.role_cancel.cancel();
+        self.sim_cancel.cancel();
+    }
+}
+
+const T: Duration = Duration::from_secs(60);
+
+impl H {
+    async fn start() -> Result<H> {
+        let nats = NatsServer::start().await?;
+        let client = nats.client().await?;
+        Topology::embedded()
+            .provision(&jetstream::new(client.clone()))
+            .await?;
+        let sim_cancel = CancellationToken::new();
+        let fleet = Arc::new(
+            Fleet::start(
+                &fleet::Config {
+                    clusters: 2,
+                    versions: vec!["1.24".into(), "1.31".into()],
+                    names: vec!["old-124".into(), "new-131".into()],
+                    objects: 120,
+                    churn: 0.0,
+                    ..Default::default()
+                },
+                sim_cancel.clone(),
+            )
+            .await?,
+        );
+        let dir = tempfile::tempdir()?;
+        let kubeconfig = dir.path().join("kubeconfig.yaml");
+        fleet.write_kubeconfig(&kubeconfig)?;
+        // the role first: it creates the signing key the agent trusts
+        let role_cancel = CancellationToken::new();
+        let config = multipilot_release::Config {
+            data_dir: dir.path().join("release").to_string_lossy().into_owned(),
+            default_soak: Duration::from_secs(1),
+            health_timeout: Duration::from_secs(10),
+            command_timeout: Duration::from_secs(5),
+            ..Default::default()
+        };
+        let key = config.signing_key_path();
+        let ctx = multipilot_runtime::Context::new(
+            nats.client().await?,
+            "release-test",
+            role_cancel.clone(),
+        );
+        tokio::spawn(async move {
+            if let Err(e) = multipilot_release::run(config, ctx).await {
+                eprintln!("release role failed: {e:#}");
+            }
+        });
+        let pub_key = PathBuf::from(format!("{}.pub", key.display()));
+        for _ in 0..100 {
+            if pub_key.exists() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let agent_cfg = dir.path().join("agent.yaml");
+        std::fs::write(
+            &agent_cfg,
+            format!(
+                "release:\n  enabled: true\n  trusted_key_files: [{:?}]\n",
+                pub_key.display().to_string()
+            ),
+        )?;
+        let log = std::fs::File::create(dir.path().join("agent.log"))?;
+        let agent = Command::new(env!("CARGO_BIN_EXE_multipilot-agent"))
+            .arg("--config")
+            .arg(&agent_cfg)
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .args(["--cluster", "old-124", "--cluster", "new-131"])
+            .env("MULTIPILOT_AGENT__NATS__URL", nats.url())
+            .env("MULTIPILOT_AGENT__OUTBOX__PATH", dir.path().join("outbox"))
+            .env("MULTIPILOT_AGENT__HTTP__LISTEN", "127.0.0.1:0")
+            .env("MULTIPILOT_AGENT__TIMINGS__DISCOVERY_INTERVAL_S", "5")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("starting multipilot-agent")?;
+        let h = H {
+            _nats: nats,
+            fleet,
+            sim_cancel,
+            role_cancel,
+            dir,
+            agent: Some(agent),
+            client,
+            key,
+        };
+        // ready: both clusters in the registry and both agents answering a dry-run
+        let probe = "name: probe\ntargets: {clusters: [old-124, new-131]}\nmanifests: |\n  apiVersion: v1\n  kind: ConfigMap\n  metadata: {name: probe, namespace: default}\n";
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+        loop {
+            let r = h.plan(probe).await?;
+            if r.ok && r.release.as_ref().is_some_and(|r| r.plan.clean()) {
+                break;
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "the fleet never became plannable: {:?}\n{}",
+                r.error
+                    .or_else(|| r.release.map(|r| r.plan.problems().join("; "))),
+                h.agent_log()
+            );
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        Ok(h)
+    }
+
+    fn agent_log(&self) -> String {
+        let t = std::fs::read_to_string(self.dir.path().join("agent.log")).unwrap_or_default();
+        let lines: Vec<&str> = t.lines().rev().take(40).collect();
+        lines.into_iter().rev().collect::<Vec<_>>().join("\n")
+    }
+
+    async fn plan(&self, spec: &str) -> Result<Reply> {
+        multipilot_release::call(
+            &self.client,
+            "plan",
+            &PlanRequest {
+                spec: spec.into(),
+                actor: "tester".into(),
+                ..Default::default()
+            },
+            T,
+        )
+        .await
+    }
+
+    async fn call<B: serde::Serialize>(&self, verb: &str, body: &B) -> Result<Reply> {
+        multipilot_release::call(&self.client, verb, body, T).await
+    }
+
+    async fn wait_state(&self, name: &str, secs: u64) -> Result<Reply> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        loop {
+            let r = self
+                .call(
+                    "history",
+                    &NameRequest {
+                        release: Some(name.into()),
+                        actor: String::new(),
+                    },
+                )
+                .await?;
+            if let Some(rel) = &r.release
+                && !rel.state.busy()
+            {
+                return Ok(r);
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "release {name} still busy after {secs}s: {:?}",
+                r.history.iter().map(|e| &e.summary).collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+
+    fn object(
+        &self,
+        cluster: &str,
+        group: &str,
+        plural: &str,
+        ns: &str,
+        name: &str,
+    ) -> Option<Value> {
+        let c = self.fleet.get(cluster)?;
+        c.store
+            .get(&ResKey::new(group, plural), ns, name)
+            .map(|v| (*v).clone())
+    }
+
+    fn sender(&self, key: &Path) -> Result<Sender> {
+        Ok(Sender {
+            nats: self.client.clone(),
+            signer: Arc::new(Signer::load_or_create(key)?),
+            timeout: Duration::from_secs(5),
+            attempts: 1,
+            validity: Duration::from_secs(120),
+            source: "test".into(),
+        })
+    }
+}
+
+fn spec_hash(obj: &Value) -> String {
+    let spec = multipilot_agent::normalize::canonical_spec(obj);
+    multipilot_agent::normalize::hash(&multipilot_agent::normalize::canonical_json(&spec))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plans_block_what_a_cluster_does_not_serve_and_gate_risks() -> Result<()> {
+    let h = H::start().await?;
+    // batch/v1beta1 CronJob and policy/v1beta1 PodSecurityPolicy on 1.24 and 1.31
+    let spec = r#"
+name: old-apis
+targets: {selector: "version>=1.24"}
+manifests: |
+  apiVersion: batch/v1beta1
+  kind: CronJob
+  metadata: {name: backup, namespace: default}
+  spec:
+    schedule: "0 3 * * *"
+    jobTemplate: {spec: {template: {spec: {restartPolicy: OnFailure, containers: [{name: b, image: busybox}]}}}}
+  ---
+  apiVersion: policy/v1beta1
+  kind: PodSecurityPolicy
+  metadata: {name: restricted}
+  spec: {privileged: false, seLinux: {rule: RunAsAny}, runAsUser: {rule: MustRunAsNonRoot}, supplementalGroups: {rule: RunAsAny}, fsGroup: {rule: RunAsAny}, volumes: ["*"]}
+"#;
+    let r = h.plan(spec).await?;
+    let rel = r.release.context(format!("{:?}", r.error))?;
+    assert_eq!(rel.state, State::Blocked);
+    let obj = |cluster: &str, kind: &str| {
+        rel.plan
+            .clusters
+            .iter()
+            .find(|c| c.cluster == cluster)
+            .and_then(|c| c.objects.iter().find(|o| o.object.kind == kind))
+            .cloned()
+            .expect("planned object")
+    };
+    let cj_old = obj("old-124", "CronJob");
+    assert_eq!(cj_old.action, "would-create", "{cj_old:?}");
+    assert!(
+        cj_old
+            .verdict
+            .warning
+            .as_deref()
+            .unwrap_or("")
+            .contains("batch/v1")
+    );
+    let cj_new = obj("new-131", "CronJob");
+    assert_eq!(cj_new.action, "blocked");
+    let why = cj_new.error.clone().unwrap_or_default();
+    assert!(
+        why.contains("use batch/v1") && why.contains("v1.25"),
+        "{why}"
+    );
+    let psp_new = obj("new-131", "PodSecurityPolicy");
+    assert_eq!(psp_new.action, "blocked");
+    assert!(
+        psp_new
+            .error
+            .as_deref()
+            .unwrap_or("")
+            .contains("Pod Security admission"),
+        "{psp_new:?}"
+    );
+    let psp_old = obj("old-124", "PodSecurityPolicy");
+    assert_eq!(psp_old.action, "would-create", "{psp_old:?}");
+    assert_eq!(rel.plan.blocked, 2);
+    // nothing was created by the dry-run
+    assert!(
+        h.object("old-124", "batch", "cronjobs", "default", "backup")
+            .is_none()
+    );
+
+    // dry-run errors from every cluster, gathered in one plan
+    let spec = r#"
+name: bad-ns
+targets: {clusters: [old-124, new-131]}
+manifests: |
+  apiVersion: v1
+  kind: ConfigMap
+  metadata: {name: c, namespace: does-not-exist}
+  ---
+  apiVersion: apps/v1
+  kind: Deployment
+  metadata: {name: d, namespace: default}
+  spec: {replicas: 1, selector: {matchLabels: {app: x}}, template: {metadata: {labels: {app: y}}, spec: {containers: [{name: c, image: i}]}}}
+"#;
+    let rel = h.plan(spec).await?.release.context("plan")?;
+    let problems = rel.plan.problems();
+    assert_eq!(rel.plan.errors, 4, "{problems:#?}");
+    for c in ["old-124", "new-131"] {
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with(c) && p.contains("does-not-exist")),
+            "{problems:#?}"
+        );
+        assert!(
+            problems
+                .iter()
+                .any(|p| p.starts_with(c) && p.contains("selector")),
+            "{problems:#?}"
+        );
+    }
+    let refused = h
+        .call(
+            "apply",
+            &ApplyRequest {
+                release: Some("bad-ns".into()),
+                actor: "tester".into(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert!(!refused.ok && refused.error.as_deref().unwrap_or("").contains("blocked"));
+
+    // externalIPs need an explicit approval; with it the release goes through
+    let spec = r#"
+name: lb
+targets: {clusters: [old-124, new-131]}
+batches: {size: 1}
+soak: 1s
+manifests: |
+  apiVersion: v1
+  kind: Service
+  metadata: {name: lb, namespace: default}
+  spec:
+    selector: {app: lb}
+    ports: [{name: http, port: 80, targetPort: 8080}]
+    externalIPs: [203.0.113.9]
+    externalTrafficPolicy: Local
+    type: LoadBalancer
+"#;
+    let rel = h.plan(spec).await?.release.context("plan")?;
+    assert_eq!(rel.state, State::Planned);
+    assert!(rel.plan.required_approvals.contains("external-ips"));
+    let risks: Vec<String> = rel.plan.clusters[0].objects[0]
+        .risks
+        .iter()
+        .map(|r| r.code.clone())
+        .collect();
+    assert_eq!(risks, vec!["external-ips", "external-traffic-policy-local"]);
+    let no = h
+        .call(
+            "apply",
+            &ApplyRequest {
+                release: Some("lb".into()),
+                actor: "tester".into(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert!(
+        !no.ok && no.error.as_deref().unwrap_or("").contains("external-ips"),
+        "{no:?}"
+    );
+    assert!(
+        h.object("old-124", "", "services", "default", "lb")
+            .is_none()
+    );
+    let yes = h
+        .call(
+            "apply",
+            &ApplyRequest {
+                release: Some("lb".into()),
+                approve: vec!["external-ips".into()],
+                actor: "alice".into(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert!(yes.ok, "{yes:?}");
+    let done = h.wait_state("lb", 60).await?;
+    assert_eq!(
+        done.release.as_ref().map(|r| r.state),
+        Some(State::Succeeded),
+        "{:#?}",
+        done.history
+    );
+    for c in ["old-124", "new-131"] {
+        let svc = h
+            .object(c, "", "services", "default", "lb")
+            .context("service applied")?;
+        assert_eq!(svc["spec"]["externalIPs"][0], "203.0.113.9");
+    }
+    let whats: Vec<&str> = done.history.iter().map(|e| e.what.as_str()).collect();
+    for w in [
+        "plan", "approve", "apply", "batch", "step", "health", "done",
+    ] {
+        assert!(whats.contains(&w), "{w} missing from {whats:?}");
+    }
+    let approve = done
+        .history
+        .iter()
+        .find(|e| e.what == "approve")
+        .expect("approve");
+    assert_eq!(approve.actor, "alice");
+    // the history is on FLEET_RELEASE and the audit stream too
+    let js = jetstream::new(h.client.clone());
+    let rel_msgs = js
+        .get_stream("FLEET_RELEASE")
+        .await?
+        .info()
+        .await?
+        .state
+        .messages;
+    let audit = js
+        .get_stream("FLEET_AUDIT")
+        .await?
+        .info()
+        .await?
+        .state
+        .messages;
+    assert!(rel_msgs >= done.history.len() as u64, "{rel_msgs}");
+    assert!(audit >= done.history.len() as u64, "{audit}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_health_gate_in_batch_2_rolls_every_changed_cluster_back() -> Result<()> {
+    let h = H::start().await?;
+    // a Deployment every cluster already runs
+    let mut before = Vec::new();
+    for c in ["old-124", "new-131"] {
+        let cl = h.fleet.get(c).context("cluster")?;
+        multipilot_sim::world::put(
+            cl,
+            "apps",
+            "deployments",
+            json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "web", "namespace": "default", "labels": {"app": "web"}},
+                "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "web"}},
+                    "template": {"metadata": {"labels": {"app": "web"}},
+                        "spec": {"containers": [{"name": "web", "image": "registry.example.com/web:1",
+                            "ports": [{"containerPort": 8080, "protocol": "TCP"}]}]}}},
+                "status": {"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2, "availableReplicas": 2}}),
+        )
+        .context("seed web")?;
+        let web = h
+            .object(c, "apps", "deployments", "default", "web")
+            .context("web")?;
+        before.push((c, spec_hash(&web), web["spec"].clone()));
+    }
+    let spec = r#"
+name: web-2
+targets: {clusters: [old-124, new-131]}
+batches: {groups: [[old-124], [new-131]]}
+soak: 1s
+health_timeout: 8s
+manifests: |
+  apiVersion: v1
+  kind: ConfigMap
+  metadata: {name: web-config, namespace: default}
+  data: {release: "2"}
+  ---
+  apiVersion: apps/v1
+  kind: Deployment
+  metadata: {name: web, namespace: default, labels: {app: web}}
+  spec:
+    replicas: 2
+    selector: {matchLabels: {app: web}}
+    template:
+      metadata: {labels: {app: web}, annotations: {release: web-2}}
+      spec:
+        containers:
+          - name: web
+            image: "{% if cluster.name == 'new-131' %}unpullable.invalid/web:2{% else %}registry.example.com/web:2{% endif %}"
+"#;
+    let r = h
+        .call(
+            "apply",
+            &ApplyRequest {
+                spec: Some(spec.into()),
+                actor: "tester".into(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert!(r.ok, "{r:?}");
+    let plan = &r.release.as_ref().context("release")?.plan;
+    let web_diff: Vec<String> = plan.clusters[0]
+        .objects
+        .iter()
+        .find(|o| o.object.kind == "Deployment")
+        .map(|o| o.diff.iter().map(|d| d.path.clone()).collect())
+        .unwrap_or_default();
+    assert!(
+        web_diff.contains(&".spec.template.spec.containers[web].image".to_string()),
+        "{web_diff:?}"
+    );
+    let done = h.wait_state("web-2", 90).await?;
+    let rel = done.release.context("release")?;
+    let summaries: Vec<String> = done
+        .history
+        .iter()
+        .map(|e| format!("{} {} {}", e.what, e.ok, e.summary))
+        .collect();
+    assert_eq!(rel.state, State::RolledBack, "{summaries:#?}");
+    assert_eq!(rel.batches[0].state, "done", "{summaries:#?}");
+    assert_eq!(rel.batches[1].state, "failed", "{summaries:#?}");
+    assert!(
+        rel.batches[1]
+            .error
+            .as_deref()
+            .unwrap_or("")
+            .contains("updated 1/2"),
+        "{:?}",
+        rel.batches[1].error
+    );
+    assert_eq!(rel.changed, vec!["old-124", "new-131"]);
+    // every changed cluster is back at its snapshot
+    for (c, hash, spec) in &before {
+        let web = h
+            .object(c, "apps", "deployments", "default", "web")
+            .context("web")?;
+        assert_eq!(&web["spec"], spec, "{c}: spec differs after the rollback");
+        assert_eq!(&spec_hash(&web), hash, "{c}");
+        assert!(
+            h.object(c, "", "configmaps", "default", "web-config")
+                .is_none(),
+            "{c}: the ConfigMap the release created is still there"
+        );
+    }
+    // a rollback on demand goes through again (nothing left to change)
+    let again = h
+        .call(
+            "rollback",
+            &NameRequest {
+                release: Some("web-2".into()),
+                actor: "tester".into(),
+            },
+        )
+        .await?;
+    assert!(again.ok, "{again:?}");
+    let done = h.wait_state("web-2", 60).await?;
+    assert_eq!(done.release.map(|r| r.state), Some(State::RolledBack));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_rejects_forged_replayed_expired_and_foreign_commands_and_applies_once()
+-> Result<()> {
+    let h = H::start().await?;
+    let good = h.sender(&h.key)?;
+    let stranger = h.sender(&h.dir.path().join("other/signing.key"))?;
+    let cm = |v: &str| {
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "once", "namespace": "default"}, "data": {"v": v}})
+    };
+    let cmd = |id: &str, cluster: &str, v: &str| Cmd {
+        id: id.into(),
+        release: "sec".into(),
+        cluster: cluster.into(),
+        action: ReleaseAction::Apply,
+        field_manager: "multipilot".into(),
+        force: false,
+        objects: vec![cm(v)],
+    };
+    let refused = |r: &multipilot_schemas::payload::ReleaseResult, needle: &str| {
+        assert!(!r.ok, "{r:?}");
+        assert!(
+            r.error.as_deref().unwrap_or("").contains(needle),
+            "{needle}: {r:?}"
+        );
+    };
+    // forged: an untrusted key
+    let r = stranger
+        .send_envelope(&stranger.build(&cmd("f1", "old-124", "x"))?)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    refused(&r, "not trusted");
+    // forged: a trusted key id, but the objects changed after signing
+    let mut env = good.build(&cmd("f2", "old-124", "x"))?;
+    env.payload.objects = vec![cm("evil")];
+    let r = good.send_envelope(&env).await.map_err(anyhow::Error::msg)?;
+    refused(&r, "bad signature");
+    // unsigned
+    let mut env = good.build(&cmd("f3", "old-124", "x"))?;
+    env.payload.signature.clear();
+    refused(
+        &good.send_envelope(&env).await.map_err(anyhow::Error::msg)?,
+        "unsigned",
+    );
+    // another cluster's command, sent to this one
+    let env = good.build(&cmd("o1", "new-131", "x"))?;
+    let mut foreign = env.clone();
+    foreign.payload.cluster = "new-131".into();
+    let body_for_old = {
+        // re-address the envelope to old-124's subject, keep the signed payload for new-131
+        let bytes = multipilot_schemas::encode(&foreign)?;
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Content-Type", "application/msgpack");
+        headers.insert("Multipilot-Schema", "ReleaseCommand/1");
+        let m = h
+            .client
+            .request_with_headers(
+                multipilot_schemas::subject::command("old-124", "release"),
+                headers,
+                bytes.into(),
+            )
+            .await?;
+        let e: multipilot_schemas::Envelope<multipilot_schemas::payload::ReleaseResult> =
+            rmp_serde::from_slice(&m.payload)?;
+        e.payload
+    };
+    refused(&body_for_old, "for cluster \"new-131\"");
+    // expired, and issued in the future (re-signed so only the times are wrong)
+    let signer = Signer::load_or_create(&h.key)?;
+    let mut env = good.build(&cmd("e1", "old-124", "x"))?;
+    env.payload.issued_at = Utc::now() - chrono::Duration::minutes(20);
+    env.payload.expires_at = Utc::now() - chrono::Duration::minutes(10);
+    signer.sign(&mut env.payload)?;
+    refused(
+        &good.send_envelope(&env).await.map_err(anyhow::Error::msg)?,
+        "expired",
+    );
+    let mut env = good.build(&cmd("e2", "old-124", "x"))?;
+    env.payload.issued_at = Utc::now() + chrono::Duration::minutes(10);
+    env.payload.expires_at = Utc::now() + chrono::Duration::minutes(11);
+    signer.sign(&mut env.payload)?;
+    refused(
+        &good.send_envelope(&env).await.map_err(anyhow::Error::msg)?,
+        "future",
+    );
+    assert!(
+        h.object("old-124", "", "configmaps", "default", "once")
+            .is_none(),
+        "a refused command applied something"
+    );
+
+    // a valid command applies; the same envelope again is a replay
+    let env = good.build(&cmd("a1", "old-124", "1"))?;
+    let first = good.send_envelope(&env).await.map_err(anyhow::Error::msg)?;
+    assert!(first.ok && !first.replayed, "{first:?}");
+    assert_eq!(first.objects[0].outcome, "created");
+    refused(
+        &good.send_envelope(&env).await.map_err(anyhow::Error::msg)?,
+        "replayed",
+    );
+    // someone changes the object; the retried command (same id, fresh nonce) applies nothing
+    multipilot_sim::world::change(
+        h.fleet.get("old-124").context("cluster")?,
+        "",
+        "configmaps",
+        "default",
+        "once",
+        |o| o["data"]["v"] = json!("changed-by-someone"),
+    );
+    let retry = good.send(&cmd("a1", "old-124", "1")).await?;
+    assert!(retry.ok && retry.replayed, "{retry:?}");
+    assert_eq!(
+        retry.objects[0].outcome, "created",
+        "the stored result comes back"
+    );
+    let live = h
+        .object("old-124", "", "configmaps", "default", "once")
+        .context("cm")?;
+    assert_eq!(
+        live["data"]["v"], "changed-by-someone",
+        "the retry was applied again"
+    );
+    // the other cluster is untouched
+    assert!(
+        h.object("new-131", "", "configmaps", "default", "once")
+            .is_none()
+    );
+    Ok(())
+}

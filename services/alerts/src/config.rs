@@ -1,0 +1,423 @@
+//! Settings: the role's own (`alerts` section of the hub config) and the routing file, which follows
+//! Alertmanager's configuration shape (`route`, `receivers`, `inhibit_rules`) so operators reuse what they
+//! know. Unknown keys are errors, not silently ignored.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail, ensure};
+use serde::{Deserialize, Serialize};
+
+use crate::matcher::Matcher;
+
+/// The embedded default routing: everything to the `fleet` receiver, which publishes on
+/// `fleet.alert.fleet` for integrations that subscribe; cluster-unreachable inhibits the rest of its cluster.
+pub const DEFAULT_ROUTING: &str = include_str!("../alerts.yaml");
+
+/// The role's settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Where silences, alerts, the notification log and pending notifications live (sled).
+    pub data_dir: String,
+    /// The routing file (Alertmanager-shaped YAML); empty: the embedded `alerts.yaml`.
+    pub routing: Option<String>,
+    /// The HTTP API (silences, alerts, receivers). Without `api_tokens` it must be a loopback address.
+    pub listen: String,
+    /// Bearer tokens accepted by the HTTP API for changes (silences). Empty: open, loopback only.
+    pub api_tokens: Vec<String>,
+    /// Messages per pull from FLEET_INCIDENTS.
+    pub batch: usize,
+    /// How often groups are checked for due notifications.
+    #[serde(with = "humantime_serde")]
+    pub tick: Duration,
+    /// Resolved alerts are forgotten this long after they resolved (once their groups have been told).
+    #[serde(with = "humantime_serde")]
+    pub retain_resolved: Duration,
+    /// Deduplicated event digests (`fleet.digest.>`) at or above this severity become alerts too
+    /// (`info`, `warning`, `critical`; `off` ignores them).
+    pub event_min_severity: EventThreshold,
+    /// An event alert resolves this long after the digest that last refreshed it (events never say "over").
+    #[serde(with = "humantime_serde")]
+    pub event_ttl: Duration,
+}
+
+/// The lowest event severity that becomes an alert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventThreshold {
+    /// Event digests are ignored.
+    Off,
+    /// Info and above.
+    Info,
+    /// Warning and above.
+    Warning,
+    /// Critical only.
+    Critical,
+}
+
+impl EventThreshold {
+    /// Whether a digest of this severity passes.
+    pub fn passes(self, s: multipilot_schemas::payload::Severity) -> bool {
+        use multipilot_schemas::payload::Severity;
+        match self {
+            EventThreshold::Off => false,
+            EventThreshold::Info => true,
+            EventThreshold::Warning => s >= Severity::Warning,
+            EventThreshold::Critical => s >= Severity::Critical,
+        }
+    }
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            data_dir: "./data/hub/alerts".into(),
+            routing: None,
+            listen: "127.0.0.1:9467".into(),
+            api_tokens: Vec::new(),
+            batch: 500,
+            tick: Duration::from_millis(200),
+            retain_resolved: Duration::from_secs(3600),
+            event_min_severity: EventThreshold::Warning,
+            event_ttl: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// The routing file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Routing {
+    /// The route tree's root (its matchers are ignored: everything enters it).
+    pub route: Route,
+    /// Receivers by name.
+    pub receivers: Vec<Receiver>,
+    /// Inhibition rules.
+    #[serde(default)]
+    pub inhibit_rules: Vec<InhibitRule>,
+    /// Default title and text templates (minijinja); receivers may override them.
+    #[serde(default)]
+    pub templates: Templates,
+}
+
+/// One node of the route tree. Unset timings and receiver are inherited from the parent.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Route {
+    /// Receiver name.
+    #[serde(default)]
+    pub receiver: Option<String>,
+    /// Labels that split alerts into groups; `["..."]` groups by every label.
+    #[serde(default)]
+    pub group_by: Option<Vec<String>>,
+    /// Matchers an alert must meet to enter this route.
+    #[serde(default)]
+    pub matchers: Vec<Matcher>,
+    /// Go on matching the siblings after this route matched.
+    #[serde(default, rename = "continue")]
+    pub continue_: bool,
+    /// How long a new group waits for more alerts before its first notification.
+    #[serde(default, with = "humantime_serde")]
+    pub group_wait: Option<Duration>,
+    /// How long a group waits before notifying about changes.
+    #[serde(default, with = "humantime_serde")]
+    pub group_interval: Option<Duration>,
+    /// How long before a notification that changed nothing is sent again.
+    #[serde(default, with = "humantime_serde")]
+    pub repeat_interval: Option<Duration>,
+    /// Child routes.
+    #[serde(default)]
+    pub routes: Vec<Route>,
+}
+
+/// An inhibition rule: while an alert matching `source_matchers` fires, alerts matching `target_matchers`
+/// with the same values of the `equal` labels are muted.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InhibitRule {
+    /// The inhibiting alerts.
+    pub source_matchers: Vec<Matcher>,
+    /// The inhibited alerts.
+    pub target_matchers: Vec<Matcher>,
+    /// Labels that must be equal in both.
+    #[serde(default)]
+    pub equal: Vec<String>,
+}
+
+/// Title and text templates.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Templates {
+    /// Title.
+    pub title: String,
+    /// Text.
+    pub text: String,
+}
+
+impl Default for Templates {
+    fn default() -> Self {
+        Templates {
+            title: "[{{ status | upper }}{% if status == \"firing\" %}:{{ firing | length }}{% endif %}] \
+                    {% for k, v in group_labels | items %}{{ v }}{% if not loop.last %} {% endif %}{% endfor %}"
+                .into(),
+            text: "{% for a in firing %}- [{{ a.labels.severity }}] {{ a.labels.cluster }}: {{ a.annotations.summary }}\n{% endfor %}\
+                   {% if resolved %}Resolved:\n{% for a in resolved %}- {{ a.labels.cluster }}: {{ a.annotations.summary }}\n{% endfor %}{% endif %}"
+                .into(),
+        }
+    }
+}
+
+/// A receiver: where notifications go, and how fast.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Receiver {
+    /// Name (also the `<receiver>` of `fleet.alert.<receiver>`).
+    pub name: String,
+    /// Generic webhooks (Alertmanager webhook payload, version 4).
+    #[serde(default)]
+    pub webhook_configs: Vec<Webhook>,
+    /// Hand-off to an existing Alertmanager (`POST /api/v2/alerts`).
+    #[serde(default)]
+    pub alertmanager_configs: Vec<AlertmanagerTarget>,
+    /// Slack-compatible incoming webhooks.
+    #[serde(default)]
+    pub slack_configs: Vec<Slack>,
+    /// Publish on `fleet.alert.<receiver>` (FLEET_ALERTS) for integrations that subscribe.
+    #[serde(default)]
+    pub nats_configs: Vec<NatsTarget>,
+    /// Title/text templates for this receiver (default: the file's).
+    #[serde(default)]
+    pub templates: Option<Templates>,
+    /// Delivery limits.
+    #[serde(default)]
+    pub delivery: Delivery,
+}
+
+/// A generic webhook.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Webhook {
+    /// URL.
+    pub url: String,
+    /// Also notify when alerts resolve.
+    #[serde(default = "yes")]
+    pub send_resolved: bool,
+    /// At most this many alerts per payload (0: all); the rest are counted in `truncatedAlerts`.
+    #[serde(default)]
+    pub max_alerts: usize,
+}
+
+/// An Alertmanager to hand alerts to.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AlertmanagerTarget {
+    /// Base URL, e.g. `http://alertmanager:9093`.
+    pub url: String,
+}
+
+/// A Slack-compatible incoming webhook.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Slack {
+    /// The incoming webhook URL.
+    pub api_url: String,
+    /// Channel override.
+    #[serde(default)]
+    pub channel: Option<String>,
+    /// Also notify when alerts resolve.
+    #[serde(default = "yes")]
+    pub send_resolved: bool,
+}
+
+/// Publication on `fleet.alert.<receiver>`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NatsTarget {
+    /// Also publish when alerts resolve.
+    #[serde(default = "yes")]
+    pub send_resolved: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Per-receiver delivery limits.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Delivery {
+    /// Notifications per second (governor); 0: unlimited.
+    pub rate_per_second: u32,
+    /// Burst above the rate (0: one second's worth).
+    pub burst: u32,
+    /// Notifications in flight at once.
+    pub concurrency: usize,
+    /// Attempts before a notification is dead-lettered.
+    pub max_attempts: u32,
+    /// First retry delay; doubles per attempt (±20% jitter) up to `backoff_max`.
+    #[serde(with = "humantime_serde")]
+    pub backoff_initial: Duration,
+    /// Longest retry delay.
+    #[serde(with = "humantime_serde")]
+    pub backoff_max: Duration,
+    /// Per-request timeout.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+}
+
+impl Default for Delivery {
+    fn default() -> Self {
+        Delivery {
+            rate_per_second: 10,
+            burst: 0,
+            concurrency: 4,
+            max_attempts: 10,
+            backoff_initial: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(300),
+            timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Routing {
+    /// Loads the routing file, or the embedded default.
+    pub fn load(path: Option<&str>) -> Result<Routing> {
+        let (text, from) = match path {
+            Some(p) if !p.is_empty() => (
+                std::fs::read_to_string(p).with_context(|| format!("reading {p}"))?,
+                p.to_string(),
+            ),
+            _ => (
+                DEFAULT_ROUTING.to_string(),
+                "the embedded alerts.yaml".into(),
+            ),
+        };
+        let r: Routing = serde_yaml::from_str(&text).with_context(|| format!("parsing {from}"))?;
+        r.validate().with_context(|| format!("checking {from}"))?;
+        Ok(r)
+    }
+
+    /// Checks what serde can't: receivers exist and are unique, the root has a receiver, templates
+    /// compile, limits make sense.
+    pub fn validate(&self) -> Result<()> {
+        let mut names = BTreeSet::new();
+        for r in &self.receivers {
+            ensure!(
+                multipilot_schemas::subject::is_valid_token(&r.name),
+                "receiver name {:?} must be letters, digits and '-'",
+                r.name
+            );
+            ensure!(
+                names.insert(r.name.as_str()),
+                "receiver {:?} is defined twice",
+                r.name
+            );
+            ensure!(
+                r.delivery.max_attempts >= 1,
+                "receiver {}: max_attempts must be ≥ 1",
+                r.name
+            );
+            ensure!(
+                r.delivery.concurrency >= 1,
+                "receiver {}: concurrency must be ≥ 1",
+                r.name
+            );
+            for w in &r.webhook_configs {
+                check_url(&w.url).with_context(|| format!("receiver {}", r.name))?;
+            }
+            for a in &r.alertmanager_configs {
+                check_url(&a.url).with_context(|| format!("receiver {}", r.name))?;
+            }
+            for s in &r.slack_configs {
+                check_url(&s.api_url).with_context(|| format!("receiver {}", r.name))?;
+            }
+            if let Some(t) = &r.templates {
+                crate::template::check(t)
+                    .with_context(|| format!("receiver {} templates", r.name))?;
+            }
+        }
+        crate::template::check(&self.templates).context("templates")?;
+        ensure!(
+            self.route.receiver.is_some(),
+            "the root route needs a receiver"
+        );
+        fn walk(r: &Route, names: &BTreeSet<&str>) -> Result<()> {
+            if let Some(n) = &r.receiver
+                && !names.contains(n.as_str())
+            {
+                bail!("route refers to receiver {n:?}, which is not defined");
+            }
+            for d in [r.group_interval, r.repeat_interval].into_iter().flatten() {
+                ensure!(
+                    !d.is_zero(),
+                    "group_interval and repeat_interval must be > 0"
+                );
+            }
+            r.routes.iter().try_for_each(|c| walk(c, names))
+        }
+        walk(&self.route, &names)
+    }
+
+    /// A receiver by name.
+    pub fn receiver(&self, name: &str) -> Option<&Receiver> {
+        self.receivers.iter().find(|r| r.name == name)
+    }
+}
+
+fn check_url(u: &str) -> Result<()> {
+    ensure!(
+        u.starts_with("http://") || u.starts_with("https://"),
+        "{u:?} is not an http(s) URL"
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_embedded_routing_loads() {
+        let r = Routing::load(None).unwrap();
+        assert!(r.receiver("fleet").is_some());
+        assert!(!r.inhibit_rules.is_empty());
+    }
+
+    #[test]
+    fn mistakes_are_named() {
+        let bad = [
+            (
+                "route: {receiver: nope}\nreceivers: [{name: a}]",
+                "not defined",
+            ),
+            (
+                "route: {receiver: a}\nreceivers: [{name: a}, {name: a}]",
+                "twice",
+            ),
+            (
+                "route: {receiver: a, matchers: [\"x=~(\"]}\nreceivers: [{name: a}]",
+                "regular expression",
+            ),
+            (
+                "route: {receiver: a}\nreceivers: [{name: a, webhook_configs: [{url: ftp://x}]}]",
+                "http",
+            ),
+            (
+                "route: {receiver: a, grouop_by: [x]}\nreceivers: [{name: a}]",
+                "unknown field",
+            ),
+            (
+                "route: {receiver: a}\nreceivers: [{name: a}]\ntemplates: {title: \"{{ x\"}",
+                "template",
+            ),
+        ];
+        for (yaml, want) in bad {
+            let err = serde_yaml::from_str::<Routing>(yaml)
+                .map_err(anyhow::Error::from)
+                .and_then(|r| r.validate().map(|_| r))
+                .unwrap_err();
+            assert!(format!("{err:#}").contains(want), "{yaml}: {err:#}");
+        }
+    }
+}

@@ -1,0 +1,678 @@
+//! The dispatcher: alerts into route-tree groups; on each group's timer, what is firing and resolved (minus
+//! silenced and inhibited alerts) is compared with the notification log, and a notification is enqueued
+//! only when Alertmanager would send one (new firing alerts, newly resolved ones for receivers that want
+//! them, everything resolved, or the repeat interval passed).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use chrono::{DateTime, Duration, Utc};
+use multipilot_schemas::payload::{
+    AlertState, EventDigest, Incident, IncidentStatus, Notification, NotifiedAlert,
+};
+use multipilot_schemas::stable_id;
+use serde::Serialize;
+
+use crate::config::{Receiver, Routing};
+use crate::matcher::all_match;
+use crate::route::Tree;
+use crate::store::{self, Alert, Error, NflogEntry, Pending, Silence, Store, enc, nflog_key};
+use crate::template;
+
+/// One aggregation group.
+#[derive(Debug, Clone)]
+struct Group {
+    node: usize,
+    labels: BTreeMap<String, String>,
+    alerts: BTreeSet<String>,
+    next_flush: DateTime<Utc>,
+}
+
+/// Why an alert is not notified.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Muted {
+    /// Active silences that match it.
+    pub silenced_by: Vec<String>,
+    /// Firing alerts that inhibit it.
+    pub inhibited_by: Vec<String>,
+}
+
+impl Muted {
+    fn is_muted(&self) -> bool {
+        !self.silenced_by.is_empty() || !self.inhibited_by.is_empty()
+    }
+}
+
+/// Counters for tests and logs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Incident changes taken in.
+    pub incidents_in: u64,
+    /// Older or repeated revisions ignored.
+    pub stale_ignored: u64,
+    /// Notifications enqueued.
+    pub notifications: u64,
+}
+
+/// The dispatcher's state.
+#[derive(Debug)]
+pub struct Engine {
+    /// The durable store.
+    pub store: Store,
+    routing: Routing,
+    tree: Tree,
+    alerts: HashMap<String, Alert>,
+    groups: BTreeMap<String, Group>,
+    silences: BTreeMap<String, Silence>,
+    nflog: HashMap<String, NflogEntry>,
+    retain_resolved: Duration,
+    /// Counters.
+    pub stats: Stats,
+}
+
+/// An alert as the API shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct AlertView<'a> {
+    /// The alert.
+    #[serde(flatten)]
+    pub alert: &'a Alert,
+    /// Muted by what.
+    pub muted: Muted,
+    /// Receivers it routes to.
+    pub receivers: Vec<String>,
+}
+
+/// Labels and annotations an incident becomes.
+pub fn alert_of(inc: &Incident, now: DateTime<Utc>) -> Alert {
+    let mut labels = inc.labels.clone();
+    labels.insert("alertname".into(), inc.kind.clone());
+    labels.insert("kind".into(), inc.kind.clone());
+    labels.insert("cluster".into(), inc.cluster.clone());
+    labels.insert(
+        "severity".into(),
+        format!("{:?}", inc.severity).to_lowercase(),
+    );
+    let mut annotations = BTreeMap::from([("summary".to_string(), inc.summary.clone())]);
+    if !inc.evidence.is_empty() {
+        let lines: Vec<String> = inc
+            .evidence
+            .iter()
+            .take(5)
+            .map(|e| {
+                format!(
+                    "{} {}: {}",
+                    e.cluster_time.format("%H:%M:%SZ"),
+                    e.kind,
+                    e.summary
+                )
+            })
+            .collect();
+        annotations.insert("evidence".into(), lines.join("\n"));
+    }
+    if inc.status == IncidentStatus::Acknowledged {
+        annotations.insert(
+            "acknowledged_by".into(),
+            inc.acknowledged_by.clone().unwrap_or_default(),
+        );
+    }
+    Alert {
+        id: inc.id.clone(),
+        labels,
+        annotations,
+        starts_at: inc.opened_at,
+        ends_at: match inc.status {
+            IncidentStatus::Resolved => Some(inc.resolved_at.unwrap_or(inc.updated_at)),
+            _ => None,
+        },
+        revision: inc.revision,
+        updated_at: now,
+        expires_at: None,
+    }
+}
+
+/// The alert a deduplicated event digest becomes (resolving `ttl` after its last refresh).
+pub fn alert_of_digest(d: &EventDigest, now: DateTime<Utc>, ttl: Duration) -> Alert {
+    let o = &d.object;
+    let mut labels = BTreeMap::from([
+        ("alertname".to_string(), d.reason.clone()),
+        ("kind".to_string(), "event".to_string()),
+        ("cluster".to_string(), d.cluster.clone()),
+        (
+            "severity".to_string(),
+            format!("{:?}", d.severity).to_lowercase(),
+        ),
+        ("object_kind".to_string(), o.kind.clone()),
+        ("object".to_string(), o.name.clone()),
+    ]);
+    if let Some(ns) = &o.namespace {
+        labels.insert("namespace".into(), ns.clone());
+    }
+    let at = match &o.namespace {
+        Some(ns) => format!("{}/{ns}/{}", o.kind, o.name),
+        None => format!("{}/{}", o.kind, o.name),
+    };
+    let annotations = BTreeMap::from([
+        (
+            "summary".to_string(),
+            format!("{} {at}: {} (×{})", d.reason, d.message, d.count),
+        ),
+        ("count".to_string(), d.count.to_string()),
+        ("last_seen".to_string(), d.last_seen.to_rfc3339()),
+    ]);
+    Alert {
+        id: format!("event:{}", d.id),
+        labels,
+        annotations,
+        starts_at: d.first_seen,
+        ends_at: None,
+        revision: d.count,
+        updated_at: now,
+        expires_at: Some(now + ttl),
+    }
+}
+
+#[derive(Serialize)]
+struct TemplateAlert<'a> {
+    status: &'static str,
+    labels: &'a BTreeMap<String, String>,
+    annotations: &'a BTreeMap<String, String>,
+    starts_at: String,
+    ends_at: Option<String>,
+}
+
+/// The labels (or annotations) every map shares.
+pub(crate) fn common<'a>(
+    maps: impl Iterator<Item = &'a BTreeMap<String, String>>,
+) -> BTreeMap<String, String> {
+    let mut out: Option<BTreeMap<String, String>> = None;
+    for m in maps {
+        out = Some(match out {
+            None => m.clone(),
+            Some(c) => c.into_iter().filter(|(k, v)| m.get(k) == Some(v)).collect(),
+        });
+    }
+    out.unwrap_or_default()
+}
+
+impl Engine {
+    /// Opens the dispatcher on its store: alerts, silences and the notification log come back, and the
+    /// groups are rebuilt (a group already notified waits out its group_interval since then).
+    pub fn open(
+        store: Store,
+        routing: Routing,
+        retain_resolved: std::time::Duration,
+        now: DateTime<Utc>,
+    ) -> Result<Engine, Error> {
+        let tree = Tree::new(&routing.route);
+        let mut e = Engine {
+            alerts: store::all::<Alert>(&store.alerts).into_iter().collect(),
+            silences: store::all::<Silence>(&store.silences).into_iter().collect(),
+            nflog: store::all::<NflogEntry>(&store.nflog).into_iter().collect(),
+            store,
+            routing,
+            tree,
+            groups: BTreeMap::new(),
+            retain_resolved: Duration::from_std(retain_resolved).unwrap_or(Duration::hours(1)),
+            stats: Stats::default(),
+        };
+        let alerts: Vec<Alert> = e.alerts.values().cloned().collect();
+        for a in &alerts {
+            e.place(a, now);
+        }
+        Ok(e)
+    }
+
+    /// The routing in force.
+    pub fn routing(&self) -> &Routing {
+        &self.routing
+    }
+
+    fn place(&mut self, a: &Alert, now: DateTime<Utc>) {
+        for node in self.tree.matches(&a.labels) {
+            let (key, labels) = self.tree.group_of(node, &a.labels, &a.id);
+            let n = self.tree.node(node);
+            let (wait, interval) = (
+                Duration::from_std(n.group_wait).unwrap_or_default(),
+                Duration::from_std(n.group_interval).unwrap_or_default(),
+            );
+            let last = self
+                .nflog
+                .get(&nflog_key(&n.receiver, &key))
+                .and_then(|e| e.at);
+            let g = self.groups.entry(key).or_insert_with(|| Group {
+                node,
+                labels,
+                alerts: BTreeSet::new(),
+                next_flush: match last {
+                    // notified before (a restart): the next flush comes group_interval after that one
+                    Some(at) => (at + interval).max(now),
+                    None => now + wait,
+                },
+            });
+            g.alerts.insert(a.id.clone());
+        }
+    }
+
+    /// Takes in one incident change. Older revisions than the one held are ignored (redeliveries).
+    pub fn on_incident(&mut self, inc: &Incident, now: DateTime<Utc>) -> Result<(), Error> {
+        self.stats.incidents_in += 1;
+        self.upsert(alert_of(inc, now), now)
+    }
+
+    /// Takes in one event digest (the caller has checked its severity).
+    pub fn on_digest(
+        &mut self,
+        d: &EventDigest,
+        now: DateTime<Utc>,
+        ttl: std::time::Duration,
+    ) -> Result<(), Error> {
+        self.stats.incidents_in += 1;
+        let ttl = Duration::from_std(ttl).unwrap_or(Duration::hours(1));
+        let mut alert = alert_of_digest(d, now, ttl);
+        // an event alert that expired and comes back is a new episode: it fires again
+        if let Some(old) = self.alerts.get(&alert.id)
+            && old.ends_at.is_some()
+            && old.revision < alert.revision
+        {
+            alert.starts_at = alert.starts_at.max(old.ends_at.unwrap_or(alert.starts_at));
+        }
+        self.upsert(alert, now)
+    }
+
+    fn upsert(&mut self, alert: Alert, now: DateTime<Utc>) -> Result<(), Error> {
+        if let Some(old) = self.alerts.get(&alert.id)
+            && (old.revision > alert.revision
+                || (old.revision == alert.revision && old.ends_at == alert.ends_at))
+        {
+            self.stats.stale_ignored += 1;
+            return Ok(());
+        }
+        self.store
+            .alerts
+            .insert(alert.id.as_bytes(), enc(&alert)?)?;
+        self.place(&alert, now);
+        self.alerts.insert(alert.id.clone(), alert);
+        Ok(())
+    }
+
+    fn inhibition_index(&self) -> Vec<HashMap<Vec<String>, Vec<String>>> {
+        self.routing
+            .inhibit_rules
+            .iter()
+            .map(|r| {
+                let mut idx: HashMap<Vec<String>, Vec<String>> = HashMap::new();
+                for a in self.alerts.values().filter(|a| a.firing()) {
+                    if all_match(&r.source_matchers, &a.labels) {
+                        let key = r
+                            .equal
+                            .iter()
+                            .map(|l| a.labels.get(l).cloned().unwrap_or_default())
+                            .collect();
+                        idx.entry(key).or_default().push(a.id.clone());
+                    }
+                }
+                idx
+            })
+            .collect()
+    }
+
+    fn muted(
+        &self,
+        a: &Alert,
+        index: &[HashMap<Vec<String>, Vec<String>>],
+        now: DateTime<Utc>,
+    ) -> Muted {
+        let mut m = Muted {
+            silenced_by: self
+                .silences
+                .values()
+                .filter(|s| s.silences(&a.labels, now))
+                .map(|s| s.id.clone())
+                .collect(),
+            inhibited_by: Vec::new(),
+        };
+        if a.firing() {
+            for (rule, idx) in self.routing.inhibit_rules.iter().zip(index) {
+                if !all_match(&rule.target_matchers, &a.labels) {
+                    continue;
+                }
+                let key: Vec<String> = rule
+                    .equal
+                    .iter()
+                    .map(|l| a.labels.get(l).cloned().unwrap_or_default())
+                    .collect();
+                if let Some(src) = idx.get(&key) {
+                    m.inhibited_by
+                        .extend(src.iter().filter(|s| **s != a.id).cloned());
+                }
+            }
+        }
+        m
+    }
+
+    /// Flushes the groups that are due, enqueues the notifications they call for (durably, with their
+    /// notification-log entries), and forgets long-resolved alerts. Returns how many were enqueued.
+    pub fn tick(&mut self, now: DateTime<Utc>, instance: &str) -> Result<usize, Error> {
+        let due: Vec<String> = self
+            .groups
+            .iter()
+            .filter(|(_, g)| g.next_flush <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let mut enqueued = 0;
+        if !due.is_empty() {
+            let index = self.inhibition_index();
+            for key in due {
+                enqueued += self.flush(&key, &index, now, instance)?;
+            }
+        }
+        self.gc(now)?;
+        self.expire(now)?;
+        Ok(enqueued)
+    }
+
+    /// Resolves event alerts nobody refreshed within their TTL.
+    fn expire(&mut self, now: DateTime<Utc>) -> Result<(), Error> {
+        let due: Vec<Alert> = self
+            .alerts
+            .values()
+            .filter(|a| a.firing() && a.expires_at.is_some_and(|t| t <= now))
+            .cloned()
+            .collect();
+        for mut a in due {
+            a.ends_at = a.expires_at;
+            a.updated_at = now;
+            self.store.alerts.insert(a.id.as_bytes(), enc(&a)?)?;
+            self.place(&a, now);
+            self.alerts.insert(a.id.clone(), a);
+        }
+        Ok(())
+    }
+
+    fn flush(
+        &mut self,
+        key: &str,
+        index: &[HashMap<Vec<String>, Vec<String>>],
+        now: DateTime<Utc>,
+        _instance: &str,
+    ) -> Result<usize, Error> {
+        let Some(g) = self.groups.get(key).cloned() else {
+            return Ok(0);
+        };
+        let node = self.tree.node(g.node).clone();
+        let receiver = self.routing.receiver(&node.receiver).cloned();
+        let mut firing = Vec::new();
+        let mut resolved = Vec::new();
+        let mut resolved_now = Vec::new();
+        for id in &g.alerts {
+            let Some(a) = self.alerts.get(id) else {
+                resolved_now.push(id.clone());
+                continue;
+            };
+            if !a.firing() {
+                resolved_now.push(id.clone());
+            }
+            if self.muted(a, index, now).is_muted() {
+                continue;
+            }
+            if a.firing() {
+                firing.push(a);
+            } else {
+                resolved.push(a);
+            }
+        }
+        let nkey = nflog_key(&node.receiver, key);
+        let entry = self.nflog.get(&nkey);
+        let send_resolved = receiver.as_ref().is_some_and(wants_resolved);
+        let firing_ids: BTreeSet<String> = firing.iter().map(|a| a.id.clone()).collect();
+        let resolved_ids: BTreeSet<String> = resolved.iter().map(|a| a.id.clone()).collect();
+        let repeat = Duration::from_std(node.repeat_interval).unwrap_or(Duration::hours(4));
+        let needs = match entry {
+            None => !firing_ids.is_empty(),
+            Some(e) if !firing_ids.is_subset(&e.firing) => true,
+            Some(e) if firing_ids.is_empty() => !e.firing.is_empty(),
+            Some(e) if send_resolved && !resolved_ids.is_subset(&e.resolved) => true,
+            Some(e) => e.at.is_none_or(|at| at + repeat <= now),
+        };
+        let mut enqueued = 0;
+        if needs {
+            let new_entry = NflogEntry {
+                firing: firing_ids.clone(),
+                resolved: resolved_ids.clone(),
+                at: Some(now),
+            };
+            let pending = match &receiver {
+                Some(r) => {
+                    let hold = (node.repeat_interval + node.group_interval).as_secs();
+                    self.notifications(r, key, &g.labels, (&firing, &resolved), now, hold)
+                }
+                None => Vec::new(),
+            };
+            self.store
+                .enqueue(&pending, &[(nkey.clone(), new_entry.clone())])?;
+            self.nflog.insert(nkey, new_entry);
+            enqueued = pending.len();
+            if !pending.is_empty() {
+                self.stats.notifications += 1;
+            }
+        }
+        // resolved alerts have been dealt with: they leave the group
+        let interval = Duration::from_std(node.group_interval).unwrap_or(Duration::minutes(5));
+        let g = self.groups.get_mut(key).expect("group present");
+        for id in &resolved_now {
+            g.alerts.remove(id);
+        }
+        g.next_flush = now + interval;
+        if g.alerts.is_empty() {
+            self.groups.remove(key);
+        }
+        Ok(enqueued)
+    }
+
+    fn notifications(
+        &self,
+        r: &Receiver,
+        group_key: &str,
+        group_labels: &BTreeMap<String, String>,
+        (firing, resolved): (&[&Alert], &[&Alert]),
+        now: DateTime<Utc>,
+        hold_secs: u64,
+    ) -> Vec<Pending> {
+        let status = if firing.is_empty() {
+            "resolved"
+        } else {
+            "firing"
+        };
+        let all: Vec<&Alert> = firing.iter().chain(resolved).copied().collect();
+        fn tpl<'a>(a: &&'a Alert) -> TemplateAlert<'a> {
+            TemplateAlert {
+                status: if a.firing() { "firing" } else { "resolved" },
+                labels: &a.labels,
+                annotations: &a.annotations,
+                starts_at: a.starts_at.to_rfc3339(),
+                ends_at: a.ends_at.map(|t| t.to_rfc3339()),
+            }
+        }
+        let ctx = serde_json::json!({
+            "receiver": r.name,
+            "status": status,
+            "group_labels": group_labels,
+            "common_labels": common(all.iter().map(|a| &a.labels)),
+            "common_annotations": common(all.iter().map(|a| &a.annotations)),
+            "alerts": all.iter().map(tpl).collect::<Vec<_>>(),
+            "firing": firing.iter().map(tpl).collect::<Vec<_>>(),
+            "resolved": resolved.iter().map(tpl).collect::<Vec<_>>(),
+        });
+        let (title, text) = template::render(
+            r.templates.as_ref().unwrap_or(&self.routing.templates),
+            &ctx,
+        );
+        let join = |v: &[&Alert]| {
+            v.iter()
+                .map(|a| a.id.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let id = stable_id(&[
+            &r.name,
+            group_key,
+            &join(firing),
+            &join(resolved),
+            &now.to_rfc3339(),
+        ]);
+        let notified = |a: &&Alert| NotifiedAlert {
+            incident_id: a.id.clone(),
+            state: if a.firing() {
+                AlertState::Firing
+            } else {
+                AlertState::Resolved
+            },
+            labels: a.labels.clone(),
+            annotations: a.annotations.clone(),
+            starts_at: a.starts_at,
+            ends_at: a.ends_at,
+        };
+        let full = Notification {
+            id,
+            receiver: r.name.clone(),
+            group_key: group_key.to_string(),
+            state: if firing.is_empty() {
+                AlertState::Resolved
+            } else {
+                AlertState::Firing
+            },
+            title,
+            text,
+            alerts: all.iter().map(notified).collect(),
+        };
+        let mut out = Vec::new();
+        let mut push = |integration: &str, index: usize, send_resolved: bool| {
+            let mut n = full.clone();
+            if !send_resolved {
+                n.alerts.retain(|a| a.state == AlertState::Firing);
+            }
+            if n.alerts.is_empty() {
+                return;
+            }
+            out.push(Pending {
+                notification: n,
+                group_labels: group_labels.clone(),
+                integration: integration.into(),
+                index,
+                attempts: 0,
+                next_attempt: now,
+                created_at: now,
+                last_error: None,
+                hold_secs,
+            });
+        };
+        for (i, w) in r.webhook_configs.iter().enumerate() {
+            push("webhook", i, w.send_resolved);
+        }
+        for i in 0..r.alertmanager_configs.len() {
+            push("alertmanager", i, true);
+        }
+        for (i, s) in r.slack_configs.iter().enumerate() {
+            push("slack", i, s.send_resolved);
+        }
+        for (i, n) in r.nats_configs.iter().enumerate() {
+            push("nats", i, n.send_resolved);
+        }
+        out
+    }
+
+    fn gc(&mut self, now: DateTime<Utc>) -> Result<(), Error> {
+        let grouped: BTreeSet<&String> = self.groups.values().flat_map(|g| &g.alerts).collect();
+        let old: Vec<String> = self
+            .alerts
+            .values()
+            .filter(|a| {
+                a.ends_at.is_some_and(|t| t + self.retain_resolved < now)
+                    && !grouped.contains(&a.id)
+            })
+            .map(|a| a.id.clone())
+            .collect();
+        for id in old {
+            self.store.alerts.remove(id.as_bytes())?;
+            self.alerts.remove(&id);
+        }
+        Ok(())
+    }
+
+    /// Every alert, with what mutes it and where it routes.
+    pub fn alerts(&self, now: DateTime<Utc>) -> Vec<AlertView<'_>> {
+        let index = self.inhibition_index();
+        let mut v: Vec<AlertView<'_>> = self
+            .alerts
+            .values()
+            .map(|a| AlertView {
+                alert: a,
+                muted: self.muted(a, &index, now),
+                receivers: self
+                    .tree
+                    .matches(&a.labels)
+                    .into_iter()
+                    .map(|i| self.tree.node(i).receiver.clone())
+                    .collect(),
+            })
+            .collect();
+        v.sort_by(|a, b| {
+            b.alert
+                .starts_at
+                .cmp(&a.alert.starts_at)
+                .then(a.alert.id.cmp(&b.alert.id))
+        });
+        v
+    }
+
+    /// Every silence.
+    pub fn silences(&self) -> impl Iterator<Item = &Silence> {
+        self.silences.values()
+    }
+
+    /// Adds or replaces a silence (durable when this returns).
+    pub async fn put_silence(&mut self, s: Silence) -> Result<(), Error> {
+        self.store.silences.insert(s.id.as_bytes(), enc(&s)?)?;
+        self.store.flush().await?;
+        self.silences.insert(s.id.clone(), s);
+        Ok(())
+    }
+
+    /// Ends a silence now. Returns it, or `None` if there is no such silence.
+    pub async fn expire_silence(
+        &mut self,
+        id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Silence>, Error> {
+        let Some(mut s) = self.silences.get(id).cloned() else {
+            return Ok(None);
+        };
+        if s.ends_at > now {
+            s.ends_at = now;
+            s.starts_at = s.starts_at.min(now);
+            s.updated_at = now;
+            self.put_silence(s.clone()).await?;
+        }
+        Ok(Some(s))
+    }
+
+    /// Groups and their alert counts (for the API and tests).
+    pub fn groups(&self) -> Vec<(String, String, usize)> {
+        self.groups
+            .iter()
+            .map(|(k, g)| {
+                (
+                    k.clone(),
+                    self.tree.node(g.node).receiver.clone(),
+                    g.alerts.len(),
+                )
+            })
+            .collect()
+    }
+}
+
+fn wants_resolved(r: &Receiver) -> bool {
+    r.webhook_configs.iter().any(|w| w.send_resolved)
+        || !r.alertmanager_configs.is_empty()
+        || r.slack_configs.iter().any(|s| s.send_resolved)
+        || r.nats_configs.iter().any(|n| n.send_resolved)
+}

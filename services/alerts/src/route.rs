@@ -1,0 +1,233 @@
+//! The route tree, resolved: every node carries its inherited receiver, grouping and timings, and an alert's
+//! labels find the nodes that take it with Alertmanager's rules (depth first; the first matching child wins
+//! unless it says `continue`; a node none of whose children match takes the alert itself).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::config::Route;
+use crate::matcher::{Matcher, all_match};
+
+/// How a node groups its alerts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupBy {
+    /// By these labels (empty: one group for everything).
+    Labels(Vec<String>),
+    /// By every label (`group_by: ['...']`): one group per alert.
+    All,
+}
+
+/// One resolved node.
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// Path in the tree, e.g. `0/1/0` (part of the group key).
+    pub id: String,
+    /// Receiver.
+    pub receiver: String,
+    /// Grouping.
+    pub group_by: GroupBy,
+    /// First-notification delay of a new group.
+    pub group_wait: Duration,
+    /// Delay between notifications about a group's changes.
+    pub group_interval: Duration,
+    /// Delay before an unchanged notification is sent again.
+    pub repeat_interval: Duration,
+    matchers: Vec<Matcher>,
+    continue_: bool,
+    children: Vec<usize>,
+}
+
+/// The resolved tree.
+#[derive(Debug, Clone)]
+pub struct Tree {
+    nodes: Vec<Node>,
+}
+
+impl Tree {
+    /// Resolves a route tree (defaults as in Alertmanager: group_wait 30 s, group_interval 5 m,
+    /// repeat_interval 4 h, no grouping labels).
+    pub fn new(root: &Route) -> Tree {
+        let mut t = Tree { nodes: Vec::new() };
+        let defaults = Node {
+            id: "0".into(),
+            receiver: root.receiver.clone().unwrap_or_default(),
+            group_by: GroupBy::Labels(Vec::new()),
+            group_wait: Duration::from_secs(30),
+            group_interval: Duration::from_secs(300),
+            repeat_interval: Duration::from_secs(4 * 3600),
+            matchers: Vec::new(),
+            continue_: false,
+            children: Vec::new(),
+        };
+        t.add(root, &defaults, "0".into(), true);
+        t
+    }
+
+    fn add(&mut self, r: &Route, parent: &Node, id: String, root: bool) -> usize {
+        let node = Node {
+            id: id.clone(),
+            receiver: r
+                .receiver
+                .clone()
+                .unwrap_or_else(|| parent.receiver.clone()),
+            group_by: match &r.group_by {
+                Some(l) if l.iter().any(|x| x == "...") => GroupBy::All,
+                Some(l) => GroupBy::Labels(l.clone()),
+                None => parent.group_by.clone(),
+            },
+            group_wait: r.group_wait.unwrap_or(parent.group_wait),
+            group_interval: r.group_interval.unwrap_or(parent.group_interval),
+            repeat_interval: r.repeat_interval.unwrap_or(parent.repeat_interval),
+            matchers: if root { Vec::new() } else { r.matchers.clone() },
+            continue_: r.continue_,
+            children: Vec::new(),
+        };
+        let me = self.nodes.len();
+        self.nodes.push(node.clone());
+        for (i, c) in r.routes.iter().enumerate() {
+            let child = self.add(c, &node, format!("{id}/{i}"), false);
+            self.nodes[me].children.push(child);
+        }
+        me
+    }
+
+    /// A node.
+    pub fn node(&self, i: usize) -> &Node {
+        &self.nodes[i]
+    }
+
+    /// The nodes that take an alert with these labels.
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> Vec<usize> {
+        let mut out = Vec::new();
+        self.walk(0, labels, &mut out);
+        out
+    }
+
+    fn walk(&self, i: usize, labels: &BTreeMap<String, String>, out: &mut Vec<usize>) -> bool {
+        let n = &self.nodes[i];
+        if !all_match(&n.matchers, labels) {
+            return false;
+        }
+        let mut any = false;
+        for &c in &n.children {
+            if self.walk(c, labels, out) {
+                any = true;
+                if !self.nodes[c].continue_ {
+                    break;
+                }
+            }
+        }
+        if !any {
+            out.push(i);
+        }
+        true
+    }
+
+    /// The group an alert falls into at a node: its key (node path + grouping label values) and labels.
+    pub fn group_of(
+        &self,
+        i: usize,
+        labels: &BTreeMap<String, String>,
+        alert_id: &str,
+    ) -> (String, BTreeMap<String, String>) {
+        let n = &self.nodes[i];
+        let group_labels: BTreeMap<String, String> = match &n.group_by {
+            GroupBy::All => labels.clone(),
+            GroupBy::Labels(names) => names
+                .iter()
+                .filter_map(|k| labels.get(k).map(|v| (k.clone(), v.clone())))
+                .collect(),
+        };
+        let mut key = format!("{}:{{", n.id);
+        for (i, (k, v)) in group_labels.iter().enumerate() {
+            if i > 0 {
+                key.push(',');
+            }
+            key.push_str(&format!(
+                "{k}={}",
+                serde_json::to_string(v).unwrap_or_default()
+            ));
+        }
+        key.push('}');
+        if n.group_by == GroupBy::All {
+            key.push_str(&format!("#{alert_id}"));
+        }
+        (key, group_labels)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Routing;
+
+    fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    const YAML: &str = r#"
+route:
+  receiver: default
+  group_by: [cluster]
+  group_wait: 10s
+  routes:
+    - matchers: ['severity="critical"']
+      receiver: pager
+      group_wait: 1s
+      continue: true
+    - matchers: ['env=~"prod|staging"']
+      receiver: team
+      group_by: [cluster, alertname]
+      routes:
+        - matchers: ['team="gpu"']
+          receiver: gpu
+receivers: [{name: default}, {name: pager}, {name: team}, {name: gpu}]
+"#;
+
+    fn receivers(t: &Tree, l: &BTreeMap<String, String>) -> Vec<String> {
+        t.matches(l)
+            .into_iter()
+            .map(|i| t.node(i).receiver.clone())
+            .collect()
+    }
+
+    #[test]
+    fn routes_like_alertmanager() {
+        let r: Routing = serde_yaml::from_str(YAML).unwrap();
+        r.validate().unwrap();
+        let t = Tree::new(&r.route);
+        // nothing matches a child: the root takes it
+        assert_eq!(receivers(&t, &labels(&[("env", "dev")])), ["default"]);
+        // critical continues to the next sibling
+        assert_eq!(
+            receivers(&t, &labels(&[("severity", "critical"), ("env", "prod")])),
+            ["pager", "team"]
+        );
+        // without continue, the first match wins
+        assert_eq!(
+            receivers(&t, &labels(&[("env", "prod"), ("team", "gpu")])),
+            ["gpu"]
+        );
+        // critical alone: pager matched (continue) but no sibling did; the root does not take it again
+        assert_eq!(
+            receivers(&t, &labels(&[("severity", "critical")])),
+            ["pager"]
+        );
+        // inherited settings
+        let gpu = t.matches(&labels(&[("env", "prod"), ("team", "gpu")]))[0];
+        assert_eq!(t.node(gpu).group_wait, Duration::from_secs(10));
+        assert_eq!(
+            t.node(gpu).group_by,
+            GroupBy::Labels(vec!["cluster".into(), "alertname".into()])
+        );
+        let (key, gl) = t.group_of(
+            gpu,
+            &labels(&[("cluster", "a"), ("alertname", "x"), ("team", "gpu")]),
+            "id",
+        );
+        assert_eq!(key, "0/1/0:{alertname=\"x\",cluster=\"a\"}");
+        assert_eq!(gl.len(), 2);
+    }
+}

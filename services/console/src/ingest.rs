@@ -1,0 +1,385 @@
+//! Reading the streams into the [`Store`] with ephemeral ordered consumers (no acks, nothing kept on the
+//! server once the console is gone).
+//!
+//! | feed | stream | subjects | from |
+//! |---|---|---|---|
+//! | state | FLEET_STATE | `fleet.state.>`, `fleet.resync.>` | the last message per subject, then live |
+//! | facts | FLEET_FACTS | `fleet.facts.>` | last per subject, then live |
+//! | health | FLEET_HEALTH | `fleet.hb.>`, `fleet.probe.>` | last per subject (each cluster's latest heartbeat and each probe's latest round), then live |
+//! | incidents | FLEET_INCIDENTS | `fleet.incident.>` | everything kept (incident ids share subjects, so the last per subject is not enough), then live |
+//! | compliance | FLEET_INCIDENTS | `fleet.compliance.>` | last per subject, then live |
+//! | releases | FLEET_RELEASE | `fleet.release.>` | everything kept, then live |
+//!
+//! A message that doesn't decode (wrong schema, truncated body, implausible timestamps) is skipped, counted
+//! in `multipilot_console_skipped_total` and logged; the console never dead-letters (it owns no durable).
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer};
+use chrono::Utc;
+use futures::StreamExt;
+use multipilot_schemas::envelope::decode_member;
+use multipilot_schemas::payload::{
+    ClusterFacts, ComplianceReport, Heartbeat, Incident, ProbeResult, ResourceDeleted,
+    ResourceState, ResyncMarker,
+};
+use multipilot_schemas::{
+    Envelope, HEADER_CONTENT_TYPE, HEADER_SCHEMA, Payload, codec::DEFAULT_MAX_BYTES,
+};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+use crate::store::{IncidentView, ReleaseRecord, Store};
+use crate::telemetry::Metrics;
+
+/// What FLEET_STATE carries.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+#[allow(clippy::large_enum_variant)] // one message at a time
+pub enum StateMsg {
+    /// An object's state.
+    State(ResourceState),
+    /// Its tombstone.
+    Deleted(ResourceDeleted),
+    /// A resync marker.
+    Resync(ResyncMarker),
+}
+
+/// What FLEET_HEALTH carries.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum HealthMsg {
+    /// A heartbeat.
+    Heartbeat(Heartbeat),
+    /// A probe result.
+    Probe(ProbeResult),
+}
+
+/// What FLEET_INCIDENTS carries.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+#[serde(untagged)]
+pub enum IncidentsMsg {
+    /// An incident change.
+    Incident(Incident),
+    /// A compliance report.
+    Compliance(ComplianceReport),
+}
+
+impl Payload for StateMsg {
+    const SCHEMA: &'static str = "ResourceState|ResourceDeleted|ResyncMarker";
+    const VERSION: u32 = 1;
+    fn accepts(schema: &str) -> Option<u32> {
+        ResourceState::accepts(schema)
+            .or_else(|| ResourceDeleted::accepts(schema))
+            .or_else(|| ResyncMarker::accepts(schema))
+    }
+    fn decode_envelope(
+        schema: &str,
+        body: &[u8],
+    ) -> Result<Envelope<Self>, rmp_serde::decode::Error> {
+        match schema {
+            s if s == ResourceState::SCHEMA => decode_member(body, StateMsg::State),
+            s if s == ResourceDeleted::SCHEMA => decode_member(body, StateMsg::Deleted),
+            _ => decode_member(body, StateMsg::Resync),
+        }
+    }
+}
+
+impl Payload for HealthMsg {
+    const SCHEMA: &'static str = "Heartbeat|ProbeResult";
+    const VERSION: u32 = 1;
+    fn accepts(schema: &str) -> Option<u32> {
+        Heartbeat::accepts(schema).or_else(|| ProbeResult::accepts(schema))
+    }
+    fn decode_envelope(
+        schema: &str,
+        body: &[u8],
+    ) -> Result<Envelope<Self>, rmp_serde::decode::Error> {
+        if schema == Heartbeat::SCHEMA {
+            decode_member(body, HealthMsg::Heartbeat)
+        } else {
+            decode_member(body, HealthMsg::Probe)
+        }
+    }
+}
+
+impl Payload for IncidentsMsg {
+    const SCHEMA: &'static str = "Incident|ComplianceReport";
+    const VERSION: u32 = 1;
+    fn accepts(schema: &str) -> Option<u32> {
+        Incident::accepts(schema).or_else(|| ComplianceReport::accepts(schema))
+    }
+    fn decode_envelope(
+        schema: &str,
+        body: &[u8],
+    ) -> Result<Envelope<Self>, rmp_serde::decode::Error> {
+        if schema == Incident::SCHEMA {
+            decode_member(body, IncidentsMsg::Incident)
+        } else {
+            decode_member(body, IncidentsMsg::Compliance)
+        }
+    }
+}
+
+/// One stream the console follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feed {
+    /// Resource states.
+    State,
+    /// Cluster facts.
+    Facts,
+    /// Heartbeats and probes.
+    Health,
+    /// Incident changes.
+    Incidents,
+    /// Compliance reports.
+    Compliance,
+    /// Release records.
+    Releases,
+}
+
+impl Feed {
+    /// Every feed.
+    pub const ALL: [Feed; 6] = [
+        Feed::Facts,
+        Feed::Health,
+        Feed::Compliance,
+        Feed::Incidents,
+        Feed::Releases,
+        Feed::State,
+    ];
+
+    /// The feed's name (a metric label).
+    pub fn name(self) -> &'static str {
+        match self {
+            Feed::State => "state",
+            Feed::Facts => "facts",
+            Feed::Health => "health",
+            Feed::Incidents => "incidents",
+            Feed::Compliance => "compliance",
+            Feed::Releases => "releases",
+        }
+    }
+
+    fn stream(self) -> &'static str {
+        match self {
+            Feed::State => "FLEET_STATE",
+            Feed::Facts => "FLEET_FACTS",
+            Feed::Health => "FLEET_HEALTH",
+            Feed::Incidents | Feed::Compliance => "FLEET_INCIDENTS",
+            Feed::Releases => "FLEET_RELEASE",
+        }
+    }
+
+    fn config(self) -> consumer::pull::OrderedConfig {
+        let (subjects, deliver): (&[&str], _) = match self {
+            Feed::State => (
+                &["fleet.state.>", "fleet.resync.>"],
+                consumer::DeliverPolicy::LastPerSubject,
+            ),
+            Feed::Facts => (&["fleet.facts.>"], consumer::DeliverPolicy::LastPerSubject),
+            Feed::Health => (
+                &["fleet.hb.>", "fleet.probe.>"],
+                consumer::DeliverPolicy::LastPerSubject,
+            ),
+            Feed::Incidents => (&["fleet.incident.>"], consumer::DeliverPolicy::All),
+            Feed::Compliance => (
+                &["fleet.compliance.>"],
+                consumer::DeliverPolicy::LastPerSubject,
+            ),
+            Feed::Releases => (&["fleet.release.>"], consumer::DeliverPolicy::All),
+        };
+        consumer::pull::OrderedConfig {
+            filter_subjects: subjects.iter().map(|s| s.to_string()).collect(),
+            deliver_policy: deliver,
+            ..Default::default()
+        }
+    }
+}
+
+/// What the feeds share.
+#[derive(Debug, Clone)]
+pub struct Shared {
+    /// The store.
+    pub store: Arc<RwLock<Store>>,
+    /// Incident changes, for the live timeline.
+    pub incidents: broadcast::Sender<Arc<IncidentView>>,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Feeds that have caught up with what their stream held when they started.
+    pub synced: Arc<RwLock<std::collections::BTreeSet<&'static str>>>,
+}
+
+fn header<'a>(m: &'a async_nats::Message, name: &str) -> Option<&'a str> {
+    m.headers.as_ref()?.get(name).map(|v| v.as_str())
+}
+
+fn decode<T: Payload>(m: &async_nats::Message) -> Result<Envelope<T>, (&'static str, String)> {
+    multipilot_schemas::decode::<T>(
+        header(m, HEADER_CONTENT_TYPE),
+        header(m, HEADER_SCHEMA),
+        &m.payload,
+        DEFAULT_MAX_BYTES,
+    )
+    .map_err(|e| (e.reason(), e.to_string()))
+}
+
+/// Applies one message; `Err` carries the reason class and the error when it was skipped.
+fn apply(
+    feed: Feed,
+    shared: &Shared,
+    m: &async_nats::Message,
+    seq: u64,
+    stored: chrono::DateTime<Utc>,
+) -> Result<(), (&'static str, String)> {
+    match feed {
+        Feed::State => {
+            let env = decode::<StateMsg>(m)?;
+            let mut st = shared.store.write().unwrap_or_else(|e| e.into_inner());
+            match &env.payload {
+                StateMsg::State(s) => st.apply_state(&env.cluster, s, seq),
+                StateMsg::Deleted(d) => st.apply_deleted(&env.cluster, d, seq),
+                StateMsg::Resync(r) => st.apply_resync(&env.cluster, r, seq),
+            }
+        }
+        Feed::Facts => {
+            let env = decode::<ClusterFacts>(m)?;
+            let mut st = shared.store.write().unwrap_or_else(|e| e.into_inner());
+            st.apply_facts(&env.cluster, env.payload, env.cluster_time);
+        }
+        Feed::Health => {
+            let env = decode::<HealthMsg>(m)?;
+            let mut st = shared.store.write().unwrap_or_else(|e| e.into_inner());
+            match env.payload.clone() {
+                HealthMsg::Heartbeat(hb) => st.apply_heartbeat(&env.map(|_| hb), stored),
+                HealthMsg::Probe(p) => st.apply_probe(&env.map(|_| p)),
+            }
+        }
+        Feed::Incidents | Feed::Compliance => {
+            let env = decode::<IncidentsMsg>(m)?;
+            match env.payload {
+                IncidentsMsg::Incident(inc) => {
+                    let view = shared
+                        .store
+                        .write()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .apply_incident(inc, stored);
+                    if let Some(v) = view {
+                        // nobody listening is fine
+                        let _ = shared.incidents.send(Arc::new(v));
+                    }
+                }
+                IncidentsMsg::Compliance(r) => shared
+                    .store
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .apply_compliance(r),
+            }
+        }
+        Feed::Releases => {
+            // the release role defines these payloads; keep any enveloped message as JSON
+            let schema = header(m, HEADER_SCHEMA)
+                .ok_or(("schema", "missing Multipilot-Schema header".to_string()))?
+                .to_string();
+            let env: Envelope<serde_json::Value> =
+                rmp_serde::from_slice(&m.payload).map_err(|e| ("decode", e.to_string()))?;
+            let mut tokens = m.subject.splitn(4, '.').skip(2);
+            let release = tokens
+                .next()
+                .and_then(multipilot_schemas::subject::unescape)
+                .unwrap_or_default();
+            let what = tokens.next().unwrap_or_default().to_string();
+            let rec = ReleaseRecord {
+                what,
+                schema,
+                cluster: env.cluster,
+                cluster_time: env.cluster_time,
+                ingest_time: stored,
+                payload: env.payload,
+            };
+            shared
+                .store
+                .write()
+                .unwrap_or_else(|e| e.into_inner())
+                .apply_release(release, rec);
+        }
+    }
+    Ok(())
+}
+
+/// Follows one feed until cancelled; a lost consumer is recreated after a pause.
+pub async fn follow(js: jetstream::Context, feed: Feed, shared: Shared, cancel: CancellationToken) {
+    let mut pause = Duration::from_millis(200);
+    loop {
+        if cancel.is_cancelled() {
+            return;
+        }
+        match run_once(&js, feed, &shared, &cancel).await {
+            Ok(()) => return,
+            Err(e) => {
+                tracing::warn!(feed = feed.name(), error = %e, retry_in = ?pause, "console feed interrupted");
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(pause) => {}
+                }
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+        }
+    }
+}
+
+async fn run_once(
+    js: &jetstream::Context,
+    feed: Feed,
+    shared: &Shared,
+    cancel: &CancellationToken,
+) -> anyhow::Result<()> {
+    let stream = js.get_stream(feed.stream()).await?;
+    let consumer = stream.create_consumer(feed.config()).await?;
+    let pending_at_start = consumer.cached_info().num_pending;
+    if pending_at_start == 0 {
+        shared
+            .synced
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(feed.name());
+    }
+    let mut messages = consumer.messages().await?;
+    loop {
+        let next = tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            n = messages.next() => n,
+        };
+        let Some(msg) = next else {
+            anyhow::bail!("the ordered consumer ended");
+        };
+        let msg = msg?;
+        let (seq, stored, pending) = match msg.info() {
+            Ok(i) => (i.stream_sequence, i.published, i.pending),
+            Err(_) => (0, Utc::now(), 0),
+        };
+        match apply(feed, shared, &msg.message, seq, stored) {
+            Ok(()) => shared.metrics.applied(feed.name()),
+            Err((reason, error)) => {
+                shared.metrics.skipped(feed.name(), reason);
+                shared
+                    .store
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .counts
+                    .skipped += 1;
+                tracing::warn!(feed = feed.name(), subject = %msg.subject, seq, reason, %error, "skipped a message the console can't use");
+            }
+        }
+        if pending == 0 {
+            let mut s = shared.synced.write().unwrap_or_else(|e| e.into_inner());
+            if !s.contains(feed.name()) {
+                s.insert(feed.name());
+                tracing::info!(feed = feed.name(), "console feed caught up");
+            }
+        }
+    }
+}

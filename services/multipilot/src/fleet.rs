@@ -1,0 +1,491 @@
+//! `multipilot clusters | get | diff | compare | gpu`: the fleet as the console sees it, for people (tables)
+//! and scripts (`-o json|yaml`). They ask the console's API (`--console`, `MULTIPILOT_CONSOLE_URL`, default
+//! `http://<console.listen>`) with the token in `MULTIPILOT_TOKEN`.
+
+use anyhow::{Context as _, Result, bail};
+use clap::Subcommand;
+use serde_json::Value;
+
+/// Where the console is and how to sign in.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConsoleArgs {
+    /// The console's address (default: http://<console.listen> of the config).
+    #[arg(long = "console", env = "MULTIPILOT_CONSOLE_URL")]
+    pub url: Option<String>,
+    /// Bearer token for the console.
+    #[arg(long, env = "MULTIPILOT_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "json", "yaml"])]
+    pub output: String,
+}
+
+/// The fleet commands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Every cluster: health, version, env/region/owner, nodes, CNI, ingress, certificate expiry, baseline,
+    /// open incidents.
+    Clusters {
+        #[command(flatten)]
+        args: ConsoleArgs,
+        /// Filter: text, or key=value (env=prod, health=degraded, version=1.31).
+        #[arg(short = 'q', long)]
+        query: Option<String>,
+        /// Sort by name, cert_expiry (soonest first), health (worst first) or incidents.
+        #[arg(long, default_value = "name")]
+        sort: String,
+    },
+    /// Objects of a kind across the fleet, like `kubectl get`.
+    Get {
+        #[command(flatten)]
+        args: ConsoleArgs,
+        /// Kind, by its name in any case (`deployment`, `NetworkPolicy`; short names like `deploy` aren't known).
+        kind: String,
+        /// Name contains.
+        name: Option<String>,
+        /// Label selector (app=web,tier!=db,env in (prod)).
+        #[arg(short = 'l', long)]
+        selector: Option<String>,
+        /// Clusters, comma-separated (default: all).
+        #[arg(long)]
+        cluster: Option<String>,
+        /// Namespace.
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+        /// At most this many objects.
+        #[arg(long, default_value_t = 500)]
+        limit: usize,
+    },
+    /// One object across clusters: spec hashes and the fields that differ (labels and annotations apart).
+    Diff {
+        #[command(flatten)]
+        args: ConsoleArgs,
+        /// `<namespace>/<kind>/<name>` (`_` as namespace for cluster-scoped objects).
+        object: String,
+        /// Clusters, comma-separated (default: every cluster that has it).
+        #[arg(long, value_delimiter = ',')]
+        clusters: Vec<String>,
+    },
+    /// What differs between two clusters: objects only in one, objects whose spec differs.
+    Compare {
+        #[command(flatten)]
+        args: ConsoleArgs,
+        /// First cluster.
+        a: String,
+        /// Second cluster.
+        b: String,
+        /// Only this kind (default: everything but Pods, ReplicaSets, EndpointSlices, Leases, Nodes…).
+        #[arg(long)]
+        kind: Option<String>,
+        /// Only this namespace.
+        #[arg(short = 'n', long)]
+        namespace: Option<String>,
+    },
+    /// The GPU pool: allocatable, allocated and free `nvidia.com/gpu` per cluster, most free first.
+    Gpu {
+        #[command(flatten)]
+        args: ConsoleArgs,
+    },
+}
+
+fn base(args: &ConsoleArgs, listen: &str) -> String {
+    args.url
+        .clone()
+        .unwrap_or_else(|| format!("http://{}", listen.replace("0.0.0.0", "127.0.0.1")))
+        .trim_end_matches('/')
+        .to_string()
+}
+
+async fn get(
+    args: &ConsoleArgs,
+    listen: &str,
+    path: &str,
+    query: &[(&str, String)],
+) -> Result<Value> {
+    let url = format!("{}{path}", base(args, listen));
+    let mut req = reqwest::Client::new().get(&url).query(query);
+    if let Some(t) = &args.token {
+        req = req.bearer_auth(t);
+    }
+    let resp = req.send().await.with_context(|| {
+        format!("reaching the console at {url} (is `multipilot console` or `all` running?)")
+    })?;
+    let status = resp.status();
+    let body: Value = resp.json().await.unwrap_or(Value::Null);
+    if !status.is_success() {
+        let msg = body["error"].as_str().unwrap_or("request failed");
+        if status.as_u16() == 401 {
+            bail!("{msg} (set MULTIPILOT_TOKEN)");
+        }
+        bail!("{status}: {msg}");
+    }
+    Ok(body)
+}
+
+fn s(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) if s.is_empty() => "-".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Prints rows as aligned columns.
+#[allow(clippy::print_stdout)]
+fn table(header: &[&str], rows: Vec<Vec<String>>) {
+    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in &rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.chars().count());
+        }
+    }
+    let line = |cells: Vec<String>| {
+        let n = cells.len();
+        cells
+            .into_iter()
+            .enumerate()
+            .map(|(i, c)| {
+                if i + 1 == n {
+                    c
+                } else {
+                    format!("{c:<width$}", width = w[i])
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("  ")
+    };
+    println!("{}", line(header.iter().map(|h| h.to_string()).collect()));
+    for r in rows {
+        println!("{}", line(r));
+    }
+}
+
+#[allow(clippy::print_stdout)]
+fn structured(v: &Value, output: &str) -> Result<bool> {
+    match output {
+        "json" => println!("{}", serde_json::to_string_pretty(v)?),
+        "yaml" => print!("{}", serde_yaml::to_string(v)?),
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
+/// Runs a fleet command; `listen` is the config's `console.listen`.
+#[allow(clippy::print_stdout)]
+pub async fn run(listen: &str, cmd: Command) -> Result<()> {
+    match cmd {
+        Command::Clusters { args, query, sort } => {
+            let args = &args;
+            let mut q = vec![("sort", sort)];
+            if let Some(x) = query {
+                q.push(("q", x));
+            }
+            let v = get(args, listen, "/api/v1/clusters", &q).await?;
+            if structured(&v, &args.output)? {
+                return Ok(());
+            }
+            let rows = v
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .map(|c| {
+                    let nodes = &c["nodes"];
+                    let failing = c["failing_probes"].as_array().map(|a| a.len()).unwrap_or(0);
+                    vec![
+                        s(&c["name"]),
+                        if failing > 0 {
+                            format!("{} ({failing})", s(&c["health"]))
+                        } else {
+                            s(&c["health"])
+                        },
+                        s(&c["version"]),
+                        s(&c["labels"]["env"]),
+                        s(&c["labels"]["region"]),
+                        s(&c["labels"]["owner"]),
+                        if nodes.is_null() {
+                            "-".into()
+                        } else {
+                            format!("{}/{}", nodes["ready"], nodes["total"])
+                        },
+                        s(&c["cni"]),
+                        c["cert_days_left"]
+                            .as_i64()
+                            .map(|d| format!("{d}d"))
+                            .unwrap_or_else(|| "-".into()),
+                        match c["compliant"].as_bool() {
+                            Some(true) => "compliant".into(),
+                            Some(false) => format!(
+                                "drift({})",
+                                c["failing_rules"].as_array().map(|a| a.len()).unwrap_or(0)
+                            ),
+                            None => "-".into(),
+                        },
+                        s(&c["open_incidents"]),
+                    ]
+                })
+                .collect();
+            table(
+                &[
+                    "NAME",
+                    "HEALTH",
+                    "VERSION",
+                    "ENV",
+                    "REGION",
+                    "OWNER",
+                    "NODES",
+                    "CNI",
+                    "CERT",
+                    "BASELINE",
+                    "INCIDENTS",
+                ],
+                rows,
+            );
+        }
+        Command::Get {
+            args,
+            kind,
+            name,
+            selector,
+            cluster,
+            namespace,
+            limit,
+        } => {
+            let args = &args;
+            let mut q = vec![("kind", kind), ("limit", limit.to_string())];
+            for (k, v) in [
+                ("name", name),
+                ("selector", selector),
+                ("cluster", cluster),
+                ("namespace", namespace),
+            ] {
+                if let Some(v) = v {
+                    q.push((k, v));
+                }
+            }
+            let v = get(args, listen, "/api/v1/resources", &q).await?;
+            if structured(&v, &args.output)? {
+                return Ok(());
+            }
+            let items = v["items"].as_array().cloned().unwrap_or_default();
+            let rows = items
+                .iter()
+                .map(|o| {
+                    let ready = if !o["replicas"].is_null() {
+                        s(&o["replicas"])
+                    } else if let Some(r) = o["ready"].as_bool() {
+                        if r { "ready" } else { "not ready" }.to_string()
+                    } else {
+                        s(&o["phase"])
+                    };
+                    vec![
+                        s(&o["cluster"]),
+                        s(&o["namespace"]),
+                        s(&o["name"]),
+                        ready,
+                        o["spec_hash"]
+                            .as_str()
+                            .map(|h| h.chars().take(12).collect())
+                            .unwrap_or_default(),
+                    ]
+                })
+                .collect();
+            table(&["CLUSTER", "NAMESPACE", "NAME", "READY", "SPEC"], rows);
+            let total = v["total"].as_u64().unwrap_or(0);
+            if total as usize > items.len() {
+                println!("({total} in all; --limit to see more)");
+            } else if total == 0 {
+                println!("(none)");
+            }
+        }
+        Command::Diff {
+            args,
+            object,
+            clusters,
+        } => {
+            let args = &args;
+            let parts: Vec<&str> = object.splitn(3, '/').collect();
+            let [ns, kind, name] = parts[..] else {
+                bail!("give the object as <namespace>/<kind>/<name> (`_` for cluster-scoped)");
+            };
+            let mut q = vec![("kind", kind.to_string()), ("name", name.to_string())];
+            if ns != "_" && !ns.is_empty() {
+                q.push(("namespace", ns.to_string()));
+            }
+            if !clusters.is_empty() {
+                q.push(("clusters", clusters.join(",")));
+            }
+            let v = get(args, listen, "/api/v1/diff", &q).await?;
+            if structured(&v, &args.output)? {
+                return Ok(());
+            }
+            let cl = v["clusters"].as_array().cloned().unwrap_or_default();
+            let names: Vec<String> = cl.iter().map(|c| s(&c["cluster"])).collect();
+            table(
+                &["CLUSTER", "SPEC HASH", "METADATA HASH", "VERSION"],
+                cl.iter()
+                    .map(|c| {
+                        if c["present"].as_bool() == Some(true) {
+                            vec![
+                                s(&c["cluster"]),
+                                s(&c["spec_hash"]),
+                                s(&c["metadata_hash"]),
+                                s(&c["api_version"]),
+                            ]
+                        } else {
+                            vec![s(&c["cluster"]), "(absent)".into(), "-".into(), "-".into()]
+                        }
+                    })
+                    .collect(),
+            );
+            println!();
+            if v["identical"].as_bool() == Some(true) {
+                println!("spec: the same in every cluster");
+            }
+            for (title, key) in [
+                ("spec", "fields"),
+                ("labels", "labels"),
+                ("annotations", "annotations"),
+            ] {
+                let rows = v[key].as_array().cloned().unwrap_or_default();
+                if rows.is_empty() {
+                    if key != "fields" {
+                        println!("{title}: the same everywhere");
+                    }
+                    continue;
+                }
+                println!("{title} differs:");
+                let mut header = vec!["PATH".to_string()];
+                header.extend(names.iter().map(|n| n.to_uppercase()));
+                let header: Vec<&str> = header.iter().map(String::as_str).collect();
+                table(
+                    &header,
+                    rows.iter()
+                        .map(|f| {
+                            let mut r = vec![s(&f["path"])];
+                            r.extend(
+                                f["values"]
+                                    .as_array()
+                                    .cloned()
+                                    .unwrap_or_default()
+                                    .iter()
+                                    .map(|x| if x.is_null() { "(absent)".into() } else { s(x) }),
+                            );
+                            r
+                        })
+                        .collect(),
+                );
+                println!();
+            }
+        }
+        Command::Compare {
+            args,
+            a,
+            b,
+            kind,
+            namespace,
+        } => {
+            let args = &args;
+            let mut q = vec![("a", a.clone()), ("b", b.clone())];
+            if let Some(k) = kind {
+                q.push(("kind", k));
+            }
+            if let Some(n) = namespace {
+                q.push(("namespace", n));
+            }
+            let v = get(args, listen, "/api/v1/compare", &q).await?;
+            if structured(&v, &args.output)? {
+                return Ok(());
+            }
+            let c = &v["counts"];
+            println!(
+                "{} identical, {} differ, {} only in {a}, {} only in {b}",
+                c["same"], c["differ"], c["only_in_a"], c["only_in_b"]
+            );
+            let label = |o: &Value| {
+                format!(
+                    "{}\t{}\t{}",
+                    s(&o["kind"]),
+                    o["namespace"].as_str().unwrap_or("-"),
+                    s(&o["name"])
+                )
+            };
+            let mut rows = Vec::new();
+            for (what, key) in [
+                ("differs", "differ"),
+                (&*format!("only in {a}"), "only_in_a"),
+                (&*format!("only in {b}"), "only_in_b"),
+            ] {
+                for o in v[key].as_array().cloned().unwrap_or_default() {
+                    let l = label(&o);
+                    let mut cols: Vec<String> = l.split('\t').map(str::to_string).collect();
+                    cols.push(what.to_string());
+                    rows.push(cols);
+                }
+            }
+            if !rows.is_empty() {
+                println!();
+                table(&["KIND", "NAMESPACE", "NAME", "WHAT"], rows);
+            }
+        }
+        Command::Gpu { args } => {
+            let args = &args;
+            let v = get(args, listen, "/api/v1/gpu", &[]).await?;
+            if structured(&v, &args.output)? {
+                return Ok(());
+            }
+            let rows = v
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+                .iter()
+                .map(|g| {
+                    let models: Vec<String> = g["models"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                        .iter()
+                        .map(|m| format!("{}×{}", s(&m["model"]), m["allocatable"]))
+                        .collect();
+                    let drivers: std::collections::BTreeSet<String> = g["models"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                        .iter()
+                        .flat_map(|m| m["driver_versions"].as_array().cloned().unwrap_or_default())
+                        .map(|d| s(&d))
+                        .collect();
+                    vec![
+                        s(&g["cluster"]),
+                        s(&g["free"]),
+                        s(&g["allocated"]),
+                        s(&g["allocatable"]),
+                        models.join(","),
+                        drivers.into_iter().collect::<Vec<_>>().join(","),
+                        format!(
+                            "{} {}",
+                            s(&g["device_plugin"]["name"]),
+                            s(&g["device_plugin"]["version"])
+                        ),
+                        s(&g["plugin_health"]),
+                    ]
+                })
+                .collect();
+            table(
+                &[
+                    "CLUSTER",
+                    "FREE",
+                    "ALLOCATED",
+                    "ALLOCATABLE",
+                    "MODELS",
+                    "DRIVERS",
+                    "PLUGIN",
+                    "PLUGIN HEALTH",
+                ],
+                rows,
+            );
+        }
+    }
+    Ok(())
+}

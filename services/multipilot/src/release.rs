@@ -1,0 +1,566 @@
+//! `multipilot release plan|apply|approve|rollback|status|history`: the operator's side of the release role
+//! (request/reply on `fleet.releasectl.*`). The spec file is read here: `manifest_files` (paths relative to
+//! the spec) are read into `manifests`, and when the spec lives in a Git work tree its commit and whether
+//! the tree was clean travel with the request.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use clap::Subcommand;
+use multipilot_release::model::{
+    ApplyRequest, ApproveRequest, NameRequest, PlanRequest, Release, Reply, Source, State,
+};
+use multipilot_schemas::payload::ReleaseEvent;
+
+/// Release commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Render, check and dry-run a release spec on every target; print the plan.
+    Plan {
+        /// The release spec (YAML).
+        #[arg(short = 'f', long)]
+        file: PathBuf,
+        /// Output format.
+        #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "json"])]
+        output: String,
+    },
+    /// Plan (from -f) or re-plan a planned release, then apply it batch by batch.
+    Apply {
+        /// The release spec (YAML).
+        #[arg(short = 'f', long, conflicts_with = "release")]
+        file: Option<PathBuf>,
+        /// A release planned before.
+        #[arg(required_unless_present = "file")]
+        release: Option<String>,
+        /// Approve a risk the plan flags (e.g. external-ips); repeatable.
+        #[arg(long)]
+        approve: Vec<String>,
+        /// Follow the release until it ends; exit non-zero unless it succeeded.
+        #[arg(long)]
+        wait: bool,
+        /// Output format.
+        #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "json"])]
+        output: String,
+    },
+    /// Approve risks of a planned release.
+    Approve {
+        /// Release.
+        release: String,
+        /// Approvals, e.g. external-ips.
+        #[arg(required = true)]
+        approvals: Vec<String>,
+    },
+    /// Roll every cluster the release changed back to its snapshot.
+    Rollback {
+        /// Release.
+        release: String,
+        /// Follow the rollback until it ends.
+        #[arg(long)]
+        wait: bool,
+    },
+    /// Every release, or one release's progress.
+    Status {
+        /// Release.
+        release: Option<String>,
+        /// Output format.
+        #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "json"])]
+        output: String,
+    },
+    /// A release's history: plans, approvals, batches, steps, health gates, rollbacks.
+    History {
+        /// Release.
+        release: String,
+        /// Output format.
+        #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "json"])]
+        output: String,
+    },
+}
+
+fn actor() -> String {
+    std::env::var("MULTIPILOT_ACTOR")
+        .or_else(|_| std::env::var("USER"))
+        .unwrap_or_else(|_| "operator".into())
+}
+
+fn git(dir: &Path, args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// Reads a spec file: inlines `manifest_files`, and finds the Git commit of its work tree.
+pub fn read_spec(path: &Path) -> Result<(String, Source)> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let dir = path
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let mut doc: serde_yaml::Value =
+        serde_yaml::from_str(&text).with_context(|| format!("{} is not YAML", path.display()))?;
+    let text = match doc
+        .as_mapping_mut()
+        .and_then(|m| m.remove("manifest_files"))
+    {
+        None => text,
+        Some(files) => {
+            let files: Vec<String> =
+                serde_yaml::from_value(files).context("manifest_files must be a list of paths")?;
+            let mut texts: Vec<String> = match doc.get("manifests") {
+                None => Vec::new(),
+                Some(serde_yaml::Value::String(s)) => vec![s.clone()],
+                Some(v) => serde_yaml::from_value(v.clone())
+                    .context("manifests must be a text or a list of texts")?,
+            };
+            for f in files {
+                let p = dir.join(&f);
+                texts.push(
+                    std::fs::read_to_string(&p)
+                        .with_context(|| format!("reading manifest file {}", p.display()))?,
+                );
+            }
+            if let Some(m) = doc.as_mapping_mut() {
+                m.insert("manifests".into(), serde_yaml::to_value(texts)?);
+            }
+            serde_yaml::to_string(&doc)?
+        }
+    };
+    let commit = git(dir, &["rev-parse", "--short=12", "HEAD"]);
+    let dirty = commit
+        .as_ref()
+        .and_then(|_| git(dir, &["status", "--porcelain"]))
+        .map(|s| !s.is_empty());
+    Ok((
+        text,
+        Source {
+            path: Some(path.display().to_string()),
+            commit,
+            dirty,
+        },
+    ))
+}
+
+fn ok(reply: Reply) -> Result<Reply> {
+    if !reply.ok {
+        bail!("{}", reply.error.unwrap_or_else(|| "failed".into()));
+    }
+    Ok(reply)
+}
+
+/// Runs a release command.
+pub async fn run(client: &async_nats::Client, cmd: Command, timeout: Duration) -> Result<()> {
+    use multipilot_release::call;
+    match cmd {
+        Command::Plan { file, output } => {
+            let (spec, source) = read_spec(&file)?;
+            let reply = ok(call(
+                client,
+                "plan",
+                &PlanRequest {
+                    spec,
+                    source,
+                    actor: actor(),
+                },
+                timeout,
+            )
+            .await?)?;
+            let r = reply.release.context("no release in the reply")?;
+            if output == "json" {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                print_plan(&r);
+            }
+            if !r.plan.clean() {
+                bail!(
+                    "the plan is blocked: {} blocked objects, {} errors",
+                    r.plan.blocked,
+                    r.plan.errors
+                );
+            }
+            Ok(())
+        }
+        Command::Apply {
+            file,
+            release,
+            approve,
+            wait,
+            output,
+        } => {
+            let mut req = ApplyRequest {
+                release,
+                approve,
+                actor: actor(),
+                ..Default::default()
+            };
+            if let Some(f) = file {
+                let (spec, source) = read_spec(&f)?;
+                req.spec = Some(spec);
+                req.source = source;
+            }
+            let reply = ok(call(client, "apply", &req, timeout).await?)?;
+            let r = reply.release.context("no release in the reply")?;
+            if output == "json" && !wait {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+                return Ok(());
+            }
+            if output != "json" {
+                print_plan(&r);
+                println!(
+                    "\napplying {} revision {} ({} batches)",
+                    r.name,
+                    r.revision,
+                    r.plan.batches.len()
+                );
+            }
+            if wait {
+                follow(client, &r.name, r.events, timeout, &output).await
+            } else {
+                println!(
+                    "follow it: multipilot release status {}   (or apply --wait)",
+                    r.name
+                );
+                Ok(())
+            }
+        }
+        Command::Approve { release, approvals } => {
+            let reply = ok(call(
+                client,
+                "approve",
+                &ApproveRequest {
+                    release,
+                    approvals,
+                    actor: actor(),
+                },
+                timeout,
+            )
+            .await?)?;
+            let r = reply.release.context("no release in the reply")?;
+            println!(
+                "{} revision {}: approved {}; still needed: {}",
+                r.name,
+                r.revision,
+                r.approvals.keys().cloned().collect::<Vec<_>>().join(", "),
+                none_if_empty(&r.missing_approvals())
+            );
+            Ok(())
+        }
+        Command::Rollback { release, wait } => {
+            let reply = ok(call(
+                client,
+                "rollback",
+                &NameRequest {
+                    release: Some(release.clone()),
+                    actor: actor(),
+                },
+                timeout,
+            )
+            .await?)?;
+            let r = reply.release.context("no release in the reply")?;
+            println!(
+                "rolling back {} revision {}: {}",
+                r.name,
+                r.revision,
+                r.changed.join(", ")
+            );
+            if wait {
+                follow(client, &release, r.events, timeout, "table").await
+            } else {
+                Ok(())
+            }
+        }
+        Command::Status { release, output } => {
+            let reply = ok(call(
+                client,
+                "status",
+                &NameRequest {
+                    release: release.clone(),
+                    actor: actor(),
+                },
+                timeout,
+            )
+            .await?)?;
+            if output == "json" {
+                match reply.release {
+                    Some(r) => println!("{}", serde_json::to_string_pretty(&r)?),
+                    None => println!("{}", serde_json::to_string_pretty(&reply.releases)?),
+                }
+                return Ok(());
+            }
+            match reply.release {
+                Some(r) => print_status(&r),
+                None => {
+                    println!(
+                        "{:<28} {:>4}  {:<16} {:>8} {:>8}  {:<20} UPDATED",
+                        "RELEASE", "REV", "STATE", "CLUSTERS", "BATCHES", "COMMIT"
+                    );
+                    for s in reply.releases {
+                        println!(
+                            "{:<28} {:>4}  {:<16} {:>8} {:>5}/{:<2}  {:<20} {}",
+                            s.name,
+                            s.revision,
+                            s.state.name(),
+                            s.clusters,
+                            s.done_batches,
+                            s.batches,
+                            s.commit.unwrap_or_else(|| "-".into()),
+                            s.updated_at.format("%Y-%m-%d %H:%M:%S")
+                        );
+                    }
+                }
+            }
+            Ok(())
+        }
+        Command::History { release, output } => {
+            let reply = ok(call(
+                client,
+                "history",
+                &NameRequest {
+                    release: Some(release),
+                    actor: actor(),
+                },
+                timeout,
+            )
+            .await?)?;
+            if output == "json" {
+                println!("{}", serde_json::to_string_pretty(&reply.history)?);
+            } else {
+                for e in &reply.history {
+                    print_event(e);
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+fn none_if_empty(v: &[String]) -> String {
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+fn print_event(e: &ReleaseEvent) {
+    println!(
+        "{}  r{:<3} {:<13} {:<4} {:<16} {:<14} {}",
+        e.at.format("%Y-%m-%d %H:%M:%S"),
+        e.revision,
+        e.what,
+        if e.ok { "ok" } else { "FAIL" },
+        e.state,
+        e.actor,
+        e.summary
+    );
+}
+
+async fn follow(
+    client: &async_nats::Client,
+    name: &str,
+    mut seen: u64,
+    timeout: Duration,
+    output: &str,
+) -> Result<()> {
+    loop {
+        let reply = ok(multipilot_release::call(
+            client,
+            "history",
+            &NameRequest {
+                release: Some(name.to_string()),
+                actor: actor(),
+            },
+            timeout,
+        )
+        .await?)?;
+        let r = reply.release.context("no release in the reply")?;
+        let skip = reply
+            .history
+            .len()
+            .saturating_sub((r.events - seen) as usize);
+        if output != "json" {
+            for e in reply.history.iter().skip(skip) {
+                print_event(e);
+            }
+        }
+        seen = r.events;
+        if !r.state.busy() {
+            if output == "json" {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            }
+            return match r.state {
+                State::Succeeded | State::RolledBack if r.error.is_none() => Ok(()),
+                s => bail!(
+                    "release {name} ended {}{}",
+                    s.name(),
+                    r.error.map(|e| format!(": {e}")).unwrap_or_default()
+                ),
+            };
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+fn print_status(r: &Release) {
+    println!(
+        "release {} revision {}: {}{}",
+        r.name,
+        r.revision,
+        r.state.name(),
+        r.source
+            .commit_label()
+            .map(|c| format!("  (commit {c})"))
+            .unwrap_or_default()
+    );
+    if let Some(e) = &r.error {
+        println!("  error: {e}");
+    }
+    for b in &r.batches {
+        println!(
+            "  batch {:<3} {:<15} {}{}",
+            b.index,
+            b.state,
+            b.clusters.join(", "),
+            b.error
+                .as_ref()
+                .map(|e| format!("\n              {e}"))
+                .unwrap_or_default()
+        );
+    }
+    if !r.changed.is_empty() {
+        println!("  changed: {}", r.changed.join(", "));
+    }
+}
+
+/// The plan, for a terminal.
+pub fn print_plan(r: &Release) {
+    let p = &r.plan;
+    println!(
+        "release {} revision {}{}  ({} clusters, {} batches, dry-run {} ms)",
+        r.name,
+        r.revision,
+        r.source
+            .commit_label()
+            .map(|c| format!("  commit {c}"))
+            .unwrap_or_else(|| "  (not in a Git work tree)".into()),
+        p.clusters.len(),
+        p.batches.len(),
+        p.dry_run_ms
+    );
+    for (i, b) in p.batches.iter().enumerate() {
+        println!("  batch {}: {}", i + 1, b.join(", "));
+    }
+    println!();
+    println!(
+        "{:<20} {:<6} {:<17} {:<48} NOTE",
+        "CLUSTER", "K8S", "ACTION", "OBJECT"
+    );
+    let mut risks = Vec::new();
+    for c in &p.clusters {
+        if let Some(e) = &c.error {
+            println!("{:<20} {:<6} {:<17} {}", c.cluster, c.version, "ERROR", e);
+        }
+        for o in &c.objects {
+            let name = format!(
+                "{} {} {}",
+                o.object.kind,
+                o.object.api_version,
+                multipilot_release::model::obj_name(&o.object)
+            );
+            let note = o
+                .error
+                .clone()
+                .or_else(|| o.verdict.warning.clone())
+                .unwrap_or_default();
+            println!(
+                "{:<20} {:<6} {:<17} {:<48} {}",
+                c.cluster,
+                c.version,
+                o.action.to_uppercase(),
+                name,
+                note
+            );
+            let created = o.action.ends_with("create");
+            for d in o.diff.iter().filter(|_| !created).take(20) {
+                let show = |v: &Option<serde_json::Value>| match v {
+                    None => "(none)".to_string(),
+                    Some(v) => {
+                        let s = v.to_string();
+                        if s.chars().count() > 60 {
+                            format!("{}…", s.chars().take(60).collect::<String>())
+                        } else {
+                            s
+                        }
+                    }
+                };
+                println!(
+                    "{:>46} {}: {} → {}",
+                    "~",
+                    d.path,
+                    show(&d.before),
+                    show(&d.after)
+                );
+            }
+            if !created && o.diff.len() > 20 {
+                println!("{:>46} … {} more changes", "~", o.diff.len() - 20);
+            }
+            for k in &o.risks {
+                risks.push((c.cluster.clone(), k.clone()));
+            }
+        }
+    }
+    if !risks.is_empty() {
+        println!("\nRISKS");
+        for (c, k) in &risks {
+            println!(
+                "  {:<8} {:<20} {}{}",
+                format!("{:?}", k.level).to_lowercase(),
+                c,
+                k.message,
+                k.approval
+                    .as_ref()
+                    .map(|a| format!(" [approval: {a}]"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    let problems = p.problems();
+    if !problems.is_empty() {
+        let clusters: std::collections::BTreeSet<&str> = problems
+            .iter()
+            .filter_map(|l| l.split(':').next())
+            .collect();
+        println!(
+            "\nPROBLEMS ({} in {} clusters)",
+            problems.len(),
+            clusters.len()
+        );
+        for l in &problems {
+            println!("  {l}");
+        }
+    }
+    let missing = r.missing_approvals();
+    println!(
+        "\n{}",
+        if !p.clean() {
+            format!(
+                "BLOCKED: {} blocked objects, {} errors — nothing will be applied",
+                p.blocked, p.errors
+            )
+        } else if !missing.is_empty() {
+            format!(
+                "NEEDS APPROVAL: {} (apply --approve {})",
+                missing.join(", "),
+                missing.join(" --approve ")
+            )
+        } else {
+            "ready to apply".to_string()
+        }
+    );
+}

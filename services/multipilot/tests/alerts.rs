@@ -1,0 +1,1122 @@
+//! The alert router (the real `multipilot alerts` process) against a real nats-server and local HTTP
+//! receivers: routing, grouping windows, inhibition, silences (through the CLI), retries after receiver
+//! errors, dead letters, no duplicates and no loss across a kill -9, the storm bound, the NATS receiver,
+//! and a hand-off to a real Prometheus Alertmanager read back through Alertmanager's own API.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use async_nats::jetstream;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use chrono::Utc;
+use futures::StreamExt;
+use multipilot_bus::publish::publish_one;
+use multipilot_bus::topology::Topology;
+use multipilot_schemas::payload::{Incident, IncidentStatus, Notification, Severity};
+use multipilot_schemas::{Envelope, stable_id, subject};
+use multipilot_testkit::{NatsServer, free_port};
+use serde_json::Value;
+
+// ---------------------------------------------------------------------------------------------------------
+// A local HTTP receiver that records what it is sent and can be told to fail.
+
+#[derive(Debug, Clone)]
+struct Got {
+    path: String,
+    id: String,
+    body: Value,
+    at: Instant,
+}
+
+#[derive(Default)]
+struct Sink {
+    got: Mutex<Vec<Got>>,
+    /// Answer this many requests with `fail_status` before succeeding again.
+    fail_next: AtomicU32,
+    /// 503 by default.
+    fail_status: AtomicU32,
+    /// Requests refused so far.
+    refused: AtomicU32,
+}
+
+struct Receiver {
+    sink: Arc<Sink>,
+    url: String,
+}
+
+impl Receiver {
+    async fn start() -> Result<Receiver> {
+        let sink = Arc::new(Sink::default());
+        sink.fail_status.store(503, Ordering::SeqCst);
+        async fn take(
+            State(s): State<Arc<Sink>>,
+            uri: axum::http::Uri,
+            headers: HeaderMap,
+            body: axum::body::Bytes,
+        ) -> StatusCode {
+            if s.fail_next
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                s.refused.fetch_add(1, Ordering::SeqCst);
+                return StatusCode::from_u16(s.fail_status.load(Ordering::SeqCst) as u16)
+                    .unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+            }
+            let id = headers
+                .get("x-multipilot-notification-id")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_string();
+            let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
+            s.got.lock().unwrap().push(Got {
+                path: uri.path().to_string(),
+                id,
+                body,
+                at: Instant::now(),
+            });
+            StatusCode::OK
+        }
+        let app = axum::Router::new()
+            .fallback(axum::routing::post(take))
+            .with_state(sink.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Receiver { sink, url })
+    }
+
+    fn got(&self, path: &str) -> Vec<Got> {
+        self.sink
+            .got
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|g| g.path == path)
+            .cloned()
+            .collect()
+    }
+
+    fn fail(&self, n: u32, status: u16) {
+        self.sink
+            .fail_status
+            .store(u32::from(status), Ordering::SeqCst);
+        self.sink.fail_next.store(n, Ordering::SeqCst);
+    }
+}
+
+/// The (cluster, alertname, status) of every alert in a webhook payload.
+fn decode<T: multipilot_schemas::Payload>(m: &async_nats::Message) -> Result<Envelope<T>> {
+    let h = |n: &str| {
+        m.headers
+            .as_ref()
+            .and_then(|h| h.get(n))
+            .map(|v| v.as_str().to_string())
+    };
+    Ok(multipilot_schemas::decode(
+        h("Content-Type").as_deref(),
+        h("Multipilot-Schema").as_deref(),
+        &m.payload,
+        1 << 20,
+    )?)
+}
+
+fn alerts_of(g: &Got) -> Vec<(String, String, String)> {
+    g.body["alerts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| {
+            (
+                a["labels"]["cluster"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                a["labels"]["alertname"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                a["status"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The router process.
+
+struct Router {
+    nats: NatsServer,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    api: String,
+    api_port: u16,
+    js: jetstream::Context,
+    client: async_nats::Client,
+    seq: u64,
+    env: Vec<(String, String)>,
+    correlator: Option<Child>,
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        self.kill();
+        if let Some(mut c) = self.correlator.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Router {
+    async fn start(routing: &str) -> Result<Router> {
+        Router::start_with(routing, &[]).await
+    }
+
+    async fn start_with(routing: &str, env: &[(&str, &str)]) -> Result<Router> {
+        let nats = NatsServer::start().await?;
+        let client = nats.client().await?;
+        let js = jetstream::new(client.clone());
+        Topology::embedded().provision(&js).await?;
+        let dir = tempfile::tempdir()?;
+        std::fs::write(dir.path().join("routing.yaml"), routing)?;
+        let api_port = free_port()?;
+        let mut r = Router {
+            nats,
+            dir,
+            child: None,
+            api: format!("http://127.0.0.1:{api_port}"),
+            api_port,
+            js,
+            client,
+            seq: 0,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            correlator: None,
+        };
+        r.spawn().await?;
+        Ok(r)
+    }
+
+    async fn spawn(&mut self) -> Result<()> {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("hub.log"))?;
+        let child = Command::new(env!("CARGO_BIN_EXE_multipilot"))
+            .arg("alerts")
+            .env("MULTIPILOT_NATS__URL", self.nats.url())
+            .env("MULTIPILOT_HTTP__LISTEN", "127.0.0.1:0")
+            .env("MULTIPILOT_STORAGE__DATA_DIR", self.dir.path().join("data"))
+            .env(
+                "MULTIPILOT_ALERTS__ROUTING",
+                self.dir.path().join("routing.yaml"),
+            )
+            .env(
+                "MULTIPILOT_ALERTS__LISTEN",
+                format!("127.0.0.1:{}", self.api_port),
+            )
+            .env("MULTIPILOT_ALERTS__TICK", "100ms")
+            .env("RUST_LOG", "info,multipilot_alerts=debug")
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()?;
+        self.child = Some(child);
+        let http = reqwest::Client::new();
+        for _ in 0..150 {
+            if let Ok(r) = http
+                .get(format!("{}/api/v2/silences", self.api))
+                .send()
+                .await
+                && r.status().is_success()
+            {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        bail!("the alert router did not start\n{}", self.log())
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill(); // SIGKILL
+            let _ = c.wait();
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("hub.log")).unwrap_or_default()
+    }
+
+    async fn incident(
+        &mut self,
+        cluster: &str,
+        kind: &str,
+        severity: Severity,
+        status: IncidentStatus,
+        revision: u64,
+        labels: &[(&str, &str)],
+    ) -> Result<()> {
+        let now = Utc::now();
+        let id = stable_id(&[cluster, kind]);
+        let mut l: BTreeMap<String, String> = labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        l.insert("cluster".into(), cluster.into());
+        let inc = Incident {
+            id: id.clone(),
+            cluster: cluster.into(),
+            kind: kind.into(),
+            severity,
+            status,
+            summary: format!("{kind} on {cluster}"),
+            opened_at: now - chrono::Duration::seconds(5),
+            updated_at: now,
+            resolved_at: (status == IncidentStatus::Resolved).then_some(now),
+            ingest_time: Some(now),
+            evidence: Vec::new(),
+            labels: l,
+            revision,
+            acknowledged_by: None,
+        };
+        self.seq += 1;
+        let env = Envelope::new(cluster, "correlator-test", now, self.seq, inc);
+        publish_one(
+            &self.js,
+            subject::incident(cluster, kind),
+            stable_id(&[&id, &revision.to_string()]),
+            &env,
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn get(&self, path: &str) -> Result<Value> {
+        Ok(reqwest::get(format!("{}{path}", self.api))
+            .await?
+            .json()
+            .await?)
+    }
+
+    fn cli(&self, args: &[&str]) -> Result<String> {
+        let out = Command::new(env!("CARGO_BIN_EXE_multipilot"))
+            .args(args)
+            .env("MULTIPILOT_ALERTS_URL", &self.api)
+            .output()?;
+        if !out.status.success() {
+            bail!(
+                "multipilot {args:?} failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8(out.stdout)?)
+    }
+}
+
+async fn eventually<T>(what: &str, secs: u64, mut f: impl AsyncFnMut() -> Option<T>) -> Result<T> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(t) = f().await {
+            return Ok(t);
+        }
+        if Instant::now() > deadline {
+            bail!("timed out waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn routing(receiver_url: &str, extra: &str) -> String {
+    format!(
+        r##"
+route:
+  receiver: default
+  group_by: [cluster]
+  group_wait: 1s
+  group_interval: 3s
+  repeat_interval: 1h
+  routes:
+    - matchers: ['severity="critical"']
+      receiver: pager
+      group_by: [alertname]
+      continue: true
+    - matchers: ['env="prod"']
+      receiver: team
+{extra}
+receivers:
+  - name: default
+    webhook_configs: [{{url: "{receiver_url}/default"}}]
+    delivery: {{backoff_initial: 200ms, backoff_max: 1s, max_attempts: 5}}
+  - name: pager
+    webhook_configs: [{{url: "{receiver_url}/pager"}}]
+    nats_configs: [{{}}]
+  - name: team
+    slack_configs: [{{api_url: "{receiver_url}/slack", channel: "#fleet"}}]
+    templates:
+      title: "{{{{ status }}}}: {{{{ firing | length }}}} on {{{{ group_labels.cluster }}}}"
+      text: "{{% for a in firing %}}{{{{ a.annotations.summary }}}};{{% endfor %}}"
+inhibit_rules:
+  - source_matchers: ['alertname="cluster-unreachable"']
+    target_matchers: ['alertname!="cluster-unreachable"']
+    equal: [cluster]
+"##
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_groups_inhibits_and_silences() -> Result<()> {
+    let rx = Receiver::start().await?;
+    let mut r = Router::start(&routing(&rx.url, "")).await?;
+    // a subscriber of the pager's NATS subject
+    let mut pager_sub = r.client.subscribe(subject::alert("pager")).await?;
+
+    // --- routing and the first grouping window: three alerts on a, one on b, within group_wait
+    use IncidentStatus::*;
+    use Severity::*;
+    r.incident("a", "apiserver-down", Critical, Open, 1, &[])
+        .await?;
+    r.incident("a", "coredns-degraded", Warning, Open, 1, &[])
+        .await?;
+    r.incident("a", "node-not-ready", Warning, Open, 1, &[])
+        .await?;
+    r.incident("b", "cert-expiring", Warning, Open, 1, &[("env", "prod")])
+        .await?;
+    let first_a = eventually("a's first notification", 30, async || {
+        rx.got("/default")
+            .into_iter()
+            .find(|g| g.body["groupLabels"]["cluster"] == "a")
+    })
+    .await?;
+    assert_eq!(first_a.body["version"], "4");
+    assert_eq!(first_a.body["status"], "firing");
+    assert_eq!(first_a.body["receiver"], "default");
+    assert_eq!(first_a.body["commonLabels"]["cluster"], "a");
+    let names: BTreeSet<String> = alerts_of(&first_a).into_iter().map(|a| a.1).collect();
+    // apiserver-down is critical: the pager route took it (continue: true), no sibling matched, so
+    // (as in Alertmanager) the root does not take it as well
+    assert_eq!(
+        names,
+        BTreeSet::from(["coredns-degraded".into(), "node-not-ready".into()]),
+        "everything raised within group_wait arrives in one notification"
+    );
+    assert_eq!(first_a.body["alerts"][0]["endsAt"], "0001-01-01T00:00:00Z");
+    assert!(!first_a.id.is_empty(), "the notification id header is set");
+    // critical also went to the pager (continue: true), grouped by alertname
+    let pager = eventually("the pager notification", 30, async || {
+        rx.got("/pager").into_iter().next()
+    })
+    .await?;
+    assert_eq!(
+        alerts_of(&pager),
+        [("a".into(), "apiserver-down".into(), "firing".into())]
+    );
+    // and to its NATS subject, as a Notification envelope
+    let m = tokio::time::timeout(Duration::from_secs(20), pager_sub.next())
+        .await?
+        .context("no NATS notification")?;
+    let env: Envelope<Notification> = decode(&m)?;
+    assert_eq!(env.payload.receiver, "pager");
+    assert_eq!(env.payload.alerts[0].labels["alertname"], "apiserver-down");
+    assert!(
+        env.payload.title.contains("FIRING"),
+        "{}",
+        env.payload.title
+    );
+    // env=prod went to the team's Slack-compatible webhook (not to default: no continue), templated
+    let slack = eventually("the slack message", 30, async || {
+        rx.got("/slack").into_iter().next()
+    })
+    .await?;
+    assert_eq!(slack.body["channel"], "#fleet");
+    assert_eq!(slack.body["text"], "firing: 1 on b");
+    assert_eq!(slack.body["attachments"][0]["text"], "cert-expiring on b;");
+    assert!(
+        rx.got("/default")
+            .iter()
+            .all(|g| g.body["groupLabels"]["cluster"] != "b")
+    );
+
+    // --- the group interval: a new alert in a's group comes in the next notification, not sooner
+    r.incident("a", "etcd-slow", Warning, Open, 1, &[]).await?;
+    let second_a = eventually("a's second notification", 30, async || {
+        rx.got("/default")
+            .into_iter()
+            .filter(|g| g.body["groupLabels"]["cluster"] == "a")
+            .nth(1)
+    })
+    .await?;
+    assert!(
+        second_a.at.duration_since(first_a.at) >= Duration::from_millis(2900),
+        "group_interval (3 s) respected: {:?}",
+        second_a.at.duration_since(first_a.at)
+    );
+    assert_eq!(alerts_of(&second_a).len(), 3);
+
+    // --- inhibition: c unreachable mutes c's other alerts
+    r.incident("c", "cluster-unreachable", Critical, Open, 1, &[])
+        .await?;
+    r.incident("c", "scheduler-down", Warning, Open, 1, &[])
+        .await?;
+    // the critical one pages (grouped by alertname); the warning, routed to default, is inhibited
+    eventually("c's page", 30, async || {
+        rx.got("/pager").into_iter().find(|g| {
+            alerts_of(g)
+                .iter()
+                .any(|a| a.0 == "c" && a.1 == "cluster-unreachable")
+        })
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await; // past default's group_wait
+    assert!(
+        rx.got("/default")
+            .iter()
+            .all(|g| g.body["groupLabels"]["cluster"] != "c"),
+        "scheduler-down is inhibited by cluster-unreachable"
+    );
+    let alerts = r.get("/api/v2/alerts").await?;
+    let sched = alerts
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["labels"]["alertname"] == "scheduler-down")
+        .context("scheduler-down listed")?;
+    assert_eq!(sched["status"]["state"], "suppressed");
+    assert_eq!(
+        sched["status"]["inhibitedBy"][0],
+        stable_id(&["c", "cluster-unreachable"])
+    );
+
+    // --- silences through the CLI: d is silenced, then the silence expires and d is notified
+    let id = r
+        .cli(&[
+            "silence",
+            "add",
+            "cluster=\"d\"",
+            "--comment",
+            "maintenance",
+            "-d",
+            "1h",
+            "--author",
+            "test",
+        ])?
+        .trim()
+        .to_string();
+    assert_eq!(id.len(), 16, "prints the silence id: {id}");
+    let listed = r.cli(&["silence", "list"])?;
+    assert!(
+        listed.contains(&id) && listed.contains("active") && listed.contains("cluster=\"d\""),
+        "{listed}"
+    );
+    r.incident("d", "node-not-ready", Warning, Open, 1, &[])
+        .await?;
+    // while silenced: the router holds it and says why
+    let silenced = eventually("d silenced", 30, async || {
+        let a = r.get("/api/v2/alerts").await.ok()?;
+        a.as_array()?
+            .iter()
+            .find(|a| a["labels"]["cluster"] == "d" && a["status"]["silencedBy"][0] == id.as_str())
+            .cloned()
+    })
+    .await?;
+    assert_eq!(silenced["status"]["state"], "suppressed");
+    tokio::time::sleep(Duration::from_secs(3)).await; // past group_wait: still nothing
+    assert!(
+        rx.got("/default")
+            .iter()
+            .all(|g| g.body["groupLabels"]["cluster"] != "d")
+    );
+    assert!(r.cli(&["silence", "expire", &id])?.contains("expired"));
+    assert!(
+        r.cli(&["silence", "list", "--expired", "-o", "json"])?
+            .contains("\"expired\"")
+    );
+    eventually("d notified after the silence ended", 30, async || {
+        rx.got("/default")
+            .into_iter()
+            .find(|g| g.body["groupLabels"]["cluster"] == "d")
+    })
+    .await?;
+    // a silence that matches everything, and a bad matcher, are refused with a reason
+    assert!(
+        r.cli(&["silence", "add", "cluster=~\".*\"", "--comment", "x"])
+            .unwrap_err()
+            .to_string()
+            .contains("every alert")
+    );
+    assert!(
+        r.cli(&["silence", "add", "cluster=~\"(\"", "--comment", "x"])
+            .is_err()
+    );
+
+    // --- resolution: b's incident resolves; the team hears of it
+    r.incident(
+        "b",
+        "cert-expiring",
+        Warning,
+        Resolved,
+        2,
+        &[("env", "prod")],
+    )
+    .await?;
+    let resolved = eventually("b resolved", 30, async || {
+        rx.got("/slack").into_iter().find(|g| {
+            g.body["text"]
+                .as_str()
+                .is_some_and(|t| t.starts_with("resolved"))
+        })
+    })
+    .await?;
+    assert_eq!(resolved.body["attachments"][0]["color"], "good");
+    // an older revision redelivered changes nothing
+    r.incident("b", "cert-expiring", Warning, Open, 1, &[("env", "prod")])
+        .await?;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        rx.got("/slack").len(),
+        2,
+        "no re-fire from a stale revision"
+    );
+    // every HTTP notification id is distinct: nothing was sent twice
+    let ids: Vec<String> = rx
+        .sink
+        .got
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|g| g.id.clone())
+        .collect();
+    assert_eq!(
+        ids.len(),
+        ids.iter().collect::<BTreeSet<_>>().len(),
+        "{ids:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_receiver_errors_and_dead_letters_the_hopeless() -> Result<()> {
+    let rx = Receiver::start().await?;
+    let mut r = Router::start(&routing(&rx.url, "")).await?;
+    let mut dlq = r.client.subscribe(subject::dlq("alerts")).await?;
+    // garbage on the API gets a clear 4xx, never a 500 or a crash
+    let http = reqwest::Client::new();
+    for (body, want) in [
+        ("not json".to_string(), 400u16),
+        ("{\"matchers\": [], \"endsAt\": \"2030-01-01T00:00:00Z\"}".to_string(), 400),
+        ("{\"matchers\": [{\"name\": \"1bad\", \"value\": \"x\", \"isRegex\": false}], \"endsAt\": \"2030-01-01T00:00:00Z\"}".to_string(), 400),
+        ("{\"matchers\": [{\"name\": \"a\", \"value\": \"x\", \"isRegex\": false}], \"endsAt\": \"1999-01-01T00:00:00Z\"}".to_string(), 400),
+        ("x".repeat(4 << 20), 413),
+    ] {
+        let resp = http.post(format!("{}/api/v2/silences", r.api)).body(body).header("content-type", "application/json").send().await?;
+        assert_eq!(resp.status().as_u16(), want);
+    }
+    assert_eq!(
+        http.delete(
+            format!("{}/api/v2/silence/%00%ff", r.api) /* invalid UTF-8: 400 */
+        )
+        .send()
+        .await?
+        .status()
+        .as_u16(),
+        400
+    );
+    // three 503s, then success: delivered exactly once
+    rx.fail(3, 503);
+    r.incident(
+        "a",
+        "node-not-ready",
+        Severity::Warning,
+        IncidentStatus::Open,
+        1,
+        &[],
+    )
+    .await?;
+    eventually("delivery after three failures", 60, async || {
+        rx.got("/default").into_iter().next()
+    })
+    .await?;
+    assert_eq!(rx.sink.refused.load(Ordering::SeqCst), 3);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(rx.got("/default").len(), 1);
+    let recv = r.get("/api/v1/receivers").await?;
+    let default = recv
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["name"] == "default")
+        .unwrap();
+    assert_eq!(default["failed_attempts"], 3);
+    assert_eq!(default["sent"], 1);
+    assert_eq!(default["pending"], 0);
+    // a 400 will never work: dead-lettered at once, with the reason, on fleet.dlq.alerts
+    rx.fail(100, 400);
+    r.incident(
+        "b",
+        "node-not-ready",
+        Severity::Warning,
+        IncidentStatus::Open,
+        1,
+        &[],
+    )
+    .await?;
+    let m = tokio::time::timeout(Duration::from_secs(30), dlq.next())
+        .await?
+        .context("no dead letter")?;
+    let dl: Envelope<multipilot_schemas::payload::DeadLetter> = decode(&m)?;
+    assert_eq!(dl.payload.reason, "delivery");
+    assert!(dl.payload.error.contains("400"), "{}", dl.payload.error);
+    let dead = r.get("/api/v1/dead").await?;
+    assert_eq!(dead.as_array().map(Vec::len), Some(1));
+    // a 503 forever: dead after max_attempts (5)
+    rx.fail(1000, 503);
+    r.incident(
+        "c",
+        "node-not-ready",
+        Severity::Warning,
+        IncidentStatus::Open,
+        1,
+        &[],
+    )
+    .await?;
+    eventually("dead after five attempts", 60, async || {
+        let d = r.get("/api/v1/dead").await.ok()?;
+        (d.as_array()?.len() == 2).then_some(d)
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", r.log()))?;
+    let dead = r.get("/api/v1/dead").await?;
+    assert!(dead.as_array().unwrap().iter().any(|d| d["attempts"] == 5));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_neither_resends_nor_loses() -> Result<()> {
+    let rx = Receiver::start().await?;
+    let mut r = Router::start(&routing(&rx.url, "")).await?;
+    let clusters: Vec<String> = (0..15).map(|i| format!("k{i:02}")).collect();
+    // phase 1: five groups notified
+    for c in &clusters[..5] {
+        r.incident(
+            c,
+            "node-not-ready",
+            Severity::Warning,
+            IncidentStatus::Open,
+            1,
+            &[],
+        )
+        .await?;
+    }
+    eventually("phase 1 delivered", 30, async || {
+        (rx.got("/default").len() == 5).then_some(())
+    })
+    .await?;
+    // phase 2: the receiver is down; five more notifications pile up, durable, then kill -9
+    rx.fail(u32::MAX, 503);
+    for c in &clusters[5..10] {
+        r.incident(
+            c,
+            "node-not-ready",
+            Severity::Warning,
+            IncidentStatus::Open,
+            1,
+            &[],
+        )
+        .await?;
+    }
+    eventually("phase 2 pending", 30, async || {
+        let v = r.get("/api/v1/receivers").await.ok()?;
+        let d = v
+            .as_array()?
+            .iter()
+            .find(|x| x["name"] == "default")?
+            .clone();
+        (d["pending"] == 5).then_some(())
+    })
+    .await?;
+    r.kill();
+    // phase 3: incidents arrive while the router is dead
+    for c in &clusters[10..] {
+        r.incident(
+            c,
+            "node-not-ready",
+            Severity::Warning,
+            IncidentStatus::Open,
+            1,
+            &[],
+        )
+        .await?;
+    }
+    rx.fail(0, 503);
+    r.spawn().await?;
+    eventually("all fifteen delivered", 60, async || {
+        (rx.got("/default").len() >= 15).then_some(())
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", r.log()))?;
+    tokio::time::sleep(Duration::from_secs(5)).await; // a group interval and more: nothing else comes
+    let got = rx.got("/default");
+    let mut per_cluster: BTreeMap<String, usize> = BTreeMap::new();
+    for g in &got {
+        *per_cluster
+            .entry(g.body["groupLabels"]["cluster"].as_str().unwrap().into())
+            .or_default() += 1;
+    }
+    assert_eq!(per_cluster.len(), 15, "{per_cluster:?}");
+    assert!(
+        per_cluster.values().all(|n| *n == 1),
+        "each group exactly once: {per_cluster:?}"
+    );
+    let ids: BTreeSet<&str> = got.iter().map(|g| g.id.as_str()).collect();
+    assert_eq!(ids.len(), 15);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_storm_is_grouped_within_the_rate_limit_and_nothing_is_dropped() -> Result<()> {
+    let rx = Receiver::start().await?;
+    let routing = format!(
+        r#"
+route:
+  receiver: storm
+  group_by: [cluster]
+  group_wait: 2s
+  group_interval: 5s
+  repeat_interval: 1h
+receivers:
+  - name: storm
+    webhook_configs: [{{url: "{}/storm"}}]
+    delivery: {{rate_per_second: 5, burst: 5, concurrency: 2}}
+"#,
+        rx.url
+    );
+    let mut r = Router::start(&routing).await?;
+    // 30 clusters × 100 alerts, as fast as they can be published (well within 10 s)
+    let started = Instant::now();
+    for k in 0..100 {
+        for c in 0..30 {
+            r.incident(
+                &format!("c{c:02}"),
+                &format!("alert-{k:03}"),
+                Severity::Warning,
+                IncidentStatus::Open,
+                1,
+                &[],
+            )
+            .await?;
+        }
+    }
+    let published_in = started.elapsed();
+    assert!(
+        published_in < Duration::from_secs(10),
+        "the storm took {published_in:?} to publish"
+    );
+    let all = eventually("every alert notified", 120, async || {
+        let got = rx.got("/storm");
+        let seen: BTreeSet<(String, String)> = got
+            .iter()
+            .flat_map(alerts_of)
+            .map(|(c, a, _)| (c, a))
+            .collect();
+        (seen.len() == 3000).then_some(got)
+    })
+    .await
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "{e}: {} notifications so far\n{}",
+            rx.got("/storm").len(),
+            r.log()
+        )
+    })?;
+    // grouped: each cluster's storm fits in its first notification plus at most one per group_interval
+    // that the publishing spanned
+    let per_group_bound = 1 + published_in.as_secs() as usize / 5 + 1;
+    let mut per_cluster: BTreeMap<String, usize> = BTreeMap::new();
+    for g in &all {
+        *per_cluster
+            .entry(g.body["groupLabels"]["cluster"].as_str().unwrap().into())
+            .or_default() += 1;
+    }
+    assert_eq!(per_cluster.len(), 30);
+    assert!(
+        per_cluster.values().all(|n| *n <= per_group_bound),
+        "at most {per_group_bound} per group: {per_cluster:?}"
+    );
+    // the rate limit: in any one-second window, at most burst (5) + rate (5) notifications
+    let times: Vec<Instant> = all.iter().map(|g| g.at).collect();
+    for (i, t) in times.iter().enumerate() {
+        let in_window = times[i..]
+            .iter()
+            .take_while(|u| u.duration_since(*t) < Duration::from_secs(1))
+            .count();
+        assert!(
+            in_window <= 10,
+            "{in_window} notifications within one second"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deduplicated_events_above_the_threshold_are_routed_and_expire() -> Result<()> {
+    // the whole path: raw Kubernetes events -> the correlator's dedup -> digests -> the router -> a webhook
+    let rx = Receiver::start().await?;
+    let routing = format!(
+        "route:\n  receiver: ops\n  group_by: [cluster]\n  group_wait: 500ms\n  group_interval: 1s\n\
+         receivers:\n  - name: ops\n    webhook_configs: [{{url: \"{}/ops\"}}]\n",
+        rx.url
+    );
+    let mut r = Router::start_with(
+        &routing,
+        &[
+            ("MULTIPILOT_ALERTS__EVENT_TTL", "3s"),
+            ("MULTIPILOT_ALERTS__EVENT_MIN_SEVERITY", "warning"),
+        ],
+    )
+    .await?;
+    let log = std::fs::File::create(r.dir.path().join("correlator.log"))?;
+    r.correlator = Some(
+        Command::new(env!("CARGO_BIN_EXE_multipilot"))
+            .arg("correlator")
+            .env("MULTIPILOT_NATS__URL", r.nats.url())
+            .env("MULTIPILOT_HTTP__LISTEN", "127.0.0.1:0")
+            .env("MULTIPILOT_STORAGE__DATA_DIR", r.dir.path().join("corr"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()?,
+    );
+    let now = Utc::now();
+    let event =
+        |i: u64, reason: &str, warning: bool, pod: &str| multipilot_schemas::payload::KubeEvent {
+            occurrence_id: format!("{reason}-{i}"),
+            uid: format!("uid-{reason}"),
+            involved: multipilot_schemas::payload::ObjectRef {
+                api_version: "v1".into(),
+                kind: "Pod".into(),
+                namespace: Some("shop".into()),
+                name: pod.into(),
+                uid: None,
+            },
+            reason: reason.into(),
+            message: format!("Back-off restarting failed container checkout in pod {pod}"),
+            event_type: if warning { "Warning" } else { "Normal" }.into(),
+            severity: if warning {
+                Severity::Warning
+            } else {
+                Severity::Info
+            },
+            count: i,
+            first_time: Some(now),
+            last_time: now + chrono::Duration::seconds(i as i64),
+            reporter: "kubelet".into(),
+            action: None,
+            source_api: "v1".into(),
+        };
+    // twelve repeats of one warning (new, then the 10th occurrence crosses a milestone), and an info event
+    for i in 1..=12 {
+        let e = event(i, "BackOff", true, "checkout-7d9f8b-x2x4z");
+        let env = Envelope::new("a", "agent/a", e.last_time, i, e);
+        publish_one(
+            &r.js,
+            subject::event("a", "Pod"),
+            stable_id(&["ev", &i.to_string()]),
+            &env,
+        )
+        .await?;
+    }
+    let e = event(1, "Pulled", false, "checkout-7d9f8b-x2x4z");
+    let env = Envelope::new("a", "agent/a", e.last_time, 13, e);
+    publish_one(
+        &r.js,
+        subject::event("a", "Pod"),
+        stable_id(&["ev", "pulled"]),
+        &env,
+    )
+    .await?;
+
+    let firing = eventually("the BackOff alert", 60, async || {
+        rx.got("/ops")
+            .into_iter()
+            .find(|g| g.body["status"] == "firing")
+    })
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", r.log()))?;
+    let a = &firing.body["alerts"][0];
+    assert_eq!(
+        firing.body["alerts"].as_array().map(Vec::len),
+        Some(1),
+        "only the warning: {}",
+        firing.body
+    );
+    assert_eq!(a["labels"]["alertname"], "BackOff");
+    assert_eq!(a["labels"]["kind"], "event");
+    assert_eq!(a["labels"]["namespace"], "shop");
+    assert!(
+        a["annotations"]["summary"]
+            .as_str()
+            .unwrap()
+            .contains("Pod/shop/checkout-"),
+        "{a}"
+    );
+    // nobody refreshes it: it resolves after event_ttl (3 s)
+    let resolved = eventually("the BackOff alert resolved", 60, async || {
+        rx.got("/ops")
+            .into_iter()
+            .find(|g| g.body["status"] == "resolved")
+    })
+    .await?;
+    assert_eq!(resolved.body["alerts"][0]["labels"]["alertname"], "BackOff");
+    // the digests themselves are on the bus for other consumers
+    let stream = r.js.get_stream("FLEET_INCIDENTS").await?;
+    let msg = stream
+        .get_last_raw_message_by_subject("fleet.digest.a.Pod")
+        .await?;
+    let h = msg
+        .headers
+        .get("Multipilot-Schema")
+        .map(|v| v.as_str().to_string());
+    assert_eq!(h.as_deref(), Some("EventDigest/1"));
+    Ok(())
+}
+
+fn alertmanager_bin() -> Result<PathBuf> {
+    for p in [
+        "/usr/bin/prometheus-alertmanager",
+        "/usr/local/bin/alertmanager",
+    ] {
+        if std::path::Path::new(p).exists() {
+            return Ok(p.into());
+        }
+    }
+    bail!("Alertmanager not found: install Debian's prometheus-alertmanager (./scripts/test does)")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hands_off_to_a_real_alertmanager() -> Result<()> {
+    let bin = alertmanager_bin()?;
+    let dir = tempfile::tempdir()?;
+    std::fs::write(
+        dir.path().join("am.yml"),
+        "route:\n  receiver: blackhole\nreceivers:\n  - name: blackhole\n",
+    )?;
+    let port = free_port()?;
+    let am_url = format!("http://127.0.0.1:{port}");
+    struct KillOnDrop(Child);
+    impl Drop for KillOnDrop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _am = KillOnDrop(
+        Command::new(bin)
+            .arg(format!(
+                "--config.file={}",
+                dir.path().join("am.yml").display()
+            ))
+            .arg(format!(
+                "--storage.path={}",
+                dir.path().join("am").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg("--cluster.listen-address=")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("am.log"))?)
+            .spawn()?,
+    );
+    let http = reqwest::Client::new();
+    let mut up = false;
+    for _ in 0..100 {
+        if let Ok(r) = http.get(format!("{am_url}/-/ready")).send().await
+            && r.status().is_success()
+        {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    if !up {
+        bail!(
+            "Alertmanager did not start: {}",
+            std::fs::read_to_string(dir.path().join("am.log"))?
+        );
+    }
+    let routing = format!(
+        r#"
+route:
+  receiver: am
+  group_by: [cluster, alertname]
+  group_wait: 500ms
+  group_interval: 2s
+receivers:
+  - name: am
+    alertmanager_configs: [{{url: "{am_url}"}}]
+"#
+    );
+    let mut r = Router::start(&routing).await?;
+    r.incident(
+        "prod-1",
+        "cert-expiring",
+        Severity::Critical,
+        IncidentStatus::Open,
+        1,
+        &[("env", "prod")],
+    )
+    .await?;
+    let alert = eventually("the alert in Alertmanager", 60, async || {
+        let v: Value = http
+            .get(format!("{am_url}/api/v2/alerts"))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        v.as_array()?
+            .iter()
+            .find(|a| a["labels"]["alertname"] == "cert-expiring")
+            .cloned()
+    })
+    .await?;
+    assert_eq!(alert["labels"]["cluster"], "prod-1");
+    assert_eq!(alert["labels"]["severity"], "critical");
+    assert_eq!(alert["labels"]["env"], "prod");
+    assert_eq!(alert["annotations"]["summary"], "cert-expiring on prod-1");
+    assert_eq!(alert["status"]["state"], "active");
+    // resolving it ends it in Alertmanager too
+    r.incident(
+        "prod-1",
+        "cert-expiring",
+        Severity::Critical,
+        IncidentStatus::Resolved,
+        2,
+        &[("env", "prod")],
+    )
+    .await?;
+    eventually("the alert resolved in Alertmanager", 60, async || {
+        let v: Value = http
+            .get(format!("{am_url}/api/v2/alerts?active=true"))
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        (!v.as_array()?
+            .iter()
+            .any(|a| a["labels"]["alertname"] == "cert-expiring"))
+        .then_some(())
+    })
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,485 @@
+//! End to end through a browser: `./scripts/up` on scratch ports and data starts the whole system (nats,
+//! the hub with every role, the fleet simulator, the agent); headless Chromium, driven over the DevTools
+//! protocol, opens the console and must see the simulated clusters, an incident caused by a fault injected
+//! into the simulator appearing without a reload (then acknowledged from the page), and a cross-cluster diff
+//! showing the field that differs between two clusters.
+//!
+//! It uses the binaries next to this test's `multipilot` (`cargo build --bins` or `./scripts/test` builds
+//! them). Skipped, with a message, only when no Chromium is installed (`./scripts/test` installs Debian's).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use futures::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use tokio_tungstenite::tungstenite::Message;
+
+fn chromium() -> Option<PathBuf> {
+    let fixed = Path::new("/usr/bin/chromium");
+    if fixed.is_file() {
+        return Some(fixed.to_path_buf());
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .flat_map(|d| ["chromium", "chromium-browser"].map(|n| d.join(n)))
+        .find(|p| p.is_file())
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The system `./scripts/up` started, stopped with `./scripts/down` on drop.
+struct System {
+    env: Vec<(String, String)>,
+    data: tempfile::TempDir,
+    out: String,
+}
+
+impl System {
+    fn up() -> Result<System> {
+        let bin_dir = Path::new(env!("CARGO_BIN_EXE_multipilot"))
+            .parent()
+            .context("binary directory")?
+            .to_path_buf();
+        for b in ["multipilot-sim", "multipilot-agent"] {
+            anyhow::ensure!(
+                bin_dir.join(b).is_file(),
+                "{b} is not built in {}: run `cargo build --bins` first (./scripts/test does)",
+                bin_dir.display()
+            );
+        }
+        let data = tempfile::Builder::new().prefix("mp-e2e-").tempdir()?;
+        let mut env = vec![
+            (
+                "MULTIPILOT_DATA".to_string(),
+                data.path().display().to_string(),
+            ),
+            (
+                "MULTIPILOT_BIN_DIR".to_string(),
+                bin_dir.display().to_string(),
+            ),
+            ("MULTIPILOT_PROFILE".to_string(), "debug".to_string()),
+        ];
+        for var in [
+            "MULTIPILOT_NATS_PORT",
+            "MULTIPILOT_NATS_MONITOR_PORT",
+            "MULTIPILOT_HUB_PORT",
+            "MULTIPILOT_SIM_CONTROL_PORT",
+            "MULTIPILOT_AGENT_PORT",
+            "MULTIPILOT_TSDB_PORT",
+            "MULTIPILOT_CONSOLE_PORT",
+            "MULTIPILOT_ALERTS_PORT",
+        ] {
+            env.push((var.into(), multipilot_testkit::free_port()?.to_string()));
+        }
+        let mut sys = System {
+            env,
+            data,
+            out: String::new(),
+        };
+        let out = sys.script("up")?;
+        sys.out = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        anyhow::ensure!(
+            out.status.success() && sys.out.contains("MultiPilot is up"),
+            "scripts/up failed:\n{}\n{}",
+            sys.out,
+            sys.logs()
+        );
+        Ok(sys)
+    }
+
+    fn script(&self, name: &str) -> Result<std::process::Output> {
+        let mut c = Command::new(root().join("scripts").join(name));
+        c.current_dir(root()).stdin(Stdio::null());
+        for (k, v) in &self.env {
+            c.env(k, v);
+        }
+        Ok(c.output()?)
+    }
+
+    fn var(&self, k: &str) -> &str {
+        self.env
+            .iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.as_str())
+            .unwrap_or_default()
+    }
+
+    fn logs(&self) -> String {
+        let mut s = String::new();
+        for f in ["hub", "agent", "sim"] {
+            let text = std::fs::read_to_string(self.data.path().join(format!("logs/{f}.log")))
+                .unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(15).collect();
+            s.push_str(&format!("--- {f}.log ---\n"));
+            for l in tail.into_iter().rev() {
+                s.push_str(&l.chars().take(300).collect::<String>());
+                s.push('\n');
+            }
+        }
+        s
+    }
+
+    fn token(&self, role: &str) -> Result<String> {
+        let text = std::fs::read_to_string(self.data.path().join("console/tokens.yaml"))?;
+        let list: Vec<Value> = serde_yaml::from_str(&text)?;
+        list.iter()
+            .find(|t| t["role"] == role)
+            .and_then(|t| t["token"].as_str())
+            .map(str::to_string)
+            .with_context(|| format!("no {role} token in tokens.yaml"))
+    }
+
+    fn kubectl_apply(&self, context: &str, manifest: &str) -> Result<()> {
+        use std::io::Write as _;
+        let mut child = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(self.data.path().join("sim/kubeconfig.yaml"))
+            .args(["--context", context, "apply", "--server-side", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("running kubectl (./scripts/test installs it)")?;
+        child
+            .stdin
+            .take()
+            .context("stdin")?
+            .write_all(manifest.as_bytes())?;
+        let out = child.wait_with_output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "kubectl apply on {context}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    }
+}
+
+impl Drop for System {
+    fn drop(&mut self) {
+        let _ = self.script("down");
+    }
+}
+
+/// Headless Chromium with a DevTools connection to its page.
+struct Browser {
+    child: Child,
+    ws: tokio_tungstenite::WebSocketStream<
+        tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>,
+    >,
+    next_id: u64,
+    _profile: tempfile::TempDir,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Browser {
+    async fn launch(bin: &Path) -> Result<Browser> {
+        let profile = tempfile::Builder::new().prefix("mp-chromium-").tempdir()?;
+        let port = multipilot_testkit::free_port()?;
+        let child = Command::new(bin)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--window-size=1400,1000",
+            ])
+            .arg(format!("--user-data-dir={}", profile.path().display()))
+            .arg(format!("--remote-debugging-port={port}"))
+            .arg("about:blank")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting chromium")?;
+        let http = reqwest::Client::new();
+        let mut ws_url = None;
+        for _ in 0..150 {
+            if let Ok(r) = http
+                .get(format!("http://127.0.0.1:{port}/json/list"))
+                .send()
+                .await
+                && let Ok(list) = r.json::<Vec<Value>>().await
+                && let Some(u) = list
+                    .iter()
+                    .find(|t| t["type"] == "page")
+                    .and_then(|t| t["webSocketDebuggerUrl"].as_str())
+            {
+                ws_url = Some(u.to_string());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let ws_url = ws_url.context("chromium's DevTools endpoint did not come up")?;
+        let (ws, _) = tokio_tungstenite::connect_async(ws_url.as_str()).await?;
+        Ok(Browser {
+            child,
+            ws,
+            next_id: 0,
+            _profile: profile,
+        })
+    }
+
+    async fn call(&mut self, method: &str, params: Value) -> Result<Value> {
+        self.next_id += 1;
+        let id = self.next_id;
+        let msg = json!({"id": id, "method": method, "params": params}).to_string();
+        self.ws.send(Message::Text(msg.into())).await?;
+        loop {
+            let m = tokio::time::timeout(Duration::from_secs(30), self.ws.next())
+                .await
+                .with_context(|| format!("no answer to {method}"))?
+                .context("devtools connection closed")??;
+            let Ok(text) = m.to_text() else { continue };
+            let v: Value = serde_json::from_str(text).unwrap_or(Value::Null);
+            if v["id"] == id {
+                if let Some(e) = v.get("error") {
+                    bail!("{method}: {e}");
+                }
+                return Ok(v["result"].clone());
+            }
+        }
+    }
+
+    /// Evaluates JavaScript in the page and returns its (JSON) value.
+    async fn eval(&mut self, js: &str) -> Result<Value> {
+        let r = self
+            .call(
+                "Runtime.evaluate",
+                json!({"expression": js, "returnByValue": true, "awaitPromise": true}),
+            )
+            .await?;
+        if let Some(ex) = r.get("exceptionDetails") {
+            bail!("page error in `{js}`: {ex}");
+        }
+        Ok(r["result"]["value"].clone())
+    }
+
+    /// Polls a JavaScript condition until it yields something other than null/false.
+    async fn wait_for(&mut self, what: &str, js: &str, secs: u64) -> Result<Value> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        loop {
+            let v = self.eval(js).await?;
+            if !(v.is_null() || v == json!(false)) {
+                return Ok(v);
+            }
+            if tokio::time::Instant::now() > deadline {
+                let shot = self.screenshot("console-e2e-failure.png").await;
+                bail!("timed out waiting for {what} (screenshot: {shot:?})");
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    async fn screenshot(&mut self, name: &str) -> Result<PathBuf> {
+        let r = self
+            .call("Page.captureScreenshot", json!({"format": "png"}))
+            .await?;
+        let data = r["data"].as_str().context("no screenshot data")?;
+        let bytes = base64_decode(data)?;
+        let path = std::env::temp_dir().join(name);
+        std::fs::write(&path, bytes)?;
+        Ok(path)
+    }
+}
+
+fn base64_decode(s: &str) -> Result<Vec<u8>> {
+    const A: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    let (mut buf, mut bits) = (0u32, 0u32);
+    for c in s.bytes().filter(|c| *c != b'=') {
+        let v = A.iter().position(|a| *a == c).context("not base64")? as u32;
+        buf = (buf << 6) | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((buf >> bits) as u8);
+        }
+    }
+    Ok(out)
+}
+
+fn deployment(image: &str) -> String {
+    format!(
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata:\n  name: console-e2e\n  namespace: default\n  labels:\n    app: console-e2e\n\
+         spec:\n  replicas: 1\n  selector:\n    matchLabels:\n      app: console-e2e\n  template:\n    metadata:\n      labels:\n        app: console-e2e\n\
+         \x20   spec:\n      containers:\n      - name: web\n        image: {image}\n"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_console_page_shows_the_fleet_a_live_incident_and_a_cross_cluster_diff() -> Result<()> {
+    let Some(chrome) = chromium() else {
+        eprintln!(
+            "SKIPPED: no chromium found (/usr/bin/chromium or on PATH); ./scripts/test installs Debian's `chromium`"
+        );
+        return Ok(());
+    };
+    let sys = System::up()?;
+    let console = format!("http://127.0.0.1:{}/", sys.var("MULTIPILOT_CONSOLE_PORT"));
+    let sim = format!(
+        "http://127.0.0.1:{}",
+        sys.var("MULTIPILOT_SIM_CONTROL_PORT")
+    );
+    let operator = sys.token("operator")?;
+    let clusters: Vec<String> = reqwest::get(format!("{sim}/clusters"))
+        .await?
+        .json::<Vec<Value>>()
+        .await?
+        .iter()
+        .filter_map(|c| c["name"].as_str().map(str::to_string))
+        .collect();
+    anyhow::ensure!(clusters.len() == 6, "the simulator runs {clusters:?}");
+    // the same Deployment in two clusters, one field apart
+    let (a, b) = (&clusters[0], &clusters[1]);
+    sys.kubectl_apply(a, &deployment("registry.example.com/web:1.0.0"))?;
+    sys.kubectl_apply(b, &deployment("registry.example.com/web:2.0.0"))?;
+
+    let mut br = Browser::launch(&chrome).await?;
+    br.call("Page.enable", json!({})).await?;
+    br.call("Page.navigate", json!({"url": console})).await?;
+    br.wait_for(
+        "the page",
+        "document.readyState === 'complete' && !!document.querySelector('#token-form')",
+        30,
+    )
+    .await?;
+    // the page asks for a token; give it the operator's, as a person would paste it
+    br.wait_for(
+        "the token prompt",
+        "!document.querySelector('#token-form').hidden",
+        30,
+    )
+    .await?;
+    br.eval(&format!(
+        "document.querySelector('#token-input').value = {}; document.querySelector('#token-form').requestSubmit(); true",
+        json!(operator)
+    ))
+    .await?;
+
+    // 1. the fleet overview lists the simulated clusters
+    let listed = br
+        .wait_for(
+            "the six clusters in the overview",
+            "(() => { const r = [...document.querySelectorAll('#clusters-table tbody tr[data-cluster]')].map(t => t.dataset.cluster); \
+             return r.length === 6 && r.every(n => /^[a-z]/.test(n)) ? r : null; })()",
+            90,
+        )
+        .await?;
+    let mut listed: Vec<String> = serde_json::from_value(listed)?;
+    listed.sort();
+    let mut want = clusters.clone();
+    want.sort();
+    assert_eq!(listed, want);
+    br.wait_for(
+        "the live incident stream",
+        "document.querySelector('#live-status').dataset.state === 'live'",
+        30,
+    )
+    .await?;
+    // a marker that a reload would wipe
+    br.eval("window.__noReload = 'still-here'; true").await?;
+
+    // 2. a fault in the simulator becomes an incident on the page, live
+    let victim = &clusters[2];
+    let resp = reqwest::Client::new()
+        .post(format!("{sim}/clusters/{victim}/faults/external-ips"))
+        .json(&json!({"on": true, "params": {}}))
+        .send()
+        .await?;
+    anyhow::ensure!(resp.status().is_success(), "fault: {}", resp.text().await?);
+    let sel =
+        format!("#incident-list li[data-kind=\"external-ip-exposure\"][data-cluster=\"{victim}\"]");
+    let summary = br
+        .wait_for(
+            "the external-ip-exposure incident",
+            &format!("(() => {{ const li = document.querySelector('{sel}'); return li ? li.querySelector('.summary').textContent : null; }})()"),
+            150,
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", sys.logs()))?;
+    assert!(
+        summary.as_str().unwrap_or("").contains(victim.as_str()),
+        "{summary}"
+    );
+    assert_eq!(
+        br.eval("window.__noReload").await?,
+        json!("still-here"),
+        "the page reloaded"
+    );
+    let lag = br
+        .eval(&format!("document.querySelector('{sel} .lag').textContent"))
+        .await?;
+    assert!(lag.as_str().unwrap_or("").starts_with("lag "), "{lag}");
+    // the operator acknowledges it from the page; the new revision comes back over the stream
+    br.eval(&format!(
+        "document.querySelector('{sel} button[data-action=\"ack\"]').click(); true"
+    ))
+    .await?;
+    br.wait_for(
+        "the incident acknowledged",
+        &format!("document.querySelector('{sel}[data-status=\"acknowledged\"]') !== null"),
+        30,
+    )
+    .await?;
+
+    // 3. a cross-cluster diff, opened from a resource search, shows the differing field
+    br.eval("document.querySelector('#tabs button[data-tab=\"resources\"]').click(); true")
+        .await?;
+    br.eval(
+        "document.querySelector('#res-kind').value = 'Deployment'; document.querySelector('#res-name').value = 'console-e2e'; true",
+    )
+    .await?;
+    br.wait_for(
+        "the deployment found in both clusters",
+        "(() => { document.querySelector('#res-form').requestSubmit(); \
+         return document.querySelectorAll('#resources-table tbody tr[data-name=\"console-e2e\"]').length === 2; })()",
+        60,
+    )
+    .await?;
+    br.eval("document.querySelector('#resources-table tbody tr[data-name=\"console-e2e\"] a.diff-link').click(); true")
+        .await?;
+    let row = br
+        .wait_for(
+            "the differing image in the diff",
+            "(() => { const r = document.querySelector('#diff-fields tr.diff-field[data-path=\"spec.template.spec.containers[web].image\"]'); \
+             return r ? [...r.querySelectorAll('td.differs')].map(td => td.textContent) : null; })()",
+            30,
+        )
+        .await?;
+    let mut images: Vec<String> = serde_json::from_value(row)?;
+    images.sort();
+    assert_eq!(
+        images,
+        [
+            "registry.example.com/web:1.0.0",
+            "registry.example.com/web:2.0.0"
+        ]
+    );
+    assert_eq!(
+        br.eval("document.querySelector('#diff-verdict').textContent")
+            .await?,
+        json!("spec differs")
+    );
+    let shot = br.screenshot("console-e2e.png").await?;
+    eprintln!("screenshot of the diff: {}", shot.display());
+    drop(br);
+    drop(sys);
+    Ok(())
+}

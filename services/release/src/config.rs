@@ -1,0 +1,106 @@
+//! The role's settings (`release` section of the hub config).
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// The release role's settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Where releases, snapshots and history live (sled); the hub resolves the default to
+    /// `<storage.data_dir>/release`.
+    pub data_dir: String,
+    /// The ed25519 signing key (64 hex digits: the seed). Empty: `<data_dir>/signing.key`. Created on first
+    /// start when absent, with the public key written next to it as `<key>.pub` (hex) for agents to trust.
+    pub signing_key: String,
+    /// How long to wait for an agent's answer to one command (then it is retried with the same id).
+    #[serde(with = "humantime_serde")]
+    pub command_timeout: Duration,
+    /// Attempts per command (same command id, fresh nonce each time; the agent applies it once).
+    pub command_attempts: u32,
+    /// A command's validity (`expires_at − issued_at`).
+    #[serde(with = "humantime_serde")]
+    pub command_validity: Duration,
+    /// How long a batch's rollouts may take to complete before the health gate fails.
+    #[serde(with = "humantime_serde")]
+    pub health_timeout: Duration,
+    /// Soak time after a batch is healthy, when the spec gives none.
+    #[serde(with = "humantime_serde")]
+    pub default_soak: Duration,
+    /// Field manager for server-side apply, when the spec gives none.
+    pub field_manager: String,
+    /// Clusters dry-run, snapshotted or applied at once.
+    pub parallelism: usize,
+    /// How long a plan waits for the fleet registry after the role started.
+    #[serde(with = "humantime_serde")]
+    pub registry_wait: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            data_dir: "./data/hub/release".into(),
+            signing_key: String::new(),
+            command_timeout: Duration::from_secs(10),
+            command_attempts: 3,
+            command_validity: Duration::from_secs(300),
+            health_timeout: Duration::from_secs(120),
+            default_soak: Duration::from_secs(30),
+            field_manager: "multipilot".into(),
+            parallelism: 32,
+            registry_wait: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Config {
+    /// Checks what serde can't.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(!self.data_dir.is_empty(), "release.data_dir is empty");
+        anyhow::ensure!(
+            self.command_attempts >= 1,
+            "release.command_attempts must be at least 1"
+        );
+        anyhow::ensure!(
+            self.parallelism >= 1,
+            "release.parallelism must be at least 1"
+        );
+        anyhow::ensure!(
+            !self.field_manager.is_empty(),
+            "release.field_manager is empty"
+        );
+        anyhow::ensure!(
+            self.command_validity >= self.command_timeout,
+            "release.command_validity must be at least release.command_timeout"
+        );
+        Ok(())
+    }
+
+    /// The signing key file.
+    pub fn signing_key_path(&self) -> std::path::PathBuf {
+        if self.signing_key.is_empty() {
+            std::path::Path::new(&self.data_dir).join("signing.key")
+        } else {
+            self.signing_key.clone().into()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_round_trips_and_rejects_unknown_keys() {
+        let c = Config::default();
+        let yaml = serde_yaml::to_string(&c).expect("yaml");
+        let back: Config = serde_yaml::from_str(&yaml).expect("back");
+        assert_eq!(c, back);
+        let bad = serde_yaml::from_str::<Config>("sign_key: x\n");
+        assert!(bad.is_err());
+        let short: Config = serde_yaml::from_str("default_soak: 5s\n").expect("partial");
+        assert_eq!(short.default_soak, Duration::from_secs(5));
+        assert!(c.validate().is_ok());
+    }
+}

@@ -1,0 +1,642 @@
+//! The release role: render, check, dry-run everywhere, apply in batches behind health gates, roll back from
+//! snapshots.
+//!
+//! Reads: `fleet.facts.>` (FLEET_FACTS, ephemeral ordered consumer: the fleet registry — served
+//! api-versions, version and labels per cluster), `fleet.incident.<cluster>.>` (FLEET_INCIDENTS, during a
+//! batch's soak). Answers (request/reply, JSON): `fleet.releasectl.plan|apply|approve|rollback|status|history`.
+//! Sends (request/reply, signed `ReleaseCommand` → `ReleaseResult`): `fleet.cmd.<cluster>.release`.
+//! Writes: `fleet.release.<release>.<what>` (FLEET_RELEASE, `ReleaseEvent`: the release's history) and
+//! `fleet.audit.release.release-<what>` (FLEET_AUDIT, `AuditRecord`) for every plan, approval, batch,
+//! step, health gate, end and rollback.
+//!
+//! State (sled in `data_dir`): releases with their plan, approvals, batch progress and the clusters they
+//! changed; each cluster's snapshot (the live objects before the release); the history. A role that
+//! restarts while applying or rolling back marks the release `interrupted` with the clusters it had
+//! changed, so an operator can roll it back (`multipilot release rollback`) — it never guesses.
+
+pub mod config;
+pub mod diff;
+pub mod exec;
+pub mod judge;
+pub mod model;
+pub mod orchestrate;
+pub mod plan;
+pub mod registry;
+pub mod render;
+pub mod signer;
+pub mod spec;
+pub mod store;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use chrono::Utc;
+use futures::StreamExt;
+use multipilot_runtime::Context;
+use multipilot_schemas::payload::{AuditRecord, ReleaseEvent};
+use multipilot_schemas::{Envelope, Payload, stable_id, subject};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+pub use config::Config;
+
+use crate::model::{
+    ApplyRequest, Approval, ApproveRequest, NameRequest, PlanRequest, Release, Reply, Source, State,
+};
+use crate::registry::Registry;
+use crate::spec::Spec;
+use crate::store::Store;
+
+/// Prefix of the operator subjects: `fleet.releasectl.<verb>`.
+pub const CTL_PREFIX: &str = "fleet.releasectl";
+
+/// The operator subject of a verb (`plan`, `apply`, `approve`, `rollback`, `status`, `history`).
+pub fn ctl_subject(verb: &str) -> String {
+    format!("{CTL_PREFIX}.{verb}")
+}
+
+/// Asks the release role (request/reply) and decodes its reply.
+pub async fn call<B: serde::Serialize>(
+    client: &async_nats::Client,
+    verb: &str,
+    body: &B,
+    timeout: Duration,
+) -> Result<Reply> {
+    let req = async_nats::Request::new()
+        .payload(serde_json::to_vec(body)?.into())
+        .timeout(Some(timeout));
+    let msg = client
+        .send_request(ctl_subject(verb), req)
+        .await
+        .map_err(|e| match e.kind() {
+            async_nats::RequestErrorKind::NoResponders => anyhow::anyhow!(
+                "no release role answers on {} (is `multipilot release` or `all` running?)",
+                ctl_subject(verb)
+            ),
+            _ => anyhow::anyhow!("asking the release role ({verb}): {e}"),
+        })?;
+    serde_json::from_slice(&msg.payload).context("the release role's reply")
+}
+
+/// The running role.
+pub struct Service {
+    config: Config,
+    store: Store,
+    registry: Registry,
+    sender: exec::Sender,
+    js: async_nats::jetstream::Context,
+    instance: String,
+    lock: tokio::sync::Mutex<()>,
+    cancel: CancellationToken,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service")
+            .field("instance", &self.instance)
+            .finish()
+    }
+}
+
+fn actor_or_system(a: &str) -> String {
+    if a.trim().is_empty() {
+        "system".into()
+    } else {
+        a.trim().to_string()
+    }
+}
+
+impl Service {
+    /// Records a history entry: stored with the release (durably), then published on FLEET_RELEASE and as an
+    /// audit record on FLEET_AUDIT. A failed publish is logged; the stored history stays the reference.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn record(
+        &self,
+        r: &mut Release,
+        what: &str,
+        ok: bool,
+        actor: &str,
+        batch: Option<u32>,
+        clusters: Vec<String>,
+        summary: String,
+        detail: Value,
+    ) {
+        r.events += 1;
+        r.updated_at = Utc::now();
+        let ev = ReleaseEvent {
+            release: r.name.clone(),
+            revision: r.revision,
+            what: what.into(),
+            state: r.state.name().into(),
+            actor: actor_or_system(actor),
+            batch,
+            clusters,
+            ok,
+            summary,
+            detail,
+            commit: r.source.commit_label(),
+            at: r.updated_at,
+        };
+        if let Err(e) = self.store.add_event(r.events, &ev) {
+            tracing::error!(release = %r.name, error = %e, "history entry not stored");
+        }
+        if let Err(e) = self.store.put(r).await {
+            tracing::error!(release = %r.name, error = %e, "release not stored");
+        }
+        let seq = r.events.to_string();
+        let rev = r.revision.to_string();
+        let cluster = if ev.clusters.len() == 1 {
+            ev.clusters[0].clone()
+        } else {
+            String::new()
+        };
+        let env = |schema: &str, version: u32| Envelope {
+            schema: schema.into(),
+            version,
+            cluster: cluster.clone(),
+            source: self.instance.clone(),
+            cluster_time: ev.at,
+            agent_time: Utc::now(),
+            seq: r.events,
+            payload: (),
+        };
+        let e1 = env(ReleaseEvent::SCHEMA, ReleaseEvent::VERSION).map(|_| ev.clone());
+        if let Err(e) = multipilot_bus::publish::publish_one(
+            &self.js,
+            subject::release(&r.name, what),
+            stable_id(&["release-event", &r.name, &rev, &seq]),
+            &e1,
+        )
+        .await
+        {
+            tracing::warn!(release = %r.name, error = %e, "release event not published");
+        }
+        let audit = AuditRecord {
+            id: stable_id(&["release-audit", &r.name, &rev, &seq]),
+            actor: ev.actor.clone(),
+            role: "release".into(),
+            action: format!("release.{what}"),
+            target: format!("{}@{}", r.name, r.revision),
+            outcome: if ok { "ok" } else { "failed" }.into(),
+            detail: json!({"summary": ev.summary, "batch": ev.batch, "clusters": ev.clusters,
+                "state": ev.state, "detail": ev.detail}),
+            commit: ev.commit.clone(),
+        };
+        let e2 = env(AuditRecord::SCHEMA, AuditRecord::VERSION).map(|_| audit.clone());
+        if let Err(e) = multipilot_bus::publish::publish_one(
+            &self.js,
+            subject::audit("release", &format!("release-{what}")),
+            audit.id.clone(),
+            &e2,
+        )
+        .await
+        {
+            tracing::warn!(release = %r.name, error = %e, "audit record not published");
+        }
+    }
+
+    async fn plan_new(
+        &self,
+        spec_text: &str,
+        source: Source,
+        actor: &str,
+    ) -> Result<Release, String> {
+        let spec = Spec::parse(spec_text).map_err(|e| e.to_string())?;
+        let prev = {
+            let _g = self.lock.lock().await;
+            let prev = self.store.get(&spec.name).map_err(|e| e.to_string())?;
+            if let Some(p) = &prev
+                && p.state.busy()
+            {
+                return Err(format!(
+                    "release {} is {} (revision {}): wait for it or roll it back",
+                    p.name,
+                    p.state.name(),
+                    p.revision
+                ));
+            }
+            prev
+        };
+        let revision = match &prev {
+            // a plan that was never applied is re-planned in place
+            Some(p) if matches!(p.state, State::Planned | State::Blocked) => p.revision,
+            Some(p) => p.revision + 1,
+            None => 1,
+        };
+        let plan = self.make_plan(&spec, revision).await?;
+        let now = Utc::now();
+        let _g = self.lock.lock().await;
+        if let Some(p) = self.store.get(&spec.name).map_err(|e| e.to_string())?
+            && p.state.busy()
+        {
+            return Err(format!("release {} started meanwhile", p.name));
+        }
+        let mut r = Release {
+            name: spec.name.clone(),
+            revision,
+            state: if plan.clean() {
+                State::Planned
+            } else {
+                State::Blocked
+            },
+            spec,
+            source,
+            actor: actor_or_system(actor),
+            created_at: now,
+            updated_at: now,
+            plan,
+            approvals: Default::default(),
+            batches: Vec::new(),
+            changed: Vec::new(),
+            rollbacks: 0,
+            error: None,
+            events: prev.map(|p| p.events).unwrap_or(0),
+        };
+        r.batches = Self::fresh_batches(&r);
+        let p = &r.plan;
+        let n_objs: usize = p.clusters.iter().map(|c| c.objects.len()).sum();
+        let risks: Vec<Value> = p
+            .clusters
+            .iter()
+            .flat_map(|c| {
+                c.objects.iter().flat_map(move |o| {
+                    o.risks.iter().map(move |k| {
+                        json!({"cluster": c.cluster, "object": o.object, "level": k.level, "code": k.code,
+                            "approval": k.approval})
+                    })
+                })
+            })
+            .collect();
+        let summary = format!(
+            "planned {} objects on {} clusters in {} batches: {} blocked, {} errors, {} risks{}",
+            n_objs,
+            p.clusters.len(),
+            p.batches.len(),
+            p.blocked,
+            p.errors,
+            risks.len(),
+            if p.required_approvals.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    ", needs approval: {}",
+                    p.required_approvals
+                        .iter()
+                        .cloned()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }
+        );
+        let detail = json!({"batches": p.batches, "blocked": p.blocked, "errors": p.errors,
+            "problems": p.problems(), "risks": risks, "dry_run_ms": p.dry_run_ms,
+            "required_approvals": p.required_approvals, "spec_path": r.source.path});
+        let clusters: Vec<String> = p.clusters.iter().map(|c| c.cluster.clone()).collect();
+        let ok = p.clean();
+        self.record(&mut r, "plan", ok, actor, None, clusters, summary, detail)
+            .await;
+        Ok(r)
+    }
+
+    async fn approve(
+        &self,
+        name: &str,
+        approvals: &[String],
+        actor: &str,
+    ) -> Result<Release, String> {
+        let _g = self.lock.lock().await;
+        let mut r = self
+            .store
+            .get(name)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("no release named {name}"))?;
+        let fresh: Vec<String> = approvals
+            .iter()
+            .filter(|a| !a.trim().is_empty() && !r.approvals.contains_key(*a))
+            .cloned()
+            .collect();
+        if fresh.is_empty() {
+            return Ok(r);
+        }
+        for a in &fresh {
+            r.approvals.insert(
+                a.clone(),
+                Approval {
+                    actor: actor_or_system(actor),
+                    at: Utc::now(),
+                },
+            );
+        }
+        let s = format!("approved: {}", fresh.join(", "));
+        self.record(
+            &mut r,
+            "approve",
+            true,
+            actor,
+            None,
+            vec![],
+            s,
+            json!({"approvals": fresh}),
+        )
+        .await;
+        Ok(r)
+    }
+
+    async fn apply(self: &Arc<Self>, req: ApplyRequest) -> Result<Release, String> {
+        let name = match (&req.spec, &req.release) {
+            (Some(text), _) => {
+                self.plan_new(text, req.source.clone(), &req.actor)
+                    .await?
+                    .name
+            }
+            (None, Some(name)) => {
+                // re-plan the stored spec: the dry-run must pass again just before anything changes
+                let r = self
+                    .store
+                    .get(name)
+                    .map_err(|e| e.to_string())?
+                    .ok_or_else(|| format!("no release named {name}"))?;
+                if !matches!(r.state, State::Planned | State::Blocked) {
+                    return Err(format!(
+                        "release {name} is {} (revision {}): plan it again with -f spec.yaml",
+                        r.state.name(),
+                        r.revision
+                    ));
+                }
+                let text = serde_yaml::to_string(&r.spec).map_err(|e| e.to_string())?;
+                let approvals: Vec<String> = r.approvals.keys().cloned().collect();
+                let planned = self.plan_new(&text, r.source.clone(), &req.actor).await?;
+                if !approvals.is_empty() {
+                    self.approve(&planned.name, &approvals, &req.actor).await?;
+                }
+                planned.name
+            }
+            (None, None) => return Err("apply needs a release name or a spec".into()),
+        };
+        if !req.approve.is_empty() {
+            self.approve(&name, &req.approve, &req.actor).await?;
+        }
+        let _g = self.lock.lock().await;
+        let mut r = self
+            .store
+            .get(&name)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("no release named {name}"))?;
+        if !r.plan.clean() {
+            let problems = r.plan.problems();
+            let s = format!(
+                "apply refused: the plan has {} blocked objects and {} errors",
+                r.plan.blocked, r.plan.errors
+            );
+            self.record(
+                &mut r,
+                "apply",
+                false,
+                &req.actor,
+                None,
+                vec![],
+                s.clone(),
+                json!({"problems": problems}),
+            )
+            .await;
+            return Err(format!("{s}:\n  {}", problems.join("\n  ")));
+        }
+        let missing = r.missing_approvals();
+        if !missing.is_empty() {
+            let s = format!(
+                "apply refused: needs approval: {} (give --approve {})",
+                missing.join(", "),
+                missing.join(" --approve ")
+            );
+            self.record(
+                &mut r,
+                "apply",
+                false,
+                &req.actor,
+                None,
+                vec![],
+                s.clone(),
+                json!({"missing": missing}),
+            )
+            .await;
+            return Err(s);
+        }
+        r.state = State::Applying;
+        r.batches = Self::fresh_batches(&r);
+        r.changed.clear();
+        r.error = None;
+        let clusters: Vec<String> = r.plan.clusters.iter().map(|c| c.cluster.clone()).collect();
+        let s = format!(
+            "apply starts: {} clusters in {} batches",
+            clusters.len(),
+            r.plan.batches.len()
+        );
+        let detail = json!({"approvals": r.approvals});
+        self.record(&mut r, "apply", true, &req.actor, None, clusters, s, detail)
+            .await;
+        let this = self.clone();
+        let actor = actor_or_system(&req.actor);
+        tokio::spawn(this.run_apply(name, actor));
+        Ok(r)
+    }
+
+    async fn rollback(self: &Arc<Self>, name: &str, actor: &str) -> Result<Release, String> {
+        let r = {
+            let _g = self.lock.lock().await;
+            let r = self
+                .store
+                .get(name)
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("no release named {name}"))?;
+            if r.state.busy() {
+                return Err(format!("release {name} is {}: wait for it", r.state.name()));
+            }
+            if r.changed.is_empty() {
+                return Err(format!(
+                    "release {name} (revision {}) changed no cluster: nothing to roll back",
+                    r.revision
+                ));
+            }
+            r
+        };
+        let this = self.clone();
+        tokio::spawn(this.run_rollback(name.to_string(), actor_or_system(actor)));
+        Ok(r)
+    }
+
+    async fn handle(self: &Arc<Self>, verb: &str, body: &[u8]) -> Reply {
+        fn parse<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, Reply> {
+            serde_json::from_slice(body).map_err(|e| Reply::error(format!("bad request: {e}")))
+        }
+        macro_rules! req {
+            ($t:ty) => {
+                match parse::<$t>(body) {
+                    Ok(v) => v,
+                    Err(r) => return r,
+                }
+            };
+        }
+        let done = |r: Result<Release, String>| match r {
+            Ok(r) => Reply::with(r),
+            Err(e) => Reply::error(e),
+        };
+        match verb {
+            "plan" => {
+                let q = req!(PlanRequest);
+                done(self.plan_new(&q.spec, q.source, &q.actor).await)
+            }
+            "apply" => done(self.apply(req!(ApplyRequest)).await),
+            "approve" => {
+                let q = req!(ApproveRequest);
+                done(self.approve(&q.release, &q.approvals, &q.actor).await)
+            }
+            "rollback" => {
+                let q = req!(NameRequest);
+                let Some(name) = q.release else {
+                    return Reply::error("rollback needs a release name");
+                };
+                done(self.rollback(&name, &q.actor).await)
+            }
+            "status" => {
+                let q = req!(NameRequest);
+                match q.release {
+                    Some(name) => match self.store.get(&name) {
+                        Ok(Some(r)) => Reply::with(r),
+                        Ok(None) => Reply::error(format!("no release named {name}")),
+                        Err(e) => Reply::error(e.to_string()),
+                    },
+                    None => match self.store.all() {
+                        Ok(all) => Reply {
+                            ok: true,
+                            releases: all.iter().map(Release::summary).collect(),
+                            ..Default::default()
+                        },
+                        Err(e) => Reply::error(e.to_string()),
+                    },
+                }
+            }
+            "history" => {
+                let q = req!(NameRequest);
+                let Some(name) = q.release else {
+                    return Reply::error("history needs a release name");
+                };
+                match (self.store.get(&name), self.store.history(&name)) {
+                    (Ok(None), _) => Reply::error(format!("no release named {name}")),
+                    (Ok(Some(r)), Ok(h)) => Reply {
+                        ok: true,
+                        release: Some(Box::new(r)),
+                        history: h,
+                        ..Default::default()
+                    },
+                    (Err(e), _) | (_, Err(e)) => Reply::error(e.to_string()),
+                }
+            }
+            other => Reply::error(format!(
+                "unknown verb {other:?}: plan, apply, approve, rollback, status, history"
+            )),
+        }
+    }
+
+    /// Marks releases the previous process left half-way as `interrupted`.
+    async fn recover(&self) -> Result<()> {
+        for mut r in self.store.all()? {
+            if r.state.busy() {
+                let was = r.state.name();
+                r.state = State::Interrupted;
+                r.error = Some(format!(
+                    "the release role restarted while {was}; changed clusters: {} — roll back with `multipilot release rollback {}` or plan again",
+                    if r.changed.is_empty() {
+                        "none".to_string()
+                    } else {
+                        r.changed.join(", ")
+                    },
+                    r.name
+                ));
+                let clusters = r.changed.clone();
+                let s = r.error.clone().unwrap_or_default();
+                self.record(
+                    &mut r,
+                    "interrupted",
+                    false,
+                    "system",
+                    None,
+                    clusters,
+                    s,
+                    json!({"was": was}),
+                )
+                .await;
+                tracing::warn!(release = %r.name, was, "release interrupted by a restart");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Runs the release role until `ctx.cancel` fires.
+pub async fn run(config: Config, ctx: Context) -> Result<()> {
+    config.validate()?;
+    std::fs::create_dir_all(&config.data_dir)
+        .with_context(|| format!("creating {}", config.data_dir))?;
+    let store = Store::open(std::path::Path::new(&config.data_dir))
+        .with_context(|| format!("opening the release store in {}", config.data_dir))?;
+    let signer = signer::Signer::load_or_create(&config.signing_key_path())?;
+    tracing::info!(key_id = signer.key_id(), public = %signer.public_path().display(), "release signing key");
+    let registry = Registry::default();
+    let svc = Arc::new(Service {
+        sender: exec::Sender {
+            nats: ctx.nats.clone(),
+            signer: Arc::new(signer),
+            timeout: config.command_timeout,
+            attempts: config.command_attempts,
+            validity: config.command_validity,
+            source: ctx.instance.clone(),
+        },
+        config,
+        store,
+        registry: registry.clone(),
+        js: ctx.js.clone(),
+        instance: ctx.instance.clone(),
+        lock: tokio::sync::Mutex::new(()),
+        cancel: ctx.cancel.clone(),
+    });
+    svc.recover().await?;
+    ctx.health.register("release");
+    let follow = tokio::spawn(registry.follow(ctx.js.clone(), ctx.cancel.clone()));
+    let mut sub = ctx
+        .nats
+        .subscribe(format!("{CTL_PREFIX}.*"))
+        .await
+        .context("subscribing to fleet.releasectl.*")?;
+    ctx.health.set("release", true);
+    tracing::info!("release role ready");
+    loop {
+        let msg = tokio::select! {
+            _ = ctx.cancel.cancelled() => break,
+            m = sub.next() => match m { Some(m) => m, None => break },
+        };
+        let Some(reply) = msg.reply.clone() else {
+            continue;
+        };
+        let verb = msg
+            .subject
+            .as_str()
+            .rsplit('.')
+            .next()
+            .unwrap_or("")
+            .to_string();
+        let (svc, nats) = (svc.clone(), ctx.nats.clone());
+        tokio::spawn(async move {
+            let r = svc.handle(&verb, &msg.payload).await;
+            let body = serde_json::to_vec(&r).unwrap_or_else(|e| {
+                format!("{{\"ok\":false,\"error\":\"encoding the reply: {e}\"}}").into_bytes()
+            });
+            if let Err(e) = nats.publish(reply, body.into()).await {
+                tracing::warn!(error = %e, "release reply not sent");
+            }
+        });
+    }
+    follow.abort();
+    svc.store.flush().await?;
+    Ok(())
+}

@@ -1,0 +1,344 @@
+//! Making a plan: choose the targets from the registry, render for each, judge every object against the
+//! cluster's served api-versions and the deprecation table, flag risks, then dry-run on every target at once
+//! (server-side apply with `dryRun=All` through its agent) and gather every error from every cluster before
+//! anything is applied; the dry-run's would-be objects give a field-level diff against the live ones.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Instant;
+
+use chrono::Utc;
+use futures::StreamExt;
+use multipilot_schemas::payload::{ClusterFacts, ObjectRef, ReleaseAction};
+use serde_json::Value;
+
+use crate::Service;
+use crate::exec::Command;
+use crate::judge::{self, Verdict};
+use crate::model::{ClusterPlan, Plan, PlannedObject};
+use crate::render;
+use crate::spec::{Selector, Spec};
+
+/// The labels a selector sees for a cluster: its registry labels plus `cluster` and `version`.
+pub fn selector_labels(name: &str, facts: &ClusterFacts) -> BTreeMap<String, String> {
+    let mut l = facts.labels.clone();
+    l.insert("cluster".into(), name.into());
+    l.insert(
+        "version".into(),
+        format!("{}.{}", facts.version.major, facts.version.minor),
+    );
+    l
+}
+
+/// The target clusters of a spec, sorted; unknown explicit clusters and empty selections are errors.
+pub fn targets(spec: &Spec, reg: &BTreeMap<String, ClusterFacts>) -> Result<Vec<String>, String> {
+    let mut out = BTreeSet::new();
+    let mut unknown = Vec::new();
+    for c in &spec.targets.clusters {
+        if reg.contains_key(c) {
+            out.insert(c.clone());
+        } else {
+            unknown.push(c.clone());
+        }
+    }
+    if !unknown.is_empty() {
+        let known: Vec<&String> = reg.keys().take(30).collect();
+        return Err(format!(
+            "unknown cluster{} {}: the registry (FLEET_FACTS) knows {}{}",
+            if unknown.len() > 1 { "s" } else { "" },
+            unknown.join(", "),
+            if known.is_empty() {
+                "no cluster yet (is an agent running?)".to_string()
+            } else {
+                known
+                    .iter()
+                    .map(|s| s.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            },
+            if reg.len() > 30 { ", …" } else { "" }
+        ));
+    }
+    if let Some(text) = &spec.targets.selector {
+        let sel = Selector::parse(text).map_err(|e| e.to_string())?;
+        for (name, facts) in reg {
+            if sel.matches(&selector_labels(name, facts)) {
+                out.insert(name.clone());
+            }
+        }
+    }
+    if out.is_empty() {
+        return Err(format!(
+            "no cluster matches the targets (selector {:?}; {} clusters known)",
+            spec.targets.selector.as_deref().unwrap_or(""),
+            reg.len()
+        ));
+    }
+    Ok(out.into_iter().collect())
+}
+
+fn oref(obj: &Value) -> ObjectRef {
+    let s = |p: &str| obj.pointer(p).and_then(Value::as_str).map(str::to_string);
+    ObjectRef {
+        api_version: s("/apiVersion").unwrap_or_default(),
+        kind: s("/kind").unwrap_or_default(),
+        namespace: s("/metadata/namespace"),
+        name: s("/metadata/name").unwrap_or_default(),
+        uid: None,
+    }
+}
+
+/// Judges one cluster's rendered objects (no cluster call).
+pub fn judge_cluster(spec: &Spec, cluster: &str, facts: &ClusterFacts, batch: u32) -> ClusterPlan {
+    let version = format!("{}.{}", facts.version.major, facts.version.minor);
+    let mut plan = ClusterPlan {
+        cluster: cluster.to_string(),
+        version,
+        batch,
+        objects: Vec::new(),
+        error: None,
+    };
+    match render::render(spec, cluster, facts) {
+        Err(e) => plan.error = Some(format!("render: {e}")),
+        Ok(objs) => {
+            for obj in objs {
+                let r = oref(&obj);
+                let verdict = judge::judge(
+                    &r.api_version,
+                    &r.kind,
+                    &facts.api_versions,
+                    facts.version.minor,
+                );
+                let blocked = verdict.blocked.clone();
+                plan.objects.push(PlannedObject {
+                    object: r,
+                    action: if blocked.is_some() {
+                        "blocked"
+                    } else {
+                        "not-tried"
+                    }
+                    .into(),
+                    risks: judge::risks(&obj),
+                    verdict,
+                    diff: Vec::new(),
+                    error: blocked,
+                    rendered: obj,
+                    delete: false,
+                });
+            }
+        }
+    }
+    for d in &spec.delete {
+        let obj = d.to_object();
+        let r = oref(&obj);
+        plan.objects.push(PlannedObject {
+            risks: vec![judge::deletion(&d.kind, &crate::model::obj_name(&r))],
+            object: r,
+            action: "not-tried".into(),
+            verdict: Verdict {
+                served: facts.api_versions.contains(&d.api_version),
+                ..Default::default()
+            },
+            diff: Vec::new(),
+            error: None,
+            rendered: obj,
+            delete: true,
+        });
+    }
+    plan
+}
+
+impl Service {
+    /// Makes a plan for `spec` at `revision` (renders, judges, dry-runs everywhere).
+    pub async fn make_plan(&self, spec: &Spec, revision: u64) -> Result<Plan, String> {
+        self.registry.wait_loaded(self.config.registry_wait).await;
+        let reg = self.registry.snapshot();
+        let clusters = targets(spec, &reg)?;
+        let batches = spec.batches(&clusters).map_err(|e| e.to_string())?;
+        let mut plans = Vec::new();
+        for (i, batch) in batches.iter().enumerate() {
+            for c in batch {
+                let facts = &reg[c];
+                plans.push(judge_cluster(spec, c, facts, i as u32 + 1));
+            }
+        }
+        let started = Instant::now();
+        let fm = self.field_manager(spec);
+        let tag: u32 = rand::random();
+        let results: Vec<ClusterPlan> = futures::stream::iter(plans.into_iter().map(|p| {
+            let fm = fm.clone();
+            async move { self.dry_run(spec, revision, tag, p, &fm).await }
+        }))
+        .buffered(self.config.parallelism)
+        .collect()
+        .await;
+        let dry_run_ms = started.elapsed().as_millis() as u64;
+        let mut required = BTreeSet::new();
+        let (mut blocked, mut errors) = (0, 0);
+        for c in &results {
+            errors += usize::from(c.error.is_some());
+            for o in &c.objects {
+                match o.action.as_str() {
+                    "blocked" => blocked += 1,
+                    "error" => errors += 1,
+                    _ => {}
+                }
+                required.extend(o.risks.iter().filter_map(|r| r.approval.clone()));
+            }
+        }
+        Ok(Plan {
+            planned_at: Utc::now(),
+            batches,
+            clusters: results,
+            required_approvals: required,
+            blocked,
+            errors,
+            dry_run_ms,
+        })
+    }
+
+    pub(crate) fn field_manager(&self, spec: &Spec) -> String {
+        spec.field_manager
+            .clone()
+            .unwrap_or_else(|| self.config.field_manager.clone())
+    }
+
+    async fn dry_run(
+        &self,
+        spec: &Spec,
+        revision: u64,
+        tag: u32,
+        mut plan: ClusterPlan,
+        fm: &str,
+    ) -> ClusterPlan {
+        if plan.error.is_some() {
+            return plan;
+        }
+        let applies: Vec<usize> = (0..plan.objects.len())
+            .filter(|&i| !plan.objects[i].delete && plan.objects[i].action != "blocked")
+            .collect();
+        let deletes: Vec<usize> = (0..plan.objects.len())
+            .filter(|&i| plan.objects[i].delete)
+            .collect();
+        for (idx, action, what) in [
+            (applies, ReleaseAction::DryRun, "dry-run"),
+            (deletes, ReleaseAction::Snapshot, "delete-check"),
+        ] {
+            if idx.is_empty() {
+                continue;
+            }
+            let cmd = Command {
+                id: format!(
+                    "{}-r{revision}-plan{tag:08x}-{}-{what}",
+                    spec.name, plan.cluster
+                ),
+                release: spec.name.clone(),
+                cluster: plan.cluster.clone(),
+                action,
+                field_manager: fm.to_string(),
+                force: spec.force,
+                objects: idx
+                    .iter()
+                    .map(|&i| plan.objects[i].rendered.clone())
+                    .collect(),
+            };
+            match self.sender.send(&cmd).await {
+                Err(e) => {
+                    plan.error = Some(e.to_string());
+                    return plan;
+                }
+                Ok(r) if r.objects.len() != idx.len() => {
+                    plan.error = Some(format!(
+                        "the agent answered {} outcomes for {} objects: {}",
+                        r.objects.len(),
+                        idx.len(),
+                        r.error.unwrap_or_default()
+                    ));
+                    return plan;
+                }
+                Ok(r) => {
+                    for (&i, out) in idx.iter().zip(r.objects) {
+                        let o = &mut plan.objects[i];
+                        o.object.namespace = out.object.namespace.clone();
+                        o.object.uid = out.object.uid.clone();
+                        if out.outcome == "error" {
+                            o.action = "error".into();
+                            o.error = out.error;
+                        } else if o.delete {
+                            o.action = if out.live.is_some() {
+                                "would-delete"
+                            } else {
+                                "absent"
+                            }
+                            .into();
+                        } else {
+                            o.action = out.outcome;
+                            if let Some(after) = &out.result {
+                                o.diff = crate::diff::diff(out.live.as_ref(), after);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        plan
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(minor: u32, labels: &[(&str, &str)]) -> ClusterFacts {
+        ClusterFacts {
+            version: multipilot_schemas::payload::KubeVersion {
+                major: 1,
+                minor,
+                git_version: format!("v1.{minor}.0"),
+                platform: String::new(),
+            },
+            api_versions: vec!["v1".into()],
+            preferred_versions: Default::default(),
+            nodes: Default::default(),
+            cni: None,
+            coredns: None,
+            ingress_controller: None,
+            gpu_device_plugin: None,
+            ingress_classes: vec![],
+            storage_classes: vec![],
+            default_storage_class: None,
+            apiserver_cert_expiry: None,
+            gpus: vec![],
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn targets_by_name_and_selector_with_clear_errors() {
+        let reg: BTreeMap<String, ClusterFacts> = [
+            ("a".to_string(), facts(24, &[("env", "prod")])),
+            ("b".to_string(), facts(31, &[("env", "prod")])),
+            ("c".to_string(), facts(31, &[("env", "dev")])),
+        ]
+        .into();
+        let spec =
+            |t: &str| Spec::parse(&format!("name: w\nmanifests: x\ntargets: {t}\n")).expect("spec");
+        assert_eq!(
+            targets(&spec("{selector: 'env=prod,version>=1.25'}"), &reg).expect("t"),
+            vec!["b"]
+        );
+        assert_eq!(
+            targets(&spec("{clusters: [c], selector: 'version<1.25'}"), &reg).expect("t"),
+            vec!["a", "c"]
+        );
+        let e = targets(&spec("{clusters: [zz]}"), &reg).expect_err("unknown");
+        assert!(
+            e.contains("unknown cluster zz") && e.contains("a, b, c"),
+            "{e}"
+        );
+        let e = targets(&spec("{selector: env=qa}"), &reg).expect_err("none");
+        assert!(e.contains("no cluster matches"), "{e}");
+    }
+}

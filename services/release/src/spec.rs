@@ -1,0 +1,545 @@
+//! The release spec (YAML): what to render, where, in which batches, with which soak and approvals; and the
+//! cluster selector.
+//!
+//! ```yaml
+//! name: web-1-2
+//! manifests: |                # minijinja templates, multi-document YAML
+//!   apiVersion: apps/v1
+//!   kind: Deployment
+//!   metadata: {name: web, namespace: shop, labels: {env: "{{ cluster.labels.env }}"}}
+//!   ...
+//! vars: {image: registry.example.com/web:1.2}
+//! targets:
+//!   clusters: [prod-euw-1]    # and/or
+//!   selector: env=prod,version>=1.25
+//! batches: {size: 2}          # or {groups: [[a], [b, c]]}
+//! soak: 30s
+//! field_manager: multipilot
+//! force: false
+//! approvals: [external-ips]
+//! delete:                     # objects the release removes
+//!   - {apiVersion: v1, kind: ConfigMap, namespace: shop, name: old-config}
+//! ```
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// A spec that can't be used, and why.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Not YAML, or not the spec's shape.
+    #[error("the release spec is not valid: {0}")]
+    Parse(String),
+    /// Parsed, but breaks a rule.
+    #[error("the release spec is not valid: {0}")]
+    Invalid(String),
+    /// A selector that doesn't parse.
+    #[error("bad selector {selector:?}: {reason}")]
+    Selector {
+        /// The selector text.
+        selector: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// The release spec.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Spec {
+    /// Release name: lower-case letters, digits, `-` and `.`, at most 63 characters.
+    pub name: String,
+    /// What the release is for.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub description: String,
+    /// Multi-document YAML templates (minijinja): one text, or a list of texts.
+    pub manifests: Manifests,
+    /// Release variables, available to the templates as `vars`.
+    #[serde(default)]
+    pub vars: BTreeMap<String, Value>,
+    /// Which clusters.
+    pub targets: Targets,
+    /// In which order.
+    #[serde(default)]
+    pub batches: Batches,
+    /// Wait this long after a batch is healthy, with no new incident on its clusters, before the next.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub soak: Option<Duration>,
+    /// How long a batch's rollouts may take (default: the role's `health_timeout`).
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub health_timeout: Option<Duration>,
+    /// Field manager for server-side apply (default: the role's `field_manager`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub field_manager: Option<String>,
+    /// Take fields other managers own (server-side apply `force`). Off unless said.
+    #[serde(default)]
+    pub force: bool,
+    /// Risks approved in the reviewed spec itself (e.g. `external-ips`).
+    #[serde(default)]
+    pub approvals: Vec<String>,
+    /// Objects the release deletes (snapshotted first; a rollback re-creates them).
+    #[serde(default)]
+    pub delete: Vec<DeleteRef>,
+}
+
+/// Template texts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Manifests {
+    /// One multi-document text.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+impl Manifests {
+    /// The texts.
+    pub fn texts(&self) -> Vec<&str> {
+        match self {
+            Manifests::One(s) => vec![s.as_str()],
+            Manifests::Many(v) => v.iter().map(String::as_str).collect(),
+        }
+    }
+}
+
+/// Which clusters a release goes to: the explicit ones plus those the selector matches.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Targets {
+    /// Cluster names.
+    #[serde(default)]
+    pub clusters: Vec<String>,
+    /// A selector on the clusters' registry labels (see [`Selector`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+}
+
+/// How the targets are split into batches.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Batches {
+    /// At most this many clusters per batch (in name order); default: one batch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<usize>,
+    /// Explicit ordered groups: every target must be in exactly one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub groups: Vec<Vec<String>>,
+}
+
+/// An object to delete.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct DeleteRef {
+    /// `group/version`.
+    pub api_version: String,
+    /// Kind.
+    pub kind: String,
+    /// Namespace (namespaced kinds; default `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// Name.
+    pub name: String,
+}
+
+impl DeleteRef {
+    /// As a minimal object, the shape commands carry.
+    pub fn to_object(&self) -> Value {
+        let mut meta = serde_json::Map::new();
+        meta.insert("name".into(), Value::String(self.name.clone()));
+        if let Some(ns) = &self.namespace {
+            meta.insert("namespace".into(), Value::String(ns.clone()));
+        }
+        serde_json::json!({"apiVersion": self.api_version, "kind": self.kind, "metadata": meta})
+    }
+}
+
+fn valid_name(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= 63
+        && n.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && n.as_bytes()[0].is_ascii_alphanumeric()
+        && n.as_bytes()[n.len() - 1].is_ascii_alphanumeric()
+}
+
+impl Spec {
+    /// Parses and checks a spec.
+    pub fn parse(yaml: &str) -> Result<Spec, Error> {
+        let raw: serde_yaml::Value =
+            serde_yaml::from_str(yaml).map_err(|e| Error::Parse(e.to_string()))?;
+        if raw.get("manifest_files").is_some() {
+            return Err(Error::Invalid(
+                "manifest_files must be read into manifests by the CLI (multipilot release … -f spec.yaml)"
+                    .into(),
+            ));
+        }
+        // parse the text again (not the value) so errors carry their line and column
+        drop(raw);
+        let spec: Spec = serde_yaml::from_str(yaml).map_err(|e| Error::Parse(e.to_string()))?;
+        spec.validate()?;
+        Ok(spec)
+    }
+
+    /// Checks the rules serde can't.
+    pub fn validate(&self) -> Result<(), Error> {
+        if !valid_name(&self.name) {
+            return Err(Error::Invalid(format!(
+                "name {:?}: lower-case letters, digits, '-' and '.', starting and ending alphanumeric, at most 63",
+                self.name
+            )));
+        }
+        if self.manifests.texts().iter().all(|t| t.trim().is_empty()) && self.delete.is_empty() {
+            return Err(Error::Invalid(
+                "manifests is empty and nothing is deleted".into(),
+            ));
+        }
+        if self.targets.clusters.is_empty() && self.targets.selector.is_none() {
+            return Err(Error::Invalid(
+                "targets needs clusters, a selector, or both".into(),
+            ));
+        }
+        if let Some(sel) = &self.targets.selector {
+            Selector::parse(sel)?;
+        }
+        if self.batches.size == Some(0) {
+            return Err(Error::Invalid("batches.size must be at least 1".into()));
+        }
+        if self.batches.size.is_some() && !self.batches.groups.is_empty() {
+            return Err(Error::Invalid(
+                "batches: give size or groups, not both".into(),
+            ));
+        }
+        if let Some(fm) = &self.field_manager
+            && (fm.is_empty() || fm.len() > 128)
+        {
+            return Err(Error::Invalid(
+                "field_manager must be 1..=128 characters".into(),
+            ));
+        }
+        for d in &self.delete {
+            if d.api_version.is_empty() || d.kind.is_empty() || d.name.is_empty() {
+                return Err(Error::Invalid(
+                    "delete: every entry needs apiVersion, kind and name".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Splits the chosen clusters into batches (each cluster in exactly one).
+    pub fn batches(&self, clusters: &[String]) -> Result<Vec<Vec<String>>, Error> {
+        if !self.batches.groups.is_empty() {
+            let mut seen = std::collections::BTreeSet::new();
+            let mut out = Vec::new();
+            for g in &self.batches.groups {
+                let mut batch = Vec::new();
+                for c in g {
+                    if !clusters.contains(c) {
+                        return Err(Error::Invalid(format!(
+                            "batches.groups names {c:?}, which is not a target"
+                        )));
+                    }
+                    if !seen.insert(c.clone()) {
+                        return Err(Error::Invalid(format!("batches.groups names {c:?} twice")));
+                    }
+                    batch.push(c.clone());
+                }
+                if !batch.is_empty() {
+                    out.push(batch);
+                }
+            }
+            let missing: Vec<&String> = clusters.iter().filter(|c| !seen.contains(*c)).collect();
+            if !missing.is_empty() {
+                return Err(Error::Invalid(format!(
+                    "targets {missing:?} are in no batches.groups entry"
+                )));
+            }
+            return Ok(out);
+        }
+        let size = self.batches.size.unwrap_or(clusters.len().max(1));
+        Ok(clusters.chunks(size).map(<[String]>::to_vec).collect())
+    }
+}
+
+/// One requirement of a selector.
+#[derive(Debug, Clone, PartialEq)]
+enum Req {
+    Eq(String, String),
+    Ne(String, String),
+    In(String, Vec<String>),
+    NotIn(String, Vec<String>),
+    Exists(String),
+    Absent(String),
+    Cmp(String, std::cmp::Ordering, bool, String),
+}
+
+/// A Kubernetes-style label selector on cluster labels, plus version comparisons:
+/// `env=prod`, `env!=dev`, `region in (eu-west-1,eu-central-1)`, `team notin (a,b)`, `gpu`, `!legacy`,
+/// `version>=1.25`, `version<1.30` — comma-separated, all must hold. Every cluster also has the labels
+/// `cluster` (its name) and `version` (`<major>.<minor>`); comparisons compare dotted numbers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Selector(Vec<Req>);
+
+fn split_top(s: &str) -> Vec<String> {
+    let (mut out, mut cur, mut depth) = (Vec::new(), String::new(), 0);
+    for ch in s.chars() {
+        match ch {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                out.push(std::mem::take(&mut cur));
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(ch);
+    }
+    out.push(cur);
+    out
+}
+
+fn numbers(v: &str) -> Option<Vec<u64>> {
+    v.trim()
+        .trim_start_matches('v')
+        .split('.')
+        .map(|p| p.parse().ok())
+        .collect()
+}
+
+impl Selector {
+    /// Parses a selector.
+    pub fn parse(text: &str) -> Result<Selector, Error> {
+        let bad = |reason: &str| Error::Selector {
+            selector: text.to_string(),
+            reason: reason.to_string(),
+        };
+        let key_ok = |k: &str| {
+            !k.is_empty()
+                && k.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+        };
+        let mut reqs = Vec::new();
+        for part in split_top(text) {
+            let p = part.trim();
+            if p.is_empty() {
+                return Err(bad("empty requirement"));
+            }
+            let set = |rest: &str| -> Result<Vec<String>, Error> {
+                let rest = rest.trim();
+                let inner = rest
+                    .strip_prefix('(')
+                    .and_then(|r| r.strip_suffix(')'))
+                    .ok_or_else(|| bad("a set needs parentheses: key in (a,b)"))?;
+                let vals: Vec<String> = inner.split(',').map(|v| v.trim().to_string()).collect();
+                if vals.iter().any(String::is_empty) {
+                    return Err(bad("empty value in a set"));
+                }
+                Ok(vals)
+            };
+            let words: Vec<&str> = p.splitn(2, char::is_whitespace).collect();
+            if words.len() == 2
+                && (words[1].trim_start().starts_with("in ")
+                    || words[1].trim_start().starts_with("in("))
+            {
+                let key = words[0];
+                let rest = words[1].trim_start().trim_start_matches("in");
+                if !key_ok(key) {
+                    return Err(bad("bad key"));
+                }
+                reqs.push(Req::In(key.into(), set(rest)?));
+                continue;
+            }
+            if words.len() == 2 && words[1].trim_start().starts_with("notin") {
+                let key = words[0];
+                let rest = words[1].trim_start().trim_start_matches("notin");
+                if !key_ok(key) {
+                    return Err(bad("bad key"));
+                }
+                reqs.push(Req::NotIn(key.into(), set(rest)?));
+                continue;
+            }
+            let ops: [(&str, Option<(std::cmp::Ordering, bool)>); 7] = [
+                (">=", Some((std::cmp::Ordering::Greater, true))),
+                ("<=", Some((std::cmp::Ordering::Less, true))),
+                ("!=", None),
+                ("==", None),
+                (">", Some((std::cmp::Ordering::Greater, false))),
+                ("<", Some((std::cmp::Ordering::Less, false))),
+                ("=", None),
+            ];
+            let mut done = false;
+            for (op, cmp) in ops {
+                if let Some((k, v)) = p.split_once(op) {
+                    let (k, v) = (k.trim(), v.trim());
+                    if !key_ok(k) {
+                        return Err(bad(&format!("bad key {k:?}")));
+                    }
+                    if v.contains(['=', '<', '>', '!', '(', ')']) {
+                        return Err(bad(&format!("bad value {v:?}")));
+                    }
+                    reqs.push(match (op, cmp) {
+                        ("!=", _) => Req::Ne(k.into(), v.into()),
+                        (_, Some((ord, eq))) => {
+                            if numbers(v).is_none() {
+                                return Err(bad(&format!(
+                                    "{op} compares dotted numbers such as 1.25, not {v:?}"
+                                )));
+                            }
+                            Req::Cmp(k.into(), ord, eq, v.into())
+                        }
+                        _ => Req::Eq(k.into(), v.into()),
+                    });
+                    done = true;
+                    break;
+                }
+            }
+            if done {
+                continue;
+            }
+            if let Some(k) = p.strip_prefix('!') {
+                if !key_ok(k.trim()) {
+                    return Err(bad("bad key"));
+                }
+                reqs.push(Req::Absent(k.trim().into()));
+            } else if key_ok(p) {
+                reqs.push(Req::Exists(p.into()));
+            } else {
+                return Err(bad(&format!("cannot read {p:?}")));
+            }
+        }
+        Ok(Selector(reqs))
+    }
+
+    /// Whether labels satisfy every requirement.
+    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
+        self.0.iter().all(|r| match r {
+            Req::Eq(k, v) => labels.get(k) == Some(v),
+            Req::Ne(k, v) => labels.get(k) != Some(v),
+            Req::In(k, vs) => labels.get(k).is_some_and(|l| vs.contains(l)),
+            Req::NotIn(k, vs) => labels.get(k).is_none_or(|l| !vs.contains(l)),
+            Req::Exists(k) => labels.contains_key(k),
+            Req::Absent(k) => !labels.contains_key(k),
+            Req::Cmp(k, ord, eq, v) => {
+                let (Some(have), Some(want)) = (labels.get(k).and_then(|l| numbers(l)), numbers(v))
+                else {
+                    return false;
+                };
+                let c = have.cmp(&want);
+                c == *ord || (*eq && c == std::cmp::Ordering::Equal)
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn selectors_match_labels_and_versions() {
+        let l = labels(&[
+            ("env", "prod"),
+            ("region", "eu-west-1"),
+            ("version", "1.31"),
+        ]);
+        for (sel, want) in [
+            ("env=prod", true),
+            ("env==prod,region in (eu-west-1, us-east-1)", true),
+            ("env!=prod", false),
+            ("region notin (eu-west-1)", false),
+            ("version>=1.25", true),
+            ("version<1.31", false),
+            ("version<=1.31,version>1.24", true),
+            ("gpu", false),
+            ("!gpu", true),
+            ("env", true),
+        ] {
+            assert_eq!(Selector::parse(sel).expect(sel).matches(&l), want, "{sel}");
+        }
+        for bad in [
+            "",
+            "env=",
+            "a in b",
+            "version>=latest",
+            "x=(y)",
+            ",",
+            "k in (a,)",
+        ] {
+            let r = Selector::parse(bad);
+            if bad == "env=" {
+                // `env=` means "label env equals the empty string", as in Kubernetes
+                assert!(r.is_ok());
+                continue;
+            }
+            assert!(r.is_err(), "{bad:?} should not parse");
+        }
+    }
+
+    #[test]
+    fn specs_are_checked_with_clear_errors() {
+        let ok = "name: web-1\nmanifests: |\n  apiVersion: v1\n  kind: ConfigMap\n  metadata: {name: x}\ntargets: {clusters: [a]}\n";
+        assert!(Spec::parse(ok).is_ok());
+        for (text, needle) in [
+            ("name: [", "not valid"),
+            (
+                "name: Web\nmanifests: x\ntargets: {clusters: [a]}\n",
+                "name \"Web\"",
+            ),
+            ("name: w\nmanifests: x\ntargets: {}\n", "targets needs"),
+            (
+                "name: w\nmanifests: x\ntargets: {clusters: [a]}\nsoak: forever\n",
+                "line 4",
+            ),
+            (
+                "name: w\nmanifests: x\ntargets: {clusters: [a]}\nextra: 1\n",
+                "unknown field",
+            ),
+            (
+                "name: w\nmanifests: x\ntargets: {selector: 'a in b'}\n",
+                "bad selector",
+            ),
+            (
+                "name: w\nmanifests: x\ntargets: {clusters: [a]}\nbatches: {size: 0}\n",
+                "at least 1",
+            ),
+        ] {
+            let e = Spec::parse(text).expect_err(text).to_string();
+            assert!(e.contains(needle), "{text:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn batches_by_size_or_groups() {
+        let mut s = Spec::parse(
+            "name: w\nmanifests: x\ntargets: {clusters: [a, b, c]}\nbatches: {size: 2}\n",
+        )
+        .expect("spec");
+        let cl: Vec<String> = ["a", "b", "c"].map(String::from).to_vec();
+        assert_eq!(s.batches(&cl).expect("b").len(), 2);
+        s.batches = Batches {
+            size: None,
+            groups: vec![vec!["b".into()], vec!["a".into(), "c".into()]],
+        };
+        assert_eq!(s.batches(&cl).expect("b")[0], vec!["b".to_string()]);
+        s.batches.groups = vec![vec!["b".into()]];
+        assert!(s.batches(&cl).is_err());
+    }
+}
