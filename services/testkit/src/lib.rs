@@ -51,6 +51,11 @@ pub struct NatsServer {
     _dir: Option<tempfile::TempDir>,
 }
 
+/// Explicit JetStream limits for test servers: without them the server offers 75 % of the disk that is free
+/// *now*, and the streams' reservations (FLEET_METRICS: 8 GiB) fail on a machine whose disk is busy with build
+/// output. Tests store far less than this; the limit is a ceiling, not an allocation.
+const JS_LIMITS: &str = "max_file_store: 256GB\n  max_memory_store: 1GB";
+
 impl NatsServer {
     /// Starts a single node with JetStream on a random port and a fresh temporary store.
     pub async fn start() -> Result<Self> {
@@ -70,7 +75,7 @@ impl NatsServer {
             let store = dir.path().join("js");
             let config = dir.path().join("nats.conf");
             let text = format!(
-                "listen: 127.0.0.1:{port}\nserver_name: test-{port}\njetstream {{\n  store_dir: {store:?}\n}}\n{}\n",
+                "listen: 127.0.0.1:{port}\nserver_name: test-{port}\njetstream {{\n  store_dir: {store:?}\n  {JS_LIMITS}\n}}\n{}\n",
                 extra(dir.path())
             );
             std::fs::write(&config, text)?;
@@ -225,7 +230,7 @@ impl NatsCluster {
             std::fs::write(
                 &config,
                 format!(
-                    "listen: 127.0.0.1:{port}\nserver_name: n{i}\njetstream {{\n  store_dir: {store:?}\n}}\n\
+                    "listen: 127.0.0.1:{port}\nserver_name: n{i}\njetstream {{\n  store_dir: {store:?}\n  {JS_LIMITS}\n}}\n\
                      cluster {{\n  name: testkit\n  listen: 127.0.0.1:{cport}\n  routes: [{}]\n}}\n",
                     routes.join(", ")
                 ),
