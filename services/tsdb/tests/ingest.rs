@@ -340,7 +340,17 @@ async fn acked_samples_survive_kill_9() -> Result<()> {
     .await?;
     cancel.cancel();
     role.await??;
-    let store = Store::open(dir.path(), Options::default())?;
+    // the role's last tasks (HTTP server, checkpointer) may still hold the store for a moment after `run`
+    // returns: wait for sled's lock rather than fail on it
+    let mut opened = Store::open(dir.path(), Options::default());
+    for _ in 0..40 {
+        if opened.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        opened = Store::open(dir.path(), Options::default());
+    }
+    let store = opened?;
     check_scrapes(&store, SERIES, BATCHES - 1, true)?;
     Ok(())
 }
