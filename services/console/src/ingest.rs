@@ -20,10 +20,7 @@ use async_nats::jetstream::{self, consumer};
 use chrono::Utc;
 use futures::StreamExt;
 use multipilot_schemas::envelope::decode_member;
-use multipilot_schemas::payload::{
-    ClusterFacts, ComplianceReport, Heartbeat, Incident, ProbeResult, ResourceDeleted,
-    ResourceState, ResyncMarker,
-};
+use multipilot_schemas::payload::{ClusterFacts, ComplianceReport, Incident};
 use multipilot_schemas::{
     Envelope, HEADER_CONTENT_TYPE, HEADER_SCHEMA, Payload, codec::DEFAULT_MAX_BYTES,
 };
@@ -35,28 +32,8 @@ use tokio_util::sync::CancellationToken;
 use crate::store::{IncidentView, ReleaseRecord, Store};
 use crate::telemetry::Metrics;
 
-/// What FLEET_STATE carries.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-#[serde(untagged)]
-#[allow(clippy::large_enum_variant)] // one message at a time
-pub enum StateMsg {
-    /// An object's state.
-    State(ResourceState),
-    /// Its tombstone.
-    Deleted(ResourceDeleted),
-    /// A resync marker.
-    Resync(ResyncMarker),
-}
-
-/// What FLEET_HEALTH carries.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-#[serde(untagged)]
-pub enum HealthMsg {
-    /// A heartbeat.
-    Heartbeat(Heartbeat),
-    /// A probe result.
-    Probe(ProbeResult),
-}
+/// FLEET_STATE and FLEET_HEALTH carry the same unions the correlator reads.
+pub use multipilot_correlator::{HealthMsg, StateMsg};
 
 /// What FLEET_INCIDENTS carries.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -66,44 +43,6 @@ pub enum IncidentsMsg {
     Incident(Incident),
     /// A compliance report.
     Compliance(ComplianceReport),
-}
-
-impl Payload for StateMsg {
-    const SCHEMA: &'static str = "ResourceState|ResourceDeleted|ResyncMarker";
-    const VERSION: u32 = 1;
-    fn accepts(schema: &str) -> Option<u32> {
-        ResourceState::accepts(schema)
-            .or_else(|| ResourceDeleted::accepts(schema))
-            .or_else(|| ResyncMarker::accepts(schema))
-    }
-    fn decode_envelope(
-        schema: &str,
-        body: &[u8],
-    ) -> Result<Envelope<Self>, rmp_serde::decode::Error> {
-        match schema {
-            s if s == ResourceState::SCHEMA => decode_member(body, StateMsg::State),
-            s if s == ResourceDeleted::SCHEMA => decode_member(body, StateMsg::Deleted),
-            _ => decode_member(body, StateMsg::Resync),
-        }
-    }
-}
-
-impl Payload for HealthMsg {
-    const SCHEMA: &'static str = "Heartbeat|ProbeResult";
-    const VERSION: u32 = 1;
-    fn accepts(schema: &str) -> Option<u32> {
-        Heartbeat::accepts(schema).or_else(|| ProbeResult::accepts(schema))
-    }
-    fn decode_envelope(
-        schema: &str,
-        body: &[u8],
-    ) -> Result<Envelope<Self>, rmp_serde::decode::Error> {
-        if schema == Heartbeat::SCHEMA {
-            decode_member(body, HealthMsg::Heartbeat)
-        } else {
-            decode_member(body, HealthMsg::Probe)
-        }
-    }
 }
 
 impl Payload for IncidentsMsg {

@@ -15,7 +15,7 @@ use chrono::Utc;
 use futures::StreamExt;
 use multipilot_bus::topology::Topology;
 use multipilot_schemas::payload::{AuditRecord, Heartbeat};
-use multipilot_schemas::{Envelope, stable_id, subject};
+use multipilot_schemas::{Envelope, subject};
 use multipilot_testkit::{NatsServer, free_port};
 use tokio_util::sync::CancellationToken;
 
@@ -431,6 +431,5 @@ async fn every_role_works_under_its_own_user_and_an_agent_speaks_only_for_its_cl
     // and the server said why, naming the user
     let v = violations(&nats);
     assert!(v.iter().any(|l| l.contains("agent-prod-1")), "{v:?}");
-    let _ = stable_id(&["done"]);
     Ok(())
 }
