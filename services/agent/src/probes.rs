@@ -53,7 +53,9 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             interval_s: 15,
-            intervals: BTreeMap::new(),
+            // the API server is the probe whose trouble everything else follows (and the one an overload
+            // shows on first): checked more often, it is cheap (one request)
+            intervals: BTreeMap::from([("apiserver".to_string(), 5)]),
             apiserver_slow_ms: 1000,
             cert_warn_days: 30,
             cert_critical_days: 7,

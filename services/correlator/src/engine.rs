@@ -127,6 +127,8 @@ pub struct Engine {
     db: sled::Db,
     /// Counters.
     pub stats: Stats,
+    /// Apply events without publishing digests (a rebuild replaying history already digested).
+    pub quiet_digests: bool,
 }
 
 /// Storage errors.
@@ -143,6 +145,8 @@ pub enum Error {
 const T_CLUSTERS: &str = "clusters";
 const T_INCIDENTS: &str = "incidents";
 const T_META: &str = "meta";
+/// Key in `meta` written once the store was set up (its absence on an empty store: new or wiped).
+const MARKER: &str = "initialized";
 
 fn secs(d: Duration) -> String {
     let s = d.num_seconds().max(0);
@@ -204,7 +208,88 @@ impl Engine {
             hwm,
             db,
             stats: Stats::default(),
+            quiet_digests: false,
         })
+    }
+
+    /// Whether the store is new or wiped: never marked initialized and holding nothing.
+    pub fn is_fresh(&self) -> Result<bool, Error> {
+        let meta = self.db.open_tree(T_META)?;
+        Ok(!meta.contains_key(MARKER)?
+            && self.clusters.is_empty()
+            && self.incidents.is_empty()
+            && self.hwm.is_empty()
+            && self.out.is_empty())
+    }
+
+    /// Persists everything and marks the store initialized (see [`Engine::is_fresh`]).
+    pub async fn mark_initialized(&self) -> Result<(), Error> {
+        self.db.open_tree(T_META)?.insert(MARKER, &[1u8])?;
+        self.persist().await
+    }
+
+    /// Restores incidents and compliance reports read back from FLEET_INCIDENTS after the store was wiped:
+    /// `incidents` holds the latest revision of each incident, so new revisions continue its numbering
+    /// (and their Msg-Ids never clash with stored ones). An incident's key (`cluster/kind/target`) is not
+    /// in the message: it is found again by recomputing the id from each target the rules can give that
+    /// kind; one that matches no target is kept under its id (listed and commandable, but a recurring
+    /// condition opens a new incident). Of two incidents of one key the newer one is current.
+    pub fn restore(&mut self, incidents: Vec<Incident>, reports: Vec<ComplianceReport>) -> usize {
+        let mut drift_rules: Vec<String> = reports
+            .iter()
+            .flat_map(|r| r.checks.iter().map(|c| c.rule.clone()))
+            .collect();
+        drift_rules.sort();
+        drift_rules.dedup();
+        for r in reports {
+            let c = self.clusters.entry(r.cluster.clone()).or_default();
+            if c.compliance
+                .as_ref()
+                .is_none_or(|old| old.evaluated_at <= r.evaluated_at)
+            {
+                c.compliance = Some(r);
+            }
+        }
+        let mut restored = 0;
+        for inc in incidents {
+            let mut targets: Vec<String> = self
+                .rules
+                .probes
+                .iter()
+                .filter(|r| r.kind == inc.kind)
+                .map(|r| r.probe.clone())
+                .collect();
+            if inc.kind == self.rules.heartbeat.kind {
+                targets.push("heartbeat".into());
+            }
+            if inc.kind == self.rules.clock_skew.kind {
+                targets.push("clock".into());
+            }
+            if inc.kind == self.rules.event_storm.kind {
+                targets.push("events".into());
+            }
+            if inc.kind == "baseline-drift" {
+                targets.extend(drift_rules.iter().cloned());
+            }
+            let opened = inc.opened_at.to_rfc3339();
+            let key = targets
+                .iter()
+                .find(|t| stable_id(&[&inc.cluster, &inc.kind, t, &opened]) == inc.id)
+                .map(|t| format!("{}/{}/{t}", inc.cluster, inc.kind))
+                .unwrap_or_else(|| {
+                    tracing::warn!(id = %inc.id, kind = %inc.kind, "restored incident matches no rule target; kept under its id");
+                    format!("{}/{}/#{}", inc.cluster, inc.kind, inc.id)
+                });
+            let newer = self
+                .incidents
+                .get(&key)
+                .is_none_or(|cur| (cur.opened_at, cur.revision) <= (inc.opened_at, inc.revision));
+            if newer {
+                self.incidents.insert(key, inc);
+                restored += 1;
+            }
+        }
+        restored
     }
 
     /// Persists everything (state, incidents, pending outputs, high-water marks) and flushes.
@@ -754,7 +839,7 @@ impl Engine {
         let (rec, pass) = self.dedup.observe(&env.cluster, e)?;
         if let Some(pass) = pass {
             self.stats.events_passed += 1;
-            if e.severity >= Severity::Warning {
+            if e.severity >= Severity::Warning && !self.quiet_digests {
                 self.emit_digest(&rec, pass);
             }
         }

@@ -24,7 +24,8 @@ use multipilot_bus::consume::{self, Handler, Outcome, Received, Runner};
 use multipilot_bus::publish::{Completion, Outgoing, Publisher};
 use multipilot_runtime::Context;
 use multipilot_schemas::payload::{
-    ClusterFacts, Heartbeat, KubeEvent, ProbeResult, ResourceDeleted, ResourceState, ResyncMarker,
+    ClusterFacts, ComplianceReport, Heartbeat, KubeEvent, ProbeResult, ResourceDeleted,
+    ResourceState, ResyncMarker,
 };
 use multipilot_schemas::{Envelope, Payload, envelope::decode_member};
 use schemars::JsonSchema;
@@ -208,6 +209,12 @@ pub struct Config {
     pub partitions: u32,
     /// This instance's partition, 0..partitions.
     pub partition: u32,
+    /// How far back a new or wiped store replays heartbeats, probes and events (see [`rebuild`]).
+    #[serde(with = "humantime_serde")]
+    pub replay_window: Duration,
+    /// Input limits of each of its consumers (events, health, state, facts): a global rate and a per-cluster
+    /// rate, so a reconnect storm or one flooding cluster can't swamp it. 0 = off (the default).
+    pub rate: multipilot_bus::limit::Config,
 }
 
 impl Default for Config {
@@ -220,6 +227,8 @@ impl Default for Config {
             tick_ms: 1000,
             partitions: 1,
             partition: 0,
+            replay_window: Duration::from_secs(15 * 60),
+            rate: multipilot_bus::limit::Config::default(),
         }
     }
 }
@@ -405,6 +414,7 @@ fn runner(ctx: &Context, cfg: &Config, stream: &str, durable: &str) -> Runner {
             stream: stream.into(),
             durable: durable.into(),
             batch: cfg.batch,
+            rate: cfg.rate.clone(),
             ..Default::default()
         },
         ctx.bus_metrics.clone(),
@@ -429,32 +439,285 @@ pub fn partition_filters(stream: &str, partition: u32) -> Vec<String> {
 
 /// The durable consumer this instance reads `stream` with: the shared one, or with partitions its
 /// partition's own (created here, filtered to that partition's subjects).
+///
+/// With `replay` the durable is deleted first and created again with the same settings, so delivery
+/// starts at the beginning of what the stream holds instead of its last acked position.
 async fn durable_for(
     ctx: &Context,
     cfg: &Config,
     stream: &str,
     base: &'static str,
+    replay: bool,
 ) -> Result<&'static str> {
-    if cfg.partitions <= 1 {
+    if cfg.partitions <= 1 && !replay {
         return Ok(base);
     }
-    let name: &'static str =
-        Box::leak(format!("{base}-p{}-of-{}", cfg.partition, cfg.partitions).into_boxed_str());
+    let name: &'static str = if cfg.partitions <= 1 {
+        base
+    } else {
+        Box::leak(format!("{base}-p{}-of-{}", cfg.partition, cfg.partitions).into_boxed_str())
+    };
     let def = multipilot_bus::topology::Topology::embedded()
         .consumer(stream, base)
         .cloned()
         .with_context(|| format!("no consumer {base} on {stream} in the topology"))?;
     let mut config = def.to_config();
     config.durable_name = Some(name.to_string());
-    config.filter_subjects = partition_filters(stream, cfg.partition);
-    ctx.js
+    if cfg.partitions > 1 {
+        config.filter_subjects = partition_filters(stream, cfg.partition);
+    }
+    let s = ctx
+        .js
         .get_stream(stream)
         .await
-        .with_context(|| format!("stream {stream}"))?
-        .create_consumer(config)
+        .with_context(|| format!("stream {stream}"))?;
+    if replay {
+        match s.delete_consumer(name).await {
+            Ok(_) => tracing::info!(
+                durable = name,
+                "fresh store: replaying the stream from its start"
+            ),
+            Err(e) if e.to_string().contains("not found") => {}
+            Err(e) => anyhow::bail!("deleting consumer {stream}/{name} for the replay: {e}"),
+        }
+    }
+    s.create_consumer(config)
         .await
         .map_err(|e| anyhow::anyhow!("consumer {stream}/{name}: {e}"))?;
     Ok(name)
+}
+
+/// The partition of a cluster as the server's `partition(n, …)` mapping computes it: FNV-1a (32 bit) of
+/// the cluster's subject token, modulo `n`.
+pub fn partition_of(cluster_token: &str, partitions: u32) -> u32 {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in cluster_token.as_bytes() {
+        h ^= u32::from(*b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    h % partitions.max(1)
+}
+
+/// Reads FLEET_INCIDENTS back for this instance's partition: the latest revision of every incident and
+/// the latest compliance report of every cluster.
+async fn read_incidents(
+    js: &async_nats::jetstream::Context,
+    cfg: &Config,
+) -> Result<(
+    Vec<multipilot_schemas::payload::Incident>,
+    Vec<ComplianceReport>,
+)> {
+    use multipilot_schemas::payload::Incident;
+    let mut incidents: std::collections::BTreeMap<String, Incident> = Default::default();
+    let mut reports: std::collections::BTreeMap<String, ComplianceReport> = Default::default();
+    let filters = vec![
+        "fleet.incident.>".to_string(),
+        "fleet.compliance.>".to_string(),
+    ];
+    let mine = |subject: &str| {
+        cfg.partitions <= 1
+            || subject
+                .split('.')
+                .nth(2)
+                .is_some_and(|t| partition_of(t, cfg.partitions) == cfg.partition)
+    };
+    for_each_message(js, "FLEET_INCIDENTS", filters, None, |m, _| {
+        if !mine(&m.subject) {
+            return;
+        }
+        let ct = m
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(multipilot_schemas::HEADER_CONTENT_TYPE))
+            .map(|v| v.as_str());
+        let schema = m
+            .headers
+            .as_ref()
+            .and_then(|h| h.get(multipilot_schemas::HEADER_SCHEMA))
+            .map(|v| v.as_str());
+        if m.subject.starts_with("fleet.incident.") {
+            if let Ok(env) =
+                multipilot_schemas::decode::<Incident>(ct, schema, &m.payload, usize::MAX)
+            {
+                let inc = env.payload;
+                if incidents
+                    .get(&inc.id)
+                    .is_none_or(|cur| cur.revision <= inc.revision)
+                {
+                    incidents.insert(inc.id.clone(), inc);
+                }
+            }
+        } else if let Ok(env) =
+            multipilot_schemas::decode::<ComplianceReport>(ct, schema, &m.payload, usize::MAX)
+        {
+            reports.insert(env.payload.cluster.clone(), env.payload);
+        }
+    })
+    .await?;
+    Ok((
+        incidents.into_values().collect(),
+        reports.into_values().collect(),
+    ))
+}
+
+/// Reads `stream` (only `filters` when given) from `since` (or its start) up to the last message it held
+/// when called, with an ordered consumer; `f` gets each message and its stream sequence.
+async fn for_each_message(
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    filters: Vec<String>,
+    since: Option<chrono::DateTime<Utc>>,
+    mut f: impl FnMut(&async_nats::jetstream::Message, async_nats::jetstream::message::Info<'_>),
+) -> Result<()> {
+    use async_nats::jetstream::consumer;
+    let mut s = js
+        .get_stream(stream)
+        .await
+        .with_context(|| format!("stream {stream}"))?;
+    let last = s
+        .info()
+        .await
+        .with_context(|| format!("stream {stream} info"))?
+        .state
+        .last_sequence;
+    let c = s
+        .create_consumer(consumer::pull::OrderedConfig {
+            filter_subjects: filters,
+            deliver_policy: match since {
+                Some(start_time) => consumer::DeliverPolicy::ByStartTime { start_time },
+                None => consumer::DeliverPolicy::All,
+            },
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("reading {stream}: {e}"))?;
+    let mut c = c;
+    if c.info()
+        .await
+        .map_err(|e| anyhow::anyhow!("reading {stream}: {e}"))?
+        .num_pending
+        == 0
+    {
+        return Ok(());
+    }
+    let mut msgs = c
+        .messages()
+        .await
+        .map_err(|e| anyhow::anyhow!("reading {stream}: {e}"))?;
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(10), msgs.next()).await;
+        let m = match next {
+            Ok(Some(Ok(m))) => m,
+            Ok(Some(Err(e))) => anyhow::bail!("reading {stream}: {e}"),
+            Ok(None) => break,
+            Err(_) => anyhow::bail!("reading {stream}: no message for 10s before its end"),
+        };
+        let Ok(info) = m.info() else { continue };
+        let (seq, pending) = (info.stream_sequence, info.pending);
+        f(&m, info);
+        if pending == 0 || seq >= last {
+            break;
+        }
+    }
+    Ok(())
+}
+
+/// Replays `stream` from `since` (this partition's subjects) through the handler, as if the durable had
+/// delivered it; the engine's high-water mark then makes the durable skip what was applied here.
+async fn catch_up<T: Payload>(
+    ctx: &Context,
+    cfg: &Config,
+    engine: &Shared,
+    stream: &str,
+    base: &'static str,
+    since: chrono::DateTime<Utc>,
+) -> Result<u64>
+where
+    H: Handler<T>,
+{
+    let filters = if cfg.partitions > 1 {
+        partition_filters(stream, cfg.partition)
+    } else {
+        Vec::new()
+    };
+    let mut got = Vec::new();
+    for_each_message(&ctx.js, stream, filters, Some(since), |m, info| {
+        let header = |n: &str| {
+            m.headers
+                .as_ref()
+                .and_then(|h| h.get(n))
+                .map(|v| v.as_str().to_string())
+        };
+        let decoded = multipilot_schemas::decode::<T>(
+            header(multipilot_schemas::HEADER_CONTENT_TYPE).as_deref(),
+            header(multipilot_schemas::HEADER_SCHEMA).as_deref(),
+            &m.payload,
+            usize::MAX,
+        );
+        // what the runner dead-lettered then is skipped now
+        if let Ok(envelope) = decoded
+            && multipilot_schemas::subject::cluster_of(&m.subject)
+                .is_none_or(|c| c == envelope.cluster)
+        {
+            got.push(Received {
+                envelope,
+                subject: m.subject.to_string(),
+                ingest_time: info.published,
+                stream_seq: info.stream_sequence,
+                delivered: 1,
+                msg_id: header(multipilot_schemas::HEADER_MSG_ID),
+            });
+        }
+    })
+    .await?;
+    let n = got.len() as u64;
+    let mut h = H {
+        engine: engine.clone(),
+        consumer: base,
+        js: ctx.js.clone(),
+        metrics: ctx.bus_metrics.clone(),
+    };
+    for r in got {
+        let _ = h.handle(r).await;
+    }
+    Ok(n)
+}
+
+/// Rebuilds a new or wiped store from the streams, before the consumers start.
+///
+/// - Incidents and compliance reports come back from FLEET_INCIDENTS (the latest revision of each), so
+///   open incidents stay open and their revisions continue: a new revision never re-uses a stored number
+///   with different content, and its Msg-Id never clashes.
+/// - FLEET_STATE and FLEET_FACTS keep the last value of every subject: their durables are deleted and
+///   created again, so the inventory and the baseline verdicts are rebuilt from the start.
+/// - FLEET_HEALTH and FLEET_EVENTS are history (24 h, 7 d). Replaying all of it would only re-run what
+///   the restored incidents already say, so only the last `replay_window` is applied (probe streaks,
+///   heartbeat silence, event-storm windows), read with an ordered consumer before the durables start;
+///   the engine's high-water marks then make the durables skip it. Digests of replayed events are not
+///   published again. The engine already ignores a message older than an incident's last change, so
+///   the replay neither reopens resolved incidents nor rewrites open ones.
+pub async fn rebuild(ctx: &Context, cfg: &Config, engine: &Shared) -> Result<()> {
+    let (incidents, reports) = read_incidents(&ctx.js, cfg).await?;
+    let (n_inc, n_rep) = (incidents.len(), reports.len());
+    let restored = engine.lock().await.restore(incidents, reports);
+    let since = Utc::now()
+        - chrono::Duration::from_std(cfg.replay_window).unwrap_or(chrono::Duration::minutes(15));
+    engine.lock().await.quiet_digests = true;
+    let events =
+        catch_up::<KubeEvent>(ctx, cfg, engine, "FLEET_EVENTS", "correlator-events", since).await;
+    engine.lock().await.quiet_digests = false;
+    let events = events?;
+    let health =
+        catch_up::<HealthMsg>(ctx, cfg, engine, "FLEET_HEALTH", "correlator-health", since).await?;
+    tracing::info!(
+        incidents = n_inc,
+        restored,
+        reports = n_rep,
+        events,
+        health,
+        "fresh store: rebuilt from the streams"
+    );
+    Ok(())
 }
 
 /// Runs the correlator until `ctx.cancel` fires.
@@ -478,7 +741,13 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         baseline,
         &ctx.instance,
     )?));
-    // outputs left from before a crash go out first
+    // a new or wiped store rebuilds from the streams; the marker is written once that is done (and the
+    // durables are recreated), so a crash in between rebuilds again
+    let fresh = engine.lock().await.is_fresh()?;
+    if fresh {
+        rebuild(&ctx, &config, &engine).await?;
+    }
+    // outputs left from before a crash (or raised by the rebuild) go out first
     commit(&engine, &ctx.js, &ctx.bus_metrics)
         .await
         .map_err(anyhow::Error::msg)?;
@@ -487,7 +756,9 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     let mut tasks = tokio::task::JoinSet::new();
     macro_rules! consumer {
         ($ty:ty, $stream:expr, $durable:expr) => {{
-            let durable = durable_for(&ctx, &config, $stream, $durable).await?;
+            // with a fresh store, the last-value streams replay from their start
+            let replay = fresh && matches!($stream, "FLEET_STATE" | "FLEET_FACTS");
+            let durable = durable_for(&ctx, &config, $stream, $durable, replay).await?;
             let r = runner(&ctx, &config, $stream, durable);
             let mut h = H { engine: engine.clone(), consumer: $durable, js: ctx.js.clone(), metrics: ctx.bus_metrics.clone() };
             let cancel = ctx.cancel.clone();
@@ -502,6 +773,9 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     consumer!(HealthMsg, "FLEET_HEALTH", "correlator-health");
     consumer!(StateMsg, "FLEET_STATE", "correlator-state");
     consumer!(ClusterFacts, "FLEET_FACTS", "correlator-facts");
+    if fresh {
+        engine.lock().await.mark_initialized().await?;
+    }
 
     // the clock: silent clusters, housekeeping
     {

@@ -10,7 +10,9 @@
 //!   ([`encode_wal`]). A checkpoint starts a new generation and drops the older ones once the heads it
 //!   snapshotted are durable.
 //! - `heads`: series id → the bytes of its open (head) chunk at the last checkpoint.
-//! - `meta`: `wal_from` = the first WAL generation recovery must replay.
+//! - `meta`: `wal_from` = the first WAL generation recovery must replay; `initialized` = written once the
+//!   role has set up its consumer for this store (its absence on an empty store means a new or wiped data
+//!   directory, which the role rebuilds from the stream).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -129,6 +131,18 @@ impl Disk {
                 next_seq: 0,
             }),
         })
+    }
+
+    /// Whether the `initialized` marker is written.
+    pub fn initialized(&self) -> Result<bool> {
+        Ok(self.meta.contains_key("initialized")?)
+    }
+
+    /// Writes the `initialized` marker and flushes.
+    pub async fn mark_initialized(&self) -> Result<()> {
+        self.meta.insert("initialized", &[1u8])?;
+        self.db.flush_async().await?;
+        Ok(())
     }
 
     /// Every stored series.

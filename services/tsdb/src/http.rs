@@ -1,6 +1,8 @@
 //! The Prometheus HTTP API (the subset Grafana and promtool use): `/api/v1/query`, `/api/v1/query_range`,
 //! `/api/v1/series`, `/api/v1/labels`, `/api/v1/label/<name>/values`, `/api/v1/status/buildinfo`, and
-//! empty `/api/v1/metadata` and `/api/v1/query_exemplars`. Parameters come from the query string or a
+//! empty `/api/v1/metadata` and `/api/v1/query_exemplars`. With peers (a partitioned TSDB), queries,
+//! series and labels cover every partition ([`crate::federate`]); the peers' internal endpoints
+//! (`/internal/v1/select`, `/internal/v1/labels`) answer from the local store only. Parameters come from the query string or a
 //! form-encoded POST body, as in Prometheus; responses use its JSON envelope and number formatting.
 
 use std::fmt::Write as _;
@@ -12,10 +14,11 @@ use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use promql_parser::label::Matcher;
 use promql_parser::parser::Expr;
 
+use crate::federate::{self, Peers};
 use crate::promql::{self, Engine, Value};
 use crate::store::{Labels, Store};
 
@@ -24,27 +27,46 @@ use crate::store::{Labels, Store};
 pub struct Options {
     /// Lookback delta of instant selectors.
     pub lookback: Duration,
+    /// Base URLs of the other partitions' instances (empty: this store is the whole fleet).
+    pub peers: Vec<String>,
+    /// How long a query waits for a peer.
+    pub peer_timeout: Duration,
 }
 
 impl From<&crate::Config> for Options {
     fn from(c: &crate::Config) -> Self {
         Options {
             lookback: c.lookback_delta,
+            peers: c.peers.clone(),
+            peer_timeout: c.peer_timeout,
         }
+    }
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options::from(&crate::Config::default())
     }
 }
 
 #[derive(Debug, Clone)]
 struct App {
     engine: Engine,
+    peers: Option<Peers>,
 }
 
-/// The API routes over `store`.
-pub fn router(store: Arc<Store>, opts: Options) -> Router {
+/// The API routes over `store` (fails only when the peers' HTTP client cannot be built).
+pub fn router(store: Arc<Store>, opts: Options) -> Result<Router, federate::Error> {
+    let peers = if opts.peers.is_empty() {
+        None
+    } else {
+        Some(Peers::new(&opts.peers, opts.peer_timeout)?)
+    };
     let app = App {
         engine: Engine::new(store, opts.lookback),
+        peers,
     };
-    Router::new()
+    Ok(Router::new()
         .route("/api/v1/query", get(query).post(query))
         .route("/api/v1/query_range", get(query_range).post(query_range))
         .route("/api/v1/series", get(series).post(series))
@@ -56,7 +78,9 @@ pub fn router(store: Arc<Store>, opts: Options) -> Router {
             "/api/v1/query_exemplars",
             get(|| async { ok("[]".into()) }).post(|| async { ok("[]".into()) }),
         )
-        .with_state(app)
+        .route(federate::SELECT_PATH, post(internal_select))
+        .route(federate::LABELS_PATH, post(internal_labels))
+        .with_state(app))
 }
 
 /// A request failure, answered in Prometheus' error envelope.
@@ -92,6 +116,19 @@ impl From<promql::Error> for ApiError {
             e @ (promql::Error::Storage(_) | promql::Error::Internal(_)) => {
                 ApiError::internal(e.to_string())
             }
+        }
+    }
+}
+
+impl From<federate::Error> for ApiError {
+    fn from(e: federate::Error) -> Self {
+        match e {
+            federate::Error::BadRequest(m) => ApiError::bad(m),
+            e @ federate::Error::Peer { .. } => ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                kind: "unavailable",
+                message: e.to_string(),
+            },
         }
     }
 }
@@ -219,6 +256,22 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| ApiError::internal(format!("query task failed: {e}")))?
 }
 
+/// The engine a query runs on: the local one, or with peers one over the series gathered from every
+/// partition.
+async fn engine_for(app: &App, expr: &str, start: i64, end: i64) -> Result<Engine, ApiError> {
+    let Some(peers) = &app.peers else {
+        return Ok(app.engine.clone());
+    };
+    let plan = promql::plan(expr, start, end, app.engine.lookback())?;
+    if plan.matchers.is_empty() {
+        return Ok(app.engine.clone());
+    }
+    let gathered = peers.gather(app.engine.store().clone(), &plan).await?;
+    Ok(app
+        .engine
+        .with_source(promql::Source::Gathered(Arc::new(gathered))))
+}
+
 async fn query(State(app): State<App>, RawQuery(q): RawQuery, body: Bytes) -> Response {
     let result = async {
         let p = Params::parse(q, &body)?;
@@ -227,7 +280,8 @@ async fn query(State(app): State<App>, RawQuery(q): RawQuery, body: Bytes) -> Re
             .ok_or_else(|| ApiError::bad("invalid parameter \"query\": query is empty"))?
             .to_string();
         let t = p.time("time")?.unwrap_or_else(now_ms);
-        let value = blocking(move || Ok(app.engine.instant(&expr, t)?)).await?;
+        let engine = engine_for(&app, &expr, t, t).await?;
+        let value = blocking(move || Ok(engine.instant(&expr, t)?)).await?;
         Ok::<_, ApiError>(ok(instant_json(&value, t)))
     }
     .await;
@@ -256,7 +310,8 @@ async fn query_range(State(app): State<App>, RawQuery(q): RawQuery, body: Bytes)
             p.get("step")
                 .ok_or_else(|| ApiError::bad("invalid parameter \"step\": missing"))?,
         )?;
-        let value = blocking(move || Ok(app.engine.range(&expr, start, end, step)?)).await?;
+        let engine = engine_for(&app, &expr, start, end).await?;
+        let value = blocking(move || Ok(engine.range(&expr, start, end, step)?)).await?;
         let times: Vec<i64> = (0..=(end - start) / step)
             .map(|i| start + i * step)
             .collect();
@@ -293,7 +348,15 @@ async fn series(State(app): State<App>, RawQuery(q): RawQuery, body: Bytes) -> R
         let start = p.time("start")?;
         let end = p.time("end")?;
         let store = app.engine.store().clone();
-        let found = blocking(move || {
+        let remote = match &app.peers {
+            Some(peers) => {
+                peers
+                    .series(&sets, start.unwrap_or(i64::MIN), end.unwrap_or(i64::MAX))
+                    .await?
+            }
+            None => Vec::new(),
+        };
+        let mut found = blocking(move || {
             let mut out = Vec::new();
             for (id, labels) in store.select(&sets) {
                 if start.is_some() || end.is_some() {
@@ -304,11 +367,16 @@ async fn series(State(app): State<App>, RawQuery(q): RawQuery, body: Bytes) -> R
                         continue;
                     }
                 }
-                out.push(labels);
+                out.push((*labels).clone());
             }
             Ok(out)
         })
         .await?;
+        if !remote.is_empty() {
+            found.extend(remote);
+            found.sort();
+            found.dedup();
+        }
         let mut s = String::from("[");
         for (i, l) in found.iter().enumerate() {
             if i > 0 {
@@ -332,7 +400,13 @@ async fn labels(State(app): State<App>, RawQuery(q): RawQuery, body: Bytes) -> R
         let p = Params::parse(q, &body)?;
         let sets = selectors(&p)?;
         let store = app.engine.store().clone();
-        let names = blocking(move || Ok(store.label_names(&sets))).await?;
+        let local_sets = sets.clone();
+        let mut names = blocking(move || Ok(store.label_names(&local_sets))).await?;
+        if let Some(peers) = &app.peers {
+            names = peers
+                .labels(Peers::labels_request(None, &sets), names)
+                .await?;
+        }
         Ok::<_, ApiError>(ok(string_list(&names)))
     }
     .await;
@@ -348,8 +422,52 @@ async fn label_values(
         let p = Params::parse(q, &[])?;
         let sets = selectors(&p)?;
         let store = app.engine.store().clone();
-        let values = blocking(move || Ok(store.label_values(&name, &sets))).await?;
+        let (local_name, local_sets) = (name.clone(), sets.clone());
+        let mut values = blocking(move || Ok(store.label_values(&local_name, &local_sets))).await?;
+        if let Some(peers) = &app.peers {
+            values = peers
+                .labels(Peers::labels_request(Some(name), &sets), values)
+                .await?;
+        }
         Ok::<_, ApiError>(ok(string_list(&values)))
+    }
+    .await;
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+fn msgpack<T: serde::Serialize>(v: &T) -> Response {
+    match rmp_serde::to_vec_named(v) {
+        Ok(body) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, federate::CONTENT_TYPE)],
+            body,
+        )
+            .into_response(),
+        Err(e) => ApiError::internal(format!("encoding the answer: {e}")).into_response(),
+    }
+}
+
+/// A peer's internal select: series and samples from the local store only.
+async fn internal_select(State(app): State<App>, body: Bytes) -> Response {
+    let result = async {
+        let req: federate::SelectRequest = rmp_serde::from_slice(&body)
+            .map_err(|e| ApiError::bad(format!("not a select request: {e}")))?;
+        let store = app.engine.store().clone();
+        let series = blocking(move || Ok(federate::answer_select(&store, &req)?)).await?;
+        Ok::<_, ApiError>(msgpack(&series))
+    }
+    .await;
+    result.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// A peer's internal label names or values, from the local store only.
+async fn internal_labels(State(app): State<App>, body: Bytes) -> Response {
+    let result = async {
+        let req: federate::LabelsRequest = rmp_serde::from_slice(&body)
+            .map_err(|e| ApiError::bad(format!("not a labels request: {e}")))?;
+        let store = app.engine.store().clone();
+        let names = blocking(move || Ok(federate::answer_labels(&store, &req)?)).await?;
+        Ok::<_, ApiError>(msgpack(&names))
     }
     .await;
     result.unwrap_or_else(IntoResponse::into_response)

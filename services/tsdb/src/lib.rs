@@ -1,7 +1,8 @@
 //! The `tsdb` role: durable fleet metrics and a Prometheus-compatible query API.
 //!
 //! Reads `fleet.metrics.<cluster>` ([`MetricBatch`]) from the FLEET_METRICS stream with the durable
-//! consumer `tsdb`; writes nothing to the bus (undecodable batches go to `fleet.dlq.FLEET_METRICS` through
+//! consumer `tsdb` (with `partitions: N`, `tsdb-p<k>-of-<N>` reading `fleet.metrics.<cluster>.<k>`, the
+//! partition token added by the server's subject mapping); writes nothing to the bus (undecodable batches go to `fleet.dlq.FLEET_METRICS` through
 //! the consumer runner). Samples are stored in Gorilla-compressed chunks ([`chunk`]) on sled ([`disk`]),
 //! indexed and placed in time by [`store`]; a batch is acked only after its samples are in a flushed
 //! write-ahead record. PromQL ([`promql`]) is served on the Prometheus HTTP API ([`http`]); samples can
@@ -9,6 +10,7 @@
 
 pub mod chunk;
 pub mod disk;
+pub mod federate;
 pub mod http;
 pub mod promql;
 pub mod remote_write;
@@ -60,6 +62,21 @@ pub struct Config {
     pub lookback_delta: Duration,
     /// Forward ingested samples to a Prometheus remote-write endpoint (off when absent).
     pub remote_write: Option<remote_write::Config>,
+    /// Partitions the fleet's metrics are split into (1: this instance stores every cluster). With N > 1
+    /// the NATS server adds `partition(N, cluster)` as a last token to `fleet.metrics.<cluster>`
+    /// (`deploy/nats/partitions.conf`) and each instance reads its partition through its own durable
+    /// consumer `<consumer.durable>-p<k>-of-<N>`, so every batch is stored by exactly one instance.
+    pub partitions: u32,
+    /// This instance's partition, 0..partitions.
+    pub partition: u32,
+    /// Base URLs (`http://host:port`) of the other partitions' query APIs. A PromQL query received here
+    /// also reads the series its selectors need from each peer (`POST /internal/v1/select`), so any
+    /// instance answers for the whole fleet. A peer that does not answer fails the query (no silent
+    /// partial results).
+    pub peers: Vec<String>,
+    /// How long a query waits for a peer.
+    #[serde(with = "humantime_serde")]
+    pub peer_timeout: Duration,
 }
 
 impl Default for Config {
@@ -81,6 +98,10 @@ impl Default for Config {
             cache_bytes: 256 << 20,
             lookback_delta: Duration::from_secs(300),
             remote_write: None,
+            partitions: 1,
+            partition: 0,
+            peers: Vec::new(),
+            peer_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -94,6 +115,16 @@ pub enum Error {
     /// The store could not be opened.
     #[error("opening the store: {0}")]
     Store(#[from] store::Error),
+    /// The durable consumer could not be set up (retry once NATS is back).
+    #[error("consumer {stream}/{durable}: {reason}")]
+    Consumer {
+        /// Stream.
+        stream: String,
+        /// Durable name.
+        durable: String,
+        /// What went wrong.
+        reason: String,
+    },
 }
 
 impl Config {
@@ -114,6 +145,21 @@ impl Config {
         }
         if self.consumer.stream.is_empty() || self.consumer.durable.is_empty() {
             return bad("consumer.stream and consumer.durable must be set");
+        }
+        if self.partitions == 0 || self.partition >= self.partitions {
+            return bad("partition must be in 0..partitions (and partitions at least 1)");
+        }
+        if let Some(p) = self
+            .peers
+            .iter()
+            .find(|p| !(p.starts_with("http://") || p.starts_with("https://")))
+        {
+            return Err(Error::Invalid(format!(
+                "peers must be http(s) base URLs, not {p:?}"
+            )));
+        }
+        if self.peer_timeout.is_zero() {
+            return bad("peer_timeout must be positive");
         }
         if let Some(rw) = &self.remote_write
             && (!(rw.url.starts_with("http://") || rw.url.starts_with("https://"))
@@ -276,19 +322,86 @@ pub async fn open_store(config: &Config) -> Result<Arc<Store>, Error> {
     Ok(Arc::new(store))
 }
 
+/// The subject filter of partition `k` (the partition is the last token the server's mapping adds).
+pub fn partition_filter(partition: u32) -> String {
+    format!("fleet.metrics.*.{partition}")
+}
+
+/// Sets up the durable consumer this instance reads with and returns the runner's settings: the shared
+/// `consumer.durable`, or with partitions the partition's own `<durable>-p<k>-of-<n>` filtered to
+/// [`partition_filter`]. With `replay` (a fresh store) the durable is deleted and created again, so
+/// delivery starts at the oldest batch the stream still holds instead of the last acked position.
+pub async fn prepare_consumer(
+    js: &async_nats::jetstream::Context,
+    config: &Config,
+    replay: bool,
+) -> Result<consume::Config, Error> {
+    let mut runner = config.consumer.clone();
+    let base = config.consumer.durable.clone();
+    if config.partitions > 1 {
+        runner.durable = format!("{base}-p{}-of-{}", config.partition, config.partitions);
+    } else if !replay {
+        // the shared durable is provisioned from the topology
+        return Ok(runner);
+    }
+    let fail = |reason: String| Error::Consumer {
+        stream: runner.stream.clone(),
+        durable: runner.durable.clone(),
+        reason,
+    };
+    let mut def = multipilot_bus::topology::Topology::embedded()
+        .consumer(&runner.stream, &base)
+        .map(|d| d.to_config())
+        .unwrap_or_else(|| async_nats::jetstream::consumer::pull::Config {
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
+            max_deliver: -1,
+            ..Default::default()
+        });
+    def.durable_name = Some(runner.durable.clone());
+    if config.partitions > 1 {
+        def.filter_subjects = vec![partition_filter(config.partition)];
+    }
+    let stream = js
+        .get_stream(&runner.stream)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    if replay {
+        match stream.delete_consumer(&runner.durable).await {
+            Ok(_) => {
+                tracing::info!(durable = %runner.durable, "fresh store: replaying the stream from its start")
+            }
+            Err(e) if e.to_string().contains("not found") => {}
+            Err(e) => return Err(fail(format!("deleting it for the replay: {e}"))),
+        }
+    }
+    stream
+        .create_consumer(def)
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    Ok(runner)
+}
+
 /// Runs the role until `ctx.cancel` fires: opens the store, serves the query API, consumes metric batches,
 /// checkpoints and applies retention in the background.
 pub async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
     config.validate()?;
     ctx.health.register("tsdb");
     let store = open_store(&config).await?;
+    // A new or wiped data directory rebuilds what FLEET_METRICS still holds (its max_age) instead of
+    // starting at the durable's acked position; the marker is written once the consumer is set up, so a
+    // crash in between replays again.
+    let fresh = store.is_fresh()?;
+    let consumer = prepare_consumer(&ctx.js, &config, fresh).await?;
+    if fresh {
+        store.mark_initialized().await?;
+    }
     let metrics = {
         let mut registry = ctx.registry.write().unwrap_or_else(|e| e.into_inner());
         Metrics::register(&mut registry)
     };
     // The role's own tasks stop with the process or when the consumer runner gives up.
     let local = ctx.cancel.child_token();
-    let router = http::router(store.clone(), http::Options::from(&config));
+    let router = http::router(store.clone(), http::Options::from(&config))?;
     let (addr, server) =
         multipilot_runtime::http::serve(&config.listen, router, local.clone()).await?;
     tracing::info!(%addr, data_dir = %config.data_dir.display(), "tsdb query API listening");
@@ -299,11 +412,14 @@ pub async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         metrics.clone(),
         local.clone(),
     ));
-    let runner = Runner::new(
-        ctx.js.clone(),
-        config.consumer.clone(),
-        ctx.bus_metrics.clone(),
+    tracing::info!(
+        durable = %consumer.durable,
+        partition = config.partition,
+        partitions = config.partitions,
+        peers = config.peers.len(),
+        "tsdb consuming"
     );
+    let runner = Runner::new(ctx.js.clone(), consumer, ctx.bus_metrics.clone());
     let mut ingest = Ingest::new(store.clone(), metrics.clone());
     if let Some(rw) = &config.remote_write {
         tracing::info!(url = %rw.url, "forwarding samples by remote write");
@@ -379,5 +495,25 @@ mod tests {
         assert_eq!(partial.retention, Duration::from_secs(30 * 86_400));
         assert_eq!(partial.consumer.durable, "tsdb");
         assert!(serde_json::from_str::<Config>(r#"{"retension":"30d"}"#).is_err());
+    }
+
+    #[test]
+    fn partition_and_peer_settings_are_checked() {
+        let ok: Config = serde_json::from_str(
+            r#"{"partitions":2,"partition":1,"peers":["http://tsdb-0:9466"],"peer_timeout":"3s"}"#,
+        )
+        .expect("parses");
+        ok.validate().expect("valid");
+        let bad = |json: &str| {
+            serde_json::from_str::<Config>(json)
+                .expect("parses")
+                .validate()
+                .is_err()
+        };
+        assert!(bad(r#"{"partitions":2,"partition":2}"#));
+        assert!(bad(r#"{"partitions":0,"partition":0}"#));
+        assert!(bad(r#"{"peers":["tsdb-0:9466"]}"#));
+        assert!(bad(r#"{"peer_timeout":"0s"}"#));
+        assert_eq!(partition_filter(1), "fleet.metrics.*.1");
     }
 }

@@ -15,6 +15,9 @@
 //! else is a clear `bad_data` error.
 
 mod functions;
+pub mod source;
+
+pub use source::{Gathered, Plan, Source, plan};
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -77,6 +80,7 @@ pub enum Value {
 #[derive(Debug, Clone)]
 pub struct Engine {
     store: Arc<Store>,
+    source: Source,
     lookback_ms: i64,
 }
 
@@ -153,9 +157,24 @@ impl Engine {
     /// An engine with the given lookback delta for instant selectors.
     pub fn new(store: Arc<Store>, lookback: Duration) -> Self {
         Engine {
+            source: Source::Local(store.clone()),
             store,
             lookback_ms: millis(lookback).max(1),
         }
+    }
+
+    /// The same engine reading `source` instead of the local store (a query over gathered series).
+    pub fn with_source(&self, source: Source) -> Self {
+        Engine {
+            store: self.store.clone(),
+            source,
+            lookback_ms: self.lookback_ms,
+        }
+    }
+
+    /// The lookback delta.
+    pub fn lookback(&self) -> Duration {
+        Duration::from_millis(self.lookback_ms as u64)
     }
 
     /// Evaluates `query` at one time (ms).
@@ -348,7 +367,7 @@ impl Eval<'_> {
             return Ok(());
         };
         let mint = min.saturating_sub(st.window).saturating_add(1);
-        let store = &self.engine.store;
+        let store = &self.engine.source;
         let selected = store.select(&selector_matchers(st.vs));
         let refs = &refs[..];
         let one = |(id, labels): &(store::SeriesId, Arc<Labels>)| -> Result<Option<Series>> {
@@ -499,7 +518,7 @@ impl Eval<'_> {
             return Ok(Vec::new());
         };
         let mint = min.saturating_sub(st.window).saturating_add(1);
-        let store = &self.engine.store;
+        let store = &self.engine.source;
         // Series id order: as fixed as label order, without sorting by labels.
         let selected = store.select_by_id(&selector_matchers(st.vs));
         let refs = &refs[..];
@@ -642,7 +661,7 @@ impl Eval<'_> {
     /// The raw samples of a range selector at the query time (an instant query of `x[5m]`).
     fn raw_matrix(&self, vs: &VectorSelector, range: i64) -> Result<Value> {
         let t = self.ref_times(vs).first().copied().unwrap_or(0);
-        let store = &self.engine.store;
+        let store = &self.engine.source;
         let mut out = Vec::new();
         for (id, labels) in store.select(&selector_matchers(vs)) {
             let mut pts = store.samples(id, t.saturating_sub(range).saturating_add(1), t)?;

@@ -395,6 +395,16 @@ impl Store {
         Ok(out.iter().any(|s| s.0 == t))
     }
 
+    /// Whether this is a new (or wiped) store: no series and never marked initialized.
+    pub fn is_fresh(&self) -> Result<bool> {
+        Ok(!self.disk.initialized()? && self.series_count() == 0)
+    }
+
+    /// Marks the store initialized (see [`Store::is_fresh`]).
+    pub async fn mark_initialized(&self) -> Result<()> {
+        Ok(self.disk.mark_initialized().await?)
+    }
+
     /// Makes every sample appended so far durable (the write-ahead record, then a sled flush).
     pub async fn commit(&self) -> Result<()> {
         let pending = std::mem::take(&mut self.write().pending);

@@ -79,8 +79,9 @@ async fn promtool_queries_get_the_expected_values() -> Result<()> {
         store,
         http::Options {
             lookback: Duration::from_secs(300),
+            ..Default::default()
         },
-    );
+    )?;
     let (addr, server) =
         multipilot_runtime::http::serve("127.0.0.1:0", router, cancel.clone()).await?;
     let url = format!("http://{addr}");
