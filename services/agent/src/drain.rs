@@ -62,6 +62,8 @@ pub async fn run(
         }
         if client.connection_state() != State::Connected {
             was_down = true;
+            // failures while the server was away say nothing about it once it is back
+            backoff = Duration::from_millis(200);
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(200)) => {}
                 _ = cancel.cancelled(), if grace_deadline.is_none() => {}
@@ -133,7 +135,9 @@ pub async fn run(
         }
         if failed > 0 {
             tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(10));
+            // short: heartbeats and probes wait behind this pause, and must be out within seconds of a
+            // reconnect (JetStream may answer a few publishes with errors while it recovers)
+            backoff = (backoff * 2).min(Duration::from_secs(2));
         } else {
             backoff = Duration::from_millis(200);
         }

@@ -40,6 +40,17 @@ pub struct Config {
     /// An event alert resolves this long after the digest that last refreshed it (events never say "over").
     #[serde(with = "humantime_serde")]
     pub event_ttl: Duration,
+    /// Replicas of the `MULTIPILOT_SILENCES` and `MULTIPILOT_NFLOG` buckets, where silences and the
+    /// notification log are written through (in the hub: `provision.replicas` unless set here).
+    pub kv_replicas: usize,
+    /// Input limit of its consumer (incidents and digests per second, with a burst): a storm of incidents
+    /// can't swamp the router. 0 = off (the default).
+    pub rate: multipilot_bus::limit::Config,
+    /// Notification log entries are forgotten this long after they were written, once their group is gone;
+    /// also the max age of `MULTIPILOT_NFLOG` (Alertmanager's `--data.retention`). Keep it above the
+    /// longest `repeat_interval`.
+    #[serde(with = "humantime_serde")]
+    pub nflog_retention: Duration,
 }
 
 /// The lowest event severity that becomes an alert.
@@ -81,7 +92,26 @@ impl Default for Config {
             retain_resolved: Duration::from_secs(3600),
             event_min_severity: EventThreshold::Warning,
             event_ttl: Duration::from_secs(3600),
+            kv_replicas: 1,
+            rate: multipilot_bus::limit::Config::default(),
+            nflog_retention: Duration::from_secs(120 * 3600),
         }
+    }
+}
+
+impl Config {
+    /// Checks what serde can't.
+    pub fn validate(&self) -> Result<()> {
+        ensure!(
+            (1..=5).contains(&self.kv_replicas),
+            "alerts.kv_replicas must be 1..=5, not {}",
+            self.kv_replicas
+        );
+        ensure!(
+            !self.nflog_retention.is_zero(),
+            "alerts.nflog_retention must be > 0"
+        );
+        Ok(())
     }
 }
 

@@ -65,6 +65,8 @@ pub struct Engine {
     silences: BTreeMap<String, Silence>,
     nflog: HashMap<String, NflogEntry>,
     retain_resolved: Duration,
+    nflog_retention: Duration,
+    replaying: bool,
     /// Counters.
     pub stats: Stats,
 }
@@ -212,6 +214,8 @@ impl Engine {
             tree,
             groups: BTreeMap::new(),
             retain_resolved: Duration::from_std(retain_resolved).unwrap_or(Duration::hours(1)),
+            nflog_retention: Duration::hours(120),
+            replaying: false,
             stats: Stats::default(),
         };
         let alerts: Vec<Alert> = e.alerts.values().cloned().collect();
@@ -219,6 +223,25 @@ impl Engine {
             e.place(a, now);
         }
         Ok(e)
+    }
+
+    /// Forgets notification log entries this long after they were written, once their group is gone
+    /// (Alertmanager's `--data.retention`).
+    pub fn with_nflog_retention(mut self, retention: std::time::Duration) -> Engine {
+        self.nflog_retention = Duration::from_std(retention).unwrap_or(Duration::hours(120));
+        self
+    }
+
+    /// While replaying the incidents after a restore, groups are filled but not flushed: a group is judged
+    /// against the restored notification log only once it holds the latest state of its alerts, so an
+    /// intermediate state of the replay (firing again, before its later resolution) is never notified.
+    pub fn set_replaying(&mut self, replaying: bool) {
+        self.replaying = replaying;
+    }
+
+    /// Whether a replay is under way.
+    pub fn replaying(&self) -> bool {
+        self.replaying
     }
 
     /// The routing in force.
@@ -258,16 +281,24 @@ impl Engine {
         self.upsert(alert_of(inc, now), now)
     }
 
-    /// Takes in one event digest (the caller has checked its severity).
+    /// Takes in one event digest (the caller has checked its severity), stored on the stream at
+    /// `stored_at`: its alert resolves `ttl` after that, so a digest replayed after its time arrives
+    /// already resolved.
     pub fn on_digest(
         &mut self,
         d: &EventDigest,
+        stored_at: DateTime<Utc>,
         now: DateTime<Utc>,
         ttl: std::time::Duration,
     ) -> Result<(), Error> {
         self.stats.incidents_in += 1;
         let ttl = Duration::from_std(ttl).unwrap_or(Duration::hours(1));
         let mut alert = alert_of_digest(d, now, ttl);
+        let expires = stored_at.min(now) + ttl;
+        alert.expires_at = Some(expires);
+        if expires <= now {
+            alert.ends_at = Some(expires);
+        }
         // an event alert that expired and comes back is a new episode: it fires again
         if let Some(old) = self.alerts.get(&alert.id)
             && old.ends_at.is_some()
@@ -352,6 +383,9 @@ impl Engine {
     /// Flushes the groups that are due, enqueues the notifications they call for (durably, with their
     /// notification-log entries), and forgets long-resolved alerts. Returns how many were enqueued.
     pub fn tick(&mut self, now: DateTime<Utc>, instance: &str) -> Result<usize, Error> {
+        if self.replaying {
+            return Ok(0);
+        }
         let due: Vec<String> = self
             .groups
             .iter()
@@ -595,6 +629,23 @@ impl Engine {
             self.store.alerts.remove(id.as_bytes())?;
             self.alerts.remove(&id);
         }
+        // log entries of groups long gone: the bucket drops them after the same max age
+        let stale: Vec<String> = self
+            .nflog
+            .iter()
+            .filter(|(k, e)| {
+                e.at.is_none_or(|at| at + self.nflog_retention < now)
+                    && k.split_once('\u{0}')
+                        .is_none_or(|(_, group)| !self.groups.contains_key(group))
+            })
+            .map(|(k, _)| k.clone())
+            .collect();
+        if !stale.is_empty() {
+            self.store.remove_nflog(&stale)?;
+            for k in &stale {
+                self.nflog.remove(k);
+            }
+        }
         Ok(())
     }
 
@@ -629,11 +680,15 @@ impl Engine {
         self.silences.values()
     }
 
-    /// Adds or replaces a silence (durable when this returns).
+    /// Adds or replaces a silence (on disk when this returns, and in the replicated bucket unless that is
+    /// unreachable: then the dispatcher's loop retries, and holds deliveries until it succeeded).
     pub async fn put_silence(&mut self, s: Silence) -> Result<(), Error> {
-        self.store.silences.insert(s.id.as_bytes(), enc(&s)?)?;
+        self.store.put_silence(&s)?;
         self.store.flush().await?;
         self.silences.insert(s.id.clone(), s);
+        if let Err(e) = self.store.replicate().await {
+            tracing::warn!(error = %e, "silence stored locally; replicating it will be retried");
+        }
         Ok(())
     }
 

@@ -12,6 +12,12 @@
 //! Durability: alerts, silences, the notification log and pending notifications live in sled; an incident
 //! is acked only after its alert is on disk, and a notification is on disk (with its log entry) before it
 //! is sent. See `README.md` for the guarantees and their one window.
+//!
+//! Replication: silences and the notification log are written through to the JetStream KV buckets
+//! `MULTIPILOT_SILENCES` and `MULTIPILOT_NFLOG`, and a notification is sent only once its log entry is in
+//! the bucket too. A router whose data directory is new or wiped restores both, then replays
+//! FLEET_INCIDENTS from the start (its durable `alerts` is recreated) to rebuild the alerts; groups are not
+//! flushed until the replay has caught up, so what the restored log says was notified is not sent again.
 
 pub mod api;
 pub mod config;
@@ -39,7 +45,14 @@ pub use config::{Config, Routing};
 
 use crate::deliver::{Deliverer, Metrics};
 use crate::engine::Engine;
-use crate::store::Store;
+use crate::store::{Replica, Store};
+
+/// The silences bucket.
+pub const SILENCES_BUCKET: &str = "MULTIPILOT_SILENCES";
+/// The notification log bucket.
+pub const NFLOG_BUCKET: &str = "MULTIPILOT_NFLOG";
+/// The stream and durable consumer the router reads.
+const INCIDENTS: (&str, &str) = ("FLEET_INCIDENTS", "alerts");
 
 /// What the router reads: incident changes and event digests.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
@@ -81,7 +94,7 @@ impl Handler<Input> for H {
         let r = match &msg.envelope.payload {
             Input::Incident(inc) => e.on_incident(inc, Utc::now()),
             Input::Digest(d) if self.events.passes(d.severity) => {
-                e.on_digest(d, Utc::now(), self.event_ttl)
+                e.on_digest(d, msg.ingest_time, Utc::now(), self.event_ttl)
             }
             Input::Digest(_) => Ok(()),
         };
@@ -104,6 +117,112 @@ fn is_loopback(listen: &str) -> bool {
         .unwrap_or_else(|_| listen.starts_with("localhost:"))
 }
 
+/// Opens (creating or updating) the two buckets.
+async fn open_replica(js: &async_nats::jetstream::Context, config: &Config) -> Result<Replica> {
+    let bucket = |name: &str, description: &str, max_age| multipilot_bus::kv::Bucket {
+        name: name.into(),
+        description: description.into(),
+        replicas: config.kv_replicas,
+        max_age,
+    };
+    let silences = bucket(
+        SILENCES_BUCKET,
+        "Alert router silences (written through from its sled store)",
+        std::time::Duration::ZERO,
+    );
+    let nflog = bucket(
+        NFLOG_BUCKET,
+        "Alert router notification log (written through from its sled store)",
+        config.nflog_retention,
+    );
+    let open = async |b: &multipilot_bus::kv::Bucket| {
+        multipilot_bus::kv::open(js, b).await.with_context(|| {
+            format!(
+                "opening the KV bucket {} (the alerts user needs the $JS.API.STREAM.*.KV_{} APIs)",
+                b.name, b.name
+            )
+        })
+    };
+    Ok(Replica::new(open(&silences).await?, open(&nflog).await?))
+}
+
+/// Brings the store in line with the buckets at start: a blank (new or wiped) store is restored from them
+/// and the incidents are replayed from the start; a store that predates the buckets is copied into them;
+/// whatever a previous run left queued is replicated.
+async fn prepare(store: &Store, js: &async_nats::jetstream::Context) -> Result<()> {
+    if store.is_blank()? {
+        store.begin_restore()?;
+        store.flush().await?;
+        let restored = store
+            .restore()
+            .await
+            .context("restoring silences and the notification log from the KV buckets")?;
+        let replay_until = reset_consumer(js).await?;
+        store.finish_restore(replay_until)?;
+        store.flush().await?;
+        tracing::info!(
+            silences = restored.silences,
+            nflog = restored.nflog,
+            skipped = restored.skipped,
+            replay_until,
+            "blank store restored from the KV buckets; replaying the incidents"
+        );
+    } else if !store.is_replicated()? {
+        let n = store.seed_outbox()?;
+        store.mark_replicated()?;
+        store.flush().await?;
+        tracing::info!(
+            records = n,
+            "copying silences and the notification log into the KV buckets"
+        );
+    }
+    store
+        .replicate()
+        .await
+        .context("replicating silences and the notification log to the KV buckets")?;
+    Ok(())
+}
+
+/// Recreates the durable `alerts` on FLEET_INCIDENTS with the topology's settings, so it delivers from the
+/// start; returns the stream's last sequence (the replay's target), or `None` when the stream is empty.
+async fn reset_consumer(js: &async_nats::jetstream::Context) -> Result<Option<u64>> {
+    let (stream_name, durable) = INCIDENTS;
+    let def = multipilot_bus::topology::Topology::embedded()
+        .consumer(stream_name, durable)
+        .cloned()
+        .with_context(|| {
+            format!("deploy/streams.yaml defines no consumer {stream_name}/{durable}")
+        })?;
+    let stream = js
+        .get_stream(stream_name)
+        .await
+        .with_context(|| format!("reading stream {stream_name} (provision first)"))?;
+    let last = stream.cached_info().state.last_sequence;
+    match stream.delete_consumer(durable).await {
+        Ok(_) => {}
+        Err(e) if e.to_string().contains("not found") => {}
+        Err(e) => {
+            return Err(anyhow::anyhow!(
+                "deleting consumer {stream_name}/{durable} to replay it: {e}"
+            ));
+        }
+    }
+    stream
+        .create_consumer(def.to_config())
+        .await
+        .with_context(|| format!("recreating consumer {stream_name}/{durable}"))?;
+    Ok((last > 0).then_some(last))
+}
+
+/// Whether the replay reached `target`: everything up to it acked, or nothing left to deliver.
+async fn replay_done(js: &async_nats::jetstream::Context, target: u64) -> Result<bool> {
+    let (stream_name, durable) = INCIDENTS;
+    let stream = js.get_stream(stream_name).await?;
+    let info = stream.consumer_info(durable).await?;
+    Ok(info.ack_floor.stream_sequence >= target
+        || (info.num_pending == 0 && info.num_ack_pending == 0))
+}
+
 /// Runs the alert router until `ctx.cancel` fires.
 pub async fn run(config: Config, ctx: Context) -> Result<()> {
     ensure!(
@@ -111,17 +230,24 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         "alerts.listen {} is not a loopback address: set alerts.api_tokens so silences can't be changed by anyone",
         config.listen
     );
+    config.validate()?;
     let routing = Arc::new(Routing::load(config.routing.as_deref())?);
     std::fs::create_dir_all(&config.data_dir)
         .with_context(|| format!("creating {}", config.data_dir))?;
     let store = Store::open(&config.data_dir)
         .with_context(|| format!("opening the alerts store in {}", config.data_dir))?;
-    let engine = Arc::new(Mutex::new(Engine::open(
+    let store = store.with_replica(open_replica(&ctx.js, &config).await?);
+    prepare(&store, &ctx.js).await?;
+    let replay_until = store.replay_until()?;
+    let mut engine = Engine::open(
         store.clone(),
         (*routing).clone(),
         config.retain_resolved,
         Utc::now(),
-    )?));
+    )?
+    .with_nflog_retention(config.nflog_retention);
+    engine.set_replaying(replay_until.is_some());
+    let engine = Arc::new(Mutex::new(engine));
     let metrics = {
         let mut reg = ctx
             .registry
@@ -158,6 +284,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
                 stream: "FLEET_INCIDENTS".into(),
                 durable: "alerts".into(),
                 batch: config.batch,
+                rate: config.rate.clone(),
                 ..Default::default()
             },
             ctx.bus_metrics.clone(),
@@ -175,20 +302,41 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         });
     }
     {
-        let (engine, deliverer, cancel, instance) = (
+        let (engine, deliverer, cancel, instance, js) = (
             engine.clone(),
             deliverer.clone(),
             ctx.cancel.clone(),
             ctx.instance.clone(),
+            ctx.js.clone(),
         );
         let every = config.tick.max(std::time::Duration::from_millis(50));
         tasks.spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+            let mut replay_until = replay_until;
             loop {
                 tokio::select! {
                     _ = cancel.cancelled() => return,
                     _ = tick.tick() => {}
+                }
+                if let Some(target) = replay_until {
+                    match replay_done(&js, target).await {
+                        Ok(true) => {
+                            let mut e = engine.lock().await;
+                            if let Err(err) = e.store.set_replay_until(None) {
+                                tracing::error!(error = %err, "recording the end of the replay failed; will retry");
+                                continue;
+                            }
+                            e.set_replaying(false);
+                            replay_until = None;
+                            tracing::info!(target, "incidents replayed; notifying again");
+                        }
+                        Ok(false) => continue,
+                        Err(err) => {
+                            tracing::warn!(error = %err, "checking the replay's progress failed; will retry");
+                            continue;
+                        }
+                    }
                 }
                 let now = Utc::now();
                 let (n, store) = {
@@ -201,16 +349,21 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
                         }
                     }
                 };
-                if n > 0 {
-                    match store.flush().await {
-                        Ok(()) => {
-                            deliverer
-                                .watermark
-                                .fetch_max(now.timestamp_nanos_opt().unwrap_or(0), Ordering::AcqRel);
-                            deliverer.wake.notify_one();
-                        }
-                        Err(err) => tracing::error!(error = %err, "flushing the alerts store failed"),
+                if n > 0 || store.outbox_len() > 0 {
+                    if let Err(err) = store.flush().await {
+                        tracing::error!(error = %err, "flushing the alerts store failed");
+                        continue;
                     }
+                    // a notification goes out only once its log entry is in the bucket as well: a router
+                    // restored from the bucket must not send it again
+                    if let Err(err) = store.replicate().await {
+                        tracing::warn!(error = %err, "replicating the notification log failed; deliveries wait, will retry");
+                        continue;
+                    }
+                    deliverer
+                        .watermark
+                        .fetch_max(now.timestamp_nanos_opt().unwrap_or(0), Ordering::AcqRel);
+                    deliverer.wake.notify_one();
                 }
             }
         });

@@ -2,6 +2,11 @@
 //! Values are JSON (small, and readable with any sled dump). A notification is made durable (pending +
 //! notification-log entry, in one batch) before anything is sent, so a restart neither forgets what was
 //! pending nor re-notifies what was already notified.
+//!
+//! Silences and the notification log can't be rebuilt from the streams, so they are also written through
+//! to the JetStream KV buckets `MULTIPILOT_SILENCES` and `MULTIPILOT_NFLOG` (see [`Replica`]): each write
+//! puts the record in the `outbox` tree in the same sled transaction, and [`Store::replicate`] drains the
+//! outbox into the buckets. A store found empty at start is restored from them ([`Store::restore`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -21,6 +26,9 @@ pub enum Error {
     /// A value could not be encoded or decoded.
     #[error("alerts store value: {0}")]
     Json(#[from] serde_json::Error),
+    /// The replicated buckets could not be written or read (retryable).
+    #[error("alerts replica: {0}")]
+    Replica(#[from] multipilot_bus::kv::Error),
 }
 
 /// An alert: one incident (or deduplicated event) as the router sees it.
@@ -138,10 +146,71 @@ impl Pending {
     }
 }
 
+/// The notification log entry as the `MULTIPILOT_NFLOG` bucket holds it (with its sled key, which the KV
+/// key only hashes).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NflogRecord {
+    /// `receiver\0group key`.
+    pub key: String,
+    /// The entry.
+    pub entry: NflogEntry,
+}
+
+/// Key kinds in the buckets.
+const KIND_SILENCE: &str = "silence";
+const KIND_NFLOG: &str = "nflog";
+/// Set in `meta` once the store was restored from (or seeded into) the buckets.
+const MARK_REPLICATED: &[u8] = b"replicated";
+/// Set in `meta` while a restore is under way (a crash in the middle restores again).
+const RESTORING: &[u8] = b"restoring";
+/// Set in `meta` while the incidents are replayed after a restore: the stream sequence to reach.
+const REPLAY_UNTIL: &[u8] = b"replay_until";
+
+/// The replicated buckets.
+#[derive(Debug, Clone)]
+pub struct Replica {
+    /// `MULTIPILOT_SILENCES`.
+    pub silences: async_nats::jetstream::kv::Store,
+    /// `MULTIPILOT_NFLOG`.
+    pub nflog: async_nats::jetstream::kv::Store,
+    // one drain at a time, so an older value can't overtake a newer one for the same key
+    draining: std::sync::Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Replica {
+    /// Wraps the two buckets.
+    pub fn new(
+        silences: async_nats::jetstream::kv::Store,
+        nflog: async_nats::jetstream::kv::Store,
+    ) -> Replica {
+        Replica {
+            silences,
+            nflog,
+            draining: Default::default(),
+        }
+    }
+}
+
+/// What a restore found in the buckets.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Restored {
+    /// Silences.
+    pub silences: usize,
+    /// Notification log entries.
+    pub nflog: usize,
+    /// Records that didn't decode (skipped).
+    pub skipped: usize,
+}
+
 /// The sled trees.
 #[derive(Debug, Clone)]
 pub struct Store {
     db: sled::Db,
+    /// Records not yet in the buckets, by KV key (value: what to put).
+    outbox: sled::Tree,
+    /// Markers.
+    meta: sled::Tree,
+    replica: Option<Replica>,
     /// Alerts by id.
     pub alerts: sled::Tree,
     /// Silences by id.
@@ -194,8 +263,189 @@ impl Store {
             nflog: db.open_tree("nflog")?,
             pending: db.open_tree("pending")?,
             dead: db.open_tree("dead")?,
+            outbox: db.open_tree("outbox")?,
+            meta: db.open_tree("meta")?,
+            replica: None,
             db,
         })
+    }
+
+    /// Writes silences and the notification log through to these buckets from now on.
+    pub fn with_replica(mut self, replica: Replica) -> Store {
+        self.replica = Some(replica);
+        self
+    }
+
+    /// Whether this store has never held anything: no marker, no alert, silence or log entry (a new or
+    /// wiped data directory).
+    /// A restore that didn't finish counts as blank.
+    pub fn is_blank(&self) -> Result<bool, Error> {
+        if self.meta.get(RESTORING)?.is_some() {
+            return Ok(true);
+        }
+        Ok(self.meta.get(MARK_REPLICATED)?.is_none()
+            && self.alerts.is_empty()
+            && self.silences.is_empty()
+            && self.nflog.is_empty()
+            && self.pending.is_empty())
+    }
+
+    /// Whether the store was restored from (or seeded into) the buckets already.
+    pub fn is_replicated(&self) -> Result<bool, Error> {
+        Ok(self.meta.get(MARK_REPLICATED)?.is_some())
+    }
+
+    /// Notes that a restore begins.
+    pub fn begin_restore(&self) -> Result<(), Error> {
+        self.meta.insert(RESTORING, b"1".as_slice())?;
+        Ok(())
+    }
+
+    /// Notes that a restore is done, and the incidents stream sequence its replay must reach.
+    pub fn finish_restore(&self, replay_until: Option<u64>) -> Result<(), Error> {
+        self.set_replay_until(replay_until)?;
+        self.mark_replicated()?;
+        self.meta.remove(RESTORING)?;
+        Ok(())
+    }
+
+    /// Marks the store as restored from (or seeded into) the buckets.
+    pub fn mark_replicated(&self) -> Result<(), Error> {
+        self.meta.insert(MARK_REPLICATED, b"1".as_slice())?;
+        Ok(())
+    }
+
+    /// The incidents stream sequence a replay must reach before groups are flushed, if one is under way.
+    pub fn replay_until(&self) -> Result<Option<u64>, Error> {
+        Ok(self
+            .meta
+            .get(REPLAY_UNTIL)?
+            .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
+            .map(u64::from_be_bytes))
+    }
+
+    /// Records (or, with `None`, ends) a replay of the incidents.
+    pub fn set_replay_until(&self, seq: Option<u64>) -> Result<(), Error> {
+        match seq {
+            Some(s) => self.meta.insert(REPLAY_UNTIL, s.to_be_bytes().as_slice())?,
+            None => self.meta.remove(REPLAY_UNTIL)?,
+        };
+        Ok(())
+    }
+
+    /// Queues every silence and log entry for the buckets (a store that predates them).
+    pub fn seed_outbox(&self) -> Result<usize, Error> {
+        if self.replica.is_none() {
+            return Ok(0);
+        }
+        let mut n = 0;
+        for (_, s) in all::<Silence>(&self.silences) {
+            self.outbox
+                .insert(multipilot_bus::kv::key(KIND_SILENCE, &[&s.id])?, enc(&s)?)?;
+            n += 1;
+        }
+        for (key, entry) in all::<NflogEntry>(&self.nflog) {
+            let k = multipilot_bus::kv::key(KIND_NFLOG, &[&key])?;
+            self.outbox.insert(k, enc(&NflogRecord { key, entry })?)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Whether records wait for the buckets.
+    pub fn outbox_len(&self) -> usize {
+        if self.replica.is_none() {
+            0
+        } else {
+            self.outbox.len()
+        }
+    }
+
+    /// Puts what the outbox holds in the buckets; returns how many. Stops at the first failure (the rest
+    /// stays queued for the next call).
+    pub async fn replicate(&self) -> Result<usize, Error> {
+        let Some(r) = &self.replica else {
+            return Ok(0);
+        };
+        let _one = r.draining.lock().await;
+        let mut n = 0;
+        for kv in self.outbox.iter() {
+            let (k, v) = kv?;
+            let key = String::from_utf8_lossy(&k).into_owned();
+            let bucket = if key.starts_with(KIND_SILENCE) {
+                &r.silences
+            } else {
+                &r.nflog
+            };
+            multipilot_bus::kv::put(bucket, &key, v.to_vec()).await?;
+            // only if nobody wrote a newer value meanwhile: that one goes out on the next call
+            let _ = self
+                .outbox
+                .compare_and_swap(&k, Some(&v), None as Option<&[u8]>)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    /// Fills a blank store from the buckets: silences and the notification log.
+    pub async fn restore(&self) -> Result<Restored, Error> {
+        let Some(r) = &self.replica else {
+            return Ok(Restored::default());
+        };
+        let mut out = Restored::default();
+        for (key, v) in multipilot_bus::kv::load_all(&r.silences).await? {
+            match serde_json::from_slice::<Silence>(&v) {
+                Ok(s) => {
+                    self.silences.insert(s.id.as_bytes(), enc(&s)?)?;
+                    out.silences += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(%key, error = %e, "skipping an unreadable silence in the bucket");
+                    out.skipped += 1;
+                }
+            }
+        }
+        for (key, v) in multipilot_bus::kv::load_all(&r.nflog).await? {
+            match serde_json::from_slice::<NflogRecord>(&v) {
+                Ok(rec) => {
+                    self.nflog.insert(rec.key.as_bytes(), enc(&rec.entry)?)?;
+                    out.nflog += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(%key, error = %e, "skipping an unreadable log entry in the bucket");
+                    out.skipped += 1;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Stores a silence (and queues it for the bucket), atomically.
+    pub fn put_silence(&self, s: &Silence) -> Result<(), Error> {
+        use sled::Transactional;
+        let v = enc(s)?;
+        let queue = self
+            .replica
+            .is_some()
+            .then(|| multipilot_bus::kv::key(KIND_SILENCE, &[&s.id]))
+            .transpose()?;
+        (&self.silences, &self.outbox)
+            .transaction(|(st, ot)| {
+                st.insert(s.id.as_bytes(), v.as_slice())?;
+                if let Some(k) = &queue {
+                    ot.insert(k.as_bytes(), v.as_slice())?;
+                }
+                Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
+            })
+            .map_err(tx_error)
+    }
+
+    /// Forgets notification log entries (kept in the bucket until its max age drops them).
+    pub fn remove_nflog(&self, keys: &[String]) -> Result<(), Error> {
+        for k in keys {
+            self.nflog.remove(k.as_bytes())?;
+        }
+        Ok(())
     }
 
     /// Makes everything written so far durable.
@@ -219,22 +469,36 @@ impl Store {
             .iter()
             .map(|(k, e)| Ok((k.clone(), enc(e)?)))
             .collect::<Result<_, Error>>()?;
-        (&self.pending, &self.nflog)
-            .transaction(|(pt, nt)| {
+        let queue: Vec<(String, Vec<u8>)> = if self.replica.is_some() {
+            nflog
+                .iter()
+                .map(|(k, e)| {
+                    Ok((
+                        multipilot_bus::kv::key(KIND_NFLOG, &[k])?,
+                        enc(&NflogRecord {
+                            key: k.clone(),
+                            entry: e.clone(),
+                        })?,
+                    ))
+                })
+                .collect::<Result<_, Error>>()?
+        } else {
+            Vec::new()
+        };
+        (&self.pending, &self.nflog, &self.outbox)
+            .transaction(|(pt, nt, ot)| {
                 for (k, v) in &p {
                     pt.insert(k.as_bytes(), v.as_slice())?;
                 }
                 for (k, v) in &n {
                     nt.insert(k.as_bytes(), v.as_slice())?;
                 }
+                for (k, v) in &queue {
+                    ot.insert(k.as_bytes(), v.as_slice())?;
+                }
                 Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
             })
-            .map_err(|e| match e {
-                sled::transaction::TransactionError::Storage(s) => Error::Sled(s),
-                sled::transaction::TransactionError::Abort(()) => {
-                    Error::Sled(sled::Error::Unsupported("transaction aborted".into()))
-                }
-            })
+            .map_err(tx_error)
     }
 
     /// Moves a pending delivery to the dead letters.
@@ -247,11 +511,15 @@ impl Store {
                 dt.insert(key.as_bytes(), v.as_slice())?;
                 Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
             })
-            .map_err(|e| match e {
-                sled::transaction::TransactionError::Storage(s) => Error::Sled(s),
-                sled::transaction::TransactionError::Abort(()) => {
-                    Error::Sled(sled::Error::Unsupported("transaction aborted".into()))
-                }
-            })
+            .map_err(tx_error)
+    }
+}
+
+fn tx_error(e: sled::transaction::TransactionError<()>) -> Error {
+    match e {
+        sled::transaction::TransactionError::Storage(s) => Error::Sled(s),
+        sled::transaction::TransactionError::Abort(()) => {
+            Error::Sled(sled::Error::Unsupported("transaction aborted".into()))
+        }
     }
 }

@@ -10,9 +10,11 @@
 //!   backoff on retryable errors, dead-letter what can't be decoded or is invalid, rate-limit per key.
 //! - [`limit`]: the keyed rate limiter (governor) the runner uses.
 //! - [`metrics`]: the bus' Prometheus metrics.
+//! - [`kv`]: replicated key-value buckets for state that can't be rebuilt from the streams.
 
 pub mod connect;
 pub mod consume;
+pub mod kv;
 pub mod limit;
 pub mod metrics;
 pub mod publish;

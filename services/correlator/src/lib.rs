@@ -640,8 +640,30 @@ where
     } else {
         Vec::new()
     };
+    // Only what the durable had already acknowledged (before the store was lost) is replayed here, quietly;
+    // what it has not delivered yet it still delivers, and that is handled as new (digests published). On a
+    // first start there is no such durable, or nothing acknowledged: nothing to replay.
+    let durable = if cfg.partitions <= 1 {
+        base.to_string()
+    } else {
+        format!("{base}-p{}-of-{}", cfg.partition, cfg.partitions)
+    };
+    let floor = match ctx.js.get_stream(stream).await {
+        Ok(s) => s
+            .consumer_info(&durable)
+            .await
+            .map(|i| i.ack_floor.stream_sequence)
+            .unwrap_or(0),
+        Err(e) => anyhow::bail!("stream {stream}: {e}"),
+    };
+    if floor == 0 {
+        return Ok(0);
+    }
     let mut got = Vec::new();
     for_each_message(&ctx.js, stream, filters, Some(since), |m, info| {
+        if info.stream_sequence > floor {
+            return;
+        }
         let header = |n: &str| {
             m.headers
                 .as_ref()

@@ -116,6 +116,10 @@ impl Config {
                 .to_string_lossy()
                 .into_owned();
         }
+        // the buckets follow the streams' replica count unless set on their own
+        if c.kv_replicas == multipilot_alerts::Config::default().kv_replicas {
+            c.kv_replicas = self.provision.replicas;
+        }
         c
     }
 
@@ -129,6 +133,9 @@ impl Config {
                 .join("release")
                 .to_string_lossy()
                 .into_owned();
+        }
+        if c.kv_replicas == multipilot_release::Config::default().kv_replicas {
+            c.kv_replicas = self.provision.replicas;
         }
         c
     }

@@ -35,6 +35,9 @@ pub struct Config {
     /// How long a plan waits for the fleet registry after the role started.
     #[serde(with = "humantime_serde")]
     pub registry_wait: Duration,
+    /// Replicas of the `MULTIPILOT_RELEASES` bucket, where releases, snapshots and history are written
+    /// through (in the hub: `provision.replicas` unless set here).
+    pub kv_replicas: usize,
 }
 
 impl Default for Config {
@@ -50,6 +53,7 @@ impl Default for Config {
             field_manager: "multipilot".into(),
             parallelism: 32,
             registry_wait: Duration::from_secs(10),
+            kv_replicas: 1,
         }
     }
 }
@@ -65,6 +69,11 @@ impl Config {
         anyhow::ensure!(
             self.parallelism >= 1,
             "release.parallelism must be at least 1"
+        );
+        anyhow::ensure!(
+            (1..=5).contains(&self.kv_replicas),
+            "release.kv_replicas must be 1..=5, not {}",
+            self.kv_replicas
         );
         anyhow::ensure!(
             !self.field_manager.is_empty(),

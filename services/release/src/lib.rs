@@ -10,7 +10,9 @@
 //! step, health gate, end and rollback.
 //!
 //! State (sled in `data_dir`): releases with their plan, approvals, batch progress and the clusters they
-//! changed; each cluster's snapshot (the live objects before the release); the history. A role that
+//! changed; each cluster's snapshot (the live objects before the release); the history. All of it is
+//! written through to the JetStream KV bucket `MULTIPILOT_RELEASES` and restored from it when `data_dir`
+//! is new or wiped. A role that
 //! restarts while applying or rolling back marks the release `interrupted` with the clusters it had
 //! changed, so an operator can roll it back (`multipilot release rollback`) — it never guesses.
 
@@ -580,6 +582,39 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         .with_context(|| format!("creating {}", config.data_dir))?;
     let store = Store::open(std::path::Path::new(&config.data_dir))
         .with_context(|| format!("opening the release store in {}", config.data_dir))?;
+    let bucket = multipilot_bus::kv::open(
+        &ctx.js,
+        &multipilot_bus::kv::Bucket {
+            name: store::BUCKET.into(),
+            description: "Releases, snapshots and history (written through from the release role's sled store)"
+                .into(),
+            replicas: config.kv_replicas,
+            max_age: Duration::ZERO,
+        },
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "opening the KV bucket {b} (the release user needs the $JS.API.STREAM.*.KV_{b} APIs)",
+            b = store::BUCKET
+        )
+    })?;
+    let store = store.with_replica(bucket);
+    let restored = store.sync_with_replica().await.with_context(|| {
+        format!(
+            "syncing the release store with the KV bucket {}",
+            store::BUCKET
+        )
+    })?;
+    if restored != store::Restored::default() {
+        tracing::info!(
+            releases = restored.releases,
+            snapshots = restored.snapshots,
+            history = restored.history,
+            skipped = restored.skipped,
+            "blank release store restored from the KV bucket"
+        );
+    }
     let signer = signer::Signer::load_or_create(&config.signing_key_path())?;
     tracing::info!(key_id = signer.key_id(), public = %signer.public_path().display(), "release signing key");
     let registry = Registry::default();

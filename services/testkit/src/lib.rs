@@ -168,6 +168,18 @@ impl NatsServer {
         self.port
     }
 
+    /// The server's process id while it runs (for CPU and memory sampling).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Whether the process is running (killed or exited: false).
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
     /// The JetStream store directory.
     pub fn store_dir(&self) -> &Path {
         &self.store
@@ -211,6 +223,12 @@ pub struct NatsCluster {
 impl NatsCluster {
     /// Starts `n` nodes routed to each other and waits until JetStream has a meta leader.
     pub async fn start(n: usize) -> Result<Self> {
+        Self::start_with(n, |_| String::new()).await
+    }
+
+    /// Starts `n` nodes with extra configuration appended to each node's file (the closure gets the node's
+    /// index, e.g. for a monitoring port or an `include`).
+    pub async fn start_with(n: usize, extra: impl Fn(usize) -> String) -> Result<Self> {
         let dir = tempfile::Builder::new()
             .prefix("multipilot-natscluster-")
             .tempdir()?;
@@ -231,8 +249,9 @@ impl NatsCluster {
                 &config,
                 format!(
                     "listen: 127.0.0.1:{port}\nserver_name: n{i}\njetstream {{\n  store_dir: {store:?}\n  {JS_LIMITS}\n}}\n\
-                     cluster {{\n  name: testkit\n  listen: 127.0.0.1:{cport}\n  routes: [{}]\n}}\n",
-                    routes.join(", ")
+                     cluster {{\n  name: testkit\n  listen: 127.0.0.1:{cport}\n  routes: [{}]\n}}\n{}\n",
+                    routes.join(", "),
+                    extra(i)
                 ),
             )?;
             let mut node = NatsServer {

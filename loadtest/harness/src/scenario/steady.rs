@@ -1,0 +1,197 @@
+//! Steady load: the fleet churns, emits events and is scraped; a rolling DNS fault gives the correlator
+//! something to find. Measures throughput per stage, end-to-end lags and each process's CPU and memory.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use anyhow::Result;
+
+use super::{FAST_ROUTING, Opts, report_flow, report_processes};
+use crate::observe::Observer;
+use crate::record::{Recorder, Summary};
+use crate::report::Report;
+use crate::system::{Spec, System};
+
+/// Runs it.
+pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> {
+    let spec = Spec {
+        clusters: o.clusters.unwrap_or(o.pick(4, 30)),
+        objects: o.objects.unwrap_or(o.pick(200, 1000)),
+        churn: o.churn.unwrap_or(2.0),
+        events_per_second: o.events_per_second.unwrap_or(o.pick(5.0, 50.0)),
+        scrape_interval_s: o.pick(5, 15),
+        probe_interval_s: o.short.then_some(2),
+        agents: o.agents.unwrap_or(o.pick(1, 3)),
+        correlators: 1,
+        tsdbs: 1,
+        accounting: false,
+        rate: None,
+        nats_nodes: 1,
+        alerts_routing: Some(FAST_ROUTING.into()),
+        outbox_max_bytes: None,
+    };
+    let duration = o.duration.unwrap_or(o.pick(45, 600));
+    let warmup = o.pick(10.0, 60.0);
+    let (hold, gap) = o.pick((16u64, 3u64), (100, 20));
+    let mut r = Report::new(
+        "steady",
+        o.short,
+        serde_json::json!({"spec": spec, "duration_s": duration, "warmup_s": warmup,
+                           "dns_fault_hold_s": hold, "dns_fault_gap_s": gap}),
+    );
+    let rec = Recorder::new();
+    let mut sys = System::start(spec.clone(), dir, o.bins()?).await?;
+    let obs = Observer::start(&sys, &rec, Duration::from_secs(1), true).await?;
+    rec.mark("system up");
+    tokio::time::sleep(Duration::from_secs_f64(warmup)).await;
+    let load_from = rec.now();
+    rec.mark("measuring");
+
+    // a rolling DNS fault, one cluster at a time
+    let faults = sys.faults();
+    let clusters = sys.clusters.clone();
+    // (cluster, switched on, held for the whole `hold`)
+    type Injected = std::sync::Arc<std::sync::Mutex<Vec<(String, std::time::Instant, bool)>>>;
+    let injected: Injected = Default::default();
+    let roll = {
+        let injected = injected.clone();
+        let clusters = clusters.clone();
+        tokio::spawn(async move {
+            let mut i = 0;
+            loop {
+                let c = &clusters[i % clusters.len()];
+                if faults.set(c, "coredns-down", true, &[]).await.is_ok() {
+                    injected.lock().unwrap_or_else(|e| e.into_inner()).push((
+                        c.clone(),
+                        std::time::Instant::now(),
+                        false,
+                    ));
+                }
+                tokio::time::sleep(Duration::from_secs(hold)).await;
+                if let Some(last) = injected
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .last_mut()
+                {
+                    last.2 = true;
+                }
+                let _ = faults.set(c, "coredns-down", false, &[]).await;
+                tokio::time::sleep(Duration::from_secs(gap)).await;
+                i += 1;
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(duration)).await;
+    roll.abort();
+    let _ = roll.await;
+    for c in &clusters {
+        let _ = sys.fault(c, "coredns-down", false, &[]).await;
+    }
+    let load_to = rec.now();
+    rec.mark("load window over");
+
+    // lags
+    let incident_lags: Vec<(f64, f64)> = obs.with(|s| {
+        let mut first: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+        for i in &s.incidents {
+            if i.incident.kind != "dns-failure" || i.incident.revision != 1 {
+                continue;
+            }
+            let lag = (i.wall - i.incident.opened_at).num_milliseconds() as f64 / 1000.0;
+            let t = i.at.duration_since(rec.start()).as_secs_f64();
+            first.entry(i.incident.id.clone()).or_insert((t, lag));
+        }
+        first.into_values().collect()
+    });
+    for (t, lag) in &incident_lags {
+        rec.point_at("lag/incident-visible", "s", *t, *lag);
+    }
+    let inc = Summary::of(&incident_lags.iter().map(|p| p.1).collect::<Vec<_>>());
+    let samples = obs.with(|s| Summary::of(&s.sample_lags));
+    r.figure(
+        "lag cluster_time → incident visible (dns-failure opened)",
+        inc.line("s"),
+    );
+    r.figure("lag cluster_time → sample queryable", samples.line("s"));
+    r.plot(
+        "lags",
+        "End-to-end lags",
+        "seconds",
+        vec![
+            ("sample queryable".into(), "lag/sample-queryable".into()),
+            ("incident visible".into(), "lag/incident-visible".into()),
+        ],
+    );
+    report_flow(&mut r, &rec, load_from, load_to);
+
+    // invariants
+    // every injection held for the whole `hold` must have become an incident (the last one may have been
+    // cut short by the end of the window)
+    let injected = injected.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut detect = Vec::new();
+    let mut missed = Vec::new();
+    for (cluster, on, _) in injected.iter().filter(|x| x.2) {
+        let first = obs.with(|s| {
+            s.incidents
+                .iter()
+                .find(|i| {
+                    i.at >= *on
+                        && &i.incident.cluster == cluster
+                        && i.incident.kind == "dns-failure"
+                })
+                .map(|i| i.at.duration_since(*on).as_secs_f64())
+        });
+        match first {
+            Some(d) => detect.push(d),
+            None => missed.push(cluster.clone()),
+        }
+    }
+    let full = injected.iter().filter(|x| x.2).count();
+    r.figure(
+        "fault injected → dns-failure incident visible (probe rounds and the rule's confirmation included)",
+        Summary::of(&detect).line("s"),
+    );
+    r.invariant(
+        "every injected DNS failure became an incident",
+        missed.is_empty() && full > 0,
+        format!("{full} injections held {hold} s; missed {missed:?}"),
+    );
+    let tsdb = sys.tsdb_api().unwrap_or_default();
+    let seen_clusters: BTreeSet<String> = sys
+        .query(&tsdb, "count by (cluster) (apiserver_storage_objects)")
+        .await?
+        .iter()
+        .filter_map(|s| s["metric"]["cluster"].as_str().map(String::from))
+        .collect();
+    r.invariant(
+        "every cluster's metrics are queryable",
+        seen_clusters.len() == clusters.len(),
+        format!("{} of {} clusters", seen_clusters.len(), clusters.len()),
+    );
+
+    // the agents stop; every consumer must then finish what is stored
+    sys.stop_agents();
+    rec.mark("agents stopped");
+    let caught_up = sys.wait_caught_up(&[], o.pick(120, 900)).await;
+    r.invariant(
+        "every consumer catches up once the load stops",
+        caught_up.is_ok(),
+        match &caught_up {
+            Ok(d) => format!("in {:.1} s", d.as_secs_f64()),
+            Err(e) => e.to_string(),
+        },
+    );
+    let jsz = sys.jsz().await?;
+    let dlq = jsz.stream("FLEET_DLQ").map_or(0, |s| s.messages);
+    r.invariant(
+        "nothing dead-lettered (all input was valid)",
+        dlq == 0,
+        format!("{dlq} dead letters"),
+    );
+    obs.stop().await;
+    report_processes(&mut r, &rec);
+    r.note("Lags: an incident's lag runs from its opened_at (the cluster_time of the first failing probe) to the moment a subscriber on fleet.incident.> received it; it includes the rule's confirmation (the correlator waits for a repeat of a failing probe before it opens most incidents). A sample's lag runs from its timestamp (scrape time, cluster clock) to the first TSDB query that returned it; the TSDB is polled every 250 ms, so figures are up to 0.25 s high.");
+    r.note("Throughput: stored = JetStream's last sequence per stream (from /jsz); processed = each role's multipilot_bus_consumed_total{outcome=\"done\"}; both sampled every second.");
+    sys.stop();
+    Ok((r, rec))
+}
