@@ -77,12 +77,19 @@ async fn run(cli: Cli) -> Result<bool> {
         .tempdir()
         .context("creating the run's directory")?;
     let started = std::time::Instant::now();
-    let result = match &cli.scenario {
-        Scenario::Steady(o) => scenario::steady::run(o, work.path()).await,
-        Scenario::Storm(o) => scenario::storm::run(o, work.path()).await,
-        Scenario::Fault(o) => scenario::fault::run(o, work.path()).await,
-        Scenario::Crash(o) => scenario::crash::run(o, work.path()).await,
-        Scenario::Scaleout(o) => scenario::scaleout::run(o, work.path()).await,
+    let run = async {
+        match &cli.scenario {
+            Scenario::Steady(o) => scenario::steady::run(o, work.path()).await,
+            Scenario::Storm(o) => scenario::storm::run(o, work.path()).await,
+            Scenario::Fault(o) => scenario::fault::run(o, work.path()).await,
+            Scenario::Crash(o) => scenario::crash::run(o, work.path()).await,
+            Scenario::Scaleout(o) => scenario::scaleout::run(o, work.path()).await,
+        }
+    };
+    // Ctrl-C or SIGTERM drops the run, and with it every process it started
+    let result = tokio::select! {
+        r = run => r,
+        _ = interrupted() => Err(anyhow::anyhow!("interrupted; every process of the run was stopped")),
     };
     let keep = o.keep;
     let (mut report, rec) = match result {
@@ -110,6 +117,17 @@ async fn run(cli: Cli) -> Result<bool> {
         }
     }
     Ok(passed)
+}
+
+async fn interrupted() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(t) => t,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
 }
 
 fn print_log_tails(dir: &std::path::Path) {

@@ -198,17 +198,32 @@ impl Observer {
     }
 }
 
-/// Parses Prometheus text for `multipilot_bus_consumed_total{consumer="…",outcome="done"}` counters.
+/// Parses Prometheus text for `multipilot_bus_consumed_total{consumer="…",outcome="done"}` counters
+/// (counted when a batch commits).
 pub fn consumed_done(text: &str) -> BTreeMap<String, f64> {
+    per_consumer(
+        text,
+        "multipilot_bus_consumed_total{",
+        Some("outcome=\"done\""),
+    )
+}
+
+/// Parses Prometheus text for `multipilot_bus_admitted_total{consumer="…"}` counters (counted as the input
+/// limiter lets each message in).
+pub fn admitted(text: &str) -> BTreeMap<String, f64> {
+    per_consumer(text, "multipilot_bus_admitted_total{", None)
+}
+
+fn per_consumer(text: &str, prefix: &str, must: Option<&str>) -> BTreeMap<String, f64> {
     let mut out = BTreeMap::new();
     for line in text.lines() {
-        let Some(rest) = line.strip_prefix("multipilot_bus_consumed_total{") else {
+        let Some(rest) = line.strip_prefix(prefix) else {
             continue;
         };
         let Some((labels, value)) = rest.split_once("} ") else {
             continue;
         };
-        if !labels.contains("outcome=\"done\"") {
+        if must.is_some_and(|m| !labels.contains(m)) {
             continue;
         }
         let consumer = labels
@@ -248,7 +263,8 @@ async fn sample_loop(
         let now = Instant::now();
         for (name, w) in &procs {
             let Some(pid) = w.pid else { continue };
-            let Some((cpu_s, rss)) = crate::proc::usage(pid) else {
+            // a process that has exited (a zombie until reaped) has no RSS: not a sample
+            let Some((cpu_s, rss)) = crate::proc::usage(pid).filter(|(_, rss)| *rss > 0) else {
                 continue;
             };
             rec.point(&format!("rss/{name}"), "MiB", rss as f64 / 1048576.0);
@@ -268,6 +284,9 @@ async fn sample_loop(
                 for (consumer, v) in consumed_done(&text) {
                     rec.point(&format!("consumed/{name}/{consumer}"), "msgs", v);
                 }
+                for (consumer, v) in admitted(&text) {
+                    rec.point(&format!("admitted/{name}/{consumer}"), "msgs", v);
+                }
             }
         }
         // JetStream: stream input (last_seq as a counter), consumer backlogs
@@ -286,6 +305,14 @@ async fn sample_loop(
                         rec.point(&format!("stored/{name}"), "msgs", seq);
                     }
                     for c in s["consumer_detail"].as_array().into_iter().flatten() {
+                        // durable consumers only: ephemeral ones (KV watchers, ordered readers) come and go
+                        if c["config"].is_object()
+                            && c["config"]["durable_name"]
+                                .as_str()
+                                .is_none_or(str::is_empty)
+                        {
+                            continue;
+                        }
                         let cname = c["name"].as_str().unwrap_or_default();
                         let pending = c["num_pending"].as_f64().unwrap_or(0.0)
                             + c["num_ack_pending"].as_f64().unwrap_or(0.0);
@@ -372,5 +399,7 @@ mod tests {
         assert_eq!(m.get("tsdb"), Some(&120.0));
         assert_eq!(m.get("correlator-events"), Some(&7.0));
         assert_eq!(m.len(), 2);
+        let a = admitted("multipilot_bus_admitted_total{consumer=\"tsdb\"} 9\n");
+        assert_eq!(a.get("tsdb"), Some(&9.0));
     }
 }

@@ -107,6 +107,9 @@ enum Failure {
     Retry(String),
     /// Will never work.
     Fatal(String),
+    /// Our own bus can't take it now (disconnected, or JetStream not answering): not the receiver's
+    /// failure, so it does not use up an attempt; the notification waits (durably) until the bus is back.
+    BusDown(String),
 }
 
 /// The delivery loop.
@@ -277,6 +280,20 @@ impl Deliverer {
                 receiver: receiver.clone(),
             })
             .observe(started.elapsed().as_secs_f64());
+        if let Err(Failure::BusDown(error)) = &result {
+            // not an attempt: try again shortly, without counting
+            tracing::debug!(%receiver, id = %p.notification.id, %error, "the bus is away; the notification waits");
+            p.last_error = Some(error.clone());
+            p.next_attempt = Utc::now() + chrono::Duration::seconds(2);
+            let stored = match store::enc(&p) {
+                Ok(v) => self.store.pending.insert(key.as_bytes(), v).map(|_| ()),
+                Err(e) => Err(sled::Error::Unsupported(e.to_string())),
+            };
+            if let Err(e) = stored {
+                tracing::error!(error = %e, "recording a deferred delivery failed");
+            }
+            return;
+        }
         p.attempts += 1;
         let count = |outcome: &str| {
             self.metrics
@@ -297,7 +314,7 @@ impl Deliverer {
             Err(f) => {
                 count("failed");
                 let (error, fatal) = match f {
-                    Failure::Retry(e) => (e, false),
+                    Failure::Retry(e) | Failure::BusDown(e) => (e, false),
                     Failure::Fatal(e) => (e, true),
                 };
                 p.last_error = Some(error.clone());
@@ -399,10 +416,19 @@ impl Deliverer {
                     id,
                     &env,
                 );
+                let connected =
+                    self.js.client().connection_state() == async_nats::connection::State::Connected;
                 match tokio::time::timeout(timeout, publish).await {
                     Ok(Ok(_)) => Ok(()),
-                    Ok(Err(e)) => Err(Failure::Retry(e.to_string())),
-                    Err(_) => Err(Failure::Retry("publish timed out".into())),
+                    Ok(Err(e)) => {
+                        let e = e.to_string();
+                        if !connected || e.contains("timed out") || e.contains("no responders") {
+                            Err(Failure::BusDown(e))
+                        } else {
+                            Err(Failure::Retry(e))
+                        }
+                    }
+                    Err(_) => Err(Failure::BusDown("publish timed out".into())),
                 }
             }
             other => Err(Failure::Fatal(format!("unknown integration {other}"))),

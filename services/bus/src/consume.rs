@@ -341,6 +341,8 @@ impl Runner {
             return None;
         }
         self.limiter.until_ready().await;
+        // counted when let in (not when the batch commits): what the input limit is judged by
+        self.metrics.admitted(&c.durable);
         let received = Received {
             envelope,
             subject: msg.subject.to_string(),

@@ -18,6 +18,11 @@ struct Consumed {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByConsumer {
+    consumer: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct DeadLettered {
     consumer: String,
     reason: String,
@@ -28,6 +33,7 @@ struct DeadLettered {
 pub struct BusMetrics {
     published: Family<Outcome, Counter>,
     consumed: Family<Consumed, Counter>,
+    admitted: Family<ByConsumer, Counter>,
     dead_letters: Family<DeadLettered, Counter>,
 }
 
@@ -44,6 +50,11 @@ impl BusMetrics {
             "multipilot_bus_consumed",
             "Messages consumed, by consumer and outcome (done, retry, dead_letter, rate_limited)",
             m.consumed.clone(),
+        );
+        registry.register(
+            "multipilot_bus_admitted",
+            "Messages let in by the consumer's input limiter (all messages handled, when no limit is set)",
+            m.admitted.clone(),
         );
         registry.register(
             "multipilot_bus_dead_letters",
@@ -66,6 +77,14 @@ impl BusMetrics {
             .get_or_create(&Consumed {
                 consumer: consumer.into(),
                 outcome: outcome.into(),
+            })
+            .inc();
+    }
+
+    pub(crate) fn admitted(&self, consumer: &str) {
+        self.admitted
+            .get_or_create(&ByConsumer {
+                consumer: consumer.into(),
             })
             .inc();
     }

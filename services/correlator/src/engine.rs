@@ -129,6 +129,10 @@ pub struct Engine {
     pub stats: Stats,
     /// Apply events without publishing digests (a rebuild replaying history already digested).
     pub quiet_digests: bool,
+    /// While a wiped store replays FLEET_STATE and FLEET_FACTS, the baseline is not judged: a half-replayed
+    /// inventory would pass checks it fails (and resolve drift that is still there). Released by
+    /// [`Engine::release_judgement`] once the replay has caught up.
+    pub hold_judgement: bool,
 }
 
 /// Storage errors.
@@ -209,6 +213,7 @@ impl Engine {
             db,
             stats: Stats::default(),
             quiet_digests: false,
+            hold_judgement: false,
         })
     }
 
@@ -458,7 +463,18 @@ impl Engine {
             if let Some(track) = probe.and_then(|p| c.probes.get(p))
                 && let (Some((t0, first)), Some((t1, last))) =
                     (track.history.front(), track.history.back())
-                && let Some((k, v1)) = last.iter().find(|(k, _)| first.contains_key(*k))
+                // the observation that moved the most (relative to its size) is the one worth showing:
+                // an overload's latency, not the clock skew that happens to sort first
+                && let Some((k, v1)) = last
+                    .iter()
+                    .filter(|(k, v)| first.contains_key(*k) && v.is_finite())
+                    .max_by(|(ka, va), (kb, vb)| {
+                        let moved = |k: &String, v: f64| {
+                            let v0 = first[k];
+                            (v - v0).abs() / v0.abs().max(v.abs()).max(1e-9)
+                        };
+                        moved(ka, **va).total_cmp(&moved(kb, **vb))
+                    })
             {
                 {
                     let v0 = first[k];
@@ -962,6 +978,15 @@ impl Engine {
         }
     }
 
+    /// Ends [`Engine::hold_judgement`] and judges every cluster on its now complete inventory.
+    pub fn release_judgement(&mut self, at: DateTime<Utc>) {
+        self.hold_judgement = false;
+        let clusters: Vec<String> = self.clusters.keys().cloned().collect();
+        for c in clusters {
+            self.judge(&c, at);
+        }
+    }
+
     /// Cluster facts.
     pub fn on_facts(&mut self, env: &Envelope<ClusterFacts>) {
         let c = self.clusters.entry(env.cluster.clone()).or_default();
@@ -973,6 +998,9 @@ impl Engine {
     /// Judges a cluster against the baseline; publishes the report when its verdict changed and raises or
     /// resolves drift incidents.
     fn judge(&mut self, cluster: &str, at: DateTime<Utc>) {
+        if self.hold_judgement {
+            return;
+        }
         // a cluster is judged once its facts are in (they follow the agent's initial lists), so the first
         // verdict isn't made on half an inventory
         let Some(c) = self

@@ -742,6 +742,27 @@ pub async fn rebuild(ctx: &Context, cfg: &Config, engine: &Shared) -> Result<()>
     Ok(())
 }
 
+/// Whether this instance's durable on `stream` has nothing pending or unacked.
+async fn caught_up(
+    js: &async_nats::jetstream::Context,
+    cfg: &Config,
+    stream: &str,
+    base: &str,
+) -> bool {
+    let name = if cfg.partitions <= 1 {
+        base.to_string()
+    } else {
+        format!("{base}-p{}-of-{}", cfg.partition, cfg.partitions)
+    };
+    match js.get_stream(stream).await {
+        Ok(s) => s
+            .consumer_info(&name)
+            .await
+            .is_ok_and(|i| i.num_pending == 0 && i.num_ack_pending == 0),
+        Err(_) => false,
+    }
+}
+
 /// Runs the correlator until `ctx.cancel` fires.
 pub async fn run(config: Config, ctx: Context) -> Result<()> {
     anyhow::ensure!(
@@ -768,6 +789,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     let fresh = engine.lock().await.is_fresh()?;
     if fresh {
         rebuild(&ctx, &config, &engine).await?;
+        engine.lock().await.hold_judgement = true;
     }
     // outputs left from before a crash (or raised by the rebuild) go out first
     commit(&engine, &ctx.js, &ctx.bus_metrics)
@@ -797,6 +819,34 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     consumer!(ClusterFacts, "FLEET_FACTS", "correlator-facts");
     if fresh {
         engine.lock().await.mark_initialized().await?;
+        // the baseline is judged once the inventory's replay has caught up
+        let (engine, js, cfg, cancel) = (
+            engine.clone(),
+            ctx.js.clone(),
+            config.clone(),
+            ctx.cancel.clone(),
+        );
+        tasks.spawn(async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(1800);
+            loop {
+                if caught_up(&js, &cfg, "FLEET_STATE", "correlator-state").await
+                    && caught_up(&js, &cfg, "FLEET_FACTS", "correlator-facts").await
+                {
+                    break;
+                }
+                if tokio::time::Instant::now() > deadline {
+                    tracing::warn!("the inventory replay did not catch up in 30 min; judging the baseline anyway");
+                    break;
+                }
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                }
+            }
+            let mut e = engine.lock().await;
+            e.release_judgement(Utc::now());
+            tracing::info!("inventory replayed; baseline judged");
+        });
     }
 
     // the clock: silent clusters, housekeeping

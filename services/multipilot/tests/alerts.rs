@@ -3,116 +3,24 @@
 //! errors, dead letters, no duplicates and no loss across a kill -9, the storm bound, the NATS receiver,
 //! and a hand-off to a real Prometheus Alertmanager read back through Alertmanager's own API.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail};
-use async_nats::jetstream;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
 use chrono::Utc;
+use common::{Got, Proc, Receiver, Router, eventually};
 use futures::StreamExt;
 use multipilot_bus::publish::publish_one;
-use multipilot_bus::topology::Topology;
-use multipilot_schemas::payload::{Incident, IncidentStatus, Notification, Severity};
+use multipilot_schemas::payload::{IncidentStatus, Notification, Severity};
 use multipilot_schemas::{Envelope, stable_id, subject};
-use multipilot_testkit::{NatsServer, free_port};
+use multipilot_testkit::free_port;
 use serde_json::Value;
 
-// ---------------------------------------------------------------------------------------------------------
-// A local HTTP receiver that records what it is sent and can be told to fail.
-
-#[derive(Debug, Clone)]
-struct Got {
-    path: String,
-    id: String,
-    body: Value,
-    at: Instant,
-}
-
-#[derive(Default)]
-struct Sink {
-    got: Mutex<Vec<Got>>,
-    /// Answer this many requests with `fail_status` before succeeding again.
-    fail_next: AtomicU32,
-    /// 503 by default.
-    fail_status: AtomicU32,
-    /// Requests refused so far.
-    refused: AtomicU32,
-}
-
-struct Receiver {
-    sink: Arc<Sink>,
-    url: String,
-}
-
-impl Receiver {
-    async fn start() -> Result<Receiver> {
-        let sink = Arc::new(Sink::default());
-        sink.fail_status.store(503, Ordering::SeqCst);
-        async fn take(
-            State(s): State<Arc<Sink>>,
-            uri: axum::http::Uri,
-            headers: HeaderMap,
-            body: axum::body::Bytes,
-        ) -> StatusCode {
-            if s.fail_next
-                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-                .is_ok()
-            {
-                s.refused.fetch_add(1, Ordering::SeqCst);
-                return StatusCode::from_u16(s.fail_status.load(Ordering::SeqCst) as u16)
-                    .unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-            }
-            let id = headers
-                .get("x-multipilot-notification-id")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_string();
-            let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
-            s.got.lock().unwrap().push(Got {
-                path: uri.path().to_string(),
-                id,
-                body,
-                at: Instant::now(),
-            });
-            StatusCode::OK
-        }
-        let app = axum::Router::new()
-            .fallback(axum::routing::post(take))
-            .with_state(sink.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let url = format!("http://{}", listener.local_addr()?);
-        tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
-        Ok(Receiver { sink, url })
-    }
-
-    fn got(&self, path: &str) -> Vec<Got> {
-        self.sink
-            .got
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|g| g.path == path)
-            .cloned()
-            .collect()
-    }
-
-    fn fail(&self, n: u32, status: u16) {
-        self.sink
-            .fail_status
-            .store(u32::from(status), Ordering::SeqCst);
-        self.sink.fail_next.store(n, Ordering::SeqCst);
-    }
-}
-
-/// The (cluster, alertname, status) of every alert in a webhook payload.
+/// The envelope in a NATS message, decoded as the hub decodes it.
 fn decode<T: multipilot_schemas::Payload>(m: &async_nats::Message) -> Result<Envelope<T>> {
     let h = |n: &str| {
         m.headers
@@ -128,6 +36,7 @@ fn decode<T: multipilot_schemas::Payload>(m: &async_nats::Message) -> Result<Env
     )?)
 }
 
+/// The (cluster, alertname, status) of every alert in a webhook payload.
 fn alerts_of(g: &Got) -> Vec<(String, String, String)> {
     g.body["alerts"]
         .as_array()
@@ -147,194 +56,6 @@ fn alerts_of(g: &Got) -> Vec<(String, String, String)> {
             )
         })
         .collect()
-}
-
-// ---------------------------------------------------------------------------------------------------------
-// The router process.
-
-struct Router {
-    nats: NatsServer,
-    dir: tempfile::TempDir,
-    child: Option<Child>,
-    api: String,
-    api_port: u16,
-    js: jetstream::Context,
-    client: async_nats::Client,
-    seq: u64,
-    env: Vec<(String, String)>,
-    correlator: Option<Child>,
-}
-
-impl Drop for Router {
-    fn drop(&mut self) {
-        self.kill();
-        if let Some(mut c) = self.correlator.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Router {
-    async fn start(routing: &str) -> Result<Router> {
-        Router::start_with(routing, &[]).await
-    }
-
-    async fn start_with(routing: &str, env: &[(&str, &str)]) -> Result<Router> {
-        let nats = NatsServer::start().await?;
-        let client = nats.client().await?;
-        let js = jetstream::new(client.clone());
-        Topology::embedded().provision(&js).await?;
-        let dir = tempfile::tempdir()?;
-        std::fs::write(dir.path().join("routing.yaml"), routing)?;
-        let api_port = free_port()?;
-        let mut r = Router {
-            nats,
-            dir,
-            child: None,
-            api: format!("http://127.0.0.1:{api_port}"),
-            api_port,
-            js,
-            client,
-            seq: 0,
-            env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            correlator: None,
-        };
-        r.spawn().await?;
-        Ok(r)
-    }
-
-    async fn spawn(&mut self) -> Result<()> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("hub.log"))?;
-        let child = Command::new(env!("CARGO_BIN_EXE_multipilot"))
-            .arg("alerts")
-            .env("MULTIPILOT_NATS__URL", self.nats.url())
-            .env("MULTIPILOT_HTTP__LISTEN", "127.0.0.1:0")
-            .env("MULTIPILOT_STORAGE__DATA_DIR", self.dir.path().join("data"))
-            .env(
-                "MULTIPILOT_ALERTS__ROUTING",
-                self.dir.path().join("routing.yaml"),
-            )
-            .env(
-                "MULTIPILOT_ALERTS__LISTEN",
-                format!("127.0.0.1:{}", self.api_port),
-            )
-            .env("MULTIPILOT_ALERTS__TICK", "100ms")
-            .env("RUST_LOG", "info,multipilot_alerts=debug")
-            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()?;
-        self.child = Some(child);
-        let http = reqwest::Client::new();
-        for _ in 0..150 {
-            if let Ok(r) = http
-                .get(format!("{}/api/v2/silences", self.api))
-                .send()
-                .await
-                && r.status().is_success()
-            {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        bail!("the alert router did not start\n{}", self.log())
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill(); // SIGKILL
-            let _ = c.wait();
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("hub.log")).unwrap_or_default()
-    }
-
-    async fn incident(
-        &mut self,
-        cluster: &str,
-        kind: &str,
-        severity: Severity,
-        status: IncidentStatus,
-        revision: u64,
-        labels: &[(&str, &str)],
-    ) -> Result<()> {
-        let now = Utc::now();
-        let id = stable_id(&[cluster, kind]);
-        let mut l: BTreeMap<String, String> = labels
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
-        l.insert("cluster".into(), cluster.into());
-        let inc = Incident {
-            id: id.clone(),
-            cluster: cluster.into(),
-            kind: kind.into(),
-            severity,
-            status,
-            summary: format!("{kind} on {cluster}"),
-            opened_at: now - chrono::Duration::seconds(5),
-            updated_at: now,
-            resolved_at: (status == IncidentStatus::Resolved).then_some(now),
-            ingest_time: Some(now),
-            evidence: Vec::new(),
-            labels: l,
-            revision,
-            acknowledged_by: None,
-        };
-        self.seq += 1;
-        let env = Envelope::new(cluster, "correlator-test", now, self.seq, inc);
-        publish_one(
-            &self.js,
-            subject::incident(cluster, kind),
-            stable_id(&[&id, &revision.to_string()]),
-            &env,
-        )
-        .await?;
-        Ok(())
-    }
-
-    async fn get(&self, path: &str) -> Result<Value> {
-        Ok(reqwest::get(format!("{}{path}", self.api))
-            .await?
-            .json()
-            .await?)
-    }
-
-    fn cli(&self, args: &[&str]) -> Result<String> {
-        let out = Command::new(env!("CARGO_BIN_EXE_multipilot"))
-            .args(args)
-            .env("MULTIPILOT_ALERTS_URL", &self.api)
-            .output()?;
-        if !out.status.success() {
-            bail!(
-                "multipilot {args:?} failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(String::from_utf8(out.stdout)?)
-    }
-}
-
-async fn eventually<T>(what: &str, secs: u64, mut f: impl AsyncFnMut() -> Option<T>) -> Result<T> {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(t) = f().await {
-            return Ok(t);
-        }
-        if Instant::now() > deadline {
-            bail!("timed out waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 fn routing(receiver_url: &str, extra: &str) -> String {
@@ -590,7 +311,7 @@ async fn routes_groups_inhibits_and_silences() -> Result<()> {
     // nothing was created twice: receipts sharing a notification id (a re-send after a lost answer on a
     // loaded machine) carry the same notification
     let mut by_id: BTreeMap<String, Value> = BTreeMap::new();
-    for g in rx.sink.got.lock().unwrap().iter() {
+    for g in &rx.all() {
         let prev = by_id.entry(g.id.clone()).or_insert_with(|| g.body.clone());
         assert_eq!(*prev, g.body, "two notifications under one id {}", g.id);
     }
@@ -639,7 +360,7 @@ async fn retries_receiver_errors_and_dead_letters_the_hopeless() -> Result<()> {
         rx.got("/default").into_iter().next()
     })
     .await?;
-    assert_eq!(rx.sink.refused.load(Ordering::SeqCst), 3);
+    assert_eq!(rx.refused(), 3);
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(rx.got("/default").len(), 1);
     let recv = r.get("/api/v1/receivers").await?;
@@ -876,7 +597,7 @@ async fn deduplicated_events_above_the_threshold_are_routed_and_expire() -> Resu
          receivers:\n  - name: ops\n    webhook_configs: [{{url: \"{}/ops\"}}]\n",
         rx.url
     );
-    let mut r = Router::start_with(
+    let r = Router::start_with(
         &routing,
         &[
             ("MULTIPILOT_ALERTS__EVENT_TTL", "3s"),
@@ -884,17 +605,12 @@ async fn deduplicated_events_above_the_threshold_are_routed_and_expire() -> Resu
         ],
     )
     .await?;
-    let log = std::fs::File::create(r.dir.path().join("correlator.log"))?;
-    r.correlator = Some(
-        Command::new(env!("CARGO_BIN_EXE_multipilot"))
-            .arg("correlator")
-            .env("MULTIPILOT_NATS__URL", r.nats.url())
-            .env("MULTIPILOT_HTTP__LISTEN", "127.0.0.1:0")
-            .env("MULTIPILOT_STORAGE__DATA_DIR", r.dir.path().join("corr"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()?,
-    );
+    let _correlator = Proc::spawn(&mut common::role(
+        "correlator",
+        &r.nats.url(),
+        &r.dir.path().join("corr"),
+        &r.dir.path().join("correlator.log"),
+    )?)?;
     let now = Utc::now();
     let event =
         |i: u64, reason: &str, warning: bool, pod: &str| multipilot_schemas::payload::KubeEvent {
@@ -1011,14 +727,7 @@ async fn hands_off_to_a_real_alertmanager() -> Result<()> {
     )?;
     let port = free_port()?;
     let am_url = format!("http://127.0.0.1:{port}");
-    struct KillOnDrop(Child);
-    impl Drop for KillOnDrop {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-    let _am = KillOnDrop(
+    let _am = Proc::spawn(
         Command::new(bin)
             .arg(format!(
                 "--config.file={}",
@@ -1031,9 +740,8 @@ async fn hands_off_to_a_real_alertmanager() -> Result<()> {
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .arg("--cluster.listen-address=")
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("am.log"))?)
-            .spawn()?,
-    );
+            .stderr(std::fs::File::create(dir.path().join("am.log"))?),
+    )?;
     let http = reqwest::Client::new();
     let mut up = false;
     for _ in 0..100 {

@@ -7,11 +7,14 @@
 //! It uses the binaries next to this test's `multipilot` (`cargo build --bins` or `./scripts/test` builds
 //! them). Skipped, with a message, only when no Chromium is installed (`./scripts/test` installs Debian's).
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
+use common::root;
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use tokio_tungstenite::tungstenite::Message;
@@ -24,10 +27,6 @@ fn chromium() -> Option<PathBuf> {
     std::env::split_paths(&std::env::var_os("PATH")?)
         .flat_map(|d| ["chromium", "chromium-browser"].map(|n| d.join(n)))
         .find(|p| p.is_file())
-}
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 /// The system `./scripts/up` started, stopped with `./scripts/down` on drop.

@@ -2,138 +2,22 @@
 //! incidents with summary and evidence, unreachable clusters, clock skew, late messages, baseline drift,
 //! and a kill -9 mid-stream.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use async_nats::jetstream::{self, consumer};
+use async_nats::jetstream::consumer;
 use chrono::{DateTime, Utc};
-use futures::StreamExt;
-use multipilot_bus::publish::{Outgoing, Publisher};
-use multipilot_bus::topology::Topology;
+use common::{Correlator, Proc};
 use multipilot_schemas::payload::*;
-use multipilot_schemas::{Envelope, Payload, stable_id, subject};
+use multipilot_schemas::{Envelope, subject};
 use multipilot_testkit::NatsServer;
 
-struct Hub {
-    nats: NatsServer,
-    dir: tempfile::TempDir,
-    child: Option<Child>,
-    /// More correlator instances (partitions), each with its data directory.
-    others: Vec<Child>,
-    js: jetstream::Context,
-    client: async_nats::Client,
-    seq: u64,
-}
-
-impl Drop for Hub {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-impl Hub {
-    async fn start() -> Result<Hub> {
-        let nats = NatsServer::start().await?;
-        let client = nats.client().await?;
-        let js = jetstream::new(client.clone());
-        Topology::embedded().provision(&js).await?;
-        let mut hub = Hub {
-            nats,
-            dir: tempfile::tempdir()?,
-            child: None,
-            others: Vec::new(),
-            js,
-            client,
-            seq: 0,
-        };
-        hub.spawn()?;
-        hub.wait_ready().await?;
-        Ok(hub)
-    }
-
-    fn spawn(&mut self) -> Result<()> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.path().join("hub.log"))?;
-        let child = Command::new(env!("CARGO_BIN_EXE_multipilot"))
-            .arg("correlator")
-            .env("MULTIPILOT_NATS__URL", self.nats.url())
-            .env("MULTIPILOT_HTTP__LISTEN", "127.0.0.1:0")
-            .env("MULTIPILOT_STORAGE__DATA_DIR", self.dir.path().join("data"))
-            .env("MULTIPILOT_CORRELATOR__TICK_MS", "200")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()?;
-        self.child = Some(child);
-        Ok(())
-    }
-
-    async fn wait_ready(&self) -> Result<()> {
-        for _ in 0..100 {
-            if let Ok(Ok(_)) = tokio::time::timeout(
-                Duration::from_millis(500),
-                self.client
-                    .request(multipilot_correlator::QUERY_INCIDENTS, "{}".into()),
-            )
-            .await
-            {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        anyhow::bail!("the correlator did not answer\n{}", self.log())
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        for mut c in self.others.drain(..) {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("hub.log")).unwrap_or_default()
-    }
-
-    async fn send<T: Payload>(
-        &mut self,
-        subject: String,
-        cluster: &str,
-        cluster_time: DateTime<Utc>,
-        payload: T,
-    ) -> Result<()> {
-        self.seq += 1;
-        let env = Envelope::new(
-            cluster,
-            format!("agent/{cluster}"),
-            cluster_time,
-            self.seq,
-            payload,
-        );
-        let id = stable_id(&[cluster, &self.seq.to_string(), &subject]);
-        let mut p: Publisher<u64> = Publisher::new(
-            self.js.clone(),
-            16,
-            multipilot_bus::metrics::BusMetrics::register(&mut Default::default()),
-        );
-        p.send(self.seq, Outgoing::envelope(subject, id, &env)?)
-            .await;
-        for c in p.flush().await {
-            anyhow::ensure!(
-                matches!(c, multipilot_bus::publish::Completion::Stored { .. }),
-                "not stored: {c:?}"
-            );
-        }
-        Ok(())
-    }
-
+// What these tests send and wait for, beyond what `common` gives every test.
+impl Correlator {
     async fn probe(
         &mut self,
         cluster: &str,
@@ -185,29 +69,6 @@ impl Hub {
         };
         self.send(subject::heartbeat(cluster), cluster, cluster_time, hb)
             .await
-    }
-
-    /// Every incident message so far.
-    async fn incidents(&self) -> Result<Vec<Incident>> {
-        let s = self.js.get_stream("FLEET_INCIDENTS").await?;
-        let total = s.cached_info().state.messages;
-        let c = s
-            .create_consumer(consumer::pull::OrderedConfig {
-                filter_subject: "fleet.incident.>".into(),
-                ..Default::default()
-            })
-            .await?;
-        let mut msgs = c.messages().await?;
-        let mut out = Vec::new();
-        while (out.len() as u64) < total {
-            let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(2), msgs.next()).await
-            else {
-                break;
-            };
-            let m = m.map_err(|e| anyhow::anyhow!("{e}"))?;
-            out.push(rmp_serde::from_slice::<Envelope<Incident>>(&m.payload)?.payload);
-        }
-        Ok(out)
     }
 
     /// Waits until the correlator has taken and acked everything of one of its consumers.
@@ -282,7 +143,7 @@ fn deployment(spec_hash: &str) -> ResourceState {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failing_probe_opens_an_incident_with_evidence_and_resolves_without_reopening_late()
 -> Result<()> {
-    let mut hub = Hub::start().await?;
+    let mut hub = Correlator::start().await?;
     let t = t0();
     let c = "prod-1";
     hub.send(
@@ -405,7 +266,7 @@ async fn failing_probe_opens_an_incident_with_evidence_and_resolves_without_reop
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_cluster_is_unreachable_and_skewed_clock_is_detected() -> Result<()> {
-    let mut hub = Hub::start().await?;
+    let mut hub = Correlator::start().await?;
     for _ in 0..3 {
         hub.heartbeat("quiet-1", Utc::now()).await?;
         hub.heartbeat("skewed-1", Utc::now() + secs(120)).await?;
@@ -454,6 +315,7 @@ async fn silent_cluster_is_unreachable_and_skewed_clock_is_detected() -> Result<
     Ok(())
 }
 
+/// [`common::facts`] with a CNI, CoreDNS and an ingress controller.
 fn facts(minor: u32) -> ClusterFacts {
     let comp = |n: &str, v: &str| {
         Some(Component {
@@ -463,35 +325,16 @@ fn facts(minor: u32) -> ClusterFacts {
         })
     };
     ClusterFacts {
-        version: KubeVersion {
-            major: 1,
-            minor,
-            git_version: format!("v1.{minor}.2"),
-            platform: "linux/amd64".into(),
-        },
-        api_versions: vec![],
-        preferred_versions: Default::default(),
-        nodes: NodeCounts {
-            total: 3,
-            ready: 3,
-            control_plane: 1,
-        },
         cni: comp("cilium", "v1.15.6"),
         coredns: comp("coredns", "v1.11.1"),
         ingress_controller: comp("ingress-nginx", "v1.10.1"),
-        gpu_device_plugin: None,
-        ingress_classes: vec![],
-        storage_classes: vec![],
-        default_storage_class: None,
-        apiserver_cert_expiry: Some(Utc::now() + chrono::Duration::days(300)),
-        gpus: vec![],
-        labels: BTreeMap::from([("env".into(), "prod".into())]),
+        ..common::facts(minor)
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_violating_the_baseline_drifts_and_a_compliant_one_does_not() -> Result<()> {
-    let mut hub = Hub::start().await?;
+    let mut hub = Correlator::start().await?;
     let now = Utc::now();
     hub.send(subject::facts("old-1"), "old-1", now, facts(24))
         .await?;
@@ -510,12 +353,7 @@ async fn a_cluster_violating_the_baseline_drifts_and_a_compliant_one_does_not() 
             .any(|x| x.summary.contains("kubernetes-version") && x.summary.contains("v1.24.2")),
         "{drift:#?}"
     );
-    let reports: Vec<ComplianceReport> = serde_json::from_slice(
-        &hub.client
-            .request(multipilot_correlator::QUERY_COMPLIANCE, "{}".into())
-            .await?
-            .payload,
-    )?;
+    let reports = hub.compliance().await?;
     let by: BTreeMap<_, _> = reports.iter().map(|r| (r.cluster.as_str(), r)).collect();
     assert!(!by["old-1"].compliant);
     assert!(by["new-1"].compliant, "{:#?}", by["new-1"]);
@@ -566,7 +404,7 @@ async fn a_cluster_violating_the_baseline_drifts_and_a_compliant_one_does_not() 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_stream_neither_loses_nor_duplicates_an_incident() -> Result<()> {
-    let mut hub = Hub::start().await?;
+    let mut hub = Correlator::start().await?;
     let t = t0();
     let clusters: Vec<String> = (0..12).map(|i| format!("c{i:02}")).collect();
     // 3 cycles of 5 failing + 3 healthy rounds per cluster: 3 opens and 3 resolutions each
@@ -627,37 +465,19 @@ async fn kill_9_mid_stream_neither_loses_nor_duplicates_an_incident() -> Result<
 async fn two_partitions_share_the_fleet_one_owner_per_cluster() -> Result<()> {
     let mapping = include_str!("../../../deploy/nats/partitions.conf");
     let nats = NatsServer::start_with(|_| mapping.to_string()).await?;
-    let client = nats.client().await?;
-    let js = jetstream::new(client.clone());
-    Topology::embedded().provision(&js).await?;
-    let dir = tempfile::tempdir()?;
-    let url = nats.url();
-    let spawn = |k: u32| -> Result<Child> {
-        let log = std::fs::File::create(dir.path().join(format!("p{k}.log")))?;
-        Ok(Command::new(env!("CARGO_BIN_EXE_multipilot"))
-            .arg("correlator")
-            .env("MULTIPILOT_NATS__URL", &url)
-            .env("MULTIPILOT_HTTP__LISTEN", "127.0.0.1:0")
-            .env(
-                "MULTIPILOT_STORAGE__DATA_DIR",
-                dir.path().join(format!("data-{k}")),
-            )
-            .env("MULTIPILOT_CORRELATOR__PARTITIONS", "2")
+    let mut hub = Correlator::on(nats).await?;
+    for k in 0..2u32 {
+        let mut cmd = common::role(
+            "correlator",
+            &hub.nats.url(),
+            &hub.dir.path().join(format!("data-{k}")),
+            &hub.dir.path().join(format!("p{k}.log")),
+        )?;
+        cmd.env("MULTIPILOT_CORRELATOR__PARTITIONS", "2")
             .env("MULTIPILOT_CORRELATOR__PARTITION", k.to_string())
-            .env("MULTIPILOT_CORRELATOR__TICK_MS", "200")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()?)
-    };
-    let mut hub = Hub {
-        nats,
-        dir: tempfile::tempdir()?,
-        child: Some(spawn(0)?),
-        others: vec![spawn(1)?],
-        js,
-        client,
-        seq: 0,
-    };
+            .env("MULTIPILOT_CORRELATOR__TICK_MS", "200");
+        hub.others.push(Proc::spawn(&mut cmd)?);
+    }
     // both instances answer before anything is sent
     for _ in 0..100 {
         let got = multipilot_correlator::query(
@@ -733,7 +553,7 @@ async fn two_partitions_share_the_fleet_one_owner_per_cluster() -> Result<()> {
 async fn a_person_acknowledges_and_resolves_an_incident_and_the_audit_stream_records_it()
 -> Result<()> {
     use multipilot_correlator::{CommandOutcome, IncidentAction, IncidentCommand, command};
-    let mut hub = Hub::start().await?;
+    let mut hub = Correlator::start().await?;
     let t = t0();
     let c = "prod-1";
     for round in 1..=5 {

@@ -2,32 +2,24 @@
 //! partitions store every batch once between them and either answers for the whole fleet; a TSDB and a
 //! correlator whose data directory is wiped rebuild from the streams.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use async_nats::jetstream::{self, consumer};
+use async_nats::jetstream;
 use chrono::{DateTime, TimeZone, Utc};
-use futures::StreamExt;
+use common::{Correlator, Proc, facts};
 use multipilot_bus::metrics::BusMetrics;
 use multipilot_bus::publish::{Completion, Outgoing, Publisher};
 use multipilot_bus::topology::Topology;
 use multipilot_schemas::payload::*;
-use multipilot_schemas::{Envelope, Payload, stable_id, subject};
+use multipilot_schemas::{Envelope, subject};
 use multipilot_testkit::{NatsServer, free_port};
 use multipilot_tsdb::federate::{SelectRequest, WireMatcher, WireSeries};
-
-/// A child process killed (SIGKILL) on drop.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn tsdb(
     nats: &str,
@@ -36,19 +28,8 @@ fn tsdb(
     partition: Option<(u32, u16)>,
     log: &Path,
 ) -> Result<Proc> {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_multipilot"));
-    cmd.arg("tsdb")
-        .env("MULTIPILOT_NATS__URL", nats)
-        .env("MULTIPILOT_HTTP__LISTEN", "127.0.0.1:0")
-        .env("MULTIPILOT_STORAGE__DATA_DIR", data)
-        .env("MULTIPILOT_TSDB__LISTEN", format!("127.0.0.1:{listen}"))
-        .stdout(Stdio::null())
-        .stderr(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(log)?,
-        );
+    let mut cmd = common::role("tsdb", nats, data, log)?;
+    cmd.env("MULTIPILOT_TSDB__LISTEN", format!("127.0.0.1:{listen}"));
     if let Some((k, peer)) = partition {
         cmd.env("MULTIPILOT_TSDB__PARTITIONS", "2")
             .env("MULTIPILOT_TSDB__PARTITION", k.to_string())
@@ -57,7 +38,7 @@ fn tsdb(
                 format!("[\"http://127.0.0.1:{peer}\"]"),
             );
     }
-    Ok(Proc(cmd.spawn()?))
+    Proc::spawn(&mut cmd)
 }
 
 /// A minute-aligned time an hour ago (well inside FLEET_METRICS' 6 h and the store's retention).
@@ -354,119 +335,34 @@ async fn wiped_tsdb_rebuilds_what_fleet_metrics_holds() -> Result<()> {
 
 // ---- the correlator ----
 
-struct Correlator {
-    nats: NatsServer,
-    js: jetstream::Context,
-    client: async_nats::Client,
-    dir: tempfile::TempDir,
-    proc: Option<Proc>,
-    seq: u64,
-}
-
+// What this test sends and asks, beyond what `common` gives every test.
 impl Correlator {
-    fn data(&self) -> PathBuf {
-        self.dir.path().join("data")
-    }
-
-    fn log(&self) -> PathBuf {
-        self.dir.path().join("correlator.log")
-    }
-
-    async fn spawn(&mut self) -> Result<()> {
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.log())?;
-        let child = Command::new(env!("CARGO_BIN_EXE_multipilot"))
-            .arg("correlator")
-            .env("MULTIPILOT_NATS__URL", self.nats.url())
-            .env("MULTIPILOT_HTTP__LISTEN", "127.0.0.1:0")
-            .env("MULTIPILOT_STORAGE__DATA_DIR", self.data())
-            .env("MULTIPILOT_CORRELATOR__TICK_MS", "200")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()?;
-        self.proc = Some(Proc(child));
-        let client = self.client.clone();
-        wait_for("the correlator answering", &[self.log()], || {
-            let client = client.clone();
-            async move {
-                tokio::time::timeout(
-                    Duration::from_millis(500),
-                    client.request(multipilot_correlator::QUERY_INCIDENTS, "{}".into()),
-                )
-                .await
-                .ok()?
-                .ok()
-            }
-        })
-        .await?;
-        Ok(())
-    }
-
-    async fn send<T: Payload>(
-        &mut self,
-        subject: String,
-        cluster: &str,
-        t: DateTime<Utc>,
-        payload: T,
-    ) -> Result<()> {
-        self.seq += 1;
-        let env = Envelope::new(cluster, format!("agent/{cluster}"), t, self.seq, payload);
-        let id = stable_id(&[cluster, &self.seq.to_string(), &subject]);
-        let mut p: Publisher<u64> = Publisher::new(self.js.clone(), 16, BusMetrics::default());
-        p.send(self.seq, Outgoing::envelope(subject, id, &env)?)
-            .await;
-        for c in p.flush().await {
-            anyhow::ensure!(matches!(c, Completion::Stored { .. }), "not stored: {c:?}");
-        }
-        Ok(())
-    }
-
-    async fn probe(
+    /// The etcd probe `rounds` of `cluster`, all with `status`; round n at `t + n × 10 s` in its clock.
+    async fn etcd_rounds(
         &mut self,
         cluster: &str,
         status: ProbeStatus,
-        round: u64,
+        rounds: RangeInclusive<u64>,
         t: DateTime<Utc>,
     ) -> Result<()> {
-        let p = ProbeResult {
-            probe: "etcd".into(),
-            status,
-            latency_ms: 3.0,
-            detail: format!("etcd round {round}: {status:?}"),
-            round,
-            observations: BTreeMap::new(),
-            findings: vec![],
-        };
-        self.send(subject::probe(cluster, "etcd"), cluster, t, p)
-            .await
-    }
-
-    /// Every incident message so far, in stream order.
-    async fn incidents(&self) -> Result<Vec<Incident>> {
-        let s = self.js.get_stream("FLEET_INCIDENTS").await?;
-        let c = s
-            .create_consumer(consumer::pull::OrderedConfig {
-                filter_subject: "fleet.incident.>".into(),
-                ..Default::default()
-            })
-            .await?;
-        let mut c = c;
-        let total = c.info().await?.num_pending;
-        let mut msgs = c.messages().await?;
-        let mut out = Vec::new();
-        while (out.len() as u64) < total {
-            let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(2), msgs.next()).await
-            else {
-                break;
+        for round in rounds {
+            let p = ProbeResult {
+                probe: "etcd".into(),
+                status,
+                latency_ms: 3.0,
+                detail: format!("etcd round {round}: {status:?}"),
+                round,
+                observations: BTreeMap::new(),
+                findings: vec![],
             };
-            let m = m.map_err(|e| anyhow::anyhow!("{e}"))?;
-            out.push(rmp_serde::from_slice::<Envelope<Incident>>(&m.payload)?.payload);
+            let at = t + chrono::Duration::seconds(round as i64 * 10);
+            self.send(subject::probe(cluster, "etcd"), cluster, at, p)
+                .await?;
         }
-        Ok(out)
+        Ok(())
     }
 
+    /// The incidents the correlator holds, resolved ones too.
     async fn current(&self) -> Result<Vec<Incident>> {
         let r = self
             .client
@@ -479,62 +375,14 @@ impl Correlator {
     }
 }
 
-fn facts(minor: u32) -> ClusterFacts {
-    ClusterFacts {
-        version: KubeVersion {
-            major: 1,
-            minor,
-            git_version: format!("v1.{minor}.2"),
-            platform: "linux/amd64".into(),
-        },
-        api_versions: vec![],
-        preferred_versions: Default::default(),
-        nodes: NodeCounts {
-            total: 3,
-            ready: 3,
-            control_plane: 1,
-        },
-        cni: None,
-        coredns: None,
-        ingress_controller: None,
-        gpu_device_plugin: None,
-        ingress_classes: vec![],
-        storage_classes: vec![],
-        default_storage_class: None,
-        apiserver_cert_expiry: Some(Utc::now() + chrono::Duration::days(300)),
-        gpus: vec![],
-        labels: BTreeMap::from([("env".into(), "prod".into())]),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wiped_correlator_keeps_its_incidents_open_and_their_revisions_continue() -> Result<()> {
-    let nats = NatsServer::start().await?;
-    let client = nats.client().await?;
-    let js = jetstream::new(client.clone());
-    Topology::embedded().provision(&js).await?;
-    let mut hub = Correlator {
-        nats,
-        js,
-        client,
-        dir: tempfile::tempdir()?,
-        proc: None,
-        seq: 0,
-    };
-    hub.spawn().await?;
+    let mut hub = Correlator::start().await?;
     let c = "rebuild-1";
     let t = Utc::now() - chrono::Duration::minutes(5);
     hub.send(subject::facts(c), c, t, facts(24)).await?;
-    for round in 1..=6 {
-        hub.probe(
-            c,
-            ProbeStatus::Unhealthy,
-            round,
-            t + chrono::Duration::seconds(round as i64 * 10),
-        )
-        .await?;
-    }
-    let logs = [hub.log()];
+    hub.etcd_rounds(c, ProbeStatus::Unhealthy, 1..=6, t).await?;
+    let logs = [hub.log_path()];
     let before = wait_for("etcd and drift incidents", &logs, || async {
         let cur = hub.current().await.ok()?;
         (cur.iter().any(|i| i.kind == "etcd-unhealthy")
@@ -560,17 +408,13 @@ async fn wiped_correlator_keeps_its_incidents_open_and_their_revisions_continue(
     )
     .await?;
     assert_eq!(ack.outcome, multipilot_correlator::CommandOutcome::Done);
-    let compliance_before: Vec<ComplianceReport> = serde_json::from_slice(
-        &hub.client
-            .request(multipilot_correlator::QUERY_COMPLIANCE, "{}".into())
-            .await?
-            .payload,
-    )?;
+    let compliance_before = hub.compliance().await?;
 
     // kill -9, wipe, restart
-    hub.proc = None;
+    hub.kill();
     std::fs::remove_dir_all(hub.data())?;
-    hub.spawn().await?;
+    hub.spawn()?;
+    hub.wait_ready().await?;
 
     let after = hub.current().await?;
     let same = after
@@ -598,14 +442,7 @@ async fn wiped_correlator_keeps_its_incidents_open_and_their_revisions_continue(
     );
     // the inventory is back (facts replayed from FLEET_FACTS): the same verdict
     let compliance_after = wait_for("compliance back", &logs, || async {
-        let r: Vec<ComplianceReport> = serde_json::from_slice(
-            &hub.client
-                .request(multipilot_correlator::QUERY_COMPLIANCE, "{}".into())
-                .await
-                .ok()?
-                .payload,
-        )
-        .ok()?;
+        let r = hub.compliance().await.ok()?;
         (!r.is_empty()).then_some(r)
     })
     .await?;
@@ -620,15 +457,7 @@ async fn wiped_correlator_keeps_its_incidents_open_and_their_revisions_continue(
             .collect::<Vec<_>>()
     );
     // the condition heals: the same incident resolves with the next revision
-    for round in 7..=12 {
-        hub.probe(
-            c,
-            ProbeStatus::Healthy,
-            round,
-            t + chrono::Duration::seconds(round as i64 * 10),
-        )
-        .await?;
-    }
+    hub.etcd_rounds(c, ProbeStatus::Healthy, 7..=12, t).await?;
     let all = wait_for("the etcd incident resolved", &logs, || async {
         let all = hub.incidents().await.ok()?;
         all.iter()

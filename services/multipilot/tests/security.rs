@@ -4,14 +4,17 @@
 //! cluster's commands or anybody's replies, read streams through consumers, or publish incidents, alerts,
 //! audit records or commands.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+mod common;
 
-use anyhow::{Context as _, Result, bail};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
 use async_nats::jetstream;
 use chrono::Utc;
+use common::{Proc, root};
 use futures::StreamExt;
 use multipilot_bus::topology::Topology;
 use multipilot_schemas::payload::{AuditRecord, Heartbeat};
@@ -20,10 +23,6 @@ use multipilot_testkit::{NatsServer, free_port};
 use tokio_util::sync::CancellationToken;
 
 const ROLES: [&str; 5] = ["correlator", "tsdb", "alerts", "console", "release"];
-
-fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// The shipped accounts file with a password per user in place of the environment variables.
 fn accounts() -> Result<String> {
@@ -48,16 +47,6 @@ async fn connect(nats: &NatsServer, user: &str, inbox: &str) -> Result<async_nat
         .await?)
 }
 
-struct Procs(Vec<Child>);
-impl Drop for Procs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 fn violations(nats: &NatsServer) -> Vec<String> {
     std::fs::read_to_string(nats.store_dir().parent().unwrap().join("nats.log"))
         .unwrap_or_default()
@@ -67,17 +56,9 @@ fn violations(nats: &NatsServer) -> Vec<String> {
         .collect()
 }
 
-async fn eventually<T>(what: &str, secs: u64, mut f: impl AsyncFnMut() -> Option<T>) -> Result<T> {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(t) = f().await {
-            return Ok(t);
-        }
-        if Instant::now() > deadline {
-            bail!("timed out waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+/// [`common::eventually`], polling every 250 ms: some checks run the CLI.
+async fn eventually<T>(what: &str, secs: u64, f: impl AsyncFnMut() -> Option<T>) -> Result<T> {
+    common::eventually_every(what, secs, Duration::from_millis(250), f).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -120,44 +101,41 @@ async fn every_role_works_under_its_own_user_and_an_agent_speaks_only_for_its_cl
     )?;
 
     let (tsdb_port, alerts_port, console_port) = (free_port()?, free_port()?, free_port()?);
-    let mut procs = Procs(Vec::new());
+    let mut procs = Vec::new();
     for role in ROLES {
-        let log = std::fs::File::create(dir.path().join(format!("{role}.log")))?;
-        procs.0.push(
-            Command::new(env!("CARGO_BIN_EXE_multipilot"))
-                .arg(role)
-                .env("MULTIPILOT_NATS__URL", nats.url())
-                .env("MULTIPILOT_NATS__USER", role)
-                .env("MULTIPILOT_NATS__PASSWORD", password(role))
-                .env("MULTIPILOT_NATS__INBOX_PREFIX", format!("_INBOX_{role}"))
-                .env("MULTIPILOT_PROVISION__ENABLED", "false")
-                .env("MULTIPILOT_HTTP__LISTEN", "127.0.0.1:0")
-                .env("MULTIPILOT_STORAGE__DATA_DIR", dir.path().join("hub"))
-                .env("MULTIPILOT_TSDB__LISTEN", format!("127.0.0.1:{tsdb_port}"))
-                .env(
-                    "MULTIPILOT_ALERTS__LISTEN",
-                    format!("127.0.0.1:{alerts_port}"),
-                )
-                .env("MULTIPILOT_ALERTS__EVENT_MIN_SEVERITY", "off")
-                .env(
-                    "MULTIPILOT_CONSOLE__LISTEN",
-                    format!("127.0.0.1:{console_port}"),
-                )
-                .env(
-                    "MULTIPILOT_CONSOLE__AUTH__TOKENS_FILE",
-                    dir.path().join("tokens.yaml"),
-                )
-                .env(
-                    "MULTIPILOT_CONSOLE__TSDB_URL",
-                    format!("http://127.0.0.1:{tsdb_port}"),
-                )
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()?,
-        );
+        procs.push(Proc::spawn(
+            common::role(
+                role,
+                &nats.url(),
+                &dir.path().join("hub"),
+                &dir.path().join(format!("{role}.log")),
+            )?
+            .env("MULTIPILOT_NATS__USER", role)
+            .env("MULTIPILOT_NATS__PASSWORD", password(role))
+            .env("MULTIPILOT_NATS__INBOX_PREFIX", format!("_INBOX_{role}"))
+            .env("MULTIPILOT_PROVISION__ENABLED", "false")
+            .env("MULTIPILOT_TSDB__LISTEN", format!("127.0.0.1:{tsdb_port}"))
+            .env(
+                "MULTIPILOT_ALERTS__LISTEN",
+                format!("127.0.0.1:{alerts_port}"),
+            )
+            .env("MULTIPILOT_ALERTS__EVENT_MIN_SEVERITY", "off")
+            .env(
+                "MULTIPILOT_CONSOLE__LISTEN",
+                format!("127.0.0.1:{console_port}"),
+            )
+            .env(
+                "MULTIPILOT_CONSOLE__AUTH__TOKENS_FILE",
+                dir.path().join("tokens.yaml"),
+            )
+            .env(
+                "MULTIPILOT_CONSOLE__TSDB_URL",
+                format!("http://127.0.0.1:{tsdb_port}"),
+            ),
+        )?);
     }
     let agent_log = std::fs::File::create(dir.path().join("agent.log"))?;
-    procs.0.push(
+    procs.push(Proc::spawn(
         Command::new(bin_dir.join("multipilot-agent"))
             .arg("--kubeconfig")
             .arg(&kubeconfig)
@@ -172,9 +150,8 @@ async fn every_role_works_under_its_own_user_and_an_agent_speaks_only_for_its_cl
             .env("MULTIPILOT_AGENT__SCRAPE__INTERVAL_S", "2")
             .env("MULTIPILOT_AGENT__TIMINGS__HEARTBEAT_INTERVAL_S", "1")
             .stdout(Stdio::null())
-            .stderr(agent_log)
-            .spawn()?,
-    );
+            .stderr(agent_log),
+    )?);
     let logs = || {
         let mut out = String::new();
         for f in ROLES
@@ -194,20 +171,16 @@ async fn every_role_works_under_its_own_user_and_an_agent_speaks_only_for_its_cl
     };
 
     // --- every role does its work
-    let operator_cli = |args: &[&str]| -> Result<String> {
-        let out = Command::new(env!("CARGO_BIN_EXE_multipilot"))
-            .args(args)
-            .env("MULTIPILOT_NATS__URL", nats.url())
-            .env("MULTIPILOT_NATS__USER", "operator")
-            .env("MULTIPILOT_NATS__PASSWORD", password("operator"))
-            .env("MULTIPILOT_NATS__INBOX_PREFIX", "_INBOX_operator")
-            .output()?;
-        anyhow::ensure!(
-            out.status.success(),
-            "multipilot {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(String::from_utf8(out.stdout)?)
+    let operator_cli = |args: &[&str]| {
+        common::cli(
+            args,
+            &[
+                ("MULTIPILOT_NATS__URL", &nats.url()),
+                ("MULTIPILOT_NATS__USER", "operator"),
+                ("MULTIPILOT_NATS__PASSWORD", &password("operator")),
+                ("MULTIPILOT_NATS__INBOX_PREFIX", "_INBOX_operator"),
+            ],
+        )
     };
     let http = reqwest::Client::new();
     eventually(

@@ -106,12 +106,6 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
         sys.fault(c, "coredns-down", false, &[]).await?;
     }
     let end_faults = Utc::now();
-    {
-        let mut inj = injections.lock().unwrap_or_else(|e| e.into_inner());
-        for x in inj.iter_mut() {
-            x.2.get_or_insert(end_faults);
-        }
-    }
     rec.mark("faults off");
     // every DNS incident resolves (probes healthy again), then the stream stops
     let quiet = std::time::Instant::now();
@@ -196,6 +190,13 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
         .collect();
     let injections = injections.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let mut unfound = Vec::new();
+    // the last injection may have been cut short by the end of the drill: only those held for the whole
+    // `hold` must have become incidents
+    let held = chrono::Duration::seconds(hold as i64);
+    let injections: Vec<_> = injections
+        .into_iter()
+        .filter(|(_, on, off)| off.is_some_and(|off| off - *on >= held))
+        .collect();
     for (cluster, on, off) in &injections {
         let off = off.unwrap_or(end_faults);
         let hit = dns.iter().any(|i| {

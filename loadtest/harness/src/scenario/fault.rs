@@ -81,10 +81,12 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
                 let secs = i.at.duration_since(t0).as_secs_f64();
                 rec.point("drill/time-to-incident", "s", secs);
                 times.push(secs);
-                // the right evidence: the API server probe, saying it is slow
+                // the right evidence: the API server probe's latency (or error ratio) trend
                 let ev = i.incident.evidence.iter().any(|e| {
-                    let s = e.summary.to_lowercase();
-                    s.contains("apiserver") || s.contains("api server")
+                    e.kind == "trend"
+                        && e.summary.starts_with("apiserver ")
+                        && (e.summary.contains("max_latency_ms")
+                            || e.summary.contains("error_ratio"))
                 });
                 let says_slow = i.incident.summary.contains("overloaded");
                 if !(ev && says_slow) {
@@ -150,7 +152,7 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
         },
     );
     r.invariant(
-        "the incident carries the right evidence (the API server probe, 'overloaded')",
+        "the incident carries the right evidence (the API server's latency or error trend, 'overloaded')",
         bad_evidence.is_empty() && !times.is_empty(),
         if bad_evidence.is_empty() {
             "every incident".into()

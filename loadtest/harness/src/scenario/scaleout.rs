@@ -273,10 +273,12 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
         },
     );
     // the correlator: its open incidents are still open, same ids, revisions continuing
+    // (an incident may also have resolved meanwhile, legitimately: the agents are stopped, so event storms
+    // end; it must still be the same incident, at a later revision)
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut open_after = BTreeMap::new();
     while Instant::now() < deadline {
-        open_after = open_incidents(&sys).await.unwrap_or_default();
+        open_after = known_incidents(&sys).await.unwrap_or_default();
         if open_before.keys().all(|k| open_after.contains_key(k)) {
             break;
         }
@@ -299,7 +301,7 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
         "the correlator rebuilds its open incidents (same ids, revisions never go back)",
         lost_inc.is_empty() && went_back.is_empty() && !open_before.is_empty(),
         format!(
-            "{} open before, {} after; lost {lost_inc:?}; revisions back {went_back:?}",
+            "{} open before, {} known after (open or resolved since); lost {lost_inc:?}; revisions back {went_back:?}",
             open_before.len(),
             open_after.len()
         ),
@@ -372,12 +374,25 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
 
 /// Open incidents (id → revision), asked as an operator would: `multipilot incidents -o json`.
 async fn open_incidents(sys: &System) -> Result<BTreeMap<String, u64>> {
-    let out = sys.cli(&["incidents", "-o", "json"]).await?;
+    incidents(sys, false).await
+}
+
+/// Every incident the correlators know, resolved ones included (`multipilot incidents --all -o json`).
+async fn known_incidents(sys: &System) -> Result<BTreeMap<String, u64>> {
+    incidents(sys, true).await
+}
+
+async fn incidents(sys: &System, all: bool) -> Result<BTreeMap<String, u64>> {
+    let mut args = vec!["incidents", "-o", "json"];
+    if all {
+        args.push("--all");
+    }
+    let out = sys.cli(&args).await?;
     let v: serde_json::Value = serde_json::from_str(&out).context("incidents -o json")?;
     Ok(v.as_array()
         .into_iter()
         .flatten()
-        .filter(|i| i["status"] != "resolved")
+        .filter(|i| all || i["status"] != "resolved")
         .filter_map(|i| Some((i["id"].as_str()?.to_string(), i["revision"].as_u64()?)))
         .collect())
 }

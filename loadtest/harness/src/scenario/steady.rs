@@ -190,7 +190,7 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
     );
     obs.stop().await;
     report_processes(&mut r, &rec);
-    r.note("Lags: an incident's lag runs from its opened_at (the cluster_time of the first failing probe) to the moment a subscriber on fleet.incident.> received it; it includes the rule's confirmation (the correlator waits for a repeat of a failing probe before it opens most incidents). A sample's lag runs from its timestamp (scrape time, cluster clock) to the first TSDB query that returned it; the TSDB is polled every 250 ms, so figures are up to 0.25 s high.");
+    r.note("Lags: an incident's lag runs from its opened_at (the cluster_time of the probe result that opened it: the one that completed the rule's streak of failing rounds) to the moment a subscriber on fleet.incident.> received it. The time from the fault to the incident, streak included, is the separate 'fault injected →' figure. A sample's lag runs from its timestamp (scrape time, cluster clock) to the first TSDB query that returned it; the TSDB is polled every 250 ms, so figures are up to 0.25 s high.");
     r.note("Throughput: stored = JetStream's last sequence per stream (from /jsz); processed = each role's multipilot_bus_consumed_total{outcome=\"done\"}; both sampled every second.");
     sys.stop();
     Ok((r, rec))
