@@ -455,7 +455,7 @@ async fn durable_for(
     let name: &'static str = if cfg.partitions <= 1 {
         base
     } else {
-        Box::leak(format!("{base}-p{}-of-{}", cfg.partition, cfg.partitions).into_boxed_str())
+        Box::leak(durable_name(cfg, base).into_boxed_str())
     };
     let def = multipilot_bus::topology::Topology::embedded()
         .consumer(stream, base)
@@ -643,11 +643,7 @@ where
     // Only what the durable had already acknowledged (before the store was lost) is replayed here, quietly;
     // what it has not delivered yet it still delivers, and that is handled as new (digests published). On a
     // first start there is no such durable, or nothing acknowledged: nothing to replay.
-    let durable = if cfg.partitions <= 1 {
-        base.to_string()
-    } else {
-        format!("{base}-p{}-of-{}", cfg.partition, cfg.partitions)
-    };
+    let durable = durable_name(cfg, base);
     let floor = match ctx.js.get_stream(stream).await {
         Ok(s) => s
             .consumer_info(&durable)
@@ -742,6 +738,15 @@ pub async fn rebuild(ctx: &Context, cfg: &Config, engine: &Shared) -> Result<()>
     Ok(())
 }
 
+/// This instance's durable for the topology's consumer `base`: the shared one, or its partition's own.
+fn durable_name(cfg: &Config, base: &str) -> String {
+    if cfg.partitions <= 1 {
+        base.to_string()
+    } else {
+        format!("{base}-p{}-of-{}", cfg.partition, cfg.partitions)
+    }
+}
+
 /// Whether this instance's durable on `stream` has nothing pending or unacked.
 async fn caught_up(
     js: &async_nats::jetstream::Context,
@@ -749,11 +754,7 @@ async fn caught_up(
     stream: &str,
     base: &str,
 ) -> bool {
-    let name = if cfg.partitions <= 1 {
-        base.to_string()
-    } else {
-        format!("{base}-p{}-of-{}", cfg.partition, cfg.partitions)
-    };
+    let name = durable_name(cfg, base);
     match js.get_stream(stream).await {
         Ok(s) => s
             .consumer_info(&name)

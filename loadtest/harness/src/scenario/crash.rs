@@ -3,16 +3,14 @@
 //! change notified once in FLEET_ALERTS, every sample in the stream queryable.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Result;
-use chrono::{DateTime, Utc};
 use multipilot_schemas::payload::{AlertState, IncidentStatus};
 
 use super::{
     FAST_ROUTING, Opts, compare_samples, queried_sample_times, report_flow, report_processes,
-    stored_incidents, stored_notifications, stored_sample_times,
+    roll_dns_faults, stored_incidents, stored_notifications, stored_sample_times,
 };
 use crate::observe::Observer;
 use crate::record::Recorder;
@@ -54,37 +52,7 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
     let from = rec.now();
 
     // DNS faults come and go, one cluster at a time, all through the drill
-    type Injections = Arc<Mutex<Vec<(String, DateTime<Utc>, Option<DateTime<Utc>>)>>>;
-    let injections: Injections = Arc::default();
-    let roll = {
-        let faults = sys.faults();
-        let clusters = sys.clusters.clone();
-        let injections = injections.clone();
-        tokio::spawn(async move {
-            let mut i = 0;
-            loop {
-                let c = clusters[i % clusters.len()].clone();
-                if faults.set(&c, "coredns-down", true, &[]).await.is_ok() {
-                    injections.lock().unwrap_or_else(|e| e.into_inner()).push((
-                        c.clone(),
-                        Utc::now(),
-                        None,
-                    ));
-                }
-                tokio::time::sleep(Duration::from_secs(hold)).await;
-                let _ = faults.set(&c, "coredns-down", false, &[]).await;
-                if let Some(last) = injections
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .last_mut()
-                {
-                    last.2 = Some(Utc::now());
-                }
-                tokio::time::sleep(Duration::from_secs(gap)).await;
-                i += 1;
-            }
-        })
-    };
+    let (roll, injections) = roll_dns_faults(sys.faults(), sys.clusters.clone(), hold, gap);
     let order = [RoleKind::Correlator, RoleKind::Tsdb, RoleKind::Alerts];
     let mut kills = 0;
     for _ in 0..rounds {
@@ -105,7 +73,6 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
     for c in &sys.clusters {
         sys.fault(c, "coredns-down", false, &[]).await?;
     }
-    let end_faults = Utc::now();
     rec.mark("faults off");
     // every DNS incident resolves (probes healthy again), then the stream stops
     let quiet = std::time::Instant::now();
@@ -188,30 +155,34 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
         .iter()
         .filter(|i| i.kind == "dns-failure")
         .collect();
-    let injections = injections.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    let mut unfound = Vec::new();
     // the last injection may have been cut short by the end of the drill: only those held for the whole
     // `hold` must have become incidents
-    let held = chrono::Duration::seconds(hold as i64);
     let injections: Vec<_> = injections
-        .into_iter()
-        .filter(|(_, on, off)| off.is_some_and(|off| off - *on >= held))
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|x| x.held)
+        .cloned()
         .collect();
-    for (cluster, on, off) in &injections {
-        let off = off.unwrap_or(end_faults);
+    let mut unfound = Vec::new();
+    for inj in &injections {
+        let off = inj.wall + chrono::Duration::seconds(hold as i64);
         let hit = dns.iter().any(|i| {
-            &i.cluster == cluster
-                && i.opened_at >= *on - chrono::Duration::seconds(6)
+            i.cluster == inj.cluster
+                && i.opened_at >= inj.wall - chrono::Duration::seconds(6)
                 && i.opened_at <= off + chrono::Duration::seconds(30)
         });
         if !hit {
-            unfound.push(format!("{cluster} at {on}"));
+            unfound.push(format!("{} at {}", inj.cluster, inj.wall));
         }
     }
     r.invariant(
         "every DNS fault injected became an incident",
         unfound.is_empty() && !injections.is_empty(),
-        format!("{} injections; not found: {unfound:?}", injections.len()),
+        format!(
+            "{} injections held {hold} s; not found: {unfound:?}",
+            injections.len()
+        ),
     );
     let dns_ids: BTreeSet<&str> = dns.iter().map(|i| i.id.as_str()).collect();
     let resolved: BTreeSet<&str> = dns

@@ -94,6 +94,55 @@ inhibit_rules:
     equal: [cluster]
 "#;
 
+/// One switch of the rolling DNS fault.
+#[derive(Debug, Clone)]
+pub struct Injection {
+    /// The cluster.
+    pub cluster: String,
+    /// When it was switched on.
+    pub at: std::time::Instant,
+    /// The same, by the wall clock.
+    pub wall: chrono::DateTime<chrono::Utc>,
+    /// Held for the whole `hold` (the last one may be cut short when the roll is stopped).
+    pub held: bool,
+}
+
+/// A DNS fault (`coredns-down`) on one cluster at a time, round robin: `hold` seconds on, `gap` off, until
+/// the task is aborted. Returns the task and the injections made so far.
+pub fn roll_dns_faults(
+    faults: crate::system::Faults,
+    clusters: Vec<String>,
+    hold: u64,
+    gap: u64,
+) -> (
+    tokio::task::JoinHandle<()>,
+    std::sync::Arc<std::sync::Mutex<Vec<Injection>>>,
+) {
+    let injections: std::sync::Arc<std::sync::Mutex<Vec<Injection>>> = Default::default();
+    let log = injections.clone();
+    let task = tokio::spawn(async move {
+        for c in clusters.iter().cycle() {
+            if faults.set(c, "coredns-down", true, &[]).await.is_ok() {
+                log.lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push(Injection {
+                        cluster: c.clone(),
+                        at: std::time::Instant::now(),
+                        wall: chrono::Utc::now(),
+                        held: false,
+                    });
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(hold)).await;
+            if let Some(last) = log.lock().unwrap_or_else(|e| e.into_inner()).last_mut() {
+                last.held = true;
+            }
+            let _ = faults.set(c, "coredns-down", false, &[]).await;
+            tokio::time::sleep(std::time::Duration::from_secs(gap)).await;
+        }
+    });
+    (task, injections)
+}
+
 /// One cluster's seq accounting (see the agent's outbox policy: each seq is delivered, superseded or
 /// dropped).
 #[derive(Debug, Clone, Default)]

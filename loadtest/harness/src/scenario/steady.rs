@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::Result;
 
-use super::{FAST_ROUTING, Opts, report_flow, report_processes};
+use super::{FAST_ROUTING, Opts, report_flow, report_processes, roll_dns_faults};
 use crate::observe::Observer;
 use crate::record::{Recorder, Summary};
 use crate::report::Report;
@@ -48,39 +48,8 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
     rec.mark("measuring");
 
     // a rolling DNS fault, one cluster at a time
-    let faults = sys.faults();
     let clusters = sys.clusters.clone();
-    // (cluster, switched on, held for the whole `hold`)
-    type Injected = std::sync::Arc<std::sync::Mutex<Vec<(String, std::time::Instant, bool)>>>;
-    let injected: Injected = Default::default();
-    let roll = {
-        let injected = injected.clone();
-        let clusters = clusters.clone();
-        tokio::spawn(async move {
-            let mut i = 0;
-            loop {
-                let c = &clusters[i % clusters.len()];
-                if faults.set(c, "coredns-down", true, &[]).await.is_ok() {
-                    injected.lock().unwrap_or_else(|e| e.into_inner()).push((
-                        c.clone(),
-                        std::time::Instant::now(),
-                        false,
-                    ));
-                }
-                tokio::time::sleep(Duration::from_secs(hold)).await;
-                if let Some(last) = injected
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .last_mut()
-                {
-                    last.2 = true;
-                }
-                let _ = faults.set(c, "coredns-down", false, &[]).await;
-                tokio::time::sleep(Duration::from_secs(gap)).await;
-                i += 1;
-            }
-        })
-    };
+    let (roll, injected) = roll_dns_faults(sys.faults(), clusters.clone(), hold, gap);
     tokio::time::sleep(Duration::from_secs(duration)).await;
     roll.abort();
     let _ = roll.await;
@@ -130,7 +99,8 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
     let injected = injected.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let mut detect = Vec::new();
     let mut missed = Vec::new();
-    for (cluster, on, _) in injected.iter().filter(|x| x.2) {
+    for inj in injected.iter().filter(|x| x.held) {
+        let (cluster, on) = (&inj.cluster, &inj.at);
         let first = obs.with(|s| {
             s.incidents
                 .iter()
@@ -146,7 +116,7 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
             None => missed.push(cluster.clone()),
         }
     }
-    let full = injected.iter().filter(|x| x.2).count();
+    let full = injected.iter().filter(|x| x.held).count();
     r.figure(
         "fault injected → dns-failure incident visible (probe rounds and the rule's confirmation included)",
         Summary::of(&detect).line("s"),
