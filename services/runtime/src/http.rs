@@ -164,6 +164,19 @@ async fn limit(
     }
 }
 
+/// A request body refused as too large is left unread, and the server closes the connection after the
+/// answer. Saying so (`Connection: close`) keeps a pooling client from sending its next request on that
+/// connection and losing it ("connection closed before message completed").
+async fn close_after_unread_body(mut resp: axum::response::Response) -> axum::response::Response {
+    if resp.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        resp.headers_mut().insert(
+            header::CONNECTION,
+            header::HeaderValue::from_static("close"),
+        );
+    }
+    resp
+}
+
 /// Binds `listen` and serves `router` until `cancel` fires, with the default [`Limits`]. Returns the bound
 /// address (useful with port 0).
 pub async fn serve(
@@ -201,6 +214,7 @@ pub async fn serve_limited(
         }
         None => router,
     };
+    let router = router.layer(axum::middleware::map_response(close_after_unread_body));
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let addr = listener.local_addr()?;
     let task = tokio::spawn(async move {

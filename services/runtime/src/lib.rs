@@ -4,6 +4,7 @@
 pub mod config;
 pub mod context;
 pub mod http;
+pub mod store;
 pub mod telemetry;
 
 pub use context::Context;

@@ -41,3 +41,33 @@ async fn a_flooding_client_gets_429_with_retry_after() -> anyhow::Result<()> {
     task.await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_refused_large_body_closes_its_connection_and_the_next_request_gets_a_fresh_one()
+-> anyhow::Result<()> {
+    use axum::routing::post;
+    let health = Health::default();
+    let router = http::router(health, Arc::new(RwLock::new(Registry::default())))
+        .merge(axum::Router::new().route("/echo", post(|b: axum::body::Bytes| async move { b })));
+    let cancel = CancellationToken::new();
+    let (addr, task) = http::serve("127.0.0.1:0", router, cancel.clone()).await?;
+    // one pooled client, as every integration uses: after each refusal the very next request must succeed
+    let client = reqwest::Client::new();
+    for _ in 0..20 {
+        let r = client
+            .post(format!("http://{addr}/echo"))
+            .body(vec![b'x'; 4 << 20])
+            .send()
+            .await?;
+        assert_eq!(r.status().as_u16(), 413);
+        assert_eq!(
+            r.headers().get("connection").and_then(|v| v.to_str().ok()),
+            Some("close")
+        );
+        let ok = client.get(format!("http://{addr}/healthz")).send().await?;
+        assert_eq!(ok.status().as_u16(), 200);
+    }
+    cancel.cancel();
+    task.await?;
+    Ok(())
+}

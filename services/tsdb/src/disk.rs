@@ -15,7 +15,7 @@
 //!   directory, which the role rebuilds from the stream).
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Mutex, RwLock};
 
 use crate::chunk;
@@ -27,6 +27,9 @@ pub enum Error {
     /// sled failed (I/O error or corruption): retryable for ingestion, fatal at open.
     #[error("sled: {0}")]
     Sled(#[from] sled::Error),
+    /// The store was not released in time after it was closed.
+    #[error(transparent)]
+    Close(#[from] multipilot_runtime::store::Error),
     /// A stored record could not be decoded.
     #[error("corrupt {what}: {detail}")]
     Corrupt {
@@ -86,6 +89,7 @@ struct Wal {
 /// The sled database with the crate's layout.
 #[derive(Debug)]
 pub struct Disk {
+    dir: PathBuf,
     db: sled::Db,
     series: sled::Tree,
     heads: sled::Tree,
@@ -120,6 +124,7 @@ impl Disk {
         let generation = max_gen.map(|g| g + 1).unwrap_or(0);
         let tree = db.open_tree(format!("{WAL_PREFIX}{generation:016x}"))?;
         Ok(Disk {
+            dir: dir.to_path_buf(),
             db,
             series,
             heads,
@@ -131,6 +136,16 @@ impl Disk {
                 next_seq: 0,
             }),
         })
+    }
+
+    /// Flushes and closes the store: when this returns, sled's lock is released and `dir` may be opened
+    /// again, in this process or another.
+    pub async fn close(self) -> Result<()> {
+        self.db.flush_async().await?;
+        let dir = self.dir.clone();
+        drop(self);
+        multipilot_runtime::store::wait_released(&dir, std::time::Duration::from_secs(30)).await?;
+        Ok(())
     }
 
     /// Whether the `initialized` marker is written.

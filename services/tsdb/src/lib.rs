@@ -433,6 +433,17 @@ pub async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
     let _ = server.await;
     store.commit().await?;
     store.checkpoint().await?;
+    // Closed when `run` returns: the same directory can be opened again at once (a restart in-process).
+    drop(ingest);
+    match Arc::try_unwrap(store) {
+        Ok(store) => store.close().await?,
+        Err(shared) => {
+            // an HTTP connection still finishing a query: wait until it lets go
+            drop(shared);
+            multipilot_runtime::store::wait_released(&config.data_dir, Duration::from_secs(30))
+                .await?;
+        }
+    }
     result?;
     tracing::info!("tsdb stopped");
     Ok(())

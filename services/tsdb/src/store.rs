@@ -415,6 +415,12 @@ impl Store {
         Ok(())
     }
 
+    /// Commits what is pending and closes the store: when this returns, `dir` may be opened again.
+    pub async fn close(self) -> Result<()> {
+        self.commit().await?;
+        Ok(self.disk.close().await?)
+    }
+
     /// Writes the out-of-order buffers as chunks, saves the changed heads and starts a new WAL generation;
     /// then drops the older generations. Ingestion waits only for the in-memory part.
     pub async fn checkpoint(&self) -> Result<()> {

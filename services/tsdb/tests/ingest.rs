@@ -321,7 +321,7 @@ async fn acked_samples_survive_kill_9() -> Result<()> {
     // Stream sequence n carries scrape n - 1: every scrape up to floor - 1 must be stored.
     let store = Store::open(dir.path(), Options::default())?;
     check_scrapes(&store, SERIES, floor - 1, false)?;
-    drop(store);
+    store.close().await?;
 
     // Restart: the unacked rest is redelivered; every sample ends up stored exactly once.
     let cancel = CancellationToken::new();
@@ -340,17 +340,8 @@ async fn acked_samples_survive_kill_9() -> Result<()> {
     .await?;
     cancel.cancel();
     role.await??;
-    // the role's last tasks (HTTP server, checkpointer) may still hold the store for a moment after `run`
-    // returns: wait for sled's lock rather than fail on it
-    let mut opened = Store::open(dir.path(), Options::default());
-    for _ in 0..40 {
-        if opened.is_ok() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        opened = Store::open(dir.path(), Options::default());
-    }
-    let store = opened?;
+    // `run` closes its store before it returns
+    let store = Store::open(dir.path(), Options::default())?;
     check_scrapes(&store, SERIES, BATCHES - 1, true)?;
     Ok(())
 }

@@ -68,7 +68,7 @@ async fn late_samples_within_the_window_are_placed_by_their_time() -> Result<()>
 
     // Still so after the out-of-order samples are written as chunks and after a restart.
     store.checkpoint().await?;
-    drop(store);
+    store.close().await?;
     let store = Store::open(dir.path(), Options::default())?;
     let got = all(&store, "x")?;
     assert_eq!(got.len(), 180);
@@ -106,7 +106,7 @@ async fn the_same_sample_written_twice_is_stored_once() -> Result<()> {
     assert_eq!(st.duplicates, 2, "{st:?}");
     store.commit().await?;
     store.checkpoint().await?;
-    drop(store);
+    store.close().await?;
 
     // Replaying the WAL and redelivering once more after a restart changes nothing either.
     let store = Store::open(dir.path(), Options::default())?;
@@ -143,6 +143,8 @@ async fn wal_replay_restores_uncheckpointed_samples_and_cluster_labels() -> Resu
         // Appended but never committed: may be lost (it was never acked).
         store.append("", &[s("w2", "a", base + 999_000, 0.0)])?;
     }
+    // dropped as by a crash: wait only for sled's threads to let go of the directory
+    multipilot_runtime::store::wait_released(dir.path(), Duration::from_secs(30)).await?;
     let store = Store::open(dir.path(), Options::default())?;
     let found = store.select(&[vec![Matcher::new(
         MatchOp::Equal,
@@ -211,7 +213,7 @@ async fn retention_drops_old_days_in_bulk_and_forgets_dead_series() -> Result<()
     assert_eq!(live.last().map(|x| x.0), Some(day0 + 6 * DAY - 5 * MIN));
 
     // A restart does not bring anything back.
-    drop(store);
+    store.close().await?;
     let store = Store::open(dir.path(), Options::default())?;
     assert!(
         store
