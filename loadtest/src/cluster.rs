@@ -121,6 +121,8 @@ pub struct Settings {
     pub lease_duration_s: u32,
     /// Extra scrape bodies served by `fixture-<name>` pods in `monitoring`.
     pub metric_fixtures: BTreeMap<String, Arc<String>>,
+    /// The address the apiserver listens on, named in its serving certificate.
+    pub listen_host: std::net::IpAddr,
 }
 
 /// A virtual cluster.
@@ -149,7 +151,7 @@ pub struct Cluster {
 impl Cluster {
     /// A cluster with an empty store.
     pub fn new(settings: Settings) -> Result<Arc<Self>, crate::tls::Error> {
-        let pki = Pki::new(&settings.name)?;
+        let pki = Pki::with_hosts(&settings.name, &[settings.listen_host.to_string()])?;
         let token = format!(
             "sim-{}-{:016x}",
             settings.name,

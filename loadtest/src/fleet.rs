@@ -52,6 +52,9 @@ pub struct Config {
     pub lease_duration_s: u32,
     /// Extra events per second per cluster.
     pub events_per_second: f64,
+    /// The address every apiserver listens on (loopback unless pods in their own network namespaces must
+    /// reach it, as in the deployment drill).
+    pub listen_host: std::net::IpAddr,
 }
 
 impl Default for Config {
@@ -71,6 +74,7 @@ impl Default for Config {
             names: Vec::new(),
             lease_duration_s: 15,
             events_per_second: 0.0,
+            listen_host: std::net::Ipv4Addr::LOCALHOST.into(),
         }
     }
 }
@@ -135,6 +139,7 @@ impl Fleet {
                 metric_fixtures: cfg.metric_fixtures.clone(),
                 lease_duration_s: cfg.lease_duration_s.max(1),
                 events_per_second: cfg.events_per_second,
+                listen_host: cfg.listen_host,
             };
             let cluster = Cluster::new(settings).with_context(|| format!("cluster {name}"))?;
             world::seed(&cluster);
@@ -143,9 +148,11 @@ impl Fleet {
             } else {
                 cfg.base_port + i as u16
             };
-            let listener = TcpListener::bind(("127.0.0.1", port))
+            let listener = TcpListener::bind((cfg.listen_host, port))
                 .await
-                .with_context(|| format!("binding 127.0.0.1:{port} for cluster {name}"))?;
+                .with_context(|| {
+                    format!("binding {}:{port} for cluster {name}", cfg.listen_host)
+                })?;
             let addr = listener.local_addr()?;
             let _ = cluster.addr.set(addr);
             tokio::spawn(serve(cluster.clone(), listener, cancel.clone()));

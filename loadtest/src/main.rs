@@ -76,6 +76,9 @@ struct ServeArgs {
     /// Explicit cluster names, in order (comma-separated).
     #[arg(long, value_delimiter = ',')]
     names: Vec<String>,
+    /// The address every simulated apiserver listens on (and its certificate names).
+    #[arg(long, default_value = "127.0.0.1")]
+    listen_host: std::net::IpAddr,
 }
 
 #[derive(Debug, Subcommand)]
@@ -262,6 +265,7 @@ async fn serve(args: ServeArgs) -> Result<()> {
         metric_fixtures: fixtures,
         names: args.names,
         events_per_second: args.events_per_second,
+        listen_host: args.listen_host,
         ..Default::default()
     };
     let cancel = CancellationToken::new();

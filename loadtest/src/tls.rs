@@ -36,6 +36,8 @@ pub struct Pki {
     issuer: Issuer<'static, KeyPair>,
     resolver: Arc<Resolver>,
     name: String,
+    /// Extra names and addresses the serving certificate carries.
+    hosts: Vec<String>,
 }
 
 impl std::fmt::Debug for Pki {
@@ -47,6 +49,12 @@ impl std::fmt::Debug for Pki {
 impl Pki {
     /// A new CA named after the cluster, and a serving certificate valid for a year.
     pub fn new(cluster: &str) -> Result<Self, Error> {
+        Self::with_hosts(cluster, &[])
+    }
+
+    /// [`Pki::new`] whose serving certificate also names `hosts` (the address the apiserver listens on
+    /// when it is not loopback).
+    pub fn with_hosts(cluster: &str, hosts: &[String]) -> Result<Self, Error> {
         let ca_key = KeyPair::generate()?;
         let mut params = CertificateParams::new(Vec::<String>::new())?;
         let mut dn = DistinguishedName::new();
@@ -70,6 +78,7 @@ impl Pki {
                 current: RwLock::new(None),
             }),
             name: cluster.to_string(),
+            hosts: hosts.to_vec(),
         };
         pki.set_serving_days(365)?;
         Ok(pki)
@@ -83,11 +92,14 @@ impl Pki {
     /// Replaces the serving certificate with one that expires in `days` days (new connections see it).
     pub fn set_serving_days(&mut self, days: i64) -> Result<(), Error> {
         let key = KeyPair::generate()?;
-        let mut params = CertificateParams::new(vec![
+        let mut names = vec![
             "localhost".to_string(),
             "kubernetes".to_string(),
+            "kubernetes.default.svc".to_string(),
             "127.0.0.1".to_string(),
-        ])?;
+        ];
+        names.extend(self.hosts.iter().cloned());
+        let mut params = CertificateParams::new(names)?;
         let mut dn = DistinguishedName::new();
         dn.push(DnType::CommonName, "kube-apiserver");
         params.distinguished_name = dn;

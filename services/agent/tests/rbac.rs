@@ -1,6 +1,7 @@
-//! The agent's RBAC in `deploy/k8s/`: read-only cluster-wide by default and enough for every kind it
-//! watches; Secrets listed and watched for metadata, never fetched; write verbs only in
-//! `agent-release.yaml`, only for workload kinds, never Secrets, RBAC, impersonation or wildcards.
+//! The agent's RBAC in `deploy/k8s/agent/`: read-only cluster-wide by default and enough for every
+//! kind it watches; Secrets listed and watched for metadata, never fetched; write verbs only in
+//! `components/release-executor/rbac.yaml`, only for workload kinds, never Secrets, RBAC,
+//! impersonation or wildcards.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -56,7 +57,7 @@ fn verbs_for<'a>(rules: &'a [Rule], group: &str, resource: &str) -> BTreeSet<&'a
 
 #[test]
 fn the_default_role_is_read_only_and_covers_every_watched_kind() {
-    let rules = cluster_role("agent.yaml", "multipilot-agent-read");
+    let rules = cluster_role("agent/rbac.yaml", "multipilot-agent-read");
     for r in &rules {
         for v in &r.verbs {
             assert!(
@@ -90,7 +91,10 @@ fn the_default_role_is_read_only_and_covers_every_watched_kind() {
 
 #[test]
 fn release_write_access_is_limited_to_workload_kinds() {
-    let rules = cluster_role("agent-release.yaml", "multipilot-agent-release");
+    let rules = cluster_role(
+        "agent/components/release-executor/rbac.yaml",
+        "multipilot-agent-release",
+    );
     for r in &rules {
         for g in &r.api_groups {
             assert!(

@@ -4,6 +4,8 @@
 //! No test talks to a NATS server it didn't start. The binary is found through `NATS_SERVER_BIN`, else
 //! `nats-server` on `PATH`; `./scripts/test` installs a pinned one when missing.
 
+pub mod kubelet;
+
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

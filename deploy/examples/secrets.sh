@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Makes the Secrets the examples need, as manifests to apply (nothing secret is kept in Git):
+#
+#   deploy/examples/secrets.sh hub OUT [NATS-NAME…]   the hub's Secrets (namespace multipilot-hub) in OUT/hub/;
+#                                                     NATS-NAME: extra DNS names of the NATS certificate, e.g.
+#                                                     the name agents in other clusters reach the bus by
+#   deploy/examples/secrets.sh agent CLUSTER OUT      one agent's Secrets (namespace multipilot) in
+#                                                     OUT/agent-CLUSTER/, from what `hub` made in OUT
+#
+# The generated material (passwords, CA key, tokens, signing key) stays in OUT/material/: keep it like any
+# other secret. Running `hub` again reuses it. Needs openssl, xxd and kubectl (offline: --dry-run=client).
+# HUB_NAMESPACE and AGENT_NAMESPACE override the namespaces.
+set -euo pipefail
+umask 077
+
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+HUB_NS="${HUB_NAMESPACE:-multipilot-hub}"
+AGENT_NS="${AGENT_NAMESPACE:-multipilot}"
+
+die() { echo "secrets.sh: $*" >&2; exit 1; }
+for tool in openssl xxd kubectl; do command -v "$tool" >/dev/null || die "$tool not found"; done
+
+# a random secret that starts with a letter (NATS and the hub's environment parsing read a leading digit as a
+# number)
+random() { echo "p$(openssl rand -hex 24)"; }
+
+secret() { # NAMESPACE NAME ARGS… > manifest
+  local ns="$1" name="$2"; shift 2
+  kubectl create secret generic "$name" --namespace "$ns" --dry-run=client -o yaml "$@"
+}
+
+hub() {
+  local out="$1"; shift
+  local m="$out/material"
+  mkdir -p "$m" "$out/hub"
+
+  # one password per variable accounts.conf reads: a user added there since the last run gets one too
+  touch "$m/nats-passwords.env"
+  grep -o '\$MULTIPILOT_[A-Z0-9_]*_PASSWORD' "$ROOT/deploy/nats/accounts.conf" | tr -d '$' | sort -u |
+    while read -r var; do
+      grep -q "^$var=" "$m/nats-passwords.env" || echo "$var=$(random)" >> "$m/nats-passwords.env"
+    done
+
+  if [ ! -f "$m/ca.key" ]; then
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 3650 \
+      -subj "/CN=MultiPilot NATS CA" -keyout "$m/ca.key" -out "$m/ca.crt" 2>/dev/null
+  fi
+  if [ ! -f "$m/tls.key" ]; then
+    local sans="DNS:nats,DNS:nats.$HUB_NS,DNS:nats.$HUB_NS.svc,DNS:nats.$HUB_NS.svc.cluster.local"
+    sans="$sans,DNS:*.nats-headless.$HUB_NS.svc.cluster.local,DNS:*.nats-headless.$HUB_NS.svc"
+    for name in "$@"; do sans="$sans,DNS:$name"; done
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj "/CN=nats" \
+      -keyout "$m/tls.key" -out "$m/tls.csr" 2>/dev/null
+    # one certificate for clients and routes: routes authenticate each other with it (client auth)
+    printf 'subjectAltName=%s\nextendedKeyUsage=serverAuth,clientAuth\nkeyUsage=digitalSignature,keyEncipherment\n' \
+      "$sans" > "$m/tls.ext"
+    openssl x509 -req -in "$m/tls.csr" -CA "$m/ca.crt" -CAkey "$m/ca.key" -CAcreateserial -days 825 \
+      -extfile "$m/tls.ext" -out "$m/tls.crt" 2>/dev/null
+  fi
+
+  if [ ! -f "$m/tokens.yaml" ]; then
+    {
+      echo "- {token: \"$(random)\", subject: viewer, role: viewer}"
+      echo "- {token: \"$(random)\", subject: operator, role: operator}"
+      echo "- {token: \"$(random)\", subject: releaser, role: releaser}"
+    } > "$m/tokens.yaml"
+  fi
+  # a list in the hub's environment syntax (MULTIPILOT_ALERTS__API_TOKENS), without a final newline
+  [ -f "$m/alerts-api-tokens" ] || printf '["%s"]' "$(random)" > "$m/alerts-api-tokens"
+
+  if [ ! -f "$m/signing.key" ]; then
+    openssl genpkey -algorithm ed25519 -out "$m/signing.pem"
+    openssl pkey -in "$m/signing.pem" -outform DER | tail -c 32 | xxd -p -c 64 > "$m/signing.key"
+    openssl pkey -in "$m/signing.pem" -pubout -outform DER | tail -c 32 | xxd -p -c 64 > "$m/signing.key.pub"
+  fi
+
+  secret "$HUB_NS" multipilot-nats-passwords --from-env-file="$m/nats-passwords.env" \
+    > "$out/hub/multipilot-nats-passwords.yaml"
+  secret "$HUB_NS" nats-tls --from-file=ca.crt="$m/ca.crt" --from-file=tls.crt="$m/tls.crt" \
+    --from-file=tls.key="$m/tls.key" > "$out/hub/nats-tls.yaml"
+  secret "$HUB_NS" multipilot-console-tokens --from-file=tokens.yaml="$m/tokens.yaml" \
+    > "$out/hub/multipilot-console-tokens.yaml"
+  secret "$HUB_NS" multipilot-alerts-tokens --from-file=api_tokens="$m/alerts-api-tokens" \
+    > "$out/hub/multipilot-alerts-tokens.yaml"
+  secret "$HUB_NS" multipilot-release-signing --from-file=signing.key="$m/signing.key" \
+    > "$out/hub/multipilot-release-signing.yaml"
+  echo "hub Secrets in $out/hub/ (kubectl apply -f $out/hub/); console tokens in $m/tokens.yaml"
+}
+
+agent() {
+  local cluster="$1" out="$2"
+  local m="$out/material"
+  [ -f "$m/nats-passwords.env" ] || die "run '$0 hub $out' first"
+  # the subject token of the cluster name, as accounts.conf spells its variable: upper case, - as _
+  local var
+  var="MULTIPILOT_AGENT_$(echo "$cluster" | tr '[:lower:]-' '[:upper:]_')_PASSWORD"
+  local password
+  password="$(grep "^$var=" "$m/nats-passwords.env" | cut -d= -f2-)" ||
+    die "no $var in $m/nats-passwords.env: add the user agent-$cluster to deploy/nats/accounts.conf, run '$0 hub $out' again and apply the new multipilot-nats-passwords"
+  mkdir -p "$out/agent-$cluster"
+  secret "$AGENT_NS" multipilot-agent-nats --from-literal=password="$password" --from-file=ca.crt="$m/ca.crt" \
+    > "$out/agent-$cluster/multipilot-agent-nats.yaml"
+  secret "$AGENT_NS" multipilot-release-trust --from-file=signing.key.pub="$m/signing.key.pub" \
+    > "$out/agent-$cluster/multipilot-release-trust.yaml"
+  echo "agent Secrets for $cluster in $out/agent-$cluster/ (apply them in that cluster)"
+}
+
+case "${1:-}" in
+  hub) [ $# -ge 2 ] || die "usage: $0 hub OUT [NATS-NAME…]"; shift; hub "$@" ;;
+  agent) [ $# -eq 3 ] || die "usage: $0 agent CLUSTER OUT"; agent "$2" "$3" ;;
+  *) die "usage: $0 hub OUT [NATS-NAME…] | $0 agent CLUSTER OUT" ;;
+esac

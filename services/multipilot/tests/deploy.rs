@@ -1,0 +1,393 @@
+//! The deployment drill: the shipped manifests install and start, as an operator would use them.
+//!
+//! - Every kustomize base and example overlay renders with `kubectl kustomize`, and every object is accepted
+//!   by `kubectl apply --server-side --dry-run=server` against the simulator at the oldest (1.24) and the
+//!   newest (1.35) supported Kubernetes version.
+//! - The small-fleet example (a 3-node NATS cluster and the all-in-one hub) and an agent overlay made by
+//!   `multipilot cluster add` are started as a node would start them (testkit's `kubelet`: a network
+//!   namespace per pod, volumes at their real paths, read-only roots, the service-account files): every pod
+//!   becomes ready on its own readiness probe, every Service's targetPort reaches a listener, and the path
+//!   agent → NATS → hub comes alive: the console answers through its Service with the onboarded cluster.
+//! - An agent overlay missing its Secret does not start, and says which Secret is missing.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail, ensure};
+use multipilot_testkit::kubelet::{ApiServer, Manifests, Node, Options};
+use tokio_util::sync::CancellationToken;
+
+fn root() -> PathBuf {
+    common::root()
+}
+
+/// Every kustomization under `deploy/` that renders on its own (components are applied through others).
+fn kustomizations() -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![root().join("deploy")];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir)? {
+            let p = e?.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.file_name().is_some_and(|n| n == "kustomization.yaml") {
+                let text = std::fs::read_to_string(&p)?;
+                if !text.contains("kind: Component") {
+                    out.push(dir.clone());
+                }
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn kubectl(kubeconfig: &Path, context: &str, args: &[&str], stdin: Option<&str>) -> Result<String> {
+    use std::io::Write as _;
+    let mut child = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--context")
+        .arg(context)
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("kubectl")?;
+    if let Some(s) = stdin {
+        child
+            .stdin
+            .take()
+            .context("stdin")?
+            .write_all(s.as_bytes())?;
+    }
+    drop(child.stdin.take());
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!(
+            "kubectl {} on {context}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+struct Sim {
+    fleet: Arc<multipilot_sim::fleet::Fleet>,
+    kubeconfig: PathBuf,
+    _dir: tempfile::TempDir,
+    _cancel: tokio_util::sync::DropGuard,
+}
+
+async fn simulator(
+    names: &[&str],
+    versions: &[&str],
+    listen_host: std::net::IpAddr,
+) -> Result<Sim> {
+    let cfg = multipilot_sim::fleet::Config {
+        clusters: names.len(),
+        versions: versions.iter().map(|v| v.to_string()).collect(),
+        names: names.iter().map(|v| v.to_string()).collect(),
+        objects: 60,
+        churn: 0.5,
+        listen_host,
+        ..Default::default()
+    };
+    let cancel = CancellationToken::new();
+    let fleet = Arc::new(multipilot_sim::fleet::Fleet::start(&cfg, cancel.clone()).await?);
+    let dir = tempfile::tempdir()?;
+    let kubeconfig = dir.path().join("kubeconfig.yaml");
+    fleet.write_kubeconfig(&kubeconfig)?;
+    Ok(Sim {
+        fleet,
+        kubeconfig,
+        _dir: dir,
+        _cancel: cancel.drop_guard(),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_overlay_renders_and_the_oldest_and_newest_apiservers_accept_every_object()
+-> Result<()> {
+    let dirs = kustomizations()?;
+    for want in [
+        "deploy/k8s/nats",
+        "deploy/k8s/hub",
+        "deploy/k8s/hub-roles",
+        "deploy/k8s/agent",
+    ] {
+        ensure!(
+            dirs.iter().any(|d| d.ends_with(want)),
+            "{want} is not a kustomization (found {dirs:?})"
+        );
+    }
+    ensure!(
+        dirs.iter()
+            .filter(|d| d.starts_with(root().join("deploy/examples")))
+            .count()
+            >= 2,
+        "fewer than two example overlays: {dirs:?}"
+    );
+    let sim = simulator(
+        &["oldest", "newest"],
+        &["1.24", "1.35"],
+        [127, 0, 0, 1].into(),
+    )
+    .await?;
+    for dir in &dirs {
+        let rendered = Manifests::render(dir)?;
+        ensure!(
+            !rendered.objects.is_empty(),
+            "{} renders nothing",
+            dir.display()
+        );
+        let yaml = rendered.to_yaml()?;
+        for ctx in ["oldest", "newest"] {
+            // Namespaces first, for real (a dry-run can't create what the namespaced objects live in), then
+            // everything as a server-side dry run.
+            let namespaces = Manifests {
+                objects: rendered.of_kind("Namespace").cloned().collect(),
+            };
+            if !namespaces.objects.is_empty() {
+                kubectl(
+                    &sim.kubeconfig,
+                    ctx,
+                    &["apply", "--server-side", "-f", "-"],
+                    Some(&namespaces.to_yaml()?),
+                )?;
+            }
+            for ns in rendered
+                .objects
+                .iter()
+                .filter_map(|o| o["metadata"]["namespace"].as_str())
+                .collect::<std::collections::BTreeSet<_>>()
+            {
+                if namespaces.get("Namespace", "default", ns).is_none() {
+                    // a namespace the overlay expects to exist (made by another base): create it
+                    let _ = kubectl(&sim.kubeconfig, ctx, &["create", "namespace", ns], None);
+                }
+            }
+            let out = kubectl(
+                &sim.kubeconfig,
+                ctx,
+                &["apply", "--server-side", "--dry-run=server", "-f", "-"],
+                Some(&yaml),
+            )
+            .with_context(|| format!("{} on {ctx}", dir.display()))?;
+            let accepted = out
+                .lines()
+                .filter(|l| l.contains("(server dry run)"))
+                .count();
+            ensure!(
+                accepted == rendered.objects.len(),
+                "{} on {ctx}: {accepted} of {} objects accepted:\n{out}",
+                dir.display(),
+                rendered.objects.len()
+            );
+        }
+        eprintln!(
+            "{}: {} objects accepted by 1.24 and 1.35",
+            dir.strip_prefix(root())?.display(),
+            rendered.objects.len()
+        );
+    }
+    drop(sim.fleet);
+    Ok(())
+}
+
+/// `deploy/examples/secrets.sh`, as the README tells an operator to run it.
+fn secrets(args: &[&str]) -> Result<()> {
+    let out = Command::new(root().join("deploy/examples/secrets.sh"))
+        .args(args)
+        .output()
+        .context("deploy/examples/secrets.sh")?;
+    ensure!(
+        out.status.success(),
+        "secrets.sh {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(())
+}
+
+/// Every Secret manifest in `dir`.
+fn secret_manifests(dir: &Path) -> Result<Manifests> {
+    let mut all = Manifests::default();
+    for e in std::fs::read_dir(dir)? {
+        let p = e?.path();
+        all.extend(Manifests::parse(&std::fs::read_to_string(&p)?)?);
+    }
+    Ok(all)
+}
+
+/// A node running `manifests` with this build's binaries standing in for the images.
+fn node_for(manifests: Manifests) -> Result<Node> {
+    Node::new(
+        manifests,
+        Options {
+            binaries: binaries()?,
+            apiserver: None,
+        },
+    )
+}
+
+fn binaries() -> Result<BTreeMap<String, PathBuf>> {
+    let bin_dir = Path::new(env!("CARGO_BIN_EXE_multipilot"))
+        .parent()
+        .context("bin dir")?
+        .to_path_buf();
+    ensure!(
+        bin_dir.join("multipilot-agent").is_file(),
+        "multipilot-agent is not built in {}: run `cargo build --bins` first (./scripts/test does)",
+        bin_dir.display()
+    );
+    Ok(BTreeMap::from([
+        ("multipilot".to_string(), bin_dir.join("multipilot")),
+        (
+            "multipilot-agent".to_string(),
+            bin_dir.join("multipilot-agent"),
+        ),
+        (
+            "nats-server".to_string(),
+            multipilot_testkit::nats_server_bin()?,
+        ),
+    ]))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_small_fleet_and_an_agent_start_from_their_manifests_and_the_console_shows_the_cluster()
+-> Result<()> {
+    Node::preflight()?;
+    let out = tempfile::tempdir()?;
+    let out_s = out.path().to_str().context("utf-8 path")?;
+    // The operator's steps from the README: the hub's Secrets (the NATS certificate also names the address
+    // agents reach the bus by), then the agent's.
+    secrets(&["hub", out_s, "nats.multipilot.example.com"])?;
+    secrets(&["agent", "prod-1", out_s])?;
+    let mut manifests = Manifests::render(&root().join("deploy/examples/small-fleet"))?;
+    manifests.extend(secret_manifests(&out.path().join("hub"))?);
+    manifests.extend(Manifests::render(
+        &root().join("deploy/examples/agent-prod-1"),
+    )?);
+    manifests.extend(secret_manifests(&out.path().join("agent-prod-1"))?);
+
+    let mut node = node_for(manifests)?;
+    // the workload cluster prod-1: a simulated apiserver the agent reaches through its service account
+    let sim = simulator(&["prod-1"], &["1.35"], node.gateway().into()).await?;
+    let cluster = sim.fleet.get("prod-1").context("prod-1")?;
+    node.set_apiserver(ApiServer {
+        host: node.gateway(),
+        port: cluster.addr.get().context("sim address")?.port(),
+        token: cluster.token.clone(),
+        ca_pem: cluster
+            .pki
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .ca_pem()
+            .to_string(),
+    });
+    // the hub's NATS as the workload cluster reaches it (a load balancer and its DNS name)
+    node.alias("nats.multipilot.example.com", "multipilot-hub", "nats");
+    node.start().await?;
+    node.wait_all_ready(Duration::from_secs(240)).await?;
+    for (pod, _) in node.pods() {
+        eprintln!("ready: {pod} (restarts {})", node.restarts(&pod));
+    }
+    for line in node.check_services().await? {
+        eprintln!("service: {line}");
+    }
+
+    // agent → NATS → hub: the console, through its Service, shows prod-1 with its facts
+    let tokens: serde_json::Value = serde_yaml::from_str(&std::fs::read_to_string(
+        out.path().join("material/tokens.yaml"),
+    )?)?;
+    let viewer = tokens
+        .as_array()
+        .and_then(|t| t.iter().find(|t| t["role"] == "viewer"))
+        .and_then(|t| t["token"].as_str())
+        .context("viewer token")?
+        .to_string();
+    let console = node.service_addr("multipilot-hub", "multipilot-console", 9468)?;
+    let http = reqwest::Client::new();
+    let refused = http
+        .get(format!("http://{console}/api/v1/clusters"))
+        .send()
+        .await?;
+    ensure!(
+        refused.status().as_u16() == 401,
+        "no token: {}",
+        refused.status()
+    );
+    let clusters = common::eventually("prod-1 in the console", 120, async || {
+        let v: serde_json::Value = http
+            .get(format!("http://{console}/api/v1/clusters"))
+            .bearer_auth(&viewer)
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        let found = v
+            .as_array()
+            .or_else(|| v["clusters"].as_array())?
+            .iter()
+            .any(|c| {
+                c["name"] == "prod-1" && c["version"].as_str().is_some_and(|s| s.contains("1.35"))
+            });
+        found.then_some(v)
+    })
+    .await
+    .with_context(|| {
+        format!(
+            "hub log:\n{}\nagent log:\n{}",
+            tail(&node, "multipilot-hub-0"),
+            tail(&node, "multipilot-agent-0pod")
+        )
+    })?;
+    eprintln!("console: {clusters}");
+    Ok(())
+}
+
+fn tail(node: &Node, pod: &str) -> String {
+    let log = node.log(pod);
+    let lines: Vec<&str> = log.lines().rev().take(20).collect();
+    lines.into_iter().rev().collect::<Vec<_>>().join("\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_overlay_without_its_secret_does_not_start_and_says_which_secret() -> Result<()> {
+    Node::preflight()?;
+    let out = tempfile::tempdir()?;
+    let out_s = out.path().to_str().context("utf-8 path")?;
+    secrets(&["hub", out_s])?;
+    secrets(&["agent", "prod-1", out_s])?;
+    // the operator applied the release trust but forgot the agent's NATS credentials
+    std::fs::remove_file(out.path().join("agent-prod-1/multipilot-agent-nats.yaml"))?;
+    let mut manifests = Manifests::render(&root().join("deploy/examples/agent-prod-1"))?;
+    manifests.extend(secret_manifests(&out.path().join("agent-prod-1"))?);
+    let mut node = node_for(manifests)?;
+    node.start().await?;
+    let pod = node
+        .pods()
+        .into_iter()
+        .map(|(p, _)| p)
+        .find(|p| p.starts_with("multipilot-agent"))
+        .context("no agent pod")?;
+    let why = node
+        .failure(&pod)
+        .context("the agent started without its Secret")?;
+    ensure!(
+        why.contains("secret \"multipilot-agent-nats\" not found"),
+        "{why}"
+    );
+    ensure!(!node.ready(&pod).await);
+    Ok(())
+}
