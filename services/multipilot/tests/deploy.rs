@@ -3,8 +3,9 @@
 //! - Every kustomize base and example overlay renders with `kubectl kustomize`, and every object is accepted
 //!   by `kubectl apply --server-side --dry-run=server` against the simulator at the oldest (1.24) and the
 //!   newest (1.35) supported Kubernetes version.
-//! - The small-fleet example (a 3-node NATS cluster and the all-in-one hub) and an agent overlay made by
-//!   `multipilot cluster add` are started as a node would start them (testkit's `kubelet`: a network
+//! - The small-fleet example (a 3-node NATS cluster and the all-in-one hub) and the `agent-prod-1` example,
+//!   with the Secrets `deploy/examples/secrets.sh` makes as the README says, are started as a node would
+//!   start them (testkit's `kubelet`: a network
 //!   namespace per pod, volumes at their real paths, read-only roots, the service-account files): every pod
 //!   becomes ready on its own readiness probe, every Service's targetPort reaches a listener, and the path
 //!   agent → NATS → hub comes alive: the console answers through its Service with the onboarded cluster.
