@@ -1000,7 +1000,11 @@ impl Drop for Node {
         self.cancel.cancel();
         for (_, st) in &self.pods {
             for pid in st.pids.lock().unwrap_or_else(|e| e.into_inner()).iter() {
-                let _ = Command::new("kill").arg("-9").arg(pid.to_string()).status();
+                let _ = Command::new("kill")
+                    .arg("-9")
+                    .arg(pid.to_string())
+                    .stderr(Stdio::null())
+                    .status();
             }
         }
         for ns in &self.namespaces {
