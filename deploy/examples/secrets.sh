@@ -8,7 +8,8 @@
 #                                                     OUT/agent-CLUSTER/, from what `hub` made in OUT
 #
 # The generated material (passwords, CA key, tokens, signing key) stays in OUT/material/: keep it like any
-# other secret. Running `hub` again reuses it. Needs openssl, xxd and kubectl (offline: --dry-run=client).
+# other secret. Running `hub` again reuses it and adds what is missing (a new agent user's password, the
+# console's token for the TSDB). Needs openssl, xxd and kubectl (offline: --dry-run=client).
 # HUB_NAMESPACE and AGENT_NAMESPACE override the namespaces.
 set -euo pipefail
 umask 077
@@ -58,6 +59,8 @@ hub() {
       -extfile "$m/tls.ext" -out "$m/tls.crt" 2>/dev/null
   fi
 
+  # the bearer tokens of every HTTP API (console, TSDB, alert router): one per role for people, and last the
+  # console's own viewer token for the TSDB (an older tokens.yaml gets it added)
   if [ ! -f "$m/tokens.yaml" ]; then
     {
       echo "- {token: \"$(random)\", subject: viewer, role: viewer}"
@@ -65,8 +68,22 @@ hub() {
       echo "- {token: \"$(random)\", subject: releaser, role: releaser}"
     } > "$m/tokens.yaml"
   fi
-  # a list in the hub's environment syntax (MULTIPILOT_ALERTS__API_TOKENS), without a final newline
-  [ -f "$m/alerts-api-tokens" ] || printf '["%s"]' "$(random)" > "$m/alerts-api-tokens"
+  if ! grep -q 'subject: console,' "$m/tokens.yaml"; then
+    [ -z "$(tail -c 1 "$m/tokens.yaml")" ] || echo >> "$m/tokens.yaml"
+    echo "- {token: \"$(random)\", subject: console, role: viewer}" >> "$m/tokens.yaml"
+  fi
+  # that token again, without a final newline: the Secret's key tsdb_token (console.tsdb_token, tsdb.peer_token)
+  sed -n 's/.*token: "\([^"]*\)", subject: console,.*/\1/p' "$m/tokens.yaml" | head -n 1 | tr -d '\n' \
+    > "$m/tsdb-token"
+  [ -s "$m/tsdb-token" ] || die "no token for the subject console in $m/tokens.yaml"
+  # earlier versions' Secrets, replaced by multipilot-api-tokens: not applied again
+  local old
+  for old in multipilot-console-tokens multipilot-alerts-tokens; do
+    if [ -f "$out/hub/$old.yaml" ]; then
+      rm "$out/hub/$old.yaml"
+      echo "the Secret $old is no longer used (multipilot-api-tokens replaces it): kubectl -n $HUB_NS delete secret $old"
+    fi
+  done
 
   if [ ! -f "$m/signing.key" ]; then
     openssl genpkey -algorithm ed25519 -out "$m/signing.pem"
@@ -78,13 +95,11 @@ hub() {
     > "$out/hub/multipilot-nats-passwords.yaml"
   secret "$HUB_NS" nats-tls --from-file=ca.crt="$m/ca.crt" --from-file=tls.crt="$m/tls.crt" \
     --from-file=tls.key="$m/tls.key" > "$out/hub/nats-tls.yaml"
-  secret "$HUB_NS" multipilot-console-tokens --from-file=tokens.yaml="$m/tokens.yaml" \
-    > "$out/hub/multipilot-console-tokens.yaml"
-  secret "$HUB_NS" multipilot-alerts-tokens --from-file=api_tokens="$m/alerts-api-tokens" \
-    > "$out/hub/multipilot-alerts-tokens.yaml"
+  secret "$HUB_NS" multipilot-api-tokens --from-file=tokens.yaml="$m/tokens.yaml" \
+    --from-file=tsdb_token="$m/tsdb-token" > "$out/hub/multipilot-api-tokens.yaml"
   secret "$HUB_NS" multipilot-release-signing --from-file=signing.key="$m/signing.key" \
     > "$out/hub/multipilot-release-signing.yaml"
-  echo "hub Secrets in $out/hub/ (kubectl apply -f $out/hub/); console tokens in $m/tokens.yaml"
+  echo "hub Secrets in $out/hub/ (kubectl apply -f $out/hub/); API tokens (viewer, operator, releaser) in $m/tokens.yaml"
 }
 
 agent() {

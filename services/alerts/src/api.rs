@@ -6,12 +6,13 @@
 
 use std::sync::Arc;
 
-use axum::Json;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get};
+use axum::{Extension, Json};
 use chrono::{DateTime, Utc};
+use multipilot_runtime::auth::{self, Principal, Tokens};
 use multipilot_schemas::payload::AuditRecord;
 use multipilot_schemas::{Envelope, stable_id, subject};
 use serde::Deserialize;
@@ -28,8 +29,8 @@ use crate::store::{self, Pending, Silence};
 pub struct Api {
     /// The dispatcher.
     pub engine: Arc<Mutex<Engine>>,
-    /// Accepted bearer tokens for changes (empty: open).
-    pub tokens: Arc<Vec<String>>,
+    /// Required tokens: viewers read, operators change silences (`None`: open, on loopback only).
+    pub tokens: Option<Arc<Tokens>>,
     /// For audit records.
     pub js: async_nats::jetstream::Context,
     /// This instance.
@@ -49,30 +50,6 @@ fn error(status: StatusCode, msg: impl Into<String>) -> Response {
 }
 
 impl Api {
-    fn authorize(&self, headers: &HeaderMap) -> Result<String, Box<Response>> {
-        if self.tokens.is_empty() {
-            return Ok(String::new());
-        }
-        let token = headers
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .ok_or_else(|| {
-                Box::new(error(
-                    StatusCode::UNAUTHORIZED,
-                    "a bearer token is required",
-                ))
-            })?;
-        if self.tokens.iter().any(|t| t == token) {
-            Ok(format!("token:{}", &stable_id(&[token])[..8]))
-        } else {
-            Err(Box::new(error(
-                StatusCode::FORBIDDEN,
-                "this token may not change silences",
-            )))
-        }
-    }
-
     async fn audit(&self, actor: &str, action: &str, target: &str, detail: serde_json::Value) {
         let id = stable_id(&[action, target, &Utc::now().to_rfc3339()]);
         let rec = AuditRecord {
@@ -99,9 +76,15 @@ impl Api {
     }
 }
 
-/// The routes.
+/// Who made a change: the token's subject (empty with auth off).
+fn actor(principal: Option<Extension<Principal>>) -> String {
+    principal.map(|Extension(p)| p.subject).unwrap_or_default()
+}
+
+/// The routes: with tokens, viewers read and operators change silences.
 pub fn router(api: Api) -> axum::Router {
-    axum::Router::new()
+    let tokens = api.tokens.clone();
+    let router = axum::Router::new()
         .route("/api/v2/silences", get(list_silences).post(post_silence))
         .route(
             "/api/v2/silence/{id}",
@@ -110,7 +93,14 @@ pub fn router(api: Api) -> axum::Router {
         .route("/api/v2/alerts", get(list_alerts))
         .route("/api/v1/receivers", get(receivers))
         .route("/api/v1/dead", get(dead))
-        .with_state(api)
+        .with_state(api);
+    match tokens {
+        Some(tokens) => router.route_layer(axum::middleware::from_fn_with_state(
+            tokens,
+            auth::viewer_reads_operator_writes,
+        )),
+        None => router,
+    }
 }
 
 fn silence_json(s: &Silence, now: DateTime<Utc>) -> serde_json::Value {
@@ -165,13 +155,10 @@ struct PostableSilence {
 
 async fn post_silence(
     State(api): State<Api>,
-    headers: HeaderMap,
+    principal: Option<Extension<Principal>>,
     body: axum::body::Bytes,
 ) -> Response {
-    let actor = match api.authorize(&headers) {
-        Ok(a) => a,
-        Err(r) => return *r,
-    };
+    let actor = actor(principal);
     let p: PostableSilence = match serde_json::from_slice(&body) {
         Ok(p) => p,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("not a silence: {e}")),
@@ -241,13 +228,10 @@ async fn post_silence(
 
 async fn expire_silence(
     State(api): State<Api>,
-    headers: HeaderMap,
+    principal: Option<Extension<Principal>>,
     Path(id): Path<String>,
 ) -> Response {
-    let actor = match api.authorize(&headers) {
-        Ok(a) => a,
-        Err(r) => return *r,
-    };
+    let actor = actor(principal);
     let now = Utc::now();
     let r = api.engine.lock().await.expire_silence(&id, now).await;
     match r {

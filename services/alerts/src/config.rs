@@ -22,10 +22,11 @@ pub struct Config {
     pub data_dir: String,
     /// The routing file (Alertmanager-shaped YAML); empty: the embedded `alerts.yaml`.
     pub routing: Option<String>,
-    /// The HTTP API (silences, alerts, receivers). Without `api_tokens` it must be a loopback address.
+    /// The HTTP API (silences, alerts, receivers). With auth off it must be a loopback address.
     pub listen: String,
-    /// Bearer tokens accepted by the HTTP API for changes (silences). Empty: open, loopback only.
-    pub api_tokens: Vec<String>,
+    /// Who may use the API: the console's token model (a viewer reads, an operator changes silences).
+    /// Off by default, which only a loopback `listen` allows.
+    pub auth: multipilot_runtime::auth::Config,
     /// Messages per pull from FLEET_INCIDENTS.
     pub batch: usize,
     /// How often groups are checked for due notifications.
@@ -86,7 +87,10 @@ impl Default for Config {
             data_dir: "./data/hub/alerts".into(),
             routing: None,
             listen: "127.0.0.1:9467".into(),
-            api_tokens: Vec::new(),
+            auth: multipilot_runtime::auth::Config {
+                enabled: false,
+                ..Default::default()
+            },
             batch: 500,
             tick: Duration::from_millis(200),
             retain_resolved: Duration::from_secs(3600),

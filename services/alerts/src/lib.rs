@@ -28,11 +28,10 @@ pub mod route;
 pub mod store;
 pub mod template;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use anyhow::{Context as _, Result, ensure};
+use anyhow::{Context as _, Result};
 use chrono::Utc;
 use multipilot_bus::consume::{self, Handler, Outcome, Received, Runner};
 use multipilot_runtime::Context;
@@ -108,13 +107,6 @@ impl Handler<Input> for H {
         let store = self.engine.lock().await.store.clone();
         store.flush().await.map_err(|e| e.to_string())
     }
-}
-
-fn is_loopback(listen: &str) -> bool {
-    listen
-        .parse::<SocketAddr>()
-        .map(|a| a.ip().is_loopback())
-        .unwrap_or_else(|_| listen.starts_with("localhost:"))
 }
 
 /// Opens (creating or updating) the two buckets.
@@ -225,11 +217,15 @@ async fn replay_done(js: &async_nats::jetstream::Context, target: u64) -> Result
 
 /// Runs the alert router until `ctx.cancel` fires.
 pub async fn run(config: Config, ctx: Context) -> Result<()> {
-    ensure!(
-        !config.api_tokens.is_empty() || is_loopback(&config.listen),
-        "alerts.listen {} is not a loopback address: set alerts.api_tokens so silences can't be changed by anyone",
-        config.listen
-    );
+    config.auth.check_listen("alerts", &config.listen)?;
+    let tokens = if config.auth.enabled {
+        Some(Arc::new(
+            multipilot_runtime::auth::Tokens::load(&config.auth)
+                .context("loading the alert router's tokens")?,
+        ))
+    } else {
+        None
+    };
     config.validate()?;
     let routing = Arc::new(Routing::load(config.routing.as_deref())?);
     std::fs::create_dir_all(&config.data_dir)
@@ -266,7 +262,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
 
     let api = api::Api {
         engine: engine.clone(),
-        tokens: Arc::new(config.api_tokens.clone()),
+        tokens,
         js: ctx.js.clone(),
         instance: ctx.instance.clone(),
         metrics,

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::{MatchedPath, Path, Query, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -23,7 +23,7 @@ use multipilot_schemas::payload::{IncidentStatus, ProbeStatus, Severity};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::auth::{Principal, Role, Tokens};
+use crate::auth::{self, Principal, Role, Tokens};
 use crate::diff;
 use crate::ingest::Shared;
 use crate::selector::Selector;
@@ -72,54 +72,19 @@ impl IntoResponse for ApiError {
 type ApiResult<T> = Result<axum::Json<T>, ApiError>;
 
 fn require(p: &Principal, role: Role) -> Result<(), ApiError> {
-    if p.role >= role {
-        Ok(())
-    } else {
-        Err(ApiError::new(
-            StatusCode::FORBIDDEN,
-            format!(
-                "{} has the {} role; this needs {}",
-                p.subject,
-                p.role.name(),
-                role.name()
-            ),
-        ))
-    }
-}
-
-fn token_of(req: &Request) -> Option<String> {
-    if let Some(h) = req.headers().get(header::AUTHORIZATION)
-        && let Ok(s) = h.to_str()
-        && let Some(t) = s
-            .strip_prefix("Bearer ")
-            .or_else(|| s.strip_prefix("bearer "))
-    {
-        return Some(t.trim().to_string());
-    }
-    let q = req.uri().query()?;
-    serde_urlencoded::from_str::<BTreeMap<String, String>>(q)
-        .ok()?
-        .remove("access_token")
+    auth::require(p, role).map_err(|refused| match refused {
+        auth::Refusal::Forbidden(msg) => ApiError::new(StatusCode::FORBIDDEN, msg),
+        auth::Refusal::Unauthenticated(msg) => ApiError::new(StatusCode::UNAUTHORIZED, msg),
+    })
 }
 
 async fn authenticate(State(app): State<App>, mut req: Request, next: Next) -> Response {
-    let token = token_of(&req);
-    match app.tokens.check(token.as_deref()) {
-        Some(p) => {
+    match auth::authenticate(&app.tokens, &req) {
+        Ok(p) => {
             req.extensions_mut().insert(p);
             next.run(req).await
         }
-        None => {
-            let msg = if token.is_some() {
-                "invalid token"
-            } else {
-                "a bearer token is required (Authorization: Bearer <token>)"
-            };
-            let mut r = ApiError::new(StatusCode::UNAUTHORIZED, msg).into_response();
-            r.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            r
-        }
+        Err(refused) => refused.into_response(),
     }
 }
 

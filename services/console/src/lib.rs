@@ -9,14 +9,13 @@
 //! `127.0.0.1:9468`).
 
 pub mod api;
-pub mod auth;
+pub use multipilot_runtime::auth;
 pub mod diff;
 pub mod ingest;
 pub mod selector;
 pub mod store;
 pub mod telemetry;
 
-use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -32,6 +31,8 @@ pub struct Config {
     pub listen: String,
     /// The TSDB role's Prometheus API (capacity charts).
     pub tsdb_url: String,
+    /// The bearer token sent to the TSDB when its auth is on (a viewer's token).
+    pub tsdb_token: Option<multipilot_bus::connect::Secret>,
     /// Bearer-token auth.
     pub auth: auth::Config,
     /// Resolved incidents are shown this long after they resolved.
@@ -46,6 +47,7 @@ impl Default for Config {
         Config {
             listen: "127.0.0.1:9468".into(),
             tsdb_url: "http://127.0.0.1:9466".into(),
+            tsdb_token: None,
             auth: auth::Config::default(),
             resolved_retention: Duration::from_secs(7 * 86_400),
             rate_limit: multipilot_runtime::http::Limits::default(),
@@ -53,24 +55,7 @@ impl Default for Config {
     }
 }
 
-/// Whether a listen address is loopback only (`127.0.0.0/8`, `::1`, `localhost`).
-pub fn is_loopback(listen: &str) -> bool {
-    if let Ok(addr) = listen.parse::<SocketAddr>() {
-        return addr.ip().is_loopback();
-    }
-    let host = listen.rsplit_once(':').map(|(h, _)| h).unwrap_or(listen);
-    if host.trim_matches(['[', ']']).parse::<IpAddr>().is_ok() {
-        return false;
-    }
-    // a host name counts only if every address it resolves to is loopback
-    match listen.to_socket_addrs() {
-        Ok(addrs) => {
-            let addrs: Vec<SocketAddr> = addrs.collect();
-            !addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback())
-        }
-        Err(_) => false,
-    }
-}
+pub use multipilot_runtime::auth::is_loopback;
 
 impl Config {
     /// Checks what serde can't: auth may be off only on loopback.
@@ -87,6 +72,20 @@ impl Config {
         );
         Ok(())
     }
+}
+
+/// The client for TSDB queries, sending `tsdb_token` as a bearer token.
+fn tsdb_client(token: Option<&multipilot_bus::connect::Secret>) -> Result<reqwest::Client> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(t) = token {
+        let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {}", t.0))
+            .context("console.tsdb_token is not a valid header value")?;
+        v.set_sensitive(true);
+        headers.insert(reqwest::header::AUTHORIZATION, v);
+    }
+    Ok(reqwest::Client::builder()
+        .default_headers(headers)
+        .build()?)
 }
 
 /// Runs the console until `ctx.cancel` fires.
@@ -149,7 +148,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         tokens: Arc::new(tokens),
         nats: ctx.nats.clone(),
         js: ctx.js.clone(),
-        http: reqwest::Client::new(),
+        http: tsdb_client(config.tsdb_token.as_ref())?,
         tsdb_url: config.tsdb_url.clone(),
     };
     let (addr, server) = multipilot_runtime::http::serve_limited(

@@ -9,6 +9,7 @@ use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
 use multipilot_runtime::config as cfg;
 
+mod cluster;
 mod config;
 mod fleet;
 mod incidents;
@@ -83,6 +84,12 @@ enum Command {
         #[command(subcommand)]
         command: silence::Command,
     },
+    /// Onboard (add), offboard (remove), re-key (rotate) or list workload clusters: each cluster's agent
+    /// gets its own bus user, scoped to its own subjects, a Secret and an overlay to apply in that cluster.
+    Cluster {
+        #[command(subcommand)]
+        command: cluster::Command,
+    },
     /// The fleet as the console sees it: clusters, get, diff, compare, gpu.
     #[command(flatten)]
     Fleet(fleet::Command),
@@ -127,6 +134,7 @@ async fn run() -> Result<()> {
             | Command::Compliance { .. }
             | Command::Silence { .. }
             | Command::Fleet(_)
+            | Command::Cluster { .. }
             | Command::Release {
                 command: Some(_),
                 ..
@@ -185,6 +193,7 @@ async fn run() -> Result<()> {
             return incidents::compliance(&client, &output).await;
         }
         Command::Fleet(cmd) => return fleet::run(&config.console.listen, cmd).await,
+        Command::Cluster { command } => return cluster::run(command),
     };
     roles::run(config, roles).await
 }

@@ -828,3 +828,90 @@ receivers:
     .await?;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_auth_on_viewers_read_operators_silence_and_strangers_are_refused() -> Result<()> {
+    let tokens = tempfile::tempdir()?;
+    let file = tokens.path().join("tokens.yaml");
+    std::fs::write(
+        &file,
+        "- {token: viewer-token-0123456789, subject: grafana, role: viewer}\n\
+         - {token: operator-token-0123456789, subject: oncall, role: operator}\n",
+    )?;
+    let file_s = file.to_str().context("utf-8")?;
+    let r = Router::start_with(
+        &routing("http://127.0.0.1:9", ""),
+        &[
+            ("MULTIPILOT_ALERTS__AUTH__ENABLED", "true"),
+            ("MULTIPILOT_ALERTS__AUTH__TOKENS_FILE", file_s),
+        ],
+    )
+    .await?;
+    let http = reqwest::Client::new();
+    let silence = serde_json::json!({
+        "matchers": [{"name": "cluster", "value": "prod-euw-1", "isRegex": false}],
+        "endsAt": "2099-01-01T00:00:00Z", "createdBy": "x", "comment": "maintenance"
+    });
+    let post = |token: Option<&'static str>| {
+        let mut req = http
+            .post(format!("{}/api/v2/silences", r.api))
+            .json(&silence);
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        req.send()
+    };
+    // the report in the issue: a silence for every alert of a cluster, with no credentials
+    assert_eq!(post(None).await?.status().as_u16(), 401);
+    assert_eq!(post(Some("made-up-token")).await?.status().as_u16(), 401);
+    assert_eq!(
+        post(Some("viewer-token-0123456789"))
+            .await?
+            .status()
+            .as_u16(),
+        403
+    );
+    let reads = |token: Option<&'static str>| {
+        let mut req = http.get(format!("{}/api/v2/silences", r.api));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        req.send()
+    };
+    assert_eq!(reads(None).await?.status().as_u16(), 401);
+    assert_eq!(
+        reads(Some("viewer-token-0123456789"))
+            .await?
+            .status()
+            .as_u16(),
+        200
+    );
+    let made = post(Some("operator-token-0123456789")).await?;
+    assert_eq!(made.status().as_u16(), 200);
+    let id = made.json::<Value>().await?["silenceID"]
+        .as_str()
+        .context("silenceID")?
+        .to_string();
+    // the change is recorded with the token's subject
+    let listed: Value = http
+        .get(format!("{}/api/v2/silence/{id}", r.api))
+        .bearer_auth("viewer-token-0123456789")
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(listed["id"], id.as_str());
+    // the CLI sends MULTIPILOT_TOKEN
+    let out = common::cli(
+        &["silence", "list"],
+        &[
+            ("MULTIPILOT_ALERTS_URL", r.api.as_str()),
+            ("MULTIPILOT_TOKEN", "viewer-token-0123456789"),
+        ],
+    )?;
+    assert!(
+        out.contains(&id[..8]) || out.contains("prod-euw-1"),
+        "{out}"
+    );
+    Ok(())
+}

@@ -3,9 +3,10 @@
 //! - Every kustomize base and example overlay renders with `kubectl kustomize`, and every object is accepted
 //!   by `kubectl apply --server-side --dry-run=server` against the simulator at the oldest (1.24) and the
 //!   newest (1.35) supported Kubernetes version.
-//! - The small-fleet example (a 3-node NATS cluster and the all-in-one hub) and the `agent-prod-1` example,
-//!   with the Secrets `deploy/examples/secrets.sh` makes as the README says, are started as a node would
-//!   start them (testkit's `kubelet`: a network
+//! - The small-fleet example (a 3-node NATS cluster and the all-in-one hub), with the Secrets
+//!   `deploy/examples/secrets.sh` makes, and an agent onboarded with `multipilot cluster add` (its own bus
+//!   user, Secret and overlay), all in a copy of `deploy/` as an operator's repository, are started as a
+//!   node would start them (testkit's `kubelet`: a network
 //!   namespace per pod, volumes at their real paths, read-only roots, the service-account files): every pod
 //!   becomes ready on its own readiness probe, every Service's targetPort reaches a listener, and the path
 //!   agent → NATS → hub comes alive: the console answers through its Service with the onboarded cluster.
@@ -263,26 +264,58 @@ fn binaries() -> Result<BTreeMap<String, PathBuf>> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_small_fleet_and_an_agent_start_from_their_manifests_and_the_console_shows_the_cluster()
+async fn the_small_fleet_and_an_onboarded_agent_start_from_their_manifests_and_the_console_shows_the_cluster()
 -> Result<()> {
     Node::preflight()?;
-    let out = tempfile::tempdir()?;
-    let out_s = out.path().to_str().context("utf-8 path")?;
-    // The operator's steps from the README: the hub's Secrets (the NATS certificate also names the address
-    // agents reach the bus by), then the agent's.
-    secrets(&["hub", out_s, "nats.multipilot.example.com"])?;
-    secrets(&["agent", "prod-1", out_s])?;
-    let mut manifests = Manifests::render(&root().join("deploy/examples/small-fleet"))?;
-    manifests.extend(secret_manifests(&out.path().join("hub"))?);
+    // The operator's repository: a copy of deploy/, where onboarding writes.
+    let site = tempfile::tempdir()?;
+    let status = Command::new("cp")
+        .arg("-r")
+        .arg(root().join("deploy"))
+        .arg(site.path())
+        .status()?;
+    ensure!(status.success(), "copying deploy/");
+    let out = site.path().join("secrets");
+    let out_s = out.to_str().context("utf-8 path")?;
+    // The README's steps: the hub's Secrets (the NATS certificate also names the address agents reach the
+    // bus by), then `multipilot cluster add`, which mints the agent's bus user and writes its Secret and
+    // overlay.
+    let status = Command::new(site.path().join("deploy/examples/secrets.sh"))
+        .args(["hub", out_s, "nats.multipilot.example.com"])
+        .status()?;
+    ensure!(status.success(), "secrets.sh hub");
+    let added = Command::new(env!("CARGO_BIN_EXE_multipilot"))
+        .args([
+            "cluster",
+            "add",
+            CLUSTER,
+            "--label",
+            "env=staging",
+            "--label",
+            "region=eu-central-1",
+            "--secrets-dir",
+            "secrets",
+            "--nats-url",
+            "nats://nats.multipilot.example.com:4222",
+        ])
+        .current_dir(site.path())
+        .output()?;
+    ensure!(
+        added.status.success(),
+        "cluster add: {}",
+        String::from_utf8_lossy(&added.stderr)
+    );
+    let mut manifests = Manifests::render(&site.path().join("deploy/examples/small-fleet"))?;
+    manifests.extend(secret_manifests(&out.join("hub"))?);
     manifests.extend(Manifests::render(
-        &root().join("deploy/examples/agent-prod-1"),
+        &site.path().join("deploy/site/agents").join(CLUSTER),
     )?);
-    manifests.extend(secret_manifests(&out.path().join("agent-prod-1"))?);
+    manifests.extend(secret_manifests(&out.join(format!("agent-{CLUSTER}")))?);
 
     let mut node = node_for(manifests)?;
-    // the workload cluster prod-1: a simulated apiserver the agent reaches through its service account
-    let sim = simulator(&["prod-1"], &["1.35"], node.gateway().into()).await?;
-    let cluster = sim.fleet.get("prod-1").context("prod-1")?;
+    // the workload cluster: a simulated apiserver the agent reaches through its service account
+    let sim = simulator(&[CLUSTER], &["1.35"], node.gateway().into()).await?;
+    let cluster = sim.fleet.get(CLUSTER).context("the simulated cluster")?;
     node.set_apiserver(ApiServer {
         host: node.gateway(),
         port: cluster.addr.get().context("sim address")?.port(),
@@ -305,10 +338,9 @@ async fn the_small_fleet_and_an_agent_start_from_their_manifests_and_the_console
         eprintln!("service: {line}");
     }
 
-    // agent → NATS → hub: the console, through its Service, shows prod-1 with its facts
-    let tokens: serde_json::Value = serde_yaml::from_str(&std::fs::read_to_string(
-        out.path().join("material/tokens.yaml"),
-    )?)?;
+    // agent → NATS → hub: the console, through its Service, shows the onboarded cluster with its labels and facts
+    let tokens: serde_json::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(out.join("material/tokens.yaml"))?)?;
     let viewer = tokens
         .as_array()
         .and_then(|t| t.iter().find(|t| t["role"] == "viewer"))
@@ -326,7 +358,7 @@ async fn the_small_fleet_and_an_agent_start_from_their_manifests_and_the_console
         "no token: {}",
         refused.status()
     );
-    let clusters = common::eventually("prod-1 in the console", 120, async || {
+    let clusters = common::eventually("the onboarded cluster in the console", 120, async || {
         let v: serde_json::Value = http
             .get(format!("http://{console}/api/v1/clusters"))
             .bearer_auth(&viewer)
@@ -341,7 +373,9 @@ async fn the_small_fleet_and_an_agent_start_from_their_manifests_and_the_console
             .or_else(|| v["clusters"].as_array())?
             .iter()
             .any(|c| {
-                c["name"] == "prod-1" && c["version"].as_str().is_some_and(|s| s.contains("1.35"))
+                c["name"] == CLUSTER
+                    && c["labels"]["env"] == "staging"
+                    && c["version"].as_str().is_some_and(|s| s.contains("1.35"))
             });
         found.then_some(v)
     })
@@ -354,8 +388,62 @@ async fn the_small_fleet_and_an_agent_start_from_their_manifests_and_the_console
         )
     })?;
     eprintln!("console: {clusters}");
+
+    // Every exposed API takes the same tokens: the TSDB (Grafana's data source) and the alert router
+    // (amtool, silences) refuse strangers; a viewer reads, only an operator silences.
+    let tsdb = node.service_addr("multipilot-hub", "multipilot-tsdb", 9466)?;
+    let query = format!("http://{tsdb}/api/v1/query?query=count(kube_node_info)");
+    ensure!(http.get(&query).send().await?.status().as_u16() == 401);
+    ensure!(
+        http.get(&query)
+            .bearer_auth(&viewer)
+            .send()
+            .await?
+            .status()
+            .is_success()
+    );
+    // the console's capacity charts query the TSDB with its own token
+    let capacity = http
+        .get(format!("http://{console}/api/v1/capacity"))
+        .bearer_auth(&viewer)
+        .send()
+        .await?;
+    ensure!(
+        capacity.status().is_success(),
+        "capacity: {} {}",
+        capacity.status(),
+        capacity.text().await?
+    );
+    let alerts = node.service_addr("multipilot-hub", "multipilot-alerts", 9467)?;
+    let silence = serde_json::json!({
+        "matchers": [{"name": "cluster", "value": CLUSTER, "isRegex": false}],
+        "endsAt": "2099-01-01T00:00:00Z", "createdBy": "drill", "comment": "everything of one cluster"
+    });
+    let silences = format!("http://{alerts}/api/v2/silences");
+    ensure!(
+        http.post(&silences)
+            .json(&silence)
+            .send()
+            .await?
+            .status()
+            .as_u16()
+            == 401
+    );
+    ensure!(
+        http.post(&silences)
+            .json(&silence)
+            .bearer_auth(&viewer)
+            .send()
+            .await?
+            .status()
+            .as_u16()
+            == 403
+    );
     Ok(())
 }
+
+/// The cluster the live drill onboards.
+const CLUSTER: &str = "staging-2";
 
 fn tail(node: &Node, pod: &str) -> String {
     let log = node.log(pod);

@@ -26,7 +26,12 @@ const ROLES: [&str; 5] = ["correlator", "tsdb", "alerts", "console", "release"];
 
 /// The shipped accounts file with a password per user in place of the environment variables.
 fn accounts() -> Result<String> {
-    let text = std::fs::read_to_string(root().join("deploy/nats/accounts.conf"))?;
+    accounts_from(&root().join("deploy/nats/accounts.conf"))
+}
+
+/// An accounts file with `pw-<user>` in place of each `$MULTIPILOT_<USER>_PASSWORD`.
+fn accounts_from(path: &Path) -> Result<String> {
+    let text = std::fs::read_to_string(path)?;
     let re = regex::Regex::new(r"\$MULTIPILOT_([A-Z0-9_]+)_PASSWORD")?;
     Ok(re
         .replace_all(&text, |c: &regex::Captures<'_>| {
@@ -404,5 +409,158 @@ async fn every_role_works_under_its_own_user_and_an_agent_speaks_only_for_its_cl
     // and the server said why, naming the user
     let v = violations(&nats);
     assert!(v.iter().any(|l| l.contains("agent-prod-1")), "{v:?}");
+    Ok(())
+}
+
+/// `multipilot cluster …` on a copy of the shipped accounts file.
+fn cluster_cmd(args: &[&str], dir: &Path) -> Result<std::process::Output> {
+    Ok(Command::new(env!("CARGO_BIN_EXE_multipilot"))
+        .arg("cluster")
+        .args(args)
+        .arg("--accounts")
+        .arg(dir.join("accounts.conf"))
+        .arg("--secrets-dir")
+        .arg(dir.join("secrets"))
+        .current_dir(root())
+        .output()?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_onboarded_cluster_speaks_only_for_itself_and_is_refused_once_removed() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    std::fs::copy(
+        root().join("deploy/nats/accounts.conf"),
+        dir.path().join("accounts.conf"),
+    )?;
+    std::fs::create_dir_all(dir.path().join("secrets/material"))?;
+    std::fs::write(
+        dir.path().join("secrets/material/ca.crt"),
+        "-----BEGIN CERTIFICATE-----\n",
+    )?;
+    let overlays = dir.path().join("agents");
+    let add = |name: &str| {
+        let mut args = vec![
+            "add",
+            name,
+            "--label",
+            "env=staging",
+            "--overlay-dir",
+            overlays.to_str().unwrap_or_default(),
+        ];
+        args.push("--nats-url");
+        args.push("nats://nats.example.invalid:4222");
+        cluster_cmd(&args, dir.path())
+    };
+    let out = add("staging-2")?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // bad input changes nothing: a taken name, a name that is not a DNS label, an unknown cluster
+    let before = std::fs::read_to_string(dir.path().join("accounts.conf"))?;
+    for (args, want) in [
+        (vec!["add", "staging-2"], "already has an agent user"),
+        (vec!["add", "Staging_2"], "not a valid cluster name"),
+        (vec!["remove", "nope"], "no such cluster"),
+    ] {
+        let out = cluster_cmd(&args, dir.path())?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        anyhow::ensure!(
+            !out.status.success() && err.contains(want),
+            "{args:?}: {err}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("accounts.conf"))?,
+        before
+    );
+    let listed = cluster_cmd(&["list"], dir.path())?;
+    assert_eq!(
+        String::from_utf8_lossy(&listed.stdout),
+        "prod-1\nstaging-2\n"
+    );
+
+    // the overlay renders, for that cluster
+    let rendered = Command::new("kubectl")
+        .arg("kustomize")
+        .arg(overlays.join("staging-2"))
+        .output()?;
+    anyhow::ensure!(
+        rendered.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rendered.stderr)
+    );
+    let rendered = String::from_utf8_lossy(&rendered.stdout);
+    assert!(rendered.contains("name: staging-2") && rendered.contains("user: agent-staging-2"));
+
+    // the minted password, from the Secret to apply in that cluster
+    let secret: serde_json::Value = serde_yaml::from_str(&std::fs::read_to_string(
+        dir.path()
+            .join("secrets/agent-staging-2/multipilot-agent-nats.yaml"),
+    )?)?;
+    let password = secret["stringData"]["password"]
+        .as_str()
+        .context("password")?
+        .to_string();
+    let edited = || accounts_from(&dir.path().join("accounts.conf"));
+    let accounts = edited()?;
+    let nats = NatsServer::start_with(|_| format!("{accounts}\nno_auth_user: admin\n")).await?;
+    Topology::embedded()
+        .provision(&jetstream::new(nats.client().await?))
+        .await?;
+    let agent = async_nats::ConnectOptions::new()
+        .user_and_password("agent-staging-2".into(), password.clone())
+        .custom_inbox_prefix("_INBOX_staging-2")
+        .connect(nats.url())
+        .await?;
+    let ajs = jetstream::new(agent.clone());
+    // its own subject: stored; another cluster's: refused
+    ajs.publish(subject::heartbeat("staging-2"), vec![1].into())
+        .await?
+        .await?;
+    let other = tokio::time::timeout(Duration::from_secs(3), async {
+        ajs.publish(subject::heartbeat("prod-1"), vec![1].into())
+            .await?
+            .await
+            .map_err(anyhow::Error::from)
+    })
+    .await;
+    assert!(
+        !matches!(other, Ok(Ok(_))),
+        "agent-staging-2 published as prod-1"
+    );
+    // and its commands, not prod-1's
+    let mut own = agent
+        .subscribe(subject::command("staging-2", "release"))
+        .await?;
+    let admin = nats.client().await?;
+    admin
+        .publish(subject::command("staging-2", "release"), "x".into())
+        .await?;
+    admin.flush().await?;
+    let got = tokio::time::timeout(Duration::from_secs(5), own.next()).await?;
+    assert!(got.is_some());
+    drop(agent);
+
+    // removed: the same credentials are refused by a server with the new accounts file
+    let out = cluster_cmd(&["remove", "staging-2"], dir.path())?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    drop(nats);
+    let accounts = edited()?;
+    let nats = NatsServer::start_with(|_| format!("{accounts}\nno_auth_user: admin\n")).await?;
+    let refused = async_nats::ConnectOptions::new()
+        .user_and_password("agent-staging-2".into(), password)
+        .connection_timeout(Duration::from_secs(2))
+        .connect(nats.url());
+    let refused = tokio::time::timeout(Duration::from_secs(5), refused).await;
+    assert!(
+        !matches!(refused, Ok(Ok(_))),
+        "a removed cluster's agent could still connect"
+    );
     Ok(())
 }

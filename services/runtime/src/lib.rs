@@ -1,6 +1,7 @@
 //! What every MultiPilot process shares: layered configuration, telemetry, the `/healthz`, `/readyz` and
 //! `/metrics` endpoints, the role context and shutdown.
 
+pub mod auth;
 pub mod config;
 pub mod context;
 pub mod http;

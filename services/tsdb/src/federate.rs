@@ -181,9 +181,17 @@ pub struct Peers {
 
 impl Peers {
     /// Peers at `urls` (base URLs), each asked with `timeout`.
-    pub fn new(urls: &[String], timeout: Duration) -> Result<Self> {
+    pub fn new(urls: &[String], timeout: Duration, token: Option<&str>) -> Result<Self> {
+        let mut headers = reqwest::header::HeaderMap::new();
+        if let Some(t) = token {
+            let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {t}"))
+                .map_err(|e| Error::BadRequest(format!("peer_token: {e}")))?;
+            v.set_sensitive(true);
+            headers.insert(reqwest::header::AUTHORIZATION, v);
+        }
         let client = reqwest::Client::builder()
             .timeout(timeout)
+            .default_headers(headers)
             .build()
             .map_err(|e| Error::BadRequest(format!("http client: {e}")))?;
         Ok(Peers {

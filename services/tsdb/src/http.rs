@@ -31,6 +31,10 @@ pub struct Options {
     pub peers: Vec<String>,
     /// How long a query waits for a peer.
     pub peer_timeout: Duration,
+    /// The bearer token sent to peers.
+    pub peer_token: Option<String>,
+    /// Required tokens (`None`: open, on loopback only).
+    pub tokens: Option<Arc<multipilot_runtime::auth::Tokens>>,
 }
 
 impl From<&crate::Config> for Options {
@@ -39,6 +43,8 @@ impl From<&crate::Config> for Options {
             lookback: c.lookback_delta,
             peers: c.peers.clone(),
             peer_timeout: c.peer_timeout,
+            peer_token: c.peer_token.as_ref().map(|t| t.0.clone()),
+            tokens: None,
         }
     }
 }
@@ -60,13 +66,17 @@ pub fn router(store: Arc<Store>, opts: Options) -> Result<Router, federate::Erro
     let peers = if opts.peers.is_empty() {
         None
     } else {
-        Some(Peers::new(&opts.peers, opts.peer_timeout)?)
+        Some(Peers::new(
+            &opts.peers,
+            opts.peer_timeout,
+            opts.peer_token.as_deref(),
+        )?)
     };
     let app = App {
         engine: Engine::new(store, opts.lookback),
         peers,
     };
-    Ok(Router::new()
+    let router = Router::new()
         .route("/api/v1/query", get(query).post(query))
         .route("/api/v1/query_range", get(query_range).post(query_range))
         .route("/api/v1/series", get(series).post(series))
@@ -80,7 +90,14 @@ pub fn router(store: Arc<Store>, opts: Options) -> Result<Router, federate::Erro
         )
         .route(federate::SELECT_PATH, post(internal_select))
         .route(federate::LABELS_PATH, post(internal_labels))
-        .with_state(app))
+        .with_state(app);
+    Ok(match opts.tokens {
+        Some(tokens) => router.route_layer(axum::middleware::from_fn_with_state(
+            tokens,
+            multipilot_runtime::auth::viewer,
+        )),
+        None => router,
+    })
 }
 
 /// A request failure, answered in Prometheus' error envelope.

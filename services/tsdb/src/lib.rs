@@ -77,6 +77,11 @@ pub struct Config {
     /// How long a query waits for a peer.
     #[serde(with = "humantime_serde")]
     pub peer_timeout: Duration,
+    /// Who may query (the same token model as the console's: every role may read). Off by default, which
+    /// only a loopback `listen` allows.
+    pub auth: multipilot_runtime::auth::Config,
+    /// The bearer token this instance sends to its `peers` (a viewer's token of theirs).
+    pub peer_token: Option<multipilot_bus::connect::Secret>,
 }
 
 impl Default for Config {
@@ -102,6 +107,11 @@ impl Default for Config {
             partition: 0,
             peers: Vec::new(),
             peer_timeout: Duration::from_secs(10),
+            auth: multipilot_runtime::auth::Config {
+                enabled: false,
+                ..Default::default()
+            },
+            peer_token: None,
         }
     }
 }
@@ -112,6 +122,9 @@ pub enum Error {
     /// A setting is out of range.
     #[error("invalid tsdb config: {0}")]
     Invalid(String),
+    /// Auth is misconfigured (off on an exposed address, or an unreadable tokens file).
+    #[error(transparent)]
+    Auth(#[from] multipilot_runtime::auth::Error),
     /// The store could not be opened.
     #[error("opening the store: {0}")]
     Store(#[from] store::Error),
@@ -401,7 +414,14 @@ pub async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
     };
     // The role's own tasks stop with the process or when the consumer runner gives up.
     let local = ctx.cancel.child_token();
-    let router = http::router(store.clone(), http::Options::from(&config))?;
+    config.auth.check_listen("tsdb", &config.listen)?;
+    let mut http_opts = http::Options::from(&config);
+    if config.auth.enabled {
+        http_opts.tokens = Some(Arc::new(multipilot_runtime::auth::Tokens::load(
+            &config.auth,
+        )?));
+    }
+    let router = http::router(store.clone(), http_opts)?;
     let (addr, server) =
         multipilot_runtime::http::serve(&config.listen, router, local.clone()).await?;
     tracing::info!(%addr, data_dir = %config.data_dir.display(), "tsdb query API listening");

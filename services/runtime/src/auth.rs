@@ -1,11 +1,15 @@
-//! Bearer-token authentication with three roles: viewer < operator < releaser.
+//! Bearer-token authentication with three roles, viewer < operator < releaser: one model for every HTTP API
+//! a deployment exposes (the console, the TSDB's Prometheus API, the alert router's Alertmanager API).
 //!
 //! Tokens come from the config (`auth.tokens`) and/or a file (`auth.tokens_file`, YAML or JSON: a list of
-//! `{token, subject, role}`). Only a SHA-256 digest of each token is kept in memory, and a request's token is
-//! looked up by its digest. Auth can be switched off only when the console listens on a loopback address
-//! (the local demo); [`crate::run`] refuses to start otherwise.
+//! `{token, subject, role}`), so one tokens file can serve every API. Only a SHA-256 digest of each token is
+//! kept in memory, and a request's token is looked up by its digest. Clients send
+//! `Authorization: Bearer <token>` (what Grafana data sources, Prometheus' `alertmanagers` config and
+//! `amtool --http.config.file` send); `?access_token=` is accepted where a client can't set headers
+//! (`EventSource`). Auth can be off only on a loopback listen address ([`Config::check_listen`]).
 
 use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 
 use multipilot_bus::connect::Secret;
@@ -93,6 +97,16 @@ pub enum Error {
         /// Why.
         reason: String,
     },
+    /// Auth is off on an address others can reach.
+    #[error(
+        "{what} listens on {listen}, which is not a loopback address, with auth off: set its `auth.enabled: true` and tokens (`auth.tokens_file`)"
+    )]
+    Open {
+        /// Which API.
+        what: String,
+        /// Its listen address.
+        listen: String,
+    },
     /// A token is empty or given twice.
     #[error("invalid token for {subject:?}: {reason}")]
     Invalid {
@@ -101,6 +115,39 @@ pub enum Error {
         /// What is wrong.
         reason: &'static str,
     },
+}
+
+impl Config {
+    /// Refuses an API that anyone who reaches it could use: auth off on a non-loopback `listen` address.
+    pub fn check_listen(&self, what: &str, listen: &str) -> Result<(), Error> {
+        if self.enabled || is_loopback(listen) {
+            Ok(())
+        } else {
+            Err(Error::Open {
+                what: what.to_string(),
+                listen: listen.to_string(),
+            })
+        }
+    }
+}
+
+/// Whether a listen address is loopback only (`127.0.0.0/8`, `::1`, `localhost`).
+pub fn is_loopback(listen: &str) -> bool {
+    if let Ok(addr) = listen.parse::<SocketAddr>() {
+        return addr.ip().is_loopback();
+    }
+    let host = listen.rsplit_once(':').map(|(h, _)| h).unwrap_or(listen);
+    if host.trim_matches(['[', ']']).parse::<IpAddr>().is_ok() {
+        return false;
+    }
+    // a host name counts only if every address it resolves to is loopback
+    match listen.to_socket_addrs() {
+        Ok(addrs) => {
+            let addrs: Vec<SocketAddr> = addrs.collect();
+            !addrs.is_empty() && addrs.iter().all(|a| a.ip().is_loopback())
+        }
+        Err(_) => false,
+    }
 }
 
 /// Who is asking.
@@ -190,6 +237,120 @@ impl Tokens {
     }
 }
 
+/// The bearer token of a request (`Authorization: Bearer …`, or `?access_token=`).
+pub fn token_of(req: &axum::extract::Request) -> Option<String> {
+    if let Some(h) = req.headers().get(axum::http::header::AUTHORIZATION)
+        && let Ok(s) = h.to_str()
+        && let Some(t) = s
+            .strip_prefix("Bearer ")
+            .or_else(|| s.strip_prefix("bearer "))
+    {
+        return Some(t.trim().to_string());
+    }
+    let q = req.uri().query()?;
+    serde_urlencoded::from_str::<std::collections::BTreeMap<String, String>>(q)
+        .ok()?
+        .remove("access_token")
+}
+
+/// Why a request is refused: answered as 401 (with `WWW-Authenticate: Bearer`) or 403, with a JSON body
+/// `{"error", "status"}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// No token, or one nobody configured.
+    Unauthenticated(&'static str),
+    /// A known token whose role is too low.
+    Forbidden(String),
+}
+
+impl axum::response::IntoResponse for Refusal {
+    fn into_response(self) -> axum::response::Response {
+        let (status, msg) = match self {
+            Refusal::Unauthenticated(m) => (axum::http::StatusCode::UNAUTHORIZED, m.to_string()),
+            Refusal::Forbidden(m) => (axum::http::StatusCode::FORBIDDEN, m),
+        };
+        let mut r = (
+            status,
+            axum::Json(serde_json::json!({"error": msg, "status": status.as_u16()})),
+        )
+            .into_response();
+        if status == axum::http::StatusCode::UNAUTHORIZED {
+            r.headers_mut().insert(
+                axum::http::header::WWW_AUTHENTICATE,
+                axum::http::HeaderValue::from_static("Bearer"),
+            );
+        }
+        r
+    }
+}
+
+/// Who a request comes from.
+pub fn authenticate(tokens: &Tokens, req: &axum::extract::Request) -> Result<Principal, Refusal> {
+    let token = token_of(req);
+    tokens.check(token.as_deref()).ok_or(if token.is_some() {
+        Refusal::Unauthenticated("invalid token")
+    } else {
+        Refusal::Unauthenticated("a bearer token is required (Authorization: Bearer <token>)")
+    })
+}
+
+/// `Ok` when the principal's role is at least `role`.
+pub fn require(p: &Principal, role: Role) -> Result<(), Refusal> {
+    if p.role >= role {
+        Ok(())
+    } else {
+        Err(Refusal::Forbidden(format!(
+            "{} has the {} role; this needs {}",
+            p.subject,
+            p.role.name(),
+            role.name()
+        )))
+    }
+}
+
+async fn gate(
+    tokens: &Tokens,
+    mut req: axum::extract::Request,
+    next: axum::middleware::Next,
+    need: Role,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    let p = match authenticate(tokens, &req) {
+        Ok(p) => p,
+        Err(r) => return r.into_response(),
+    };
+    if let Err(r) = require(&p, need) {
+        return r.into_response();
+    }
+    req.extensions_mut().insert(p);
+    next.run(req).await
+}
+
+/// A middleware (for `axum::middleware::from_fn_with_state`) that lets a request through when its token's
+/// role is at least viewer for reads (GET, HEAD) and at least operator for every other method, and puts the
+/// [`Principal`] into the request's extensions.
+pub async fn viewer_reads_operator_writes(
+    axum::extract::State(tokens): axum::extract::State<std::sync::Arc<Tokens>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let need = match *req.method() {
+        axum::http::Method::GET | axum::http::Method::HEAD => Role::Viewer,
+        _ => Role::Operator,
+    };
+    gate(&tokens, req, next, need).await
+}
+
+/// A middleware that lets every request with a viewer's (or higher) token through: for read-only APIs
+/// whose reads may be POSTs (Prometheus' query API).
+pub async fn viewer(
+    axum::extract::State(tokens): axum::extract::State<std::sync::Arc<Tokens>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    gate(&tokens, req, next, Role::Viewer).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -240,6 +401,23 @@ mod tests {
             ..Default::default()
         };
         assert!(Tokens::load(&empty).is_err());
+    }
+
+    #[test]
+    fn auth_may_be_off_only_on_loopback() {
+        let off = Config {
+            enabled: false,
+            ..Default::default()
+        };
+        assert!(off.check_listen("tsdb", "127.0.0.1:9466").is_ok());
+        assert!(off.check_listen("tsdb", "localhost:9466").is_ok());
+        let err = off.check_listen("tsdb", "0.0.0.0:9466").unwrap_err();
+        assert!(err.to_string().contains("auth.enabled"), "{err}");
+        assert!(
+            Config::default()
+                .check_listen("tsdb", "0.0.0.0:9466")
+                .is_ok()
+        );
     }
 
     #[test]
