@@ -81,60 +81,47 @@ pub async fn run(config: Config, roles: Vec<Role>) -> Result<()> {
     }
     ctx.health.set("streams", true);
 
-    let mut tasks = Vec::new();
+    let mut tasks = tokio::task::JoinSet::new();
     for role in roles {
         let ctx = ctx.clone();
         let config = config.clone();
-        tasks.push(tokio::spawn(async move {
-            match role {
-                Role::Correlator => {
-                    let r = multipilot_correlator::run(config.correlator(), ctx.clone()).await;
-                    if r.is_err() {
-                        ctx.health.set(role.name(), false);
-                    }
-                    r
-                }
-                Role::Tsdb => {
-                    let r = multipilot_tsdb::run(config.tsdb(), ctx.clone()).await;
-                    if r.is_err() {
-                        ctx.health.set(role.name(), false);
-                    }
-                    r
-                }
-                Role::Alerts => {
-                    let r = multipilot_alerts::run(config.alerts(), ctx.clone()).await;
-                    if r.is_err() {
-                        ctx.health.set(role.name(), false);
-                    }
-                    r
-                }
-                Role::Release => {
-                    let r = multipilot_release::run(config.release(), ctx.clone()).await;
-                    if r.is_err() {
-                        ctx.health.set(role.name(), false);
-                    }
-                    r
-                }
-                Role::Console => {
-                    let r = multipilot_console::run(config.console(), ctx.clone()).await;
-                    if r.is_err() {
-                        ctx.health.set(role.name(), false);
-                    }
-                    r
-                }
-            }
-        }));
+        tasks.spawn(async move {
+            let r = match role {
+                Role::Correlator => multipilot_correlator::run(config.correlator(), ctx).await,
+                Role::Tsdb => multipilot_tsdb::run(config.tsdb(), ctx).await,
+                Role::Alerts => multipilot_alerts::run(config.alerts(), ctx).await,
+                Role::Release => multipilot_release::run(config.release(), ctx).await,
+                Role::Console => multipilot_console::run(config.console(), ctx).await,
+            };
+            (role, r)
+        });
     }
-    multipilot_runtime::shutdown_signal().await;
-    tracing::info!("shutting down");
+    // A role that fails stops the process at once, saying why, so that whatever supervises it (the kubelet,
+    // systemd, compose) restarts it with backoff: a role can't be left dead behind a live process.
+    let mut failed = None;
+    tokio::select! {
+        _ = multipilot_runtime::shutdown_signal() => tracing::info!("shutting down"),
+        Some(done) = tasks.join_next() => {
+            let (role, why) = match done {
+                Ok((role, Err(e))) => (role.name(), format!("{e:#}")),
+                Ok((role, Ok(()))) => (role.name(), "stopped by itself".to_string()),
+                Err(e) => ("a role", format!("panicked: {e}")),
+            };
+            tracing::error!(role, error = %why, "role failed; stopping the process");
+            failed = Some(anyhow::anyhow!("{role} failed: {why}"));
+        }
+    }
     cancel.cancel();
-    for t in tasks {
-        match t.await {
-            Ok(Err(e)) => tracing::error!(error = %e, "role failed"),
+    while let Some(done) = tasks.join_next().await {
+        match done {
+            Ok((role, Err(e))) => tracing::error!(role = role.name(), error = %e, "role failed"),
             Err(e) => tracing::error!(error = %e, "role panicked"),
-            Ok(Ok(())) => {}
+            Ok((_, Ok(()))) => {}
         }
     }
     let _ = server.await;
-    Ok(())
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }

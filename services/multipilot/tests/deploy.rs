@@ -263,11 +263,20 @@ fn binaries() -> Result<BTreeMap<String, PathBuf>> {
     ]))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_small_fleet_and_an_onboarded_agent_start_from_their_manifests_and_the_console_shows_the_cluster()
--> Result<()> {
+/// A hub example and one onboarded cluster, running on an emulated node: the README's steps in a copy of
+/// `deploy/` (the operator's repository): the hub's Secrets (the NATS certificate also names the address
+/// agents reach the bus by), then `multipilot cluster add`, which mints the agent's bus user and writes its
+/// Secret and overlay. Every pod becomes ready and every Service reaches a listener.
+struct Onboarded {
+    node: Node,
+    /// The viewer's token from `secrets/material/tokens.yaml`.
+    viewer: String,
+    _sim: Sim,
+    _site: tempfile::TempDir,
+}
+
+async fn onboard(example: &str) -> Result<Onboarded> {
     Node::preflight()?;
-    // The operator's repository: a copy of deploy/, where onboarding writes.
     let site = tempfile::tempdir()?;
     let status = Command::new("cp")
         .arg("-r")
@@ -277,9 +286,6 @@ async fn the_small_fleet_and_an_onboarded_agent_start_from_their_manifests_and_t
     ensure!(status.success(), "copying deploy/");
     let out = site.path().join("secrets");
     let out_s = out.to_str().context("utf-8 path")?;
-    // The README's steps: the hub's Secrets (the NATS certificate also names the address agents reach the
-    // bus by), then `multipilot cluster add`, which mints the agent's bus user and writes its Secret and
-    // overlay.
     let status = Command::new(site.path().join("deploy/examples/secrets.sh"))
         .args(["hub", out_s, "nats.multipilot.example.com"])
         .status()?;
@@ -305,7 +311,7 @@ async fn the_small_fleet_and_an_onboarded_agent_start_from_their_manifests_and_t
         "cluster add: {}",
         String::from_utf8_lossy(&added.stderr)
     );
-    let mut manifests = Manifests::render(&site.path().join("deploy/examples/small-fleet"))?;
+    let mut manifests = Manifests::render(&site.path().join("deploy/examples").join(example))?;
     manifests.extend(secret_manifests(&out.join("hub"))?);
     manifests.extend(Manifests::render(
         &site.path().join("deploy/site/agents").join(CLUSTER),
@@ -332,13 +338,11 @@ async fn the_small_fleet_and_an_onboarded_agent_start_from_their_manifests_and_t
     node.start().await?;
     node.wait_all_ready(Duration::from_secs(240)).await?;
     for (pod, _) in node.pods() {
-        eprintln!("ready: {pod} (restarts {})", node.restarts(&pod));
+        eprintln!("{example}: ready: {pod} (restarts {})", node.restarts(&pod));
     }
     for line in node.check_services().await? {
-        eprintln!("service: {line}");
+        eprintln!("{example}: service: {line}");
     }
-
-    // agent → NATS → hub: the console, through its Service, shows the onboarded cluster with its labels and facts
     let tokens: serde_json::Value =
         serde_yaml::from_str(&std::fs::read_to_string(out.join("material/tokens.yaml"))?)?;
     let viewer = tokens
@@ -347,6 +351,20 @@ async fn the_small_fleet_and_an_onboarded_agent_start_from_their_manifests_and_t
         .and_then(|t| t["token"].as_str())
         .context("viewer token")?
         .to_string();
+    Ok(Onboarded {
+        node,
+        viewer,
+        _sim: sim,
+        _site: site,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_small_fleet_and_an_onboarded_agent_start_from_their_manifests_and_the_console_shows_the_cluster()
+-> Result<()> {
+    let Onboarded { node, viewer, .. } = onboard("small-fleet").await?;
+
+    // agent → NATS → hub: the console, through its Service, shows the onboarded cluster with its labels and facts
     let console = node.service_addr("multipilot-hub", "multipilot-console", 9468)?;
     let http = reqwest::Client::new();
     let refused = http
@@ -392,7 +410,7 @@ async fn the_small_fleet_and_an_onboarded_agent_start_from_their_manifests_and_t
     // Every exposed API takes the same tokens: the TSDB (Grafana's data source) and the alert router
     // (amtool, silences) refuse strangers; a viewer reads, only an operator silences.
     let tsdb = node.service_addr("multipilot-hub", "multipilot-tsdb", 9466)?;
-    let query = format!("http://{tsdb}/api/v1/query?query=count(kube_node_info)");
+    let query = format!("http://{tsdb}/api/v1/query?query=count(kube_pod_info)");
     ensure!(http.get(&query).send().await?.status().as_u16() == 401);
     ensure!(
         http.get(&query)
@@ -439,6 +457,70 @@ async fn the_small_fleet_and_an_onboarded_agent_start_from_their_manifests_and_t
             .as_u16()
             == 403
     );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_scaled_hub_starts_with_its_partitions_and_any_tsdb_answers_for_the_onboarded_cluster()
+-> Result<()> {
+    // one workload per role under its own NATS user, the correlator and the TSDB in 2 partitions each,
+    // NATS mapping agent subjects to partitions inside the FLEET account
+    let Onboarded { node, viewer, .. } = onboard("scaled-hub").await?;
+    let http = reqwest::Client::new();
+    let console = node.service_addr("multipilot-hub", "multipilot-console", 9468)?;
+    common::eventually(
+        "the onboarded cluster in the scaled hub's console",
+        120,
+        async || {
+            let v: serde_json::Value = http
+                .get(format!("http://{console}/api/v1/clusters"))
+                .bearer_auth(&viewer)
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            v.as_array()?
+                .iter()
+                .any(|c| c["name"] == CLUSTER && c["health"] == "healthy")
+                .then_some(())
+        },
+    )
+    .await?;
+    // The cluster's metrics are stored by the one partition the mapping gives it (only the partition
+    // durables read FLEET_METRICS here: without the mapping nothing would be stored), and each TSDB instance
+    // answers for it, asking its peer for what it lacks.
+    let query = format!("count(kube_pod_info{{cluster=\"{CLUSTER}\"}})");
+    for instance in ["multipilot-tsdb-p0", "multipilot-tsdb-p1"] {
+        let addr = node.service_addr("multipilot-hub", instance, 9466)?;
+        common::eventually(
+            &format!("{instance} answers for {CLUSTER}"),
+            150,
+            async || {
+                let v: serde_json::Value = http
+                    .get(format!("http://{addr}/api/v1/query"))
+                    .query(&[("query", query.as_str())])
+                    .bearer_auth(&viewer)
+                    .send()
+                    .await
+                    .ok()?
+                    .json()
+                    .await
+                    .ok()?;
+                let n: f64 = v["data"]["result"][0]["value"][1].as_str()?.parse().ok()?;
+                (n > 0.0).then_some(())
+            },
+        )
+        .await
+        .with_context(|| {
+            format!(
+                "tsdb-p0 log:\n{}\ntsdb-p1 log:\n{}",
+                tail(&node, "multipilot-tsdb-p0-0"),
+                tail(&node, "multipilot-tsdb-p1-0")
+            )
+        })?;
+    }
     Ok(())
 }
 

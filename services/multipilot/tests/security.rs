@@ -29,9 +29,15 @@ fn accounts() -> Result<String> {
     accounts_from(&root().join("deploy/nats/accounts.conf"))
 }
 
-/// An accounts file with `pw-<user>` in place of each `$MULTIPILOT_<USER>_PASSWORD`.
+/// An accounts file with `pw-<user>` in place of each `$MULTIPILOT_<USER>_PASSWORD`, and the file it includes
+/// (its sibling `fleet-mappings.conf`) inlined, so the test server's config can live anywhere.
 fn accounts_from(path: &Path) -> Result<String> {
-    let text = std::fs::read_to_string(path)?;
+    let mappings = std::fs::read_to_string(
+        path.parent()
+            .context("accounts file's directory")?
+            .join("fleet-mappings.conf"),
+    )?;
+    let text = std::fs::read_to_string(path)?.replace("include ./fleet-mappings.conf", &mappings);
     let re = regex::Regex::new(r"\$MULTIPILOT_([A-Z0-9_]+)_PASSWORD")?;
     Ok(re
         .replace_all(&text, |c: &regex::Captures<'_>| {
@@ -428,10 +434,9 @@ fn cluster_cmd(args: &[&str], dir: &Path) -> Result<std::process::Output> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_onboarded_cluster_speaks_only_for_itself_and_is_refused_once_removed() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    std::fs::copy(
-        root().join("deploy/nats/accounts.conf"),
-        dir.path().join("accounts.conf"),
-    )?;
+    for file in ["accounts.conf", "fleet-mappings.conf"] {
+        std::fs::copy(root().join("deploy/nats").join(file), dir.path().join(file))?;
+    }
     std::fs::create_dir_all(dir.path().join("secrets/material"))?;
     std::fs::write(
         dir.path().join("secrets/material/ca.crt"),
