@@ -91,11 +91,24 @@ async fn run() -> Result<()> {
     let router = http::router(ctx.health.clone(), ctx.registry.clone());
     let (addr, server) = http::serve(&config.http.listen, router, cancel.clone()).await?;
     tracing::info!(%addr, clusters = config.clusters.len(), outbox = %config.outbox.path, "agent serving /healthz /readyz /metrics");
-    let work = tokio::spawn(agent::run(config, ctx));
-    multipilot_runtime::shutdown_signal().await;
-    tracing::info!("stopping: draining the outbox for up to 5s");
-    cancel.cancel();
-    let result = work.await.context("agent task")?;
+    let mut work = tokio::spawn(agent::run(config, ctx));
+    // If the agent's work fails (an unreadable kubeconfig, an outbox that can't open), the process stops at
+    // once and says why, so that its supervisor restarts it: never a live process that does nothing.
+    let result = tokio::select! {
+        _ = multipilot_runtime::shutdown_signal() => {
+            tracing::info!("stopping: draining the outbox for up to 5s");
+            cancel.cancel();
+            work.await.context("agent task")?
+        }
+        done = &mut work => {
+            let r = done.context("agent task")?;
+            if let Err(e) = &r {
+                tracing::error!(error = %format!("{e:#}"), "agent failed; stopping");
+            }
+            cancel.cancel();
+            r.and(Err(anyhow::anyhow!("the agent stopped by itself")))
+        }
+    };
     let _ = server.await;
     result
 }

@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail, ensure};
+use multipilot_testkit::compose;
 use multipilot_testkit::kubelet::{ApiServer, Manifests, Node, Options};
 use tokio_util::sync::CancellationToken;
 
@@ -521,6 +522,105 @@ async fn the_scaled_hub_starts_with_its_partitions_and_any_tsdb_answers_for_the_
             )
         })?;
     }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compose_yaml_starts_and_its_console_shows_the_cluster() -> Result<()> {
+    Node::preflight()?;
+    // The project directory as compose.yaml's header says to prepare it: `.env`, and next to it
+    // deploy/compose/kubeconfig.yaml (the agent's cluster, context prod-1) and deploy/compose/tokens.yaml.
+    let project = tempfile::tempdir()?;
+    let status = Command::new("cp")
+        .arg("-r")
+        .arg(root().join("deploy"))
+        .arg(root().join("compose.yaml"))
+        .arg(project.path())
+        .status()?;
+    ensure!(status.success(), "copying compose.yaml and deploy/");
+    let compose = std::fs::read_to_string(project.path().join("compose.yaml"))?;
+    let mut env = BTreeMap::new();
+    let re = regex::Regex::new(r"\$\{([A-Z0-9_]+):\?")?;
+    for c in re.captures_iter(&compose) {
+        let var = c[1].to_string();
+        let value = format!("p{}", multipilot_schemas::stable_id(&[&var, "drill"]));
+        env.insert(var, value);
+    }
+    let viewer = "viewer-drill-token-0123456789".to_string();
+    std::fs::write(
+        project.path().join("deploy/compose/tokens.yaml"),
+        format!(
+            "- {{token: {viewer}, subject: alice, role: viewer}}\n- {{token: {}, subject: console, role: viewer}}\n",
+            env["MULTIPILOT_CONSOLE_TSDB_TOKEN"]
+        ),
+    )?;
+    let images = BTreeMap::from([
+        (
+            "nats:".to_string(),
+            compose::Image {
+                entrypoint: vec!["nats-server".into()],
+                user: None,
+            },
+        ),
+        (
+            "multipilot:".to_string(),
+            // deploy/Dockerfile: ENTRYPOINT [], USER 65532
+            compose::Image {
+                entrypoint: Vec::new(),
+                user: Some(65532),
+            },
+        ),
+    ]);
+    // the node first (its bridge is where the simulated cluster listens), then the kubeconfig the
+    // manifests mount
+    let placeholder = project.path().join("deploy/compose/kubeconfig.yaml");
+    std::fs::write(&placeholder, "")?;
+    let manifests = compose::manifests(&compose, project.path(), &env, &images)?;
+    let mut node = node_for(manifests)?;
+    let sim = simulator(&["prod-1"], &["1.24"], node.gateway().into()).await?;
+    std::fs::copy(&sim.kubeconfig, &placeholder)?;
+    // readable by the image's user (deploy/compose/README.md says so)
+    std::fs::set_permissions(
+        &placeholder,
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )?;
+    node.start().await?;
+    node.wait_all_ready(Duration::from_secs(240)).await?;
+    for (pod, _) in node.pods() {
+        eprintln!("compose: ready: {pod} (restarts {})", node.restarts(&pod));
+    }
+    // the console, as published on the host: prod-1 from the agent, through NATS, in the console
+    let (_, console) = node
+        .pods()
+        .into_iter()
+        .find(|(p, _)| p.starts_with("console-"))
+        .context("no console pod")?;
+    let http = reqwest::Client::new();
+    common::eventually("prod-1 in the compose console", 120, async || {
+        let v: serde_json::Value = http
+            .get(format!("http://{console}:9468/api/v1/clusters"))
+            .bearer_auth(&viewer)
+            .send()
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        v.as_array()?
+            .iter()
+            .any(|c| {
+                c["name"] == "prod-1" && c["version"].as_str().is_some_and(|s| s.contains("1.24"))
+            })
+            .then_some(())
+    })
+    .await
+    .with_context(|| {
+        format!(
+            "console log:\n{}\nagent log:\n{}",
+            tail(&node, "console-0pod"),
+            tail(&node, "agent-0pod")
+        )
+    })?;
     Ok(())
 }
 

@@ -192,6 +192,9 @@ pub struct Node {
     aliases: Vec<(String, String, String)>,
 }
 
+/// Mount points created on the host, with how many nodes use each.
+static MOUNTPOINTS: Mutex<BTreeMap<PathBuf, usize>> = Mutex::new(BTreeMap::new());
+
 /// Tells nodes of one process apart (bridge, namespace and interface names, subnets).
 static NODES: AtomicU32 = AtomicU32::new(0);
 
@@ -233,7 +236,19 @@ impl Node {
         Self::preflight()?;
         let n = NODES.fetch_add(1, Ordering::Relaxed);
         let prefix = format!("mp{:03x}{n:x}", std::process::id() & 0xfff);
-        let third = 16 + ((std::process::id() + n * 37) % 200) as u8;
+        // a /24 no interface of this machine uses yet (another node, another test process)
+        let used = String::from_utf8_lossy(
+            &Command::new("ip")
+                .args(["-o", "-4", "addr"])
+                .output()?
+                .stdout,
+        )
+        .into_owned();
+        let start = (std::process::id() + n * 37) % 200;
+        let third = (0..200)
+            .map(|i| 16 + ((start + i) % 200) as u8)
+            .find(|t| !used.contains(&format!(" 10.213.{t}.")))
+            .context("no free 10.213.x.0/24 for the pod network")?;
         let net = [10, 213, third];
         let bridge = format!("{prefix}br");
         let _ = sh(&format!("ip link del {bridge} 2>/dev/null"));
@@ -713,6 +728,14 @@ impl Node {
             }
             return Ok(dir);
         }
+        if let Some(hp) = vol.get("hostPath") {
+            // the node's own file or directory, as it is (never chown'd)
+            let path = PathBuf::from(str_of(&hp["path"], "hostPath.path")?);
+            if !path.exists() {
+                bail!("volume {name}: hostPath {} does not exist", path.display());
+            }
+            return Ok(path);
+        }
         if vol.get("emptyDir").is_some() {
             let dir = pod_dir.join("volumes").join(name);
             std::fs::create_dir_all(&dir)?;
@@ -744,8 +767,12 @@ impl Node {
         std::fs::create_dir_all(self.dir.path().join("logs"))?;
         // volumes
         let mut volumes: BTreeMap<String, PathBuf> = BTreeMap::new();
+        let mut host_paths = Vec::new();
         for v in spec["volumes"].as_array().into_iter().flatten() {
             let name = str_of(&v["name"], "volume name")?.to_string();
+            if v.get("hostPath").is_some() {
+                host_paths.push(name.clone());
+            }
             volumes.insert(name, self.volume_dir(plan, v)?);
         }
         for (vol, claim) in &plan.claims {
@@ -754,7 +781,10 @@ impl Node {
         let psc = &spec["securityContext"];
         let fs_group = psc["fsGroup"].as_u64();
         if let Some(g) = fs_group {
-            for dir in volumes.values() {
+            for (name, dir) in &volumes {
+                if host_paths.contains(name) {
+                    continue;
+                }
                 sh(&format!(
                     "chgrp -R {g} '{}' && chmod -R g+rwX '{}'",
                     dir.display(),
@@ -877,28 +907,33 @@ impl Node {
         })
     }
 
-    /// Creates a mount point on the host (an empty directory or file), remembering what it created.
+    /// Makes sure a mount point exists on the host (an empty directory or file). What a node creates is
+    /// counted process-wide, so that nodes running side by side (parallel tests) share mount points and only
+    /// the last one to stop removes them: unlinking a directory that is a mount point in another pod's mount
+    /// namespace would detach that pod's volume.
     fn ensure_mountpoint(&mut self, target: &Path, dir: bool) -> Result<()> {
-        if target.exists() {
-            return Ok(());
-        }
-        // remember the top-most directory created, to remove it afterwards
-        let mut top = target.to_path_buf();
-        while let Some(parent) = top.parent() {
-            if parent.exists() {
-                break;
+        let mut created = MOUNTPOINTS.lock().unwrap_or_else(|e| e.into_inner());
+        // every missing ancestor, outermost first, then the target
+        let mut chain: Vec<PathBuf> = target
+            .ancestors()
+            .filter(|p| created.contains_key(*p) || !p.exists())
+            .map(Path::to_path_buf)
+            .collect();
+        chain.reverse();
+        for (i, p) in chain.iter().enumerate() {
+            if let Some(n) = created.get_mut(p) {
+                *n += 1;
+            } else {
+                let is_target = i + 1 == chain.len();
+                if is_target && !dir {
+                    std::fs::write(p, b"")?;
+                } else {
+                    std::fs::create_dir(p)?;
+                }
+                created.insert(p.clone(), 1);
             }
-            top = parent.to_path_buf();
+            self.created_dirs.push(p.clone());
         }
-        if dir {
-            std::fs::create_dir_all(target)?;
-        } else {
-            if let Some(parent) = target.parent() {
-                std::fs::create_dir_all(parent)?;
-            }
-            std::fs::write(target, b"")?;
-        }
-        self.created_dirs.push(top);
         Ok(())
     }
 
@@ -1015,11 +1050,20 @@ impl Drop for Node {
             .args(["link", "del", &self.bridge])
             .stderr(Stdio::null())
             .status();
+        let mut created = MOUNTPOINTS.lock().unwrap_or_else(|e| e.into_inner());
         for d in self.created_dirs.iter().rev() {
-            if d.is_dir() {
-                let _ = std::fs::remove_dir_all(d);
-            } else {
-                let _ = std::fs::remove_file(d);
+            let Some(n) = created.get_mut(d) else {
+                continue;
+            };
+            *n -= 1;
+            if *n == 0 {
+                created.remove(d);
+                // only what is still empty: never anything a pod wrote through to the host
+                let _ = if d.is_dir() {
+                    std::fs::remove_dir(d)
+                } else {
+                    std::fs::remove_file(d)
+                };
             }
         }
     }
