@@ -28,6 +28,9 @@ pub enum Error {
     /// A record that doesn't decode.
     #[error("release store: corrupt record: {0}")]
     Json(#[from] serde_json::Error),
+    /// The store was not released in time after it was closed.
+    #[error("release store: {0}")]
+    Close(#[from] multipilot_runtime::store::Error),
     /// The replicated bucket could not be written or read (retryable).
     #[error("release replica: {0}")]
     Replica(#[from] multipilot_bus::kv::Error),
@@ -145,6 +148,18 @@ impl Store {
             flushing: Default::default(),
             db,
         })
+    }
+
+    /// Flushes and closes the store (this handle and its clones must be the last): when this returns, sled's
+    /// lock on `dir` is released and the directory may be opened again, in this process or another.
+    pub async fn close(self, dir: &Path) -> Result<()> {
+        self.db.flush_async().await?;
+        drop(self);
+        Ok(multipilot_runtime::store::wait_released(
+            &dir.join("db"),
+            std::time::Duration::from_secs(30),
+        )
+        .await?)
     }
 
     /// Writes every record through to this bucket from now on.

@@ -163,6 +163,7 @@ async fn a_store_that_predates_the_bucket_is_copied_into_it() -> Result<()> {
         s.add_event(1, &event("db-2", "plan"))?;
         s.put(&release("db-2", 4, 1)?).await?;
         s.put_snapshot("db-2", 4, "b", &snapshot("live")).await?;
+        s.close(old.path()).await?;
     }
     let (s, restored) = open(old.path(), &js).await?;
     assert_eq!(
