@@ -270,14 +270,19 @@ fn binaries() -> Result<BTreeMap<String, PathBuf>> {
 /// Secret and overlay. Every pod becomes ready and every Service reaches a listener.
 struct Onboarded {
     node: Node,
+    _live: tokio::sync::MutexGuard<'static, ()>,
     /// The viewer's token from `secrets/material/tokens.yaml`.
     viewer: String,
     _sim: Sim,
     _site: tempfile::TempDir,
 }
 
+/// One emulated fleet at a time: each is a dozen processes, and the machine has two cores.
+static LIVE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn onboard(example: &str) -> Result<Onboarded> {
     Node::preflight()?;
+    let live = LIVE.lock().await;
     let site = tempfile::tempdir()?;
     let status = Command::new("cp")
         .arg("-r")
@@ -354,6 +359,7 @@ async fn onboard(example: &str) -> Result<Onboarded> {
         .to_string();
     Ok(Onboarded {
         node,
+        _live: live,
         viewer,
         _sim: sim,
         _site: site,
@@ -363,7 +369,9 @@ async fn onboard(example: &str) -> Result<Onboarded> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_small_fleet_and_an_onboarded_agent_start_from_their_manifests_and_the_console_shows_the_cluster()
 -> Result<()> {
-    let Onboarded { node, viewer, .. } = onboard("small-fleet").await?;
+    // bound whole: its simulated cluster, scratch files and turn live as long as the test
+    let fleet = onboard("small-fleet").await?;
+    let (node, viewer) = (&fleet.node, &fleet.viewer);
 
     // agent → NATS → hub: the console, through its Service, shows the onboarded cluster with its labels and facts
     let console = node.service_addr("multipilot-hub", "multipilot-console", 9468)?;
@@ -380,7 +388,7 @@ async fn the_small_fleet_and_an_onboarded_agent_start_from_their_manifests_and_t
     let clusters = common::eventually("the onboarded cluster in the console", 120, async || {
         let v: serde_json::Value = http
             .get(format!("http://{console}/api/v1/clusters"))
-            .bearer_auth(&viewer)
+            .bearer_auth(viewer)
             .send()
             .await
             .ok()?
@@ -402,8 +410,8 @@ async fn the_small_fleet_and_an_onboarded_agent_start_from_their_manifests_and_t
     .with_context(|| {
         format!(
             "hub log:\n{}\nagent log:\n{}",
-            tail(&node, "multipilot-hub-0"),
-            tail(&node, "multipilot-agent-0pod")
+            tail(node, "multipilot-hub-0"),
+            tail(node, "multipilot-agent-0pod")
         )
     })?;
     eprintln!("console: {clusters}");
@@ -415,7 +423,7 @@ async fn the_small_fleet_and_an_onboarded_agent_start_from_their_manifests_and_t
     ensure!(http.get(&query).send().await?.status().as_u16() == 401);
     ensure!(
         http.get(&query)
-            .bearer_auth(&viewer)
+            .bearer_auth(viewer)
             .send()
             .await?
             .status()
@@ -424,7 +432,7 @@ async fn the_small_fleet_and_an_onboarded_agent_start_from_their_manifests_and_t
     // the console's capacity charts query the TSDB with its own token
     let capacity = http
         .get(format!("http://{console}/api/v1/capacity"))
-        .bearer_auth(&viewer)
+        .bearer_auth(viewer)
         .send()
         .await?;
     ensure!(
@@ -451,7 +459,7 @@ async fn the_small_fleet_and_an_onboarded_agent_start_from_their_manifests_and_t
     ensure!(
         http.post(&silences)
             .json(&silence)
-            .bearer_auth(&viewer)
+            .bearer_auth(viewer)
             .send()
             .await?
             .status()
@@ -466,7 +474,9 @@ async fn the_scaled_hub_starts_with_its_partitions_and_any_tsdb_answers_for_the_
 -> Result<()> {
     // one workload per role under its own NATS user, the correlator and the TSDB in 2 partitions each,
     // NATS mapping agent subjects to partitions inside the FLEET account
-    let Onboarded { node, viewer, .. } = onboard("scaled-hub").await?;
+    // bound whole: its simulated cluster, scratch files and turn live as long as the test
+    let fleet = onboard("scaled-hub").await?;
+    let (node, viewer) = (&fleet.node, &fleet.viewer);
     let http = reqwest::Client::new();
     let console = node.service_addr("multipilot-hub", "multipilot-console", 9468)?;
     common::eventually(
@@ -475,7 +485,7 @@ async fn the_scaled_hub_starts_with_its_partitions_and_any_tsdb_answers_for_the_
         async || {
             let v: serde_json::Value = http
                 .get(format!("http://{console}/api/v1/clusters"))
-                .bearer_auth(&viewer)
+                .bearer_auth(viewer)
                 .send()
                 .await
                 .ok()?
@@ -502,7 +512,7 @@ async fn the_scaled_hub_starts_with_its_partitions_and_any_tsdb_answers_for_the_
                 let v: serde_json::Value = http
                     .get(format!("http://{addr}/api/v1/query"))
                     .query(&[("query", query.as_str())])
-                    .bearer_auth(&viewer)
+                    .bearer_auth(viewer)
                     .send()
                     .await
                     .ok()?
@@ -517,8 +527,8 @@ async fn the_scaled_hub_starts_with_its_partitions_and_any_tsdb_answers_for_the_
         .with_context(|| {
             format!(
                 "tsdb-p0 log:\n{}\ntsdb-p1 log:\n{}",
-                tail(&node, "multipilot-tsdb-p0-0"),
-                tail(&node, "multipilot-tsdb-p1-0")
+                tail(node, "multipilot-tsdb-p0-0"),
+                tail(node, "multipilot-tsdb-p1-0")
             )
         })?;
     }
@@ -528,6 +538,7 @@ async fn the_scaled_hub_starts_with_its_partitions_and_any_tsdb_answers_for_the_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compose_yaml_starts_and_its_console_shows_the_cluster() -> Result<()> {
     Node::preflight()?;
+    let _live = LIVE.lock().await;
     // The project directory as compose.yaml's header says to prepare it: `.env`, and next to it
     // deploy/compose/kubeconfig.yaml (the agent's cluster, context prod-1) and deploy/compose/tokens.yaml.
     let project = tempfile::tempdir()?;
