@@ -386,15 +386,7 @@ async fn the_small_fleet_and_an_onboarded_agent_start_from_their_manifests_and_t
         refused.status()
     );
     let clusters = common::eventually("the onboarded cluster in the console", 120, async || {
-        let v: serde_json::Value = http
-            .get(format!("http://{console}/api/v1/clusters"))
-            .bearer_auth(viewer)
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
+        let v = get_json(&http, &format!("http://{console}/api/v1/clusters"), viewer).await?;
         let found = v
             .as_array()
             .or_else(|| v["clusters"].as_array())?
@@ -483,15 +475,7 @@ async fn the_scaled_hub_starts_with_its_partitions_and_any_tsdb_answers_for_the_
         "the onboarded cluster in the scaled hub's console",
         120,
         async || {
-            let v: serde_json::Value = http
-                .get(format!("http://{console}/api/v1/clusters"))
-                .bearer_auth(viewer)
-                .send()
-                .await
-                .ok()?
-                .json()
-                .await
-                .ok()?;
+            let v = get_json(&http, &format!("http://{console}/api/v1/clusters"), viewer).await?;
             v.as_array()?
                 .iter()
                 .any(|c| c["name"] == CLUSTER && c["health"] == "healthy")
@@ -608,15 +592,12 @@ async fn compose_yaml_starts_and_its_console_shows_the_cluster() -> Result<()> {
         .context("no console pod")?;
     let http = reqwest::Client::new();
     common::eventually("prod-1 in the compose console", 120, async || {
-        let v: serde_json::Value = http
-            .get(format!("http://{console}:9468/api/v1/clusters"))
-            .bearer_auth(&viewer)
-            .send()
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
+        let v = get_json(
+            &http,
+            &format!("http://{console}:9468/api/v1/clusters"),
+            &viewer,
+        )
+        .await?;
         v.as_array()?
             .iter()
             .any(|c| {
@@ -633,6 +614,18 @@ async fn compose_yaml_starts_and_its_console_shows_the_cluster() -> Result<()> {
         )
     })?;
     Ok(())
+}
+
+/// GET a JSON document with a bearer token; `None` while it doesn't answer with JSON.
+async fn get_json(http: &reqwest::Client, url: &str, token: &str) -> Option<serde_json::Value> {
+    http.get(url)
+        .bearer_auth(token)
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()
 }
 
 /// The cluster the live drill onboards.
