@@ -324,7 +324,7 @@ pub fn entries() -> Vec<Entry> {
                 ingest_time: Some(t(1)),
                 evidence: vec![Evidence {
                     rank: 1,
-                    kind: "change".into(),
+                    kind: EvidenceKind::Change,
                     summary: "Deployment shop/checkout changed (spec hash 11aa → 9c1d)".into(),
                     cluster_time: t(-300),
                     object: Some(obj("Deployment", Some("shop"), "checkout")),
@@ -352,7 +352,7 @@ pub fn entries() -> Vec<Entry> {
                 first_seen: t(-600),
                 last_seen: t(0),
                 count: 100,
-                pass: "milestone".into(),
+                pass: DigestPass::Milestone,
             },
         ),
         entry(

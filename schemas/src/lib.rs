@@ -11,11 +11,19 @@
 //! - [`codec`]: encode/decode with header checks, size limits and clear errors.
 //! - [`subject`]: subject tokens escaped from Kubernetes names, and the subject builders.
 //! - [`catalog`]: the list of payload types and their generated JSON Schemas.
+//! - [`streams`]: the unions of payloads a stream (or a durable's filter) carries.
+//! - [`control`]: request/reply subjects between hub roles and their JSON bodies.
+//! - [`probes`]: the health probes every agent runs.
+//! - [`deprecations`]: the Kubernetes API deprecation table the agent and the release planner judge by.
 
 pub mod catalog;
 pub mod codec;
+pub mod control;
+pub mod deprecations;
 pub mod envelope;
 pub mod payload;
+pub mod probes;
+pub mod streams;
 pub mod subject;
 
 pub use codec::{DecodeError, EncodeError, decode, encode};

@@ -585,8 +585,8 @@ pub enum IncidentStatus {
 pub struct Evidence {
     /// 1 is the most relevant.
     pub rank: u32,
-    /// What kind of evidence: `change`, `release`, `trend`, `event`, `probe`, `fact`.
-    pub kind: String,
+    /// What kind of evidence it is.
+    pub kind: EvidenceKind,
     /// One line for a person.
     pub summary: String,
     /// When it happened, in the cluster's clock.
@@ -594,6 +594,48 @@ pub struct Evidence {
     /// The object concerned, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object: Option<ObjectRef>,
+}
+
+/// What kind of evidence an item is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum EvidenceKind {
+    /// An object's spec changed.
+    Change,
+    /// A release applied something.
+    Release,
+    /// A probe's observations moved.
+    Trend,
+    /// A (deduplicated) Kubernetes event.
+    Event,
+    /// A probe's finding.
+    Probe,
+    /// A cluster fact.
+    Fact,
+    /// A kind this consumer does not know yet.
+    #[serde(other)]
+    Other,
+}
+
+impl EvidenceKind {
+    /// The name on the wire (`change`, `trend`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EvidenceKind::Change => "change",
+            EvidenceKind::Release => "release",
+            EvidenceKind::Trend => "trend",
+            EvidenceKind::Event => "event",
+            EvidenceKind::Probe => "probe",
+            EvidenceKind::Fact => "fact",
+            EvidenceKind::Other => "other",
+        }
+    }
+}
+
+impl std::fmt::Display for EvidenceKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 /// A correlated incident: what a person must look at.
@@ -659,10 +701,43 @@ pub struct EventDigest {
     pub last_seen: DateTime<Utc>,
     /// Occurrences so far.
     pub count: u64,
-    /// Why it was passed on: `new`, `severity` or `milestone`.
-    pub pass: String,
+    /// Why it was passed on.
+    pub pass: DigestPass,
 }
 payload!(EventDigest, "EventDigest", 1);
+
+/// Why an event digest was passed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum DigestPass {
+    /// The problem was seen for the first time.
+    New,
+    /// Its severity changed.
+    Severity,
+    /// Its count crossed a milestone (10, 100, 1000, …).
+    Milestone,
+    /// A reason this consumer does not know yet.
+    #[serde(other)]
+    Other,
+}
+
+impl DigestPass {
+    /// The name on the wire (`new`, `severity`, `milestone`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DigestPass::New => "new",
+            DigestPass::Severity => "severity",
+            DigestPass::Milestone => "milestone",
+            DigestPass::Other => "other",
+        }
+    }
+}
+
+impl std::fmt::Display for DigestPass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
 
 /// Outcome of one baseline check.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]

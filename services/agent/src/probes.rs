@@ -79,20 +79,7 @@ impl Default for Config {
 }
 
 /// The probes, by name.
-pub const PROBES: &[&str] = &[
-    "apiserver",
-    "etcd",
-    "scheduler",
-    "controller-manager",
-    "nodes",
-    "cni",
-    "coredns",
-    "gpu-device-plugin",
-    "certificates",
-    "finalizers",
-    "external-ips",
-    "deprecated-apis",
-];
+pub use multipilot_schemas::probes::PROBES;
 
 /// What a probe concluded.
 #[derive(Debug, Clone)]
@@ -829,55 +816,13 @@ fn external_ips(ctx: &ClusterCtx) -> Outcome {
     o.obs("services", n as f64)
 }
 
-/// One row of the deprecation table.
-#[derive(Debug, Clone, Deserialize)]
-struct Deprecation {
-    version: String,
-    kind: String,
-    #[serde(rename = "deprecated-in", default)]
-    deprecated_in: String,
-    #[serde(rename = "removed-in", default)]
-    removed_in: String,
-    #[serde(rename = "replacement-api", default)]
-    replacement: String,
-    #[serde(default)]
-    component: String,
-}
-
-#[derive(Debug, Deserialize)]
-struct Table {
-    #[serde(rename = "deprecated-versions")]
-    rows: Vec<Deprecation>,
-}
-
-/// The deprecation table shipped with the agent (Fairwinds pluto's `versions.yaml`, Apache-2.0).
-pub const DEPRECATIONS_YAML: &str = include_str!("../data/deprecations.yaml");
-
-fn minor_of(v: &str) -> Option<u32> {
-    v.trim_start_matches('v').split('.').nth(1)?.parse().ok()
-}
-
-fn table() -> &'static [Deprecation] {
-    static T: std::sync::OnceLock<Vec<Deprecation>> = std::sync::OnceLock::new();
-    T.get_or_init(|| {
-        serde_yaml::from_str::<Table>(DEPRECATIONS_YAML)
-            .map(|t| {
-                t.rows
-                    .into_iter()
-                    .filter(|r| r.component == "k8s")
-                    .collect()
-            })
-            .unwrap_or_default()
-    })
-}
-
 /// Judges `kind` applied as `api_version` on a cluster at `minor`: `(removed?, message)` when deprecated.
 pub fn judge(api_version: &str, kind: &str, minor: u32) -> Option<(bool, String)> {
-    let row = table()
-        .iter()
-        .find(|r| r.version == api_version && r.kind == kind)?;
-    let removed = minor_of(&row.removed_in).is_some_and(|m| minor >= m);
-    let deprecated = minor_of(&row.deprecated_in).is_some_and(|m| minor >= m);
+    // the agent judges Kubernetes' own APIs (the table also lists add-ons')
+    let row = multipilot_schemas::deprecations::find(api_version, kind)
+        .filter(|r| r.component == "k8s")?;
+    let removed = row.removed_minor().is_some_and(|m| minor >= m);
+    let deprecated = row.deprecated_minor().is_some_and(|m| minor >= m);
     if !removed && !deprecated {
         return None;
     }
@@ -977,20 +922,6 @@ async fn deprecated(ctx: &ClusterCtx) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn shipped_deprecation_table_is_the_fixture() {
-        let fixture = std::fs::read_to_string(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../../shared/fixtures/deprecations/pluto-versions.yaml"
-        ))
-        .expect("fixture");
-        assert_eq!(
-            DEPRECATIONS_YAML, fixture,
-            "data/deprecations.yaml must stay a copy of the fixture"
-        );
-        assert!(table().len() > 50);
-    }
 
     #[test]
     fn judges_against_the_cluster_version() {

@@ -221,15 +221,11 @@ async fn each_simulator_fault_becomes_its_incident_and_resolves() -> Result<()> 
             assert!((290.0..=310.0).contains(&secs), "{}", inc.summary);
         }
         if *fault == "coredns-down" {
-            let first = inc
-                .evidence
-                .first()
-                .map(|e| (e.kind.clone(), e.summary.clone()));
+            let first = inc.evidence.first().map(|e| (e.kind, e.summary.clone()));
             assert!(
-                first
-                    .as_ref()
-                    .is_some_and(|(k, s)| k == "change"
-                        && s.contains("Deployment kube-system/coredns changed")),
+                first.as_ref().is_some_and(|(k, s)| *k
+                    == multipilot_schemas::payload::EvidenceKind::Change
+                    && s.contains("Deployment kube-system/coredns changed")),
                 "the CoreDNS change leads the evidence: {:#?}",
                 inc.evidence
             );

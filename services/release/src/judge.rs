@@ -2,47 +2,16 @@
 //! discovered api-versions from `ClusterFacts`), what the deprecation table says about it, and which risks it
 //! carries (Service `externalIPs`, `externalTrafficPolicy: Local`, hostNetwork, privileged containers).
 //!
-//! The deprecation table is the agent's (`services/agent/data/deprecations.yaml`, Fairwinds pluto's
-//! `versions.yaml`), embedded here too so the planner and the agent's probe judge by the same rows.
+//! The deprecation table is `multipilot_schemas::deprecations` (Fairwinds pluto's `versions.yaml`): the
+//! planner and the agent's `deprecated-apis` probe judge by the same rows.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// The deprecation table shared with the agent.
-pub const DEPRECATIONS_YAML: &str = include_str!("../../agent/data/deprecations.yaml");
+use multipilot_schemas::deprecations::{self, minor_of};
 
-#[derive(Debug, Clone, Deserialize)]
-struct Row {
-    version: String,
-    kind: String,
-    #[serde(rename = "deprecated-in", default)]
-    deprecated_in: String,
-    #[serde(rename = "removed-in", default)]
-    removed_in: String,
-    #[serde(rename = "replacement-api", default)]
-    replacement: String,
-    #[serde(rename = "replacement-available-in", default)]
-    replacement_since: String,
-}
-
-#[derive(Debug, Deserialize)]
-struct Table {
-    #[serde(rename = "deprecated-versions")]
-    rows: Vec<Row>,
-}
-
-fn table() -> &'static [Row] {
-    static T: std::sync::OnceLock<Vec<Row>> = std::sync::OnceLock::new();
-    T.get_or_init(|| {
-        serde_yaml::from_str::<Table>(DEPRECATIONS_YAML)
-            .map(|t| t.rows)
-            .unwrap_or_default()
-    })
-}
-
-fn minor_of(v: &str) -> Option<u32> {
-    v.trim_start_matches('v').split('.').nth(1)?.parse().ok()
-}
+/// The deprecation table (the agent's `deprecated-apis` probe reads the same).
+pub const DEPRECATIONS_YAML: &str = deprecations::DEPRECATIONS_YAML;
 
 /// Kinds removed without a replacement API, and what replaced them.
 fn successor(kind: &str) -> Option<&'static str> {
@@ -78,9 +47,7 @@ pub struct Verdict {
 /// version is reported too, as the table's row is then the only evidence.
 pub fn judge(api_version: &str, kind: &str, api_versions: &[String], minor: u32) -> Verdict {
     let served = api_versions.iter().any(|v| v == api_version);
-    let row = table()
-        .iter()
-        .find(|r| r.version == api_version && r.kind == kind);
+    let row = deprecations::find(api_version, kind);
     let group = api_version.rsplit_once('/').map(|(g, _)| g).unwrap_or("");
     let same_group: Vec<&str> = api_versions
         .iter()
@@ -287,23 +254,6 @@ mod tests {
 
     fn served(v: &[&str]) -> Vec<String> {
         v.iter().map(|s| s.to_string()).collect()
-    }
-
-    #[test]
-    fn the_table_is_the_agents() {
-        assert_eq!(
-            DEPRECATIONS_YAML,
-            multipilot_agent_table(),
-            "judge and agent must read the same table"
-        );
-        assert!(table().len() > 100);
-    }
-
-    fn multipilot_agent_table() -> &'static str {
-        include_str!(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/../../../shared/fixtures/deprecations/pluto-versions.yaml"
-        ))
     }
 
     #[test]

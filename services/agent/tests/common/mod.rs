@@ -204,21 +204,17 @@ pub async fn read_stream(
     Ok(out)
 }
 
+/// Polls `f` until it is true.
 pub async fn eventually<F, Fut>(what: &str, secs: u64, mut f: F) -> Result<()>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<bool>>,
 {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    loop {
-        if f().await? {
-            return Ok(());
-        }
-        if tokio::time::Instant::now() > deadline {
-            anyhow::bail!("timed out after {secs}s waiting for: {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    until(what, secs, || {
+        let fut = f();
+        async move { Ok(fut.await?.then_some(())) }
+    })
+    .await
 }
 
 /// Polls `f` until it yields a value.
@@ -227,14 +223,8 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<Option<T>>>,
 {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = f().await? {
-            return Ok(v);
-        }
-        if tokio::time::Instant::now() > deadline {
-            anyhow::bail!("timed out after {secs}s waiting for: {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(300)).await;
-    }
+    multipilot_testkit::wait::until_every(what, secs, Duration::from_millis(300), async || {
+        f().await
+    })
+    .await
 }
