@@ -143,10 +143,6 @@ pub struct Runner {
     metrics: BusMetrics,
 }
 
-fn header<'a>(msg: &'a async_nats::Message, name: &str) -> Option<&'a str> {
-    msg.headers.as_ref()?.get(name).map(|v| v.as_str())
-}
-
 impl Runner {
     /// A runner for one consumer.
     pub fn new(js: jetstream::Context, config: Config, metrics: BusMetrics) -> Self {
@@ -189,28 +185,39 @@ impl Runner {
     ) -> Result<(), Error> {
         let c = &self.config;
         let consumer: jetstream::consumer::Consumer<pull::Config> = loop {
+            // a missing stream or durable is a definition error (provision first); anything else may
+            // pass (the server is starting, a leader election)
             let got = async {
-                let stream = self
-                    .js
-                    .get_stream(&c.stream)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let stream = match self.js.get_stream(&c.stream).await {
+                    Ok(s) => s,
+                    Err(e) if crate::jetstream::stream_not_found(&e) => {
+                        return Err((true, e.to_string()));
+                    }
+                    Err(e) => return Err((false, e.to_string())),
+                };
+                match stream.consumer_info(&c.durable).await {
+                    Ok(_) => {}
+                    Err(e) if crate::jetstream::consumer_info_not_found(&e) => {
+                        return Err((true, e.to_string()));
+                    }
+                    Err(e) => return Err((false, e.to_string())),
+                }
                 stream
                     .get_consumer::<pull::Config>(&c.durable)
                     .await
-                    .map_err(|e| e.to_string())
+                    .map_err(|e| (false, e.to_string()))
             }
             .await;
             match got {
                 Ok(consumer) => break consumer,
-                Err(reason) if reason.contains("not found") => {
+                Err((true, reason)) => {
                     return Err(Error::Consumer {
                         stream: c.stream.clone(),
                         durable: c.durable.clone(),
                         reason,
                     });
                 }
-                Err(reason) => {
+                Err((false, reason)) => {
                     tracing::warn!(stream = %c.stream, durable = %c.durable, %reason, "consumer not reachable yet");
                     tokio::select! {
                         _ = cancel.cancelled() => return Ok(()),
@@ -307,8 +314,8 @@ impl Runner {
             Err(_) => (Utc::now(), 0, 1),
         };
         let decoded: Result<Envelope<T>, DecodeError> = multipilot_schemas::decode(
-            header(&msg, HEADER_CONTENT_TYPE),
-            header(&msg, HEADER_SCHEMA),
+            crate::jetstream::header(&msg, HEADER_CONTENT_TYPE),
+            crate::jetstream::header(&msg, HEADER_SCHEMA),
             &msg.payload,
             c.max_message_bytes,
         );
@@ -349,7 +356,7 @@ impl Runner {
             ingest_time,
             stream_seq,
             delivered,
-            msg_id: header(&msg, HEADER_MSG_ID).map(str::to_string),
+            msg_id: crate::jetstream::header(&msg, HEADER_MSG_ID).map(str::to_string),
         };
         match handler.handle(received).await {
             Outcome::Done => Some(msg),

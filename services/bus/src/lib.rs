@@ -8,16 +8,21 @@
 //!   `Nats-Msg-Id` so JetStream drops replays.
 //! - [`consume`]: the consumer runner: pull in batches, ack after the handler's work is durable, nak with
 //!   backoff on retryable errors, dead-letter what can't be decoded or is invalid, rate-limit per key.
+//! - [`jetstream`]: durables per partition (and recreated to replay), an ordered history reader, typed
+//!   not-found checks, header and decoding helpers.
+//! - [`request`]: scatter-gather request/reply to every instance of a partitioned role.
 //! - [`limit`]: the keyed rate limiter (governor) the runner uses.
 //! - [`metrics`]: the bus' Prometheus metrics.
 //! - [`kv`]: replicated key-value buckets for state that can't be rebuilt from the streams.
 
 pub mod connect;
 pub mod consume;
+pub mod jetstream;
 pub mod kv;
 pub mod limit;
 pub mod metrics;
 pub mod publish;
+pub mod request;
 pub mod topology;
 
 pub use async_nats;

@@ -27,12 +27,11 @@ async fn setup() -> Result<(NatsServer, jetstream::Context)> {
 
 /// Polls `f` until it is true or the deadline passes (a condition, not a timing assertion).
 async fn wait_until(what: &str, deadline: Duration, mut f: impl FnMut() -> bool) -> Result<()> {
-    let end = Instant::now() + deadline;
-    while !f() {
-        anyhow::ensure!(Instant::now() < end, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(())
+    let every = Duration::from_millis(20);
+    multipilot_testkit::wait::eventually_every(what, deadline.as_secs(), every, async || {
+        f().then_some(())
+    })
+    .await
 }
 
 fn heartbeat(cluster: &str, seq: u64) -> Envelope<Heartbeat> {

@@ -6,6 +6,7 @@
 
 pub mod compose;
 pub mod kubelet;
+pub mod wait;
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
