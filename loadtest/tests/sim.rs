@@ -76,14 +76,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while tokio::time::Instant::now() < deadline {
-        if f().await {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    anyhow::bail!("timed out waiting for: {what}")
+    multipilot_testkit::wait::eventually(what, 30, async || f().await.then_some(())).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

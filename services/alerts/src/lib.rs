@@ -35,9 +35,8 @@ use anyhow::{Context as _, Result};
 use chrono::Utc;
 use multipilot_bus::consume::{self, Handler, Outcome, Received, Runner};
 use multipilot_runtime::Context;
-use multipilot_schemas::envelope::decode_member;
-use multipilot_schemas::payload::{EventDigest, Incident};
-use multipilot_schemas::{Envelope, Payload};
+// what the router reads: incident changes and event digests
+use multipilot_schemas::streams::AlertInput as Input;
 use tokio::sync::Mutex;
 
 pub use config::{Config, Routing};
@@ -52,34 +51,6 @@ pub const SILENCES_BUCKET: &str = "MULTIPILOT_SILENCES";
 pub const NFLOG_BUCKET: &str = "MULTIPILOT_NFLOG";
 /// The stream and durable consumer the router reads.
 const INCIDENTS: (&str, &str) = ("FLEET_INCIDENTS", "alerts");
-
-/// What the router reads: incident changes and event digests.
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
-#[serde(untagged)]
-pub enum Input {
-    /// `fleet.incident.<cluster>.<kind>`.
-    Incident(Incident),
-    /// `fleet.digest.<cluster>.<kind>`.
-    Digest(EventDigest),
-}
-
-impl Payload for Input {
-    const SCHEMA: &'static str = "Incident|EventDigest";
-    const VERSION: u32 = 1;
-    fn accepts(schema: &str) -> Option<u32> {
-        Incident::accepts(schema).or_else(|| EventDigest::accepts(schema))
-    }
-    fn decode_envelope(
-        schema: &str,
-        body: &[u8],
-    ) -> Result<Envelope<Self>, rmp_serde::decode::Error> {
-        if schema == Incident::SCHEMA {
-            decode_member(body, Input::Incident)
-        } else {
-            decode_member(body, Input::Digest)
-        }
-    }
-}
 
 struct H {
     engine: Arc<Mutex<Engine>>,
@@ -179,30 +150,11 @@ async fn prepare(store: &Store, js: &async_nats::jetstream::Context) -> Result<(
 /// start; returns the stream's last sequence (the replay's target), or `None` when the stream is empty.
 async fn reset_consumer(js: &async_nats::jetstream::Context) -> Result<Option<u64>> {
     let (stream_name, durable) = INCIDENTS;
-    let def = multipilot_bus::topology::Topology::embedded()
-        .consumer(stream_name, durable)
-        .cloned()
-        .with_context(|| {
-            format!("deploy/streams.yaml defines no consumer {stream_name}/{durable}")
-        })?;
-    let stream = js
-        .get_stream(stream_name)
-        .await
-        .with_context(|| format!("reading stream {stream_name} (provision first)"))?;
+    let stream = multipilot_bus::jetstream::get_stream(js, stream_name).await?;
     let last = stream.cached_info().state.last_sequence;
-    match stream.delete_consumer(durable).await {
-        Ok(_) => {}
-        Err(e) if e.to_string().contains("not found") => {}
-        Err(e) => {
-            return Err(anyhow::anyhow!(
-                "deleting consumer {stream_name}/{durable} to replay it: {e}"
-            ));
-        }
-    }
-    stream
-        .create_consumer(def.to_config())
-        .await
-        .with_context(|| format!("recreating consumer {stream_name}/{durable}"))?;
+    multipilot_bus::jetstream::Durable::shared(stream_name, durable)
+        .ensure(js, true)
+        .await?;
     Ok((last > 0).then_some(last))
 }
 

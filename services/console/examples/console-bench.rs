@@ -242,7 +242,7 @@ fn incident(cluster: &str, k: usize, revision: u64) -> Incident {
         evidence: (1..=3)
             .map(|r| Evidence {
                 rank: r,
-                kind: "change".into(),
+                kind: multipilot_schemas::payload::EvidenceKind::Change,
                 summary: format!(
                     "Deployment team/svc-{r} changed (spec aaaa1111 → bbbb2222) {r}m before"
                 ),
@@ -288,20 +288,7 @@ async fn feed(url: &str, clusters: usize, workloads: usize, churn: f64, secs: u6
             },
         )
         .await?;
-        for p in [
-            "apiserver",
-            "etcd",
-            "scheduler",
-            "controller-manager",
-            "nodes",
-            "cni",
-            "coredns",
-            "gpu-device-plugin",
-            "certificates",
-            "finalizers",
-            "external-ips",
-            "deprecated-apis",
-        ] {
+        for &p in multipilot_schemas::probes::PROBES {
             f.send(
                 subject::probe(name, p),
                 name,

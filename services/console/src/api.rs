@@ -18,7 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use chrono::{DateTime, Utc};
 use futures::Stream;
-use multipilot_correlator::{CommandOutcome, IncidentAction, IncidentCommand};
+use multipilot_schemas::control::{CommandOutcome, IncidentAction, IncidentCommand};
 use multipilot_schemas::payload::{IncidentStatus, ProbeStatus, Severity};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -533,7 +533,7 @@ async fn command(app: &App, p: &Principal, id: String, action: IncidentAction) -
         action,
         actor: p.subject.clone(),
     };
-    let reply = multipilot_correlator::command(&app.nats, &cmd, Duration::from_secs(5))
+    let reply = multipilot_bus::request::incident_command(&app.nats, &cmd, Duration::from_secs(5))
         .await
         .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")))?;
     let incident = reply.incident.clone();
@@ -722,7 +722,7 @@ async fn fetch_state(
         match stream.get_raw_message(seq).await {
             Ok(m) => {
                 let header = |n: &str| m.headers.get(n).map(|v| v.as_str().to_string());
-                let env = multipilot_schemas::decode::<crate::ingest::StateMsg>(
+                let env = multipilot_schemas::decode::<multipilot_schemas::streams::StateMsg>(
                     header(multipilot_schemas::HEADER_CONTENT_TYPE).as_deref(),
                     header(multipilot_schemas::HEADER_SCHEMA).as_deref(),
                     &m.payload,
@@ -735,7 +735,7 @@ async fn fetch_state(
                     )
                 })?;
                 return Ok(match env.payload {
-                    crate::ingest::StateMsg::State(s) => Some(s),
+                    multipilot_schemas::streams::StateMsg::State(s) => Some(s),
                     _ => None,
                 });
             }

@@ -19,49 +19,14 @@ use std::time::Duration;
 use async_nats::jetstream::{self, consumer};
 use chrono::Utc;
 use futures::StreamExt;
-use multipilot_schemas::envelope::decode_member;
-use multipilot_schemas::payload::{ClusterFacts, ComplianceReport, Incident};
-use multipilot_schemas::{
-    Envelope, HEADER_CONTENT_TYPE, HEADER_SCHEMA, Payload, codec::DEFAULT_MAX_BYTES,
-};
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
+use multipilot_schemas::payload::ClusterFacts;
+use multipilot_schemas::streams::{HealthMsg, IncidentsMsg, StateMsg};
+use multipilot_schemas::{Envelope, HEADER_SCHEMA, Payload, codec::DEFAULT_MAX_BYTES};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
 use crate::store::{IncidentView, ReleaseRecord, Store};
 use crate::telemetry::Metrics;
-
-/// FLEET_STATE and FLEET_HEALTH carry the same unions the correlator reads.
-pub use multipilot_correlator::{HealthMsg, StateMsg};
-
-/// What FLEET_INCIDENTS carries.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-#[serde(untagged)]
-pub enum IncidentsMsg {
-    /// An incident change.
-    Incident(Incident),
-    /// A compliance report.
-    Compliance(ComplianceReport),
-}
-
-impl Payload for IncidentsMsg {
-    const SCHEMA: &'static str = "Incident|ComplianceReport";
-    const VERSION: u32 = 1;
-    fn accepts(schema: &str) -> Option<u32> {
-        Incident::accepts(schema).or_else(|| ComplianceReport::accepts(schema))
-    }
-    fn decode_envelope(
-        schema: &str,
-        body: &[u8],
-    ) -> Result<Envelope<Self>, rmp_serde::decode::Error> {
-        if schema == Incident::SCHEMA {
-            decode_member(body, IncidentsMsg::Incident)
-        } else {
-            decode_member(body, IncidentsMsg::Compliance)
-        }
-    }
-}
 
 /// One stream the console follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -152,18 +117,9 @@ pub struct Shared {
     pub synced: Arc<RwLock<std::collections::BTreeSet<&'static str>>>,
 }
 
-fn header<'a>(m: &'a async_nats::Message, name: &str) -> Option<&'a str> {
-    m.headers.as_ref()?.get(name).map(|v| v.as_str())
-}
-
 fn decode<T: Payload>(m: &async_nats::Message) -> Result<Envelope<T>, (&'static str, String)> {
-    multipilot_schemas::decode::<T>(
-        header(m, HEADER_CONTENT_TYPE),
-        header(m, HEADER_SCHEMA),
-        &m.payload,
-        DEFAULT_MAX_BYTES,
-    )
-    .map_err(|e| (e.reason(), e.to_string()))
+    multipilot_bus::jetstream::decode::<T>(m, DEFAULT_MAX_BYTES)
+        .map_err(|e| (e.reason(), e.to_string()))
 }
 
 /// Applies one message; `Err` carries the reason class and the error when it was skipped.
@@ -220,7 +176,7 @@ fn apply(
         }
         Feed::Releases => {
             // the release role defines these payloads; keep any enveloped message as JSON
-            let schema = header(m, HEADER_SCHEMA)
+            let schema = multipilot_bus::jetstream::header(m, HEADER_SCHEMA)
                 .ok_or(("schema", "missing Multipilot-Schema header".to_string()))?
                 .to_string();
             let env: Envelope<serde_json::Value> =

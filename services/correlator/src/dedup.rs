@@ -1,9 +1,14 @@
 //! Event deduplication: one record per problem (see [`crate::mask::fingerprint`]) with first/last seen
-//! (cluster_time), count, last message and severity, persisted in sled. A record is passed on only when it
-//! is new, changes severity, or crosses a count milestone (10, 100, 1000, …): not on every repeat.
+//! (cluster_time), count, last message and severity. A record is passed on only when it is new, changes
+//! severity, or crosses a count milestone (10, 100, 1000, …): not on every repeat.
+//!
+//! Pure state: the records live in memory, and the records changed since the last
+//! [`Dedup::take_changes`] are what the store writes ([`crate::store`]).
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
-use multipilot_schemas::payload::{KubeEvent, ObjectRef, Severity};
+use multipilot_schemas::payload::{DigestPass, KubeEvent, ObjectRef, Severity};
 use serde::{Deserialize, Serialize};
 
 use crate::mask::{fingerprint, mask_name};
@@ -42,18 +47,23 @@ pub enum Pass {
     Milestone(u64),
 }
 
-/// The store.
-#[derive(Debug, Clone)]
-pub struct Dedup {
-    tree: sled::Tree,
+impl Pass {
+    /// The reason as the digest's contract names it.
+    pub fn reason(self) -> DigestPass {
+        match self {
+            Pass::New => DigestPass::New,
+            Pass::Severity => DigestPass::Severity,
+            Pass::Milestone(_) => DigestPass::Milestone,
+        }
+    }
 }
 
-/// Storage errors.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// sled failed.
-    #[error("dedup store: {0}")]
-    Sled(#[from] sled::Error),
+/// The records, per cluster.
+#[derive(Debug, Clone, Default)]
+pub struct Dedup {
+    by_cluster: BTreeMap<String, BTreeMap<String, Record>>,
+    /// `(cluster, id)` of records changed or removed since the last [`Dedup::take_changes`].
+    dirty: BTreeSet<(String, String)>,
 }
 
 fn milestone(before: u64, after: u64) -> Option<u64> {
@@ -68,13 +78,31 @@ fn milestone(before: u64, after: u64) -> Option<u64> {
 }
 
 impl Dedup {
-    /// Opens the store in `tree`.
-    pub fn new(tree: sled::Tree) -> Self {
-        Dedup { tree }
+    /// An empty set of records.
+    pub fn new() -> Self {
+        Dedup::default()
+    }
+
+    /// Puts back a record read from the store (not marked changed).
+    pub fn restore(&mut self, r: Record) {
+        self.by_cluster
+            .entry(r.cluster.clone())
+            .or_default()
+            .insert(r.id.clone(), r);
+    }
+
+    /// How many records are held.
+    pub fn len(&self) -> usize {
+        self.by_cluster.values().map(BTreeMap::len).sum()
+    }
+
+    /// Whether no record is held.
+    pub fn is_empty(&self) -> bool {
+        self.by_cluster.is_empty()
     }
 
     /// Records an event; returns the record and whether (and why) it is passed on.
-    pub fn observe(&self, cluster: &str, e: &KubeEvent) -> Result<(Record, Option<Pass>), Error> {
+    pub fn observe(&mut self, cluster: &str, e: &KubeEvent) -> (Record, Option<Pass>) {
         let ns = e.involved.namespace.clone().unwrap_or_default();
         let id = fingerprint(
             cluster,
@@ -84,13 +112,10 @@ impl Dedup {
             &e.reason,
             &e.message,
         );
-        let prev: Option<Record> = self
-            .tree
-            .get(id.as_bytes())?
-            .and_then(|v| serde_json::from_slice(&v).ok());
-        let (rec, pass) = match prev {
-            None => (
-                Record {
+        let records = self.by_cluster.entry(cluster.to_string()).or_default();
+        let (rec, pass) = match records.get_mut(&id) {
+            None => {
+                let r = Record {
                     id: id.clone(),
                     cluster: cluster.to_string(),
                     object: ObjectRef {
@@ -104,10 +129,11 @@ impl Dedup {
                     last_seen: e.last_time,
                     count: 1,
                     last_message: e.message.clone(),
-                },
-                Some(Pass::New),
-            ),
-            Some(mut r) => {
+                };
+                records.insert(id.clone(), r.clone());
+                (r, Some(Pass::New))
+            }
+            Some(r) => {
                 let before = r.count;
                 r.count += 1;
                 let pass = if r.severity != e.severity {
@@ -119,26 +145,25 @@ impl Dedup {
                 // a late message doesn't move last_seen back
                 if e.last_time >= r.last_seen {
                     r.last_seen = e.last_time;
-                    r.last_message = e.message.clone();
+                    r.last_message.clone_from(&e.message);
                 }
                 r.first_seen = r.first_seen.min(e.first_time.unwrap_or(e.last_time));
-                (r, pass)
+                (r.clone(), pass)
             }
         };
-        self.tree
-            .insert(id.as_bytes(), serde_json::to_vec(&rec).unwrap_or_default())?;
-        Ok((rec, pass))
+        self.dirty.insert((cluster.to_string(), id));
+        (rec, pass)
     }
 
-    /// Records of a cluster seen since `since` (for evidence), most recent first.
-    pub fn recent(&self, cluster: &str, since: DateTime<Utc>, limit: usize) -> Vec<Record> {
-        let mut out: Vec<Record> = self
-            .tree
-            .iter()
-            .values()
-            .filter_map(|v| v.ok())
-            .filter_map(|v| serde_json::from_slice::<Record>(&v).ok())
-            .filter(|r| r.cluster == cluster && r.last_seen >= since)
+    /// Records of a cluster seen since `since` (for evidence), the most severe and then the most recent
+    /// first.
+    pub fn recent(&self, cluster: &str, since: DateTime<Utc>, limit: usize) -> Vec<&Record> {
+        let mut out: Vec<&Record> = self
+            .by_cluster
+            .get(cluster)
+            .into_iter()
+            .flat_map(BTreeMap::values)
+            .filter(|r| r.last_seen >= since)
             .collect();
         out.sort_by(|a, b| {
             b.severity
@@ -149,17 +174,36 @@ impl Dedup {
         out
     }
 
-    /// Forgets records not seen since `before` (kept bounded).
-    pub fn expire(&self, before: DateTime<Utc>) -> Result<usize, Error> {
+    /// Forgets records not seen since `before` (kept bounded); returns how many.
+    pub fn expire(&mut self, before: DateTime<Utc>) -> usize {
         let mut n = 0;
-        for item in self.tree.iter() {
-            let (k, v) = item?;
-            if serde_json::from_slice::<Record>(&v).is_ok_and(|r| r.last_seen < before) {
-                self.tree.remove(k)?;
-                n += 1;
-            }
+        for (cluster, records) in &mut self.by_cluster {
+            records.retain(|id, r| {
+                let keep = r.last_seen >= before;
+                if !keep {
+                    self.dirty.insert((cluster.clone(), id.clone()));
+                    n += 1;
+                }
+                keep
+            });
         }
-        Ok(n)
+        self.by_cluster.retain(|_, r| !r.is_empty());
+        n
+    }
+
+    /// The records changed since the last call (`None`: removed), by id.
+    pub fn take_changes(&mut self) -> Vec<(String, Option<Record>)> {
+        std::mem::take(&mut self.dirty)
+            .into_iter()
+            .map(|(cluster, id)| {
+                let r = self
+                    .by_cluster
+                    .get(&cluster)
+                    .and_then(|m| m.get(&id))
+                    .cloned();
+                (id, r)
+            })
+            .collect()
     }
 }
 
@@ -197,24 +241,20 @@ mod tests {
 
     #[test]
     fn repeats_pass_only_at_milestones_and_survive_a_reopen() {
-        let dir = tempfile::tempdir().unwrap();
-        let db = sled::open(dir.path()).unwrap();
-        let d = Dedup::new(db.open_tree("d").unwrap());
+        let mut d = Dedup::new();
         let mut passed = Vec::new();
         for i in 0..120 {
             let pod = format!("web-7d4b9c8f5-{}", ["x2x9k", "q8w7r", "m4n5p"][i % 3]);
-            let (_, p) = d
-                .observe(
-                    "c1",
-                    &ev(
-                        &pod,
-                        "BackOff",
-                        &format!("Back-off restarting failed container web in pod {pod}"),
-                        Severity::Warning,
-                        i as i64,
-                    ),
-                )
-                .unwrap();
+            let (_, p) = d.observe(
+                "c1",
+                &ev(
+                    &pod,
+                    "BackOff",
+                    &format!("Back-off restarting failed container web in pod {pod}"),
+                    Severity::Warning,
+                    i as i64,
+                ),
+            );
             if let Some(p) = p {
                 passed.push(p);
             }
@@ -223,51 +263,47 @@ mod tests {
             passed,
             vec![Pass::New, Pass::Milestone(10), Pass::Milestone(100)]
         );
-        drop(d);
-        let d = Dedup::new(db.open_tree("d").unwrap());
-        let (r, p) = d
-            .observe(
-                "c1",
-                &ev(
-                    "web-7d4b9c8f5-zzzzz",
-                    "BackOff",
-                    "Back-off restarting failed container web in pod web-7d4b9c8f5-zzzzz",
-                    Severity::Warning,
-                    500,
-                ),
-            )
-            .unwrap();
+        // what the store writes and reads back is the same record set
+        let mut reopened = Dedup::new();
+        for (_, r) in d.take_changes() {
+            reopened.restore(r.expect("changed, not removed"));
+        }
+        let mut d = reopened;
+        let (r, p) = d.observe(
+            "c1",
+            &ev(
+                "web-7d4b9c8f5-zzzzz",
+                "BackOff",
+                "Back-off restarting failed container web in pod web-7d4b9c8f5-zzzzz",
+                Severity::Warning,
+                500,
+            ),
+        );
         assert_eq!((r.count, p), (121, None));
-        let (_, p) = d
-            .observe(
-                "c1",
-                &ev(
-                    "web-7d4b9c8f5-zzzzz",
-                    "BackOff",
-                    "Back-off restarting failed container web in pod web-7d4b9c8f5-zzzzz",
-                    Severity::Info,
-                    501,
-                ),
-            )
-            .unwrap();
+        let (_, p) = d.observe(
+            "c1",
+            &ev(
+                "web-7d4b9c8f5-zzzzz",
+                "BackOff",
+                "Back-off restarting failed container web in pod web-7d4b9c8f5-zzzzz",
+                Severity::Info,
+                501,
+            ),
+        );
         assert_eq!(p, Some(Pass::Severity));
     }
 
     #[test]
     fn a_late_event_does_not_move_last_seen_back() {
-        let dir = tempfile::tempdir().unwrap();
-        let d = Dedup::new(sled::open(dir.path()).unwrap().open_tree("d").unwrap());
+        let mut d = Dedup::new();
         d.observe(
             "c1",
             &ev("web", "Unhealthy", "probe failed", Severity::Warning, 100),
-        )
-        .unwrap();
-        let (r, _) = d
-            .observe(
-                "c1",
-                &ev("web", "Unhealthy", "probe failed", Severity::Warning, 50),
-            )
-            .unwrap();
+        );
+        let (r, _) = d.observe(
+            "c1",
+            &ev("web", "Unhealthy", "probe failed", Severity::Warning, 50),
+        );
         assert_eq!(r.last_seen.timestamp(), 1_800_000_100);
         assert_eq!(r.first_seen.timestamp(), 1_800_000_050);
     }

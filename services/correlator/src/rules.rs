@@ -180,20 +180,7 @@ mod tests {
     #[test]
     fn default_rules_parse_and_cover_every_probe() {
         let r = Rules::defaults();
-        for p in [
-            "apiserver",
-            "etcd",
-            "scheduler",
-            "controller-manager",
-            "nodes",
-            "cni",
-            "coredns",
-            "gpu-device-plugin",
-            "certificates",
-            "finalizers",
-            "external-ips",
-            "deprecated-apis",
-        ] {
+        for &p in multipilot_schemas::probes::PROBES {
             assert!(r.probes.iter().any(|x| x.probe == p), "no rule for {p}");
         }
         assert!(

@@ -43,11 +43,16 @@ async fn request<T: serde::de::DeserializeOwned>(
     subject: &str,
     body: &[u8],
 ) -> Result<Vec<T>> {
-    let items = multipilot_correlator::query(client, subject, body, Duration::from_secs(3)).await?;
-    items
-        .into_iter()
-        .map(|v| serde_json::from_value(v).context("unexpected answer from the correlator"))
-        .collect()
+    multipilot_bus::request::gather_arrays(
+        client,
+        subject,
+        body.to_vec().into(),
+        Duration::from_secs(3),
+    )
+    .await
+    .with_context(|| {
+        format!("asking the correlator on {subject} (is `multipilot correlator` or `all` running?)")
+    })
 }
 
 /// Prints the current incidents; with `watch`, then every change.
@@ -58,10 +63,10 @@ pub async fn print(
     watch: bool,
     output: &str,
 ) -> Result<()> {
-    let body = serde_json::json!({ "all": all }).to_string();
+    let body = serde_json::to_string(&multipilot_schemas::control::IncidentsQuery { all })?;
     let mut incidents: Vec<Incident> = request(
         client,
-        multipilot_correlator::QUERY_INCIDENTS,
+        multipilot_schemas::control::QUERY_INCIDENTS,
         body.as_bytes(),
     )
     .await?;
@@ -105,7 +110,7 @@ pub async fn print(
 #[allow(clippy::print_stdout)]
 pub async fn compliance(client: &async_nats::Client, output: &str) -> Result<()> {
     let mut reports: Vec<ComplianceReport> =
-        request(client, multipilot_correlator::QUERY_COMPLIANCE, b"{}").await?;
+        request(client, multipilot_schemas::control::QUERY_COMPLIANCE, b"{}").await?;
     reports.sort_by(|a, b| a.cluster.cmp(&b.cluster));
     if output == "json" {
         println!("{}", serde_json::to_string_pretty(&reports)?);

@@ -1,7 +1,8 @@
 //! The console's API against a real nats-server: states, facts, health, incidents and compliance published
 //! as the agent and the correlator publish them (objects taken from `../shared/fixtures`), read back through
 //! the HTTP API with bearer tokens of each role; the live incident stream and acknowledging/resolving
-//! through the real correlator.
+//! through the real correlator. It lives with the hub crate because it runs two roles together (no role
+//! crate depends on another).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -151,17 +152,7 @@ impl Console {
         F: Fn() -> Fut,
         Fut: std::future::Future<Output = Result<Option<T>>>,
     {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(v) = f().await? {
-                return Ok(v);
-            }
-            anyhow::ensure!(
-                tokio::time::Instant::now() < deadline,
-                "timed out waiting for {what}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        multipilot_testkit::wait::until(what, 60, async || f().await).await
     }
 }
 

@@ -209,7 +209,7 @@ async fn failing_probe_opens_an_incident_with_evidence_and_resolves_without_reop
         first.summary
     );
     assert!(
-        inc.evidence.iter().any(|e| e.kind == "trend"),
+        inc.evidence.iter().any(|e| e.kind == EvidenceKind::Trend),
         "{:?}",
         inc.evidence
     );
@@ -480,10 +480,10 @@ async fn two_partitions_share_the_fleet_one_owner_per_cluster() -> Result<()> {
     }
     // both instances answer before anything is sent
     for _ in 0..100 {
-        let got = multipilot_correlator::query(
+        let got = multipilot_bus::request::gather_arrays::<serde_json::Value>(
             &hub.client,
-            multipilot_correlator::QUERY_INCIDENTS,
-            b"{}",
+            multipilot_schemas::control::QUERY_INCIDENTS,
+            "{}".into(),
             Duration::from_millis(500),
         )
         .await;
@@ -538,10 +538,10 @@ async fn two_partitions_share_the_fleet_one_owner_per_cluster() -> Result<()> {
     }
     assert_eq!(parts.len(), 2, "both partitions own clusters");
     // the CLI gathers both instances' answers
-    let listed = multipilot_correlator::query(
+    let listed = multipilot_bus::request::gather_arrays::<serde_json::Value>(
         &hub.client,
-        multipilot_correlator::QUERY_INCIDENTS,
-        b"{}",
+        multipilot_schemas::control::QUERY_INCIDENTS,
+        "{}".into(),
         Duration::from_secs(3),
     )
     .await?;
@@ -552,7 +552,8 @@ async fn two_partitions_share_the_fleet_one_owner_per_cluster() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_person_acknowledges_and_resolves_an_incident_and_the_audit_stream_records_it()
 -> Result<()> {
-    use multipilot_correlator::{CommandOutcome, IncidentAction, IncidentCommand, command};
+    use multipilot_bus::request::incident_command as command;
+    use multipilot_schemas::control::{CommandOutcome, IncidentAction, IncidentCommand};
     let mut hub = Correlator::start().await?;
     let t = t0();
     let c = "prod-1";

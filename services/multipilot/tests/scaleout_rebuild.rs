@@ -367,7 +367,7 @@ impl Correlator {
         let r = self
             .client
             .request(
-                multipilot_correlator::QUERY_INCIDENTS,
+                multipilot_schemas::control::QUERY_INCIDENTS,
                 r#"{"all":true}"#.into(),
             )
             .await?;
@@ -397,17 +397,20 @@ async fn wiped_correlator_keeps_its_incidents_open_and_their_revisions_continue(
         .clone();
     assert_eq!(etcd.status, IncidentStatus::Open);
     // acknowledged by a person: revision 2, which the rebuild must carry on from
-    let ack = multipilot_correlator::command(
+    let ack = multipilot_bus::request::incident_command(
         &hub.client,
-        &multipilot_correlator::IncidentCommand {
+        &multipilot_schemas::control::IncidentCommand {
             id: etcd.id.clone(),
-            action: multipilot_correlator::IncidentAction::Ack,
+            action: multipilot_schemas::control::IncidentAction::Ack,
             actor: "otto".into(),
         },
         Duration::from_secs(5),
     )
     .await?;
-    assert_eq!(ack.outcome, multipilot_correlator::CommandOutcome::Done);
+    assert_eq!(
+        ack.outcome,
+        multipilot_schemas::control::CommandOutcome::Done
+    );
     let compliance_before = hub.compliance().await?;
 
     // kill -9, wipe, restart

@@ -351,46 +351,25 @@ pub async fn prepare_consumer(
 ) -> Result<consume::Config, Error> {
     let mut runner = config.consumer.clone();
     let base = config.consumer.durable.clone();
-    if config.partitions > 1 {
-        runner.durable = format!("{base}-p{}-of-{}", config.partition, config.partitions);
-    } else if !replay {
-        // the shared durable is provisioned from the topology
-        return Ok(runner);
-    }
-    let fail = |reason: String| Error::Consumer {
-        stream: runner.stream.clone(),
-        durable: runner.durable.clone(),
-        reason,
+    let durable = if config.partitions > 1 {
+        multipilot_bus::jetstream::Durable::partitioned(
+            &runner.stream,
+            &base,
+            config.partition,
+            config.partitions,
+            vec![partition_filter(config.partition)],
+        )
+    } else {
+        multipilot_bus::jetstream::Durable::shared(&runner.stream, &base)
     };
-    let mut def = multipilot_bus::topology::Topology::embedded()
-        .consumer(&runner.stream, &base)
-        .map(|d| d.to_config())
-        .unwrap_or_else(|| async_nats::jetstream::consumer::pull::Config {
-            ack_policy: async_nats::jetstream::consumer::AckPolicy::Explicit,
-            max_deliver: -1,
-            ..Default::default()
-        });
-    def.durable_name = Some(runner.durable.clone());
-    if config.partitions > 1 {
-        def.filter_subjects = vec![partition_filter(config.partition)];
-    }
-    let stream = js
-        .get_stream(&runner.stream)
+    runner.durable = durable
+        .ensure(js, replay)
         .await
-        .map_err(|e| fail(e.to_string()))?;
-    if replay {
-        match stream.delete_consumer(&runner.durable).await {
-            Ok(_) => {
-                tracing::info!(durable = %runner.durable, "fresh store: replaying the stream from its start")
-            }
-            Err(e) if e.to_string().contains("not found") => {}
-            Err(e) => return Err(fail(format!("deleting it for the replay: {e}"))),
-        }
-    }
-    stream
-        .create_consumer(def)
-        .await
-        .map_err(|e| fail(e.to_string()))?;
+        .map_err(|e| Error::Consumer {
+            stream: runner.stream.clone(),
+            durable: durable.name(),
+            reason: e.to_string(),
+        })?;
     Ok(runner)
 }
 

@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use async_nats::jetstream;
@@ -42,12 +42,11 @@ async fn wait_until<F: std::future::Future<Output = bool>>(
     deadline: Duration,
     mut f: impl FnMut() -> F,
 ) -> Result<()> {
-    let end = Instant::now() + deadline;
-    while !f().await {
-        anyhow::ensure!(Instant::now() < end, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    Ok(())
+    let every = Duration::from_millis(50);
+    multipilot_testkit::wait::eventually_every(what, deadline.as_secs(), every, async || {
+        f().await.then_some(())
+    })
+    .await
 }
 
 /// One scrape of `series` series of `name` in `cluster` at `t0() + index × 30 s`, value = index × (i + 1).

@@ -83,7 +83,7 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
                 times.push(secs);
                 // the right evidence: the API server probe's latency (or error ratio) trend
                 let ev = i.incident.evidence.iter().any(|e| {
-                    e.kind == "trend"
+                    e.kind == multipilot_schemas::payload::EvidenceKind::Trend
                         && e.summary.starts_with("apiserver ")
                         && (e.summary.contains("max_latency_ms")
                             || e.summary.contains("error_ratio"))

@@ -115,29 +115,8 @@ pub fn cli(args: &[&str], env: &[(&str, &str)]) -> Result<String> {
 // ---------------------------------------------------------------------------------------------------------
 // Waiting on conditions.
 
-/// Polls `f` every 100 ms until it returns `Some`; fails naming `what` after `secs` seconds.
-pub async fn eventually<T>(what: &str, secs: u64, f: impl AsyncFnMut() -> Option<T>) -> Result<T> {
-    eventually_every(what, secs, Duration::from_millis(100), f).await
-}
-
-/// [`eventually`], polling every `every` (for checks that are expensive to make, such as running the CLI).
-pub async fn eventually_every<T>(
-    what: &str,
-    secs: u64,
-    every: Duration,
-    mut f: impl AsyncFnMut() -> Option<T>,
-) -> Result<T> {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(t) = f().await {
-            return Ok(t);
-        }
-        if Instant::now() > deadline {
-            bail!("timed out waiting for {what}");
-        }
-        tokio::time::sleep(every).await;
-    }
-}
+#[allow(unused_imports)] // each test binary uses some of the common module
+pub use multipilot_testkit::wait::{eventually, eventually_every};
 
 // ---------------------------------------------------------------------------------------------------------
 // A local HTTP receiver that records what it is sent and can be told to fail.
@@ -484,7 +463,7 @@ impl Correlator {
             if let Ok(Ok(_)) = tokio::time::timeout(
                 Duration::from_millis(500),
                 self.client
-                    .request(multipilot_correlator::QUERY_INCIDENTS, "{}".into()),
+                    .request(multipilot_schemas::control::QUERY_INCIDENTS, "{}".into()),
             )
             .await
             {
@@ -555,7 +534,7 @@ impl Correlator {
         Ok(serde_json::from_slice(
             &self
                 .client
-                .request(multipilot_correlator::QUERY_COMPLIANCE, "{}".into())
+                .request(multipilot_schemas::control::QUERY_COMPLIANCE, "{}".into())
                 .await?
                 .payload,
         )?)

@@ -1,0 +1,1134 @@
+//! The correlation engine: a deterministic state machine from messages (heartbeats, probe results,
+//! events, states, facts) and the hub's clock to incidents, event digests and compliance reports.
+//!
+//! It does no I/O: [`Machine::apply`] takes one [`Input`] and returns the messages to publish; the state it
+//! changed is handed to the store by [`Machine::take_changes`], and the caller ([`crate::service`]) makes
+//! state and outputs durable together before publishing (an outbox: a crash in between re-publishes them
+//! with the same Msg-Ids, which JetStream drops). A per-consumer high-water mark makes a redelivered or
+//! replayed message a no-op ([`Machine::apply_delivered`]).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Duration, Utc};
+use multipilot_schemas::control::{CommandOutcome, IncidentAction, IncidentCommand};
+use multipilot_schemas::payload::{
+    AuditRecord, CheckStatus, ClusterFacts, ComplianceReport, EventDigest, Evidence, Heartbeat,
+    Incident, IncidentStatus, KubeEvent, ObjectRef, ProbeResult, ProbeStatus, ResourceDeleted,
+    ResourceState, ResyncMarker, Severity,
+};
+use multipilot_schemas::streams::StateMsg;
+use multipilot_schemas::{Envelope, stable_id, subject};
+use serde::{Deserialize, Serialize};
+
+use crate::baseline::{self, Baseline, Inventory};
+use crate::dedup::{Dedup, Pass, Record};
+use crate::evidence::{self, obj_label, secs};
+use crate::rules::{Rules, render};
+use crate::state::{ChangeRec, ClusterState};
+
+/// A message to publish.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Out {
+    /// Subject.
+    pub subject: String,
+    /// Msg-Id.
+    pub msg_id: String,
+    /// Schema header.
+    pub schema: String,
+    /// Encoded envelope.
+    pub body: Vec<u8>,
+}
+
+/// Counters for telemetry and benchmarks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Events received.
+    pub events_in: u64,
+    /// Dedup records passed on.
+    pub events_passed: u64,
+    /// Messages skipped as replays (at or below the high-water mark).
+    pub replays_skipped: u64,
+    /// Messages ignored as late (older than what was applied for the same source).
+    pub late_ignored: u64,
+}
+
+/// One input of the state machine.
+#[derive(Debug, Clone, Copy)]
+pub enum Input<'a> {
+    /// A Kubernetes event (FLEET_EVENTS).
+    Event(&'a Envelope<KubeEvent>),
+    /// A heartbeat and when JetStream stored it (FLEET_HEALTH).
+    Heartbeat(&'a Envelope<Heartbeat>, DateTime<Utc>),
+    /// A probe result and when JetStream stored it (FLEET_HEALTH).
+    Probe(&'a Envelope<ProbeResult>, DateTime<Utc>),
+    /// An object's state, tombstone or resync marker (FLEET_STATE).
+    State(&'a Envelope<StateMsg>),
+    /// Cluster facts (FLEET_FACTS).
+    Facts(&'a Envelope<ClusterFacts>),
+    /// The hub's clock: silent clusters become unreachable.
+    Tick(DateTime<Utc>),
+    /// The hub's clock, hourly: old dedup records and resolved incidents are forgotten.
+    Housekeeping(DateTime<Utc>),
+}
+
+/// What changed since the last [`Machine::take_changes`], for the store to write.
+#[derive(Debug, Default)]
+pub struct Changes {
+    /// Cluster states (`None`: forgotten).
+    pub clusters: Vec<(String, Option<ClusterState>)>,
+    /// Spec hashes, keyed `cluster/kind/ns/name` (`None`: the object is gone).
+    pub specs: Vec<(String, Option<String>)>,
+    /// Incidents by key (`None`: forgotten).
+    pub incidents: Vec<(String, Option<Incident>)>,
+    /// Dedup records by id (`None`: expired).
+    pub dedup: Vec<(String, Option<Record>)>,
+    /// The high-water marks, when one moved.
+    pub hwm: Option<BTreeMap<String, u64>>,
+}
+
+impl Changes {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.clusters.is_empty()
+            && self.specs.is_empty()
+            && self.incidents.is_empty()
+            && self.dedup.is_empty()
+            && self.hwm.is_none()
+    }
+}
+
+#[derive(Debug, Default)]
+struct Dirty {
+    clusters: BTreeSet<String>,
+    specs: BTreeSet<(String, String)>,
+    incidents: BTreeSet<String>,
+    hwm: bool,
+}
+
+/// Everything the machine holds, as the store reads it back.
+#[derive(Debug, Default)]
+pub struct Snapshot {
+    /// Cluster states.
+    pub clusters: BTreeMap<String, ClusterState>,
+    /// Spec hashes per cluster, keyed `kind/ns/name`.
+    pub specs: BTreeMap<String, BTreeMap<String, String>>,
+    /// Incidents by key.
+    pub incidents: BTreeMap<String, Incident>,
+    /// Dedup records.
+    pub dedup: Vec<Record>,
+    /// High-water marks per consumer.
+    pub hwm: BTreeMap<String, u64>,
+}
+
+/// The correlation state machine.
+#[derive(Debug)]
+pub struct Machine {
+    rules: Rules,
+    baseline: Baseline,
+    source: String,
+    clusters: BTreeMap<String, ClusterState>,
+    /// Spec hash per object, per cluster (`kind/ns/name`).
+    specs: BTreeMap<String, BTreeMap<String, String>>,
+    /// The current incident of each condition, by key ([`incident_key`]).
+    incidents: BTreeMap<String, Incident>,
+    /// High-water mark per consumer (stream sequence).
+    hwm: BTreeMap<String, u64>,
+    dedup: Dedup,
+    stats: Stats,
+    /// Events are applied without publishing digests (a rebuild replaying history already digested).
+    replaying: bool,
+    /// While a wiped store replays FLEET_STATE and FLEET_FACTS, the baseline is not judged: a
+    /// half-replayed inventory would pass checks it fails (and resolve drift that is still there).
+    holding_judgement: bool,
+    /// Outputs of the step in progress.
+    out: Vec<Out>,
+    dirty: Dirty,
+}
+
+/// The key of the current incident of a condition: `cluster/kind/target`.
+pub fn incident_key(cluster: &str, kind: &str, target: &str) -> String {
+    format!("{cluster}/{kind}/{target}")
+}
+
+impl Machine {
+    /// A machine with no state.
+    pub fn new(rules: Rules, baseline: Baseline, source: &str) -> Self {
+        Machine::restore_snapshot(rules, baseline, source, Snapshot::default())
+    }
+
+    /// A machine holding what the store read back.
+    pub fn restore_snapshot(rules: Rules, baseline: Baseline, source: &str, s: Snapshot) -> Self {
+        let mut dedup = Dedup::new();
+        for r in s.dedup {
+            dedup.restore(r);
+        }
+        Machine {
+            rules,
+            baseline,
+            source: source.to_string(),
+            clusters: s.clusters,
+            specs: s.specs,
+            incidents: s.incidents,
+            hwm: s.hwm,
+            dedup,
+            stats: Stats::default(),
+            replaying: false,
+            holding_judgement: false,
+            out: Vec::new(),
+            dirty: Dirty::default(),
+        }
+    }
+
+    /// Whether the machine holds nothing at all (a new or wiped store).
+    pub fn is_empty(&self) -> bool {
+        self.clusters.is_empty()
+            && self.incidents.is_empty()
+            && self.hwm.is_empty()
+            && self.dedup.is_empty()
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// Applies one input; returns the messages to publish (incident changes, digests, compliance reports),
+    /// which the caller makes durable together with the state before publishing them.
+    pub fn apply(&mut self, input: Input<'_>) -> Vec<Out> {
+        match input {
+            Input::Event(env) => self.on_event(env),
+            Input::Heartbeat(env, ingest) => self.on_heartbeat(env, ingest),
+            Input::Probe(env, ingest) => self.on_probe(env, ingest),
+            Input::State(env) => self.on_state(env),
+            Input::Facts(env) => self.on_facts(env),
+            Input::Tick(now) => self.tick(now),
+            Input::Housekeeping(now) => self.housekeeping(now),
+        }
+        std::mem::take(&mut self.out)
+    }
+
+    /// Applies a message delivered by `consumer` at `stream_seq`, unless a message at or above that
+    /// sequence was applied already (a redelivery after a crash, or a replay the rebuild applied).
+    pub fn apply_delivered(
+        &mut self,
+        consumer: &str,
+        stream_seq: u64,
+        input: Input<'_>,
+    ) -> Vec<Out> {
+        if self.seen(consumer, stream_seq) {
+            return Vec::new();
+        }
+        self.apply(input)
+    }
+
+    /// Events are applied without publishing digests while `on` (a rebuild replaying history whose
+    /// digests were published when it happened).
+    pub fn set_replaying(&mut self, on: bool) {
+        self.replaying = on;
+    }
+
+    /// The baseline is not judged until [`Machine::release_judgement`] (a wiped store replaying its
+    /// inventory).
+    pub fn hold_judgement(&mut self) {
+        self.holding_judgement = true;
+    }
+
+    /// What changed since the last call, for the store.
+    pub fn take_changes(&mut self) -> Changes {
+        let d = std::mem::take(&mut self.dirty);
+        Changes {
+            clusters: d
+                .clusters
+                .into_iter()
+                .map(|k| {
+                    let v = self.clusters.get(&k).cloned();
+                    (k, v)
+                })
+                .collect(),
+            specs: d
+                .specs
+                .into_iter()
+                .map(|(c, k)| {
+                    let v = self.specs.get(&c).and_then(|m| m.get(&k)).cloned();
+                    (format!("{c}/{k}"), v)
+                })
+                .collect(),
+            incidents: d
+                .incidents
+                .into_iter()
+                .map(|k| {
+                    let v = self.incidents.get(&k).cloned();
+                    (k, v)
+                })
+                .collect(),
+            dedup: self.dedup.take_changes(),
+            hwm: d.hwm.then(|| self.hwm.clone()),
+        }
+    }
+
+    /// Restores incidents and compliance reports read back from FLEET_INCIDENTS after the store was wiped:
+    /// `incidents` holds the latest revision of each incident, so new revisions continue its numbering
+    /// (and their Msg-Ids never clash with stored ones). An incident's key (`cluster/kind/target`) is not
+    /// in the message: it is found again by recomputing the id from each target the rules can give that
+    /// kind; one that matches no target is kept under its id (listed and commandable, but a recurring
+    /// condition opens a new incident). Of two incidents of one key the newer one is current.
+    pub fn restore(&mut self, incidents: Vec<Incident>, reports: Vec<ComplianceReport>) -> usize {
+        let mut drift_rules: Vec<String> = reports
+            .iter()
+            .flat_map(|r| r.checks.iter().map(|c| c.rule.clone()))
+            .collect();
+        drift_rules.sort();
+        drift_rules.dedup();
+        for r in reports {
+            self.dirty.clusters.insert(r.cluster.clone());
+            let c = self.clusters.entry(r.cluster.clone()).or_default();
+            if c.compliance
+                .as_ref()
+                .is_none_or(|old| old.evaluated_at <= r.evaluated_at)
+            {
+                c.compliance = Some(r);
+            }
+        }
+        let mut restored = 0;
+        for inc in incidents {
+            let mut targets: Vec<String> = self
+                .rules
+                .probes
+                .iter()
+                .filter(|r| r.kind == inc.kind)
+                .map(|r| r.probe.clone())
+                .collect();
+            if inc.kind == self.rules.heartbeat.kind {
+                targets.push("heartbeat".into());
+            }
+            if inc.kind == self.rules.clock_skew.kind {
+                targets.push("clock".into());
+            }
+            if inc.kind == self.rules.event_storm.kind {
+                targets.push("events".into());
+            }
+            if inc.kind == "baseline-drift" {
+                targets.extend(drift_rules.iter().cloned());
+            }
+            let opened = inc.opened_at.to_rfc3339();
+            let key = targets
+                .iter()
+                .find(|t| stable_id(&[&inc.cluster, &inc.kind, t, &opened]) == inc.id)
+                .map(|t| incident_key(&inc.cluster, &inc.kind, t))
+                .unwrap_or_else(|| {
+                    tracing::warn!(id = %inc.id, kind = %inc.kind, "restored incident matches no rule target; kept under its id");
+                    incident_key(&inc.cluster, &inc.kind, &format!("#{}", inc.id))
+                });
+            let newer = self
+                .incidents
+                .get(&key)
+                .is_none_or(|cur| (cur.opened_at, cur.revision) <= (inc.opened_at, inc.revision));
+            if newer {
+                self.dirty.incidents.insert(key.clone());
+                self.incidents.insert(key, inc);
+                restored += 1;
+            }
+        }
+        restored
+    }
+
+    /// Whether a message of `consumer` at `stream_seq` was applied already; marks it applied otherwise.
+    fn seen(&mut self, consumer: &str, stream_seq: u64) -> bool {
+        let hwm = self.hwm.entry(consumer.to_string()).or_insert(0);
+        if stream_seq <= *hwm {
+            self.stats.replays_skipped += 1;
+            return true;
+        }
+        *hwm = stream_seq;
+        self.dirty.hwm = true;
+        false
+    }
+
+    fn emit_incident(&mut self, inc: &Incident) {
+        let mut env = Envelope::new(
+            inc.cluster.as_str(),
+            self.source.as_str(),
+            inc.updated_at,
+            inc.revision,
+            inc.clone(),
+        );
+        env.agent_time = inc.updated_at;
+        match multipilot_schemas::encode(&env) {
+            Ok(body) => self.out.push(Out {
+                subject: subject::incident(&inc.cluster, &inc.kind),
+                msg_id: stable_id(&[&inc.id, &inc.revision.to_string()]),
+                schema: <Incident as multipilot_schemas::Payload>::schema_header(),
+                body,
+            }),
+            Err(e) => tracing::error!(error = %e, "cannot encode an incident"),
+        }
+    }
+
+    /// Passes a deduplicated event problem on (`fleet.digest.<cluster>.<kind>`): the alert router and other
+    /// teams read these instead of every repeat.
+    fn emit_digest(&mut self, rec: &Record, pass: Pass) {
+        let digest = EventDigest {
+            id: rec.id.clone(),
+            cluster: rec.cluster.clone(),
+            object: rec.object.clone(),
+            reason: rec.reason.clone(),
+            severity: rec.severity,
+            message: rec.last_message.clone(),
+            first_seen: rec.first_seen,
+            last_seen: rec.last_seen,
+            count: rec.count,
+            pass: pass.reason(),
+        };
+        let env = Envelope::new(
+            rec.cluster.as_str(),
+            self.source.as_str(),
+            rec.last_seen,
+            rec.count,
+            digest,
+        );
+        if let Ok(body) = multipilot_schemas::encode(&env) {
+            self.out.push(Out {
+                subject: subject::digest(&rec.cluster, &rec.object.kind),
+                msg_id: stable_id(&[
+                    &rec.id,
+                    &rec.count.to_string(),
+                    &format!("{:?}", rec.severity),
+                ]),
+                schema: <EventDigest as multipilot_schemas::Payload>::schema_header(),
+                body,
+            });
+        }
+    }
+
+    fn emit_compliance(&mut self, report: &ComplianceReport) {
+        let digest = stable_id(&[&serde_json::to_string(&report.checks).unwrap_or_default()]);
+        let env = Envelope::new(
+            report.cluster.as_str(),
+            self.source.as_str(),
+            report.evaluated_at,
+            0,
+            report.clone(),
+        );
+        if let Ok(body) = multipilot_schemas::encode(&env) {
+            self.out.push(Out {
+                subject: subject::compliance(&report.cluster),
+                msg_id: stable_id(&[&report.cluster, "compliance", &digest]),
+                schema: <ComplianceReport as multipilot_schemas::Payload>::schema_header(),
+                body,
+            });
+        }
+    }
+
+    fn evidence(&self, cluster: &str, probe: Option<&str>, at: DateTime<Utc>) -> Vec<Evidence> {
+        evidence::gather(
+            &self.rules.evidence,
+            cluster,
+            self.clusters.get(cluster),
+            &self.dedup,
+            probe,
+            at,
+        )
+    }
+
+    fn changes_phrase(&self, cluster: &str, at: DateTime<Utc>) -> String {
+        evidence::changes_phrase(&self.rules.evidence, self.clusters.get(cluster), at)
+    }
+
+    /// Opens the incident for `(cluster, kind, target)` or updates the open one.
+    #[allow(clippy::too_many_arguments)]
+    fn raise(
+        &mut self,
+        cluster: &str,
+        kind: &str,
+        target: &str,
+        severity: Severity,
+        summary: String,
+        at: DateTime<Utc>,
+        ingest: Option<DateTime<Utc>>,
+        probe: Option<&str>,
+    ) {
+        let key = incident_key(cluster, kind, target);
+        self.dirty.incidents.insert(key.clone());
+        let evidence = self.evidence(cluster, probe, at);
+        let mut labels = self
+            .clusters
+            .get(cluster)
+            .map(|c| c.labels.clone())
+            .unwrap_or_default();
+        labels.insert("cluster".into(), cluster.into());
+        labels.insert("kind".into(), kind.into());
+        labels.insert("severity".into(), format!("{severity:?}").to_lowercase());
+        match self.incidents.get_mut(&key) {
+            Some(inc) if inc.status != IncidentStatus::Resolved => {
+                // an open incident is updated when what a person reads changes, at most once a minute
+                let material = inc.severity != severity
+                    || (inc.summary != summary && at - inc.updated_at >= Duration::seconds(60));
+                if !material || at < inc.updated_at {
+                    return;
+                }
+                inc.severity = severity;
+                inc.summary = summary;
+                inc.evidence = evidence;
+                inc.updated_at = at;
+                inc.ingest_time = ingest;
+                inc.revision += 1;
+                let inc = inc.clone();
+                self.emit_incident(&inc);
+            }
+            Some(inc) if inc.resolved_at.is_some_and(|r| at <= r) => {
+                // a message from before the resolution can't reopen it
+                self.stats.late_ignored += 1;
+            }
+            _ => {
+                let inc = Incident {
+                    id: stable_id(&[cluster, kind, target, &at.to_rfc3339()]),
+                    cluster: cluster.into(),
+                    kind: kind.into(),
+                    severity,
+                    status: IncidentStatus::Open,
+                    summary,
+                    opened_at: at,
+                    updated_at: at,
+                    resolved_at: None,
+                    ingest_time: ingest,
+                    evidence,
+                    labels,
+                    revision: 1,
+                    acknowledged_by: None,
+                };
+                tracing::info!(cluster, kind, target, summary = %inc.summary, "incident opened");
+                self.incidents.insert(key, inc.clone());
+                self.emit_incident(&inc);
+            }
+        }
+    }
+
+    fn resolve(&mut self, cluster: &str, kind: &str, target: &str, at: DateTime<Utc>) {
+        let key = incident_key(cluster, kind, target);
+        self.dirty.incidents.insert(key.clone());
+        let Some(inc) = self.incidents.get_mut(&key) else {
+            return;
+        };
+        if inc.status == IncidentStatus::Resolved || at < inc.opened_at {
+            return;
+        }
+        inc.status = IncidentStatus::Resolved;
+        inc.resolved_at = Some(at);
+        inc.updated_at = at;
+        inc.revision += 1;
+        let inc = inc.clone();
+        tracing::info!(cluster, kind, target, "incident resolved");
+        self.emit_incident(&inc);
+    }
+
+    fn is_open(&self, cluster: &str, kind: &str, target: &str) -> bool {
+        self.incidents
+            .get(&incident_key(cluster, kind, target))
+            .is_some_and(|i| i.status != IncidentStatus::Resolved)
+    }
+
+    /// A heartbeat.
+    fn on_heartbeat(&mut self, env: &Envelope<Heartbeat>, ingest: DateTime<Utc>) {
+        let cluster = env.cluster.clone();
+        let rule = self.rules.heartbeat.clone();
+        let skew_rule = self.rules.clock_skew.clone();
+        self.dirty.clusters.insert(cluster.clone());
+        let c = self.clusters.entry(cluster.clone()).or_default();
+        if env.seq != 0 && env.seq <= c.hb_last_seq && env.payload.started_at.timestamp() != 0 {
+            // an agent restart starts a new outbox seq only with a new outbox; older seqs are late
+            if c.hb_last_ingest.is_some_and(|t| ingest <= t) {
+                self.stats.late_ignored += 1;
+                return;
+            }
+        }
+        c.hb_last_seq = c.hb_last_seq.max(env.seq);
+        c.hb_last_ingest = Some(c.hb_last_ingest.map_or(ingest, |t| t.max(ingest)));
+        c.hb_interval_s = env.payload.interval_s.max(1);
+        c.hb_streak += 1;
+        let offset = (env.cluster_time - ingest).num_milliseconds() as f64 / 1000.0;
+        c.skew_samples.push_back(offset);
+        while c.skew_samples.len() > skew_rule.window.max(1) {
+            c.skew_samples.pop_front();
+        }
+        // cluster_time - ingest_time = skew - delay: the largest over the window is the least delayed
+        let estimate = c
+            .skew_samples
+            .iter()
+            .copied()
+            .fold(f64::NEG_INFINITY, f64::max);
+        let streak = c.hb_streak;
+        if self.is_open(&cluster, &rule.kind, "heartbeat") && streak >= rule.resolve_after {
+            self.resolve(&cluster, &rule.kind, "heartbeat", ingest);
+        }
+        let full = self
+            .clusters
+            .get(&cluster)
+            .is_some_and(|c| c.skew_samples.len() >= skew_rule.window.clamp(1, 3));
+        if full && estimate.abs() > skew_rule.threshold_s {
+            let vars = BTreeMap::from([
+                ("cluster", cluster.clone()),
+                ("skew", format!("{estimate:+.0}s")),
+            ]);
+            let summary = render(&skew_rule.summary, &vars);
+            self.raise(
+                &cluster,
+                &skew_rule.kind,
+                "clock",
+                skew_rule.severity,
+                summary,
+                ingest,
+                Some(ingest),
+                None,
+            );
+        } else if full
+            && estimate.abs() < skew_rule.threshold_s / 2.0
+            && self.is_open(&cluster, &skew_rule.kind, "clock")
+        {
+            self.resolve(&cluster, &skew_rule.kind, "clock", ingest);
+        }
+    }
+
+    /// Time passes (the hub's clock): silent clusters become unreachable.
+    fn tick(&mut self, now: DateTime<Utc>) {
+        let rule = self.rules.heartbeat.clone();
+        let silent: Vec<(String, DateTime<Utc>)> = self
+            .clusters
+            .iter()
+            .filter_map(|(name, c)| {
+                let last = c.hb_last_ingest?;
+                let limit =
+                    Duration::seconds(i64::from(c.hb_interval_s.max(1)) * i64::from(rule.missed));
+                (now - last > limit).then(|| (name.clone(), last))
+            })
+            .collect();
+        for (cluster, last) in silent {
+            if let Some(c) = self.clusters.get_mut(&cluster) {
+                c.hb_streak = 0;
+                self.dirty.clusters.insert(cluster.clone());
+            }
+            if self.is_open(&cluster, &rule.kind, "heartbeat") {
+                continue;
+            }
+            let vars =
+                BTreeMap::from([("cluster", cluster.clone()), ("silence", secs(now - last))]);
+            let summary = render(&rule.summary, &vars);
+            self.raise(
+                &cluster,
+                &rule.kind,
+                "heartbeat",
+                rule.severity,
+                summary,
+                now,
+                None,
+                None,
+            );
+        }
+    }
+
+    /// A probe result.
+    fn on_probe(&mut self, env: &Envelope<ProbeResult>, ingest: DateTime<Utc>) {
+        let cluster = env.cluster.clone();
+        let p = &env.payload;
+        let at = env.cluster_time;
+        let rules: Vec<_> = self
+            .rules
+            .probes
+            .iter()
+            .filter(|r| r.probe == p.probe)
+            .cloned()
+            .collect();
+        self.dirty.clusters.insert(cluster.clone());
+        let c = self.clusters.entry(cluster.clone()).or_default();
+        let track = c.probes.entry(p.probe.clone()).or_default();
+        if track.last_time.is_some_and(|t| at <= t) {
+            self.stats.late_ignored += 1;
+            return;
+        }
+        track.last_time = Some(at);
+        track.detail = p.detail.clone();
+        track.finding = p
+            .findings
+            .first()
+            .map(|f| f.message.clone())
+            .unwrap_or_default();
+        if p.status != ProbeStatus::Healthy {
+            track.related = p
+                .findings
+                .iter()
+                .filter_map(|f| f.object.clone())
+                .take(20)
+                .collect();
+        }
+        track.history.push_back((at, p.observations.clone()));
+        while track.history.len() > 10 {
+            track.history.pop_front();
+        }
+        if p.status == ProbeStatus::Healthy {
+            track.good += 1;
+            track.failing_since = None;
+        } else if p.status != ProbeStatus::Unknown {
+            track.good = 0;
+            track.failing_since.get_or_insert(at);
+        }
+        let mut actions = Vec::new();
+        for r in &rules {
+            let failing = r.on.contains(&p.status);
+            let n = track.bad.entry(r.kind.clone()).or_insert(0);
+            *n = if failing { *n + 1 } else { 0 };
+            actions.push((r.clone(), *n, track.good));
+        }
+        let (detail, finding, since) = (
+            track.detail.clone(),
+            track.finding.clone(),
+            track.failing_since.unwrap_or(at),
+        );
+        for (r, bad, good) in actions {
+            if bad >= r.after {
+                let vars = BTreeMap::from([
+                    ("cluster", cluster.clone()),
+                    ("probe", p.probe.clone()),
+                    ("detail", detail.clone()),
+                    (
+                        "finding",
+                        if finding.is_empty() {
+                            detail.clone()
+                        } else {
+                            finding.clone()
+                        },
+                    ),
+                    ("rounds", bad.to_string()),
+                    ("since", since.format("%H:%M:%S").to_string()),
+                    ("changes", self.changes_phrase(&cluster, at)),
+                ]);
+                let summary = render(&r.summary, &vars);
+                self.raise(
+                    &cluster,
+                    &r.kind,
+                    &p.probe,
+                    r.severity,
+                    summary,
+                    at,
+                    Some(ingest),
+                    Some(&p.probe),
+                );
+            } else if good >= r.resolve_after && self.is_open(&cluster, &r.kind, &p.probe) {
+                self.resolve(&cluster, &r.kind, &p.probe, at);
+            }
+        }
+    }
+
+    /// A Kubernetes event.
+    fn on_event(&mut self, env: &Envelope<KubeEvent>) {
+        self.stats.events_in += 1;
+        let e = &env.payload;
+        let (rec, pass) = self.dedup.observe(&env.cluster, e);
+        if let Some(pass) = pass {
+            self.stats.events_passed += 1;
+            if e.severity >= Severity::Warning && !self.replaying {
+                self.emit_digest(&rec, pass);
+            }
+        }
+        if e.severity < Severity::Warning {
+            return;
+        }
+        let rule = self.rules.event_storm.clone();
+        let cluster = env.cluster.clone();
+        let at = e.last_time;
+        self.dirty.clusters.insert(cluster.clone());
+        let c = self.clusters.entry(cluster.clone()).or_default();
+        c.warnings
+            .push_back((at, format!("{}\u{0}{}", rec.reason, obj_label(&rec.object))));
+        let newest = c.warnings.iter().map(|(t, _)| *t).max().unwrap_or(at);
+        while c
+            .warnings
+            .front()
+            .is_some_and(|(t, _)| *t < newest - Duration::minutes(1))
+        {
+            c.warnings.pop_front();
+        }
+        let n = c.warnings.len() as u64;
+        if n > rule.warnings_per_minute {
+            let mut top: BTreeMap<&str, usize> = BTreeMap::new();
+            for (_, k) in &c.warnings {
+                *top.entry(k.as_str()).or_default() += 1;
+            }
+            let (reason, object) = top
+                .iter()
+                .max_by_key(|(_, n)| **n)
+                .map(|(k, _)| {
+                    k.split_once('\u{0}')
+                        .map(|(r, o)| (r.to_string(), o.to_string()))
+                        .unwrap_or_default()
+                })
+                .unwrap_or_default();
+            let vars = BTreeMap::from([
+                ("cluster", cluster.clone()),
+                ("count", n.to_string()),
+                ("reason", reason),
+                ("object", object),
+            ]);
+            let summary = render(&rule.summary, &vars);
+            if !self.is_open(&cluster, &rule.kind, "events") {
+                self.raise(
+                    &cluster,
+                    &rule.kind,
+                    "events",
+                    rule.severity,
+                    summary,
+                    at,
+                    None,
+                    None,
+                );
+            }
+        } else if n < rule.resolve_below_per_minute && self.is_open(&cluster, &rule.kind, "events")
+        {
+            self.resolve(&cluster, &rule.kind, "events", at);
+        }
+    }
+
+    /// A resource state, deletion or resync marker.
+    fn on_state(&mut self, env: &Envelope<StateMsg>) {
+        let cluster = env.cluster.clone();
+        let at = env.cluster_time;
+        self.dirty.clusters.insert(cluster.clone());
+        let c = self.clusters.entry(cluster.clone()).or_default();
+        let inventory_changed = match &env.payload {
+            StateMsg::State(s) => {
+                let key = format!(
+                    "{}/{}/{}",
+                    s.kind,
+                    s.namespace.clone().unwrap_or_default(),
+                    s.name
+                );
+                let specs = self.specs.entry(cluster.clone()).or_default();
+                if let Some(prev) = specs.get(&key)
+                    && *prev != s.spec_hash
+                    && s.kind != "Pod"
+                    && s.kind != "ReplicaSet"
+                    && s.kind != "Secret"
+                    && s.kind != "EndpointSlice"
+                {
+                    c.changes.push_back(ChangeRec {
+                        at,
+                        object: ObjectRef {
+                            api_version: s.api_version.clone(),
+                            kind: s.kind.clone(),
+                            namespace: s.namespace.clone(),
+                            name: s.name.clone(),
+                            uid: Some(s.uid.clone()),
+                        },
+                        from: prev.clone(),
+                        to: s.spec_hash.clone(),
+                    });
+                    let window = Duration::from_std(self.rules.evidence.change_window)
+                        .unwrap_or(Duration::minutes(30));
+                    let newest = c.changes.back().map(|ch| ch.at).unwrap_or(at);
+                    while c.changes.front().is_some_and(|ch| ch.at < newest - window)
+                        || c.changes.len() > 500
+                    {
+                        c.changes.pop_front();
+                    }
+                }
+                self.dirty.specs.insert((cluster.clone(), key.clone()));
+                specs.insert(key, s.spec_hash.clone());
+                apply_inventory(&mut c.inventory, s)
+            }
+            StateMsg::Deleted(d) => {
+                let key = format!(
+                    "{}/{}/{}",
+                    d.kind,
+                    d.namespace.clone().unwrap_or_default(),
+                    d.name
+                );
+                if let Some(specs) = self.specs.get_mut(&cluster)
+                    && specs.remove(&key).is_some()
+                {
+                    self.dirty.specs.insert((cluster.clone(), key));
+                }
+                remove_inventory(&mut c.inventory, d)
+            }
+            StateMsg::Resync(r) => resync_inventory(&mut c.inventory, r),
+        };
+        if inventory_changed {
+            self.judge(&cluster, at);
+        }
+    }
+
+    /// Ends [`Machine::hold_judgement`] and judges every cluster on its now complete inventory; returns
+    /// what to publish.
+    pub fn release_judgement(&mut self, at: DateTime<Utc>) -> Vec<Out> {
+        self.holding_judgement = false;
+        let clusters: Vec<String> = self.clusters.keys().cloned().collect();
+        for c in clusters {
+            self.judge(&c, at);
+        }
+        std::mem::take(&mut self.out)
+    }
+
+    /// Cluster facts.
+    fn on_facts(&mut self, env: &Envelope<ClusterFacts>) {
+        self.dirty.clusters.insert(env.cluster.clone());
+        let c = self.clusters.entry(env.cluster.clone()).or_default();
+        c.labels = env.payload.labels.clone();
+        c.inventory.facts = Some(env.payload.clone());
+        self.judge(&env.cluster.clone(), env.cluster_time);
+    }
+
+    /// Judges a cluster against the baseline; publishes the report when its verdict changed and raises or
+    /// resolves drift incidents.
+    fn judge(&mut self, cluster: &str, at: DateTime<Utc>) {
+        if self.holding_judgement {
+            return;
+        }
+        // a cluster is judged once its facts are in (they follow the agent's initial lists), so the first
+        // verdict isn't made on half an inventory
+        let Some(c) = self
+            .clusters
+            .get(cluster)
+            .filter(|c| c.inventory.facts.is_some())
+        else {
+            return;
+        };
+        let report = baseline::evaluate(&self.baseline, cluster, &c.inventory, at);
+        let same = c
+            .compliance
+            .as_ref()
+            .is_some_and(|old| old.checks == report.checks);
+        if same {
+            return;
+        }
+        let previous: Vec<String> = c
+            .compliance
+            .as_ref()
+            .map(|r| {
+                r.checks
+                    .iter()
+                    .filter(|c| c.status == CheckStatus::Fail)
+                    .map(|c| c.rule.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if let Some(c) = self.clusters.get_mut(cluster) {
+            c.compliance = Some(report.clone());
+            self.dirty.clusters.insert(cluster.to_string());
+        }
+        self.emit_compliance(&report);
+        for check in &report.checks {
+            match check.status {
+                CheckStatus::Fail => {
+                    let summary = format!(
+                        "{cluster} drifts from the baseline ({}): {}",
+                        check.rule, check.message
+                    );
+                    self.raise(
+                        cluster,
+                        "baseline-drift",
+                        &check.rule,
+                        Severity::Warning,
+                        summary,
+                        at,
+                        None,
+                        None,
+                    );
+                }
+                CheckStatus::Pass if previous.contains(&check.rule) => {
+                    self.resolve(cluster, "baseline-drift", &check.rule, at)
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Current incidents (open and acknowledged; with `all`, resolved ones too), newest first.
+    pub fn current(&self, all: bool) -> Vec<Incident> {
+        let mut v: Vec<Incident> = self
+            .incidents
+            .values()
+            .filter(|i| all || i.status != IncidentStatus::Resolved)
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| {
+            b.severity
+                .cmp(&a.severity)
+                .then(b.updated_at.cmp(&a.updated_at))
+        });
+        v
+    }
+
+    /// Carries out a person's command on an incident (hub clock `now`): acknowledging sets the status and
+    /// who did it; resolving by hand resolves it at `now` (a condition still failing afterwards opens a new
+    /// incident). A change publishes the new revision and an [`AuditRecord`] on
+    /// `fleet.audit.console.incident-<action>`; the caller commits.
+    pub fn command(
+        &mut self,
+        cmd: &IncidentCommand,
+        now: DateTime<Utc>,
+    ) -> (CommandOutcome, Option<Incident>, Vec<Out>) {
+        let Some((key, inc)) = self.incidents.iter_mut().find(|(_, i)| i.id == cmd.id) else {
+            return (CommandOutcome::NotFound, None, Vec::new());
+        };
+        match (cmd.action, inc.status) {
+            (IncidentAction::Ack, IncidentStatus::Resolved) => {
+                return (CommandOutcome::Conflict, Some(inc.clone()), Vec::new());
+            }
+            (IncidentAction::Ack, IncidentStatus::Acknowledged)
+            | (IncidentAction::Resolve, IncidentStatus::Resolved) => {
+                return (CommandOutcome::Unchanged, Some(inc.clone()), Vec::new());
+            }
+            (IncidentAction::Ack, _) => {
+                // updated_at stays in the cluster's clock: the acknowledgement's time is in the audit record
+                inc.status = IncidentStatus::Acknowledged;
+                inc.acknowledged_by = Some(cmd.actor.clone());
+            }
+            (IncidentAction::Resolve, _) => {
+                let at = now.max(inc.updated_at);
+                inc.status = IncidentStatus::Resolved;
+                inc.resolved_at = Some(at);
+                inc.updated_at = at;
+            }
+        }
+        inc.revision += 1;
+        let inc = inc.clone();
+        self.dirty.incidents.insert(key.clone());
+        tracing::info!(id = %inc.id, cluster = %inc.cluster, kind = %inc.kind, action = cmd.action.name(), actor = %cmd.actor, "incident changed by hand");
+        self.emit_incident(&inc);
+        let record = AuditRecord {
+            id: stable_id(&["audit", &inc.id, &inc.revision.to_string()]),
+            actor: cmd.actor.clone(),
+            role: "console".into(),
+            action: match cmd.action {
+                IncidentAction::Ack => "incident.acknowledge".into(),
+                IncidentAction::Resolve => "incident.resolve".into(),
+            },
+            target: inc.id.clone(),
+            outcome: "ok".into(),
+            detail: serde_json::json!({
+                "cluster": inc.cluster,
+                "kind": inc.kind,
+                "revision": inc.revision,
+                "summary": inc.summary,
+                "recorded_by": self.source,
+            }),
+            commit: None,
+        };
+        let env = Envelope::new(
+            inc.cluster.as_str(),
+            self.source.as_str(),
+            now,
+            inc.revision,
+            record,
+        );
+        match multipilot_schemas::encode(&env) {
+            Ok(body) => self.out.push(Out {
+                subject: subject::audit("console", &format!("incident-{}", cmd.action.name())),
+                msg_id: env.payload.id.clone(),
+                schema: <AuditRecord as multipilot_schemas::Payload>::schema_header(),
+                body,
+            }),
+            Err(e) => tracing::error!(error = %e, "cannot encode an audit record"),
+        }
+        (
+            CommandOutcome::Done,
+            Some(inc),
+            std::mem::take(&mut self.out),
+        )
+    }
+
+    /// Current compliance reports.
+    pub fn compliance(&self) -> Vec<ComplianceReport> {
+        self.clusters
+            .values()
+            .filter_map(|c| c.compliance.clone())
+            .collect()
+    }
+
+    /// Expires old dedup records.
+    fn housekeeping(&mut self, now: DateTime<Utc>) {
+        self.dedup.expire(now - Duration::days(7));
+        // resolved incidents are kept a week for the console
+        let dirty = &mut self.dirty.incidents;
+        self.incidents.retain(|k, i| {
+            let keep =
+                i.status != IncidentStatus::Resolved || i.updated_at > now - Duration::days(7);
+            if !keep {
+                dirty.insert(k.clone());
+            }
+            keep
+        });
+    }
+}
+
+fn apply_inventory(inv: &mut Inventory, s: &ResourceState) -> bool {
+    match s.kind.as_str() {
+        "Namespace" => {
+            let level = s.labels.get("pod-security.kubernetes.io/enforce").cloned();
+            inv.namespaces.insert(s.name.clone(), level.clone()) != Some(level)
+        }
+        "Service" => {
+            let key = format!("{}/{}", s.namespace.clone().unwrap_or_default(), s.name);
+            let ips: Vec<String> = s
+                .status
+                .detail
+                .get("externalIPs")
+                .map(|v| {
+                    v.split(',')
+                        .filter(|x| !x.is_empty())
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default();
+            if ips.is_empty() {
+                inv.external_ips.remove(&key).is_some()
+            } else {
+                inv.external_ips.insert(key, ips.clone()) != Some(ips)
+            }
+        }
+        _ => false,
+    }
+}
+
+fn remove_inventory(inv: &mut Inventory, d: &ResourceDeleted) -> bool {
+    match d.kind.as_str() {
+        "Namespace" => inv.namespaces.remove(&d.name).is_some(),
+        "Service" => inv
+            .external_ips
+            .remove(&format!(
+                "{}/{}",
+                d.namespace.clone().unwrap_or_default(),
+                d.name
+            ))
+            .is_some(),
+        _ => false,
+    }
+}
+
+fn resync_inventory(inv: &mut Inventory, r: &ResyncMarker) -> bool {
+    if r.parts > 1 {
+        return false; // a multi-part marker is judged by its deletions instead
+    }
+    let present: std::collections::BTreeSet<String> = r
+        .present
+        .iter()
+        .map(|k| match &k.namespace {
+            Some(ns) => format!("{ns}/{}", k.name),
+            None => k.name.clone(),
+        })
+        .collect();
+    match r.kind.as_str() {
+        "Namespace" => {
+            let before = inv.namespaces.len();
+            inv.namespaces.retain(|n, _| present.contains(n));
+            before != inv.namespaces.len()
+        }
+        "Service" => {
+            let before = inv.external_ips.len();
+            inv.external_ips.retain(|k, _| present.contains(k));
+            before != inv.external_ips.len()
+        }
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+#[path = "machine_tests.rs"]
+mod tests;

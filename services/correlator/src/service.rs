@@ -1,0 +1,622 @@
+//! The correlator's NATS wiring: the four durable consumers feeding the [`Machine`], the commit that makes
+//! state and outputs durable before acks and then publishes the outputs, the clock, the query and command
+//! responders, and the rebuild of a new or wiped store from the streams. Each is a named task of [`run`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use chrono::Utc;
+use futures::StreamExt;
+use multipilot_bus::consume::{self, Handler, Outcome, Received, Runner};
+use multipilot_bus::jetstream::{self as js_kit, Durable, Start};
+use multipilot_bus::metrics::BusMetrics;
+use multipilot_bus::publish::{Completion, Outgoing, Publisher};
+use multipilot_runtime::Context;
+use multipilot_schemas::control::{
+    COMMAND_INCIDENT, CommandOutcome, CommandReply, HEADER_PARTITIONS, IncidentCommand,
+    IncidentsQuery, QUERY_COMPLIANCE, QUERY_INCIDENTS,
+};
+use multipilot_schemas::payload::{ClusterFacts, ComplianceReport, Incident, KubeEvent};
+use multipilot_schemas::streams::{HealthMsg, StateMsg};
+use multipilot_schemas::{Payload, codec::DEFAULT_MAX_BYTES};
+use tokio::sync::Mutex;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::Config;
+use crate::machine::{Input, Machine};
+use crate::store::{Outbox, Store};
+
+/// The machine, the outbox and the store, behind one lock. The lock is never held across an await on the
+/// network or a flush.
+#[derive(Debug)]
+pub struct Core {
+    /// The state machine.
+    pub machine: Machine,
+    outbox: Outbox,
+    store: Store,
+}
+
+type Shared = Arc<Mutex<Core>>;
+
+impl Core {
+    fn apply(&mut self, consumer: &str, stream_seq: u64, input: Input<'_>) {
+        let outs = self.machine.apply_delivered(consumer, stream_seq, input);
+        self.outbox.push(outs);
+    }
+}
+
+/// Makes the machine's changes and its outputs durable together, then publishes the outputs (an outbox: a
+/// crash between the two re-publishes them with the same Msg-Ids, which JetStream drops).
+async fn commit(
+    core: &Shared,
+    js: &async_nats::jetstream::Context,
+    metrics: &BusMetrics,
+) -> Result<(), String> {
+    let pending = {
+        let mut c = core.lock().await;
+        let Core {
+            machine,
+            outbox,
+            store,
+        } = &mut *c;
+        store
+            .write(machine.take_changes(), outbox)
+            .map_err(|e| e.to_string())?;
+        outbox.pending()
+    };
+    // the flush covers what every consumer wrote so far; sled serialises concurrent flushes itself
+    let flush = core.lock().await.store.flusher();
+    flush.await.map_err(|e| e.to_string())?;
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let mut publisher: Publisher<String> = Publisher::new(js.clone(), 256, metrics.clone());
+    let mut completions = Vec::new();
+    for o in pending {
+        let id = o.msg_id.clone();
+        completions.extend(
+            publisher
+                .send(
+                    id,
+                    Outgoing::raw(o.subject, o.msg_id, &o.schema, o.body.into()),
+                )
+                .await,
+        );
+    }
+    completions.extend(publisher.flush().await);
+    let mut done = Vec::new();
+    let mut failed = None;
+    for c in completions {
+        match c {
+            Completion::Stored { key, .. } => done.push(key),
+            Completion::Failed { error, .. } => failed = Some(error.to_string()),
+        }
+    }
+    core.lock().await.outbox.confirm(&done);
+    match failed {
+        Some(e) => Err(format!("publishing incidents: {e}")),
+        None => Ok(()),
+    }
+}
+
+/// Feeds one durable's messages to the machine.
+struct Feed {
+    core: Shared,
+    consumer: &'static str,
+    js: async_nats::jetstream::Context,
+    metrics: BusMetrics,
+}
+
+impl Feed {
+    fn new(ctx: &Context, core: &Shared, consumer: &'static str) -> Self {
+        Feed {
+            core: core.clone(),
+            consumer,
+            js: ctx.js.clone(),
+            metrics: ctx.bus_metrics.clone(),
+        }
+    }
+}
+
+impl Handler<KubeEvent> for Feed {
+    async fn handle(&mut self, msg: Received<KubeEvent>) -> Outcome {
+        let mut c = self.core.lock().await;
+        c.apply(self.consumer, msg.stream_seq, Input::Event(&msg.envelope));
+        Outcome::Done
+    }
+    async fn commit(&mut self) -> Result<(), String> {
+        commit(&self.core, &self.js, &self.metrics).await
+    }
+}
+
+impl Handler<HealthMsg> for Feed {
+    async fn handle(&mut self, msg: Received<HealthMsg>) -> Outcome {
+        let env = msg.envelope;
+        let mut c = self.core.lock().await;
+        match env.payload.clone() {
+            HealthMsg::Heartbeat(hb) => {
+                let env = env.map(|_| hb);
+                c.apply(
+                    self.consumer,
+                    msg.stream_seq,
+                    Input::Heartbeat(&env, msg.ingest_time),
+                );
+            }
+            HealthMsg::Probe(p) => {
+                let env = env.map(|_| p);
+                c.apply(
+                    self.consumer,
+                    msg.stream_seq,
+                    Input::Probe(&env, msg.ingest_time),
+                );
+            }
+        }
+        Outcome::Done
+    }
+    async fn commit(&mut self) -> Result<(), String> {
+        commit(&self.core, &self.js, &self.metrics).await
+    }
+}
+
+impl Handler<StateMsg> for Feed {
+    async fn handle(&mut self, msg: Received<StateMsg>) -> Outcome {
+        let mut c = self.core.lock().await;
+        c.apply(self.consumer, msg.stream_seq, Input::State(&msg.envelope));
+        Outcome::Done
+    }
+    async fn commit(&mut self) -> Result<(), String> {
+        commit(&self.core, &self.js, &self.metrics).await
+    }
+}
+
+impl Handler<ClusterFacts> for Feed {
+    async fn handle(&mut self, msg: Received<ClusterFacts>) -> Outcome {
+        let mut c = self.core.lock().await;
+        c.apply(self.consumer, msg.stream_seq, Input::Facts(&msg.envelope));
+        Outcome::Done
+    }
+    async fn commit(&mut self) -> Result<(), String> {
+        commit(&self.core, &self.js, &self.metrics).await
+    }
+}
+
+/// The topology consumers the correlator reads, by stream.
+const EVENTS: (&str, &str) = ("FLEET_EVENTS", "correlator-events");
+const HEALTH: (&str, &str) = ("FLEET_HEALTH", "correlator-health");
+const STATE: (&str, &str) = ("FLEET_STATE", "correlator-state");
+const FACTS: (&str, &str) = ("FLEET_FACTS", "correlator-facts");
+
+/// This instance's durable on a topology consumer: the shared one, or its partition's own.
+fn durable(cfg: &Config, (stream, base): (&str, &str)) -> Durable {
+    if cfg.partitions <= 1 {
+        Durable::shared(stream, base)
+    } else {
+        Durable::partitioned(
+            stream,
+            base,
+            cfg.partition,
+            cfg.partitions,
+            crate::partition_filters(stream, cfg.partition),
+        )
+    }
+}
+
+/// Reads FLEET_INCIDENTS back for this instance's partition: the latest revision of every incident and
+/// the latest compliance report of every cluster.
+async fn read_incidents(
+    js: &async_nats::jetstream::Context,
+    cfg: &Config,
+) -> Result<(Vec<Incident>, Vec<ComplianceReport>)> {
+    use std::collections::BTreeMap;
+    let mut incidents: BTreeMap<String, Incident> = BTreeMap::new();
+    let mut reports: BTreeMap<String, ComplianceReport> = BTreeMap::new();
+    let mine = |subject: &str| {
+        cfg.partitions <= 1
+            || subject
+                .split('.')
+                .nth(2)
+                .is_some_and(|t| crate::partition_of(t, cfg.partitions) == cfg.partition)
+    };
+    let filters = vec!["fleet.incident.>".into(), "fleet.compliance.>".into()];
+    js_kit::read_history(js, "FLEET_INCIDENTS", filters, Start::Oldest, |s| {
+        let m = s.message;
+        if !mine(&m.subject) {
+            return;
+        }
+        if m.subject.starts_with("fleet.incident.") {
+            if let Ok(env) = js_kit::decode::<Incident>(m, usize::MAX) {
+                let inc = env.payload;
+                if incidents
+                    .get(&inc.id)
+                    .is_none_or(|cur| cur.revision <= inc.revision)
+                {
+                    incidents.insert(inc.id.clone(), inc);
+                }
+            }
+        } else if let Ok(env) = js_kit::decode::<ComplianceReport>(m, usize::MAX) {
+            reports.insert(env.payload.cluster.clone(), env.payload);
+        }
+    })
+    .await?;
+    Ok((
+        incidents.into_values().collect(),
+        reports.into_values().collect(),
+    ))
+}
+
+/// Replays `stream` from `since` (this partition's subjects, up to what the durable acked) through the
+/// consumer's handler, as if the durable had delivered it; the machine's high-water mark then makes the
+/// durable skip what was applied here.
+async fn catch_up<T: Payload>(
+    ctx: &Context,
+    cfg: &Config,
+    core: &Shared,
+    which: (&'static str, &'static str),
+    since: chrono::DateTime<Utc>,
+) -> Result<u64>
+where
+    Feed: Handler<T>,
+{
+    let d = durable(cfg, which);
+    // Only what the durable already acked was lost with the store; what it has not acked it delivers
+    // again anyway. On a first start there is no such durable, or nothing acked: nothing to replay.
+    let floor = d
+        .info(&ctx.js)
+        .await?
+        .map_or(0, |i| i.ack_floor.stream_sequence);
+    if floor == 0 {
+        return Ok(0);
+    }
+    let mut got = Vec::new();
+    js_kit::read_history(
+        &ctx.js,
+        which.0,
+        d.filters.clone(),
+        Start::Since(since),
+        |s| {
+            if s.stream_seq > floor {
+                return;
+            }
+            // what the runner dead-lettered then is skipped now
+            if let Ok(envelope) = js_kit::decode::<T>(s.message, DEFAULT_MAX_BYTES)
+                && multipilot_schemas::subject::cluster_of(&s.message.subject)
+                    .is_none_or(|c| c == envelope.cluster)
+            {
+                got.push(Received {
+                    envelope,
+                    subject: s.message.subject.to_string(),
+                    ingest_time: s.published,
+                    stream_seq: s.stream_seq,
+                    delivered: 1,
+                    msg_id: js_kit::header(s.message, multipilot_schemas::HEADER_MSG_ID)
+                        .map(str::to_string),
+                });
+            }
+        },
+    )
+    .await?;
+    let n = got.len() as u64;
+    let mut feed = Feed::new(ctx, core, which.1);
+    for r in got {
+        let _ = feed.handle(r).await;
+    }
+    Ok(n)
+}
+
+/// Rebuilds a new or wiped store from the streams, before the consumers start.
+///
+/// - Incidents and compliance reports come back from FLEET_INCIDENTS (the latest revision of each), so
+///   open incidents stay open and their revisions continue: a new revision never re-uses a stored number
+///   with different content, and its Msg-Id never clashes.
+/// - FLEET_STATE and FLEET_FACTS keep the last value of every subject: their durables are deleted and
+///   created again, so the inventory and the baseline verdicts are rebuilt from the start.
+/// - FLEET_HEALTH and FLEET_EVENTS are history (24 h, 7 d). Replaying all of it would only re-run what
+///   the restored incidents already say, so only the last `replay_window` is applied (probe streaks,
+///   heartbeat silence, event-storm windows), read with an ordered consumer before the durables start;
+///   the machine's high-water marks then make the durables skip it. Digests of replayed events are not
+///   published again. The machine already ignores a message older than an incident's last change, so
+///   the replay neither reopens resolved incidents nor rewrites open ones.
+async fn rebuild(ctx: &Context, cfg: &Config, core: &Shared) -> Result<()> {
+    let (incidents, reports) = read_incidents(&ctx.js, cfg).await?;
+    let (n_inc, n_rep) = (incidents.len(), reports.len());
+    let restored = core.lock().await.machine.restore(incidents, reports);
+    let since = Utc::now()
+        - chrono::Duration::from_std(cfg.replay_window).unwrap_or(chrono::Duration::minutes(15));
+    core.lock().await.machine.set_replaying(true);
+    let events = catch_up::<KubeEvent>(ctx, cfg, core, EVENTS, since).await;
+    core.lock().await.machine.set_replaying(false);
+    let events = events?;
+    let health = catch_up::<HealthMsg>(ctx, cfg, core, HEALTH, since).await?;
+    tracing::info!(
+        incidents = n_inc,
+        restored,
+        reports = n_rep,
+        events,
+        health,
+        "fresh store: rebuilt from the streams"
+    );
+    Ok(())
+}
+
+/// Starts one durable consumer's runner as a task.
+async fn spawn_consumer<T: Payload>(
+    tasks: &mut JoinSet<()>,
+    ctx: &Context,
+    cfg: &Config,
+    core: &Shared,
+    which: (&'static str, &'static str),
+    replay: bool,
+) -> Result<()>
+where
+    Feed: Handler<T>,
+{
+    let name = durable(cfg, which).ensure(&ctx.js, replay).await?;
+    let runner = Runner::new(
+        ctx.js.clone(),
+        consume::Config {
+            stream: which.0.into(),
+            durable: name.clone(),
+            batch: cfg.batch,
+            rate: cfg.rate.clone(),
+            ..Default::default()
+        },
+        ctx.bus_metrics.clone(),
+    );
+    let mut feed = Feed::new(ctx, core, which.1);
+    let cancel = ctx.cancel.clone();
+    tasks.spawn(async move {
+        if let Err(e) = runner.run::<T, _>(&mut feed, cancel).await {
+            tracing::error!(error = %e, consumer = %name, "consumer stopped");
+        }
+    });
+    Ok(())
+}
+
+/// After a rebuild: judges the baseline once the inventory's replay has caught up.
+async fn judge_after_replay(core: Shared, ctx: Context, cfg: Config) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(1800);
+    loop {
+        if durable(&cfg, STATE).caught_up(&ctx.js).await
+            && durable(&cfg, FACTS).caught_up(&ctx.js).await
+        {
+            break;
+        }
+        if tokio::time::Instant::now() > deadline {
+            tracing::warn!(
+                "the inventory replay did not catch up in 30 min; judging the baseline anyway"
+            );
+            break;
+        }
+        tokio::select! {
+            _ = ctx.cancel.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+    {
+        let mut c = core.lock().await;
+        let outs = c.machine.release_judgement(Utc::now());
+        c.outbox.push(outs);
+    }
+    if let Err(e) = commit(&core, &ctx.js, &ctx.bus_metrics).await {
+        tracing::warn!(error = %e, "publishing the baseline verdicts failed; will retry");
+    }
+    tracing::info!("inventory replayed; baseline judged");
+}
+
+/// The hub's clock: silent clusters, and hourly housekeeping.
+async fn clock(core: Shared, ctx: Context, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    let mut n = 0u64;
+    loop {
+        tokio::select! {
+            _ = ctx.cancel.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        n += 1;
+        {
+            let mut c = core.lock().await;
+            let now = Utc::now();
+            let mut outs = c.machine.apply(Input::Tick(now));
+            if n.is_multiple_of(3600) {
+                outs.extend(c.machine.apply(Input::Housekeeping(now)));
+            }
+            c.outbox.push(outs);
+        }
+        if let Err(err) = commit(&core, &ctx.js, &ctx.bus_metrics).await {
+            tracing::warn!(error = %err, "publishing incidents failed; will retry");
+        }
+    }
+}
+
+/// Answers a request with `body`, saying how many partitions answer (the asker gathers them all).
+async fn answer(
+    client: &async_nats::Client,
+    reply: async_nats::Subject,
+    partitions: &str,
+    body: Vec<u8>,
+) {
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(HEADER_PARTITIONS, partitions);
+    if let Err(e) = client
+        .publish_with_headers(reply, headers, body.into())
+        .await
+    {
+        tracing::debug!(error = %e, "answering a query failed");
+    }
+}
+
+/// Answers `fleet.query.incidents` and `fleet.query.compliance`.
+async fn answer_queries(
+    core: Shared,
+    client: async_nats::Client,
+    mut incidents: async_nats::Subscriber,
+    mut compliance: async_nats::Subscriber,
+    partitions: String,
+    cancel: CancellationToken,
+) {
+    loop {
+        let (msg, is_incidents) = tokio::select! {
+            _ = cancel.cancelled() => return,
+            Some(m) = incidents.next() => (m, true),
+            Some(m) = compliance.next() => (m, false),
+        };
+        let Some(reply) = msg.reply.clone() else {
+            continue;
+        };
+        let body = {
+            let c = core.lock().await;
+            if is_incidents {
+                // an empty or unreadable body asks for the default (open and acknowledged incidents)
+                let q: IncidentsQuery = serde_json::from_slice(&msg.payload).unwrap_or_default();
+                serde_json::to_vec(&c.machine.current(q.all))
+            } else {
+                serde_json::to_vec(&c.machine.compliance())
+            }
+        };
+        match body {
+            Ok(body) => answer(&client, reply, &partitions, body).await,
+            Err(e) => tracing::error!(error = %e, "cannot encode a query answer"),
+        }
+    }
+}
+
+/// Carries out incident commands (acknowledge, resolve) from the console.
+async fn answer_commands(
+    core: Shared,
+    ctx: Context,
+    mut commands: async_nats::Subscriber,
+    partitions: String,
+) {
+    loop {
+        let msg = tokio::select! {
+            _ = ctx.cancel.cancelled() => return,
+            Some(m) = commands.next() => m,
+        };
+        let Some(reply_to) = msg.reply.clone() else {
+            continue;
+        };
+        let reply = match serde_json::from_slice::<IncidentCommand>(&msg.payload) {
+            Err(e) => CommandReply::failed(format!("not an incident command: {e}"), None),
+            Ok(cmd) => {
+                let (outcome, incident) = {
+                    let mut c = core.lock().await;
+                    let (outcome, incident, outs) = c.machine.command(&cmd, Utc::now());
+                    c.outbox.push(outs);
+                    (outcome, incident)
+                };
+                match outcome {
+                    // the new revision and the audit record are durable and published before the asker
+                    // hears it is done
+                    CommandOutcome::Done => match commit(&core, &ctx.js, &ctx.bus_metrics).await {
+                        Ok(()) => CommandReply::new(outcome, incident),
+                        Err(e) => CommandReply::failed(e, incident),
+                    },
+                    CommandOutcome::Conflict => CommandReply {
+                        outcome,
+                        error: incident
+                            .as_ref()
+                            .map(|i| format!("incident is {:?}", i.status).to_lowercase()),
+                        incident,
+                    },
+                    _ => CommandReply::new(outcome, incident),
+                }
+            }
+        };
+        match serde_json::to_vec(&reply) {
+            Ok(body) => answer(&ctx.nats, reply_to, &partitions, body).await,
+            Err(e) => tracing::error!(error = %e, "cannot encode a command reply"),
+        }
+    }
+}
+
+/// Runs the correlator until `ctx.cancel` fires.
+pub async fn run(config: Config, ctx: Context) -> Result<()> {
+    anyhow::ensure!(
+        config.partitions >= 1 && config.partition < config.partitions,
+        "correlator.partition must be in 0..partitions"
+    );
+    let rules = crate::rules::Rules::load(config.rules.as_deref())?;
+    let baseline = crate::baseline::Baseline::load(config.baseline.as_deref())?;
+    let dir = std::path::PathBuf::from(&config.data_dir);
+    let store = Store::open(&dir)
+        .with_context(|| format!("opening the correlator store in {}", config.data_dir))?;
+    // a new or wiped store rebuilds from the streams; the marker is written once that is done (and the
+    // durables are recreated), so a crash in between rebuilds again
+    let fresh = store.is_fresh()?;
+    let (snapshot, outbox) = store.load()?;
+    let machine = Machine::restore_snapshot(rules, baseline, &ctx.instance, snapshot);
+    let core: Shared = Arc::new(Mutex::new(Core {
+        machine,
+        outbox,
+        store,
+    }));
+    if fresh {
+        rebuild(&ctx, &config, &core).await?;
+        core.lock().await.machine.hold_judgement();
+    }
+    // outputs left from before a crash (or raised by the rebuild) go out first
+    commit(&core, &ctx.js, &ctx.bus_metrics)
+        .await
+        .map_err(anyhow::Error::msg)?;
+    ctx.health.register("correlator");
+
+    let mut tasks = JoinSet::new();
+    // with a fresh store, the last-value streams replay from their start
+    spawn_consumer::<KubeEvent>(&mut tasks, &ctx, &config, &core, EVENTS, false).await?;
+    spawn_consumer::<HealthMsg>(&mut tasks, &ctx, &config, &core, HEALTH, false).await?;
+    spawn_consumer::<StateMsg>(&mut tasks, &ctx, &config, &core, STATE, fresh).await?;
+    spawn_consumer::<ClusterFacts>(&mut tasks, &ctx, &config, &core, FACTS, fresh).await?;
+    if fresh {
+        core.lock().await.store.mark_initialized().await?;
+        tasks.spawn(judge_after_replay(
+            core.clone(),
+            ctx.clone(),
+            config.clone(),
+        ));
+    }
+    tasks.spawn(clock(
+        core.clone(),
+        ctx.clone(),
+        Duration::from_millis(config.tick_ms.max(100)),
+    ));
+    let partitions = config.partitions.to_string();
+    tasks.spawn(answer_queries(
+        core.clone(),
+        ctx.nats.clone(),
+        ctx.nats.subscribe(QUERY_INCIDENTS).await?,
+        ctx.nats.subscribe(QUERY_COMPLIANCE).await?,
+        partitions.clone(),
+        ctx.cancel.clone(),
+    ));
+    tasks.spawn(answer_commands(
+        core.clone(),
+        ctx.clone(),
+        ctx.nats.subscribe(COMMAND_INCIDENT).await?,
+        partitions,
+    ));
+    ctx.health.set("correlator", true);
+    tracing::info!(data_dir = %config.data_dir, "correlator running");
+    while tasks.join_next().await.is_some() {}
+
+    let core = Arc::try_unwrap(core)
+        .map_err(|_| anyhow::anyhow!("correlator tasks still hold the state after stopping"))?
+        .into_inner();
+    let Core {
+        mut machine,
+        mut outbox,
+        store,
+    } = core;
+    store.write(machine.take_changes(), &mut outbox)?;
+    let s = machine.stats();
+    store.close().await?;
+    tracing::info!(
+        events_in = s.events_in,
+        events_passed = s.events_passed,
+        replays_skipped = s.replays_skipped,
+        late_ignored = s.late_ignored,
+        "correlator stopped"
+    );
+    Ok(())
+}

@@ -1,0 +1,505 @@
+//! The correlator's durable state, in sled: what the machine changed ([`Changes`]) and the outbox of
+//! messages not yet confirmed by JetStream, written together in one atomic batch, so state and outputs are
+//! never out of step after a crash.
+//!
+//! One tree, `state`, with a prefix per record type (MessagePack values): `c` cluster state, `s` spec hash
+//! (`<cluster>/<kind>/<ns>/<name>`), `i` incident (by key), `d` dedup record (by id), `o` outbox entry (by
+//! sequence), `m` meta (high-water marks, the initialized marker). Only what changed is written: a change to
+//! one object rewrites one key, not the cluster. A store written by an older version (JSON in the trees
+//! `clusters`, `incidents`, `dedup`, `meta`) is moved into this layout when opened.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::machine::{Changes, Out, Snapshot};
+
+const TREE: &str = "state";
+const P_CLUSTER: u8 = b'c';
+const P_SPEC: u8 = b's';
+const P_INCIDENT: u8 = b'i';
+const P_DEDUP: u8 = b'd';
+const P_OUTBOX: u8 = b'o';
+const P_META: u8 = b'm';
+const K_HWM: &str = "hwm";
+/// Written once the store was set up (its absence on an empty store: new or wiped).
+const K_INITIALIZED: &str = "initialized";
+
+/// Storage failures.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// sled failed.
+    #[error("correlator store: {0}")]
+    Sled(#[from] sled::Error),
+    /// The directory could not be set up or released.
+    #[error("correlator store in {dir}: {reason}")]
+    Dir {
+        /// Directory.
+        dir: String,
+        /// Why.
+        reason: String,
+    },
+    /// A value could not be encoded.
+    #[error("correlator store: encoding a {what}: {reason}")]
+    Encode {
+        /// What.
+        what: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// Whether trying again may succeed (a full disk may clear; an encoding error will not).
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self, Error::Encode { .. })
+    }
+}
+
+fn key(prefix: u8, name: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(name.len() + 1);
+    k.push(prefix);
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+fn enc<T: Serialize>(what: &'static str, v: &T) -> Result<Vec<u8>, Error> {
+    rmp_serde::to_vec_named(v).map_err(|e| Error::Encode {
+        what,
+        reason: e.to_string(),
+    })
+}
+
+fn dec<T: DeserializeOwned>(what: &str, k: &[u8], v: &[u8]) -> Option<T> {
+    match rmp_serde::from_slice(v) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            // an unreadable record is dropped (and logged): the streams rebuild what it held
+            tracing::warn!(what, key = %String::from_utf8_lossy(k), error = %e, "unreadable record in the correlator store; skipped");
+            None
+        }
+    }
+}
+
+/// The outbox: messages the machine produced, in order, until JetStream confirms them.
+#[derive(Debug, Default)]
+pub struct Outbox {
+    pending: BTreeMap<u64, Out>,
+    next: u64,
+    unsaved: Vec<u64>,
+    confirmed: Vec<u64>,
+}
+
+impl Outbox {
+    /// Adds messages to publish.
+    pub fn push(&mut self, outs: Vec<Out>) {
+        for o in outs {
+            self.pending.insert(self.next, o);
+            self.unsaved.push(self.next);
+            self.next += 1;
+        }
+    }
+
+    /// What waits for confirmation, in order.
+    pub fn pending(&self) -> Vec<Out> {
+        self.pending.values().cloned().collect()
+    }
+
+    /// Whether nothing waits.
+    pub fn is_empty(&self) -> bool {
+        self.pending.is_empty()
+    }
+
+    /// Forgets the messages JetStream stored.
+    pub fn confirm(&mut self, msg_ids: &[String]) {
+        let done: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, o)| msg_ids.contains(&o.msg_id))
+            .map(|(k, _)| *k)
+            .collect();
+        for k in done {
+            self.pending.remove(&k);
+            self.unsaved.retain(|u| *u != k);
+            self.confirmed.push(k);
+        }
+    }
+}
+
+/// The store.
+#[derive(Debug)]
+pub struct Store {
+    dir: PathBuf,
+    db: sled::Db,
+    tree: sled::Tree,
+}
+
+impl Store {
+    /// Opens (or creates) the store in `dir`.
+    pub fn open(dir: &Path) -> Result<Self, Error> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::Dir {
+            dir: dir.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let db = sled::Config::new()
+            .path(dir)
+            .cache_capacity(32 * 1024 * 1024)
+            .open()?;
+        let tree = db.open_tree(TREE)?;
+        let store = Store {
+            dir: dir.to_path_buf(),
+            db,
+            tree,
+        };
+        store.migrate()?;
+        Ok(store)
+    }
+
+    /// Whether the store is new, wiped, or was being rebuilt when the process stopped: never marked
+    /// initialized (see [`Store::mark_initialized`]).
+    pub fn is_fresh(&self) -> Result<bool, Error> {
+        Ok(!self.tree.contains_key(key(P_META, K_INITIALIZED))?)
+    }
+
+    /// Marks the store initialized (see [`Store::is_fresh`]) and flushes.
+    pub async fn mark_initialized(&self) -> Result<(), Error> {
+        self.tree.insert(key(P_META, K_INITIALIZED), &[1u8])?;
+        self.flush().await
+    }
+
+    /// Reads everything back: the machine's state and the outbox.
+    pub fn load(&self) -> Result<(Snapshot, Outbox), Error> {
+        let mut s = Snapshot::default();
+        let mut outbox = Outbox::default();
+        for item in self.tree.iter() {
+            let (k, v) = item?;
+            let Some((&prefix, name)) = k.split_first() else {
+                continue;
+            };
+            let name = String::from_utf8_lossy(name).into_owned();
+            match prefix {
+                P_CLUSTER => {
+                    if let Some(c) = dec("cluster", &k, &v) {
+                        s.clusters.insert(name, c);
+                    }
+                }
+                P_SPEC => {
+                    if let (Some((cluster, object)), Some(hash)) =
+                        (name.split_once('/'), dec::<String>("spec hash", &k, &v))
+                    {
+                        s.specs
+                            .entry(cluster.to_string())
+                            .or_default()
+                            .insert(object.to_string(), hash);
+                    }
+                }
+                P_INCIDENT => {
+                    if let Some(i) = dec("incident", &k, &v) {
+                        s.incidents.insert(name, i);
+                    }
+                }
+                P_DEDUP => {
+                    if let Some(r) = dec("dedup record", &k, &v) {
+                        s.dedup.push(r);
+                    }
+                }
+                P_OUTBOX => {
+                    let seq = <[u8; 8]>::try_from(&k[1..]).map(u64::from_be_bytes);
+                    if let (Ok(seq), Some(o)) = (seq, dec::<Out>("outbox entry", &k, &v)) {
+                        outbox.pending.insert(seq, o);
+                        outbox.next = outbox.next.max(seq + 1);
+                    }
+                }
+                P_META if name == K_HWM => {
+                    if let Some(h) = dec("high-water marks", &k, &v) {
+                        s.hwm = h;
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok((s, outbox))
+    }
+
+    /// Writes what changed and the outbox's new and confirmed entries, in one atomic batch (not yet
+    /// flushed: see [`Store::flush`]).
+    pub fn write(&self, changes: Changes, outbox: &mut Outbox) -> Result<(), Error> {
+        let mut b = sled::Batch::default();
+        let mut put = |prefix: u8, name: &str, v: Option<Vec<u8>>| match v {
+            Some(v) => b.insert(key(prefix, name), v),
+            None => b.remove(key(prefix, name)),
+        };
+        for (k, c) in changes.clusters {
+            put(P_CLUSTER, &k, c.map(|c| enc("cluster", &c)).transpose()?);
+        }
+        for (k, h) in changes.specs {
+            put(P_SPEC, &k, h.map(|h| enc("spec hash", &h)).transpose()?);
+        }
+        for (k, i) in changes.incidents {
+            put(P_INCIDENT, &k, i.map(|i| enc("incident", &i)).transpose()?);
+        }
+        for (k, r) in changes.dedup {
+            put(P_DEDUP, &k, r.map(|r| enc("dedup record", &r)).transpose()?);
+        }
+        if let Some(h) = changes.hwm {
+            put(P_META, K_HWM, Some(enc("high-water marks", &h)?));
+        }
+        let outbox_key = |seq: u64| {
+            let mut k = vec![P_OUTBOX];
+            k.extend_from_slice(&seq.to_be_bytes());
+            k
+        };
+        for seq in std::mem::take(&mut outbox.unsaved) {
+            if let Some(o) = outbox.pending.get(&seq) {
+                b.insert(outbox_key(seq), enc("outbox entry", o)?);
+            }
+        }
+        for seq in std::mem::take(&mut outbox.confirmed) {
+            b.remove(outbox_key(seq));
+        }
+        self.tree.apply_batch(b)?;
+        Ok(())
+    }
+
+    /// Makes everything written so far durable.
+    pub async fn flush(&self) -> Result<(), Error> {
+        self.flusher().await
+    }
+
+    /// A flush that doesn't borrow the store (so a lock around it can be let go before awaiting it).
+    pub fn flusher(&self) -> impl std::future::Future<Output = Result<(), Error>> + Send + 'static {
+        let tree = self.tree.clone();
+        async move {
+            tree.flush_async().await?;
+            Ok(())
+        }
+    }
+
+    /// Flushes and closes the store: when this returns, the directory can be opened again (sled's threads
+    /// have let go of its lock).
+    pub async fn close(self) -> Result<(), Error> {
+        self.flush().await?;
+        let Store { dir, db, tree } = self;
+        drop(tree);
+        drop(db);
+        multipilot_runtime::store::wait_released(&dir, Duration::from_secs(10))
+            .await
+            .map_err(|e| Error::Dir {
+                dir: dir.display().to_string(),
+                reason: e.to_string(),
+            })
+    }
+
+    /// Moves a store written by an older version (JSON values in per-type trees) into the one tree.
+    fn migrate(&self) -> Result<(), Error> {
+        let names = self.db.tree_names();
+        let has = |n: &str| names.iter().any(|t| t.as_ref() == n.as_bytes());
+        if !["clusters", "incidents", "dedup", "meta"]
+            .iter()
+            .any(|n| has(n))
+        {
+            return Ok(());
+        }
+        let mut b = sled::Batch::default();
+        let mut moved = 0usize;
+        let json = |what: &'static str, v: &[u8]| -> Option<serde_json::Value> {
+            serde_json::from_slice(v)
+                .inspect_err(|e| tracing::warn!(what, error = %e, "unreadable old record; skipped"))
+                .ok()
+        };
+        for (tree, prefix, what) in [
+            ("clusters", P_CLUSTER, "cluster"),
+            ("incidents", P_INCIDENT, "incident"),
+            ("dedup", P_DEDUP, "dedup record"),
+        ] {
+            if !has(tree) {
+                continue;
+            }
+            for item in self.db.open_tree(tree)?.iter() {
+                let (k, v) = item?;
+                let Some(value) = json(what, &v) else {
+                    continue;
+                };
+                let typed = match prefix {
+                    P_CLUSTER => {
+                        match serde_json::from_value::<crate::state::ClusterState>(value) {
+                            Ok(mut c) => {
+                                // spec hashes are kept per object now
+                                let cluster = String::from_utf8_lossy(&k).into_owned();
+                                for (object, hash) in std::mem::take(&mut c.spec_hashes) {
+                                    b.insert(
+                                        key(P_SPEC, &format!("{cluster}/{object}")),
+                                        enc("spec hash", &hash)?,
+                                    );
+                                }
+                                Some(enc(what, &c))
+                            }
+                            Err(_) => None,
+                        }
+                    }
+                    P_INCIDENT => {
+                        serde_json::from_value::<multipilot_schemas::payload::Incident>(value)
+                            .ok()
+                            .map(|i| enc(what, &i))
+                    }
+                    _ => serde_json::from_value::<crate::dedup::Record>(value)
+                        .ok()
+                        .map(|r| enc(what, &r)),
+                };
+                if let Some(bytes) = typed.transpose()? {
+                    b.insert(key(prefix, &String::from_utf8_lossy(&k)), bytes);
+                    moved += 1;
+                }
+            }
+        }
+        if has("meta") {
+            let meta = self.db.open_tree("meta")?;
+            if let Some(v) = meta.get("hwm")?
+                && let Ok(h) = serde_json::from_slice::<BTreeMap<String, u64>>(&v)
+            {
+                b.insert(key(P_META, K_HWM), enc("high-water marks", &h)?);
+            }
+            if let Some(v) = meta.get("out")?
+                && let Ok(outs) = serde_json::from_slice::<Vec<Out>>(&v)
+            {
+                for (seq, o) in outs.iter().enumerate() {
+                    let mut k = vec![P_OUTBOX];
+                    k.extend_from_slice(&(seq as u64).to_be_bytes());
+                    b.insert(k, enc("outbox entry", o)?);
+                }
+            }
+            if meta.contains_key(K_INITIALIZED)? {
+                b.insert(key(P_META, K_INITIALIZED), vec![1u8]);
+            }
+        }
+        self.tree.apply_batch(b)?;
+        self.tree.flush()?;
+        for tree in ["clusters", "incidents", "dedup", "meta"] {
+            if has(tree) {
+                self.db.drop_tree(tree)?;
+            }
+        }
+        self.db.flush()?;
+        tracing::info!(
+            records = moved,
+            "correlator store moved to the one-tree layout"
+        );
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dedup::Record;
+    use crate::state::ClusterState;
+    use multipilot_schemas::payload::{ObjectRef, Severity};
+
+    fn record(id: &str) -> Record {
+        Record {
+            id: id.into(),
+            cluster: "c1".into(),
+            object: ObjectRef {
+                kind: "Pod".into(),
+                name: "web-*".into(),
+                ..Default::default()
+            },
+            reason: "BackOff".into(),
+            severity: Severity::Warning,
+            first_seen: chrono::DateTime::UNIX_EPOCH,
+            last_seen: chrono::DateTime::UNIX_EPOCH,
+            count: 3,
+            last_message: "Back-off".into(),
+        }
+    }
+
+    fn out(id: &str) -> Out {
+        Out {
+            subject: "fleet.incident.c1.x".into(),
+            msg_id: id.into(),
+            schema: "Incident/1".into(),
+            body: vec![1, 2, 3],
+        }
+    }
+
+    #[tokio::test]
+    async fn what_is_written_reads_back_and_confirmed_outputs_are_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path()).unwrap();
+        assert!(store.is_fresh().unwrap());
+        let mut outbox = Outbox::default();
+        outbox.push(vec![out("a"), out("b")]);
+        let changes = Changes {
+            clusters: vec![("c1".into(), Some(ClusterState::default()))],
+            specs: vec![("c1/Deployment/ns/web".into(), Some("h1".into()))],
+            incidents: vec![],
+            dedup: vec![
+                ("r1".into(), Some(record("r1"))),
+                ("r2".into(), Some(record("r2"))),
+            ],
+            hwm: Some(BTreeMap::from([("correlator-events".to_string(), 42)])),
+        };
+        store.write(changes, &mut outbox).unwrap();
+        outbox.confirm(&["a".to_string()]);
+        let gone = Changes {
+            dedup: vec![("r2".into(), None)],
+            ..Default::default()
+        };
+        store.write(gone, &mut outbox).unwrap();
+        store.mark_initialized().await.unwrap();
+        store.close().await.unwrap();
+
+        let store = Store::open(dir.path()).unwrap();
+        assert!(!store.is_fresh().unwrap());
+        let (s, outbox) = store.load().unwrap();
+        assert_eq!(s.clusters.keys().collect::<Vec<_>>(), vec!["c1"]);
+        assert_eq!(s.specs["c1"]["Deployment/ns/web"], "h1");
+        assert_eq!(s.dedup, vec![record("r1")]);
+        assert_eq!(s.hwm["correlator-events"], 42);
+        let pending: Vec<String> = outbox.pending().into_iter().map(|o| o.msg_id).collect();
+        assert_eq!(pending, vec!["b"]);
+        store.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_store_of_the_older_layout_is_moved_into_the_one_tree() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let db = sled::open(dir.path()).unwrap();
+            let mut cluster = serde_json::to_value(ClusterState::default()).unwrap();
+            cluster["spec_hashes"] = serde_json::json!({"Deployment/ns/web": "h0"});
+            db.open_tree("clusters")
+                .unwrap()
+                .insert("c1", serde_json::to_vec(&cluster).unwrap())
+                .unwrap();
+            db.open_tree("dedup")
+                .unwrap()
+                .insert("r1", serde_json::to_vec(&record("r1")).unwrap())
+                .unwrap();
+            let meta = db.open_tree("meta").unwrap();
+            meta.insert("hwm", br#"{"correlator-state":7}"#.to_vec())
+                .unwrap();
+            meta.insert("out", serde_json::to_vec(&vec![out("x")]).unwrap())
+                .unwrap();
+            meta.insert(K_INITIALIZED, &[1u8]).unwrap();
+            db.flush().unwrap();
+            drop((meta, db));
+            multipilot_runtime::store::wait_released(dir.path(), Duration::from_secs(10))
+                .await
+                .unwrap();
+        }
+        let store = Store::open(dir.path()).unwrap();
+        assert!(!store.is_fresh().unwrap(), "the marker moved too");
+        let (s, outbox) = store.load().unwrap();
+        assert_eq!(s.dedup, vec![record("r1")]);
+        assert_eq!(s.hwm["correlator-state"], 7);
+        assert_eq!(outbox.pending(), vec![out("x")]);
+        // the cluster's spec hashes come along, kept per object
+        assert_eq!(s.specs["c1"]["Deployment/ns/web"], "h0");
+        assert!(s.clusters["c1"].spec_hashes.is_empty());
+        store.close().await.unwrap();
+    }
+}

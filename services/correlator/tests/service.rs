@@ -1,0 +1,180 @@
+//! The correlator role in-process against a real nats-server: probe results published as an agent publishes
+//! them become an incident on `fleet.incident.>`, answered on the query subject and acknowledged through
+//! the command subject; stopped and started again on the same store, it neither re-announces nor forgets
+//! the incident. (The process-level drills — kill -9, partitions, a wiped store — run the `multipilot`
+//! binary, in `services/multipilot/tests/`.)
+
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use chrono::Utc;
+use futures::StreamExt;
+use multipilot_bus::publish::{Completion, Outgoing, Publisher};
+use multipilot_bus::request::{gather_arrays, incident_command};
+use multipilot_bus::topology::Topology;
+use multipilot_schemas::control::{
+    CommandOutcome, IncidentAction, IncidentCommand, QUERY_INCIDENTS,
+};
+use multipilot_schemas::payload::{Incident, IncidentStatus, ProbeResult, ProbeStatus};
+use multipilot_schemas::{Envelope, stable_id, subject};
+use multipilot_testkit::NatsServer;
+use multipilot_testkit::wait::{eventually, until};
+use tokio_util::sync::CancellationToken;
+
+struct Running {
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<Result<()>>,
+}
+
+impl Running {
+    async fn stop(self) -> Result<()> {
+        self.cancel.cancel();
+        self.task.await.context("correlator task")?
+    }
+}
+
+fn start(client: &async_nats::Client, dir: &std::path::Path) -> Running {
+    let cancel = CancellationToken::new();
+    let ctx = multipilot_runtime::Context::new(client.clone(), "correlator-0", cancel.clone());
+    let config = multipilot_correlator::Config {
+        data_dir: dir.to_string_lossy().into_owned(),
+        tick_ms: 200,
+        ..Default::default()
+    };
+    Running {
+        cancel,
+        task: tokio::spawn(multipilot_correlator::run(config, ctx)),
+    }
+}
+
+async fn incidents(client: &async_nats::Client) -> Result<Vec<Incident>> {
+    Ok(gather_arrays(
+        client,
+        QUERY_INCIDENTS,
+        r#"{"all":true}"#.into(),
+        Duration::from_secs(2),
+    )
+    .await?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_rounds_become_an_incident_that_is_queried_acknowledged_and_survives_a_restart()
+-> Result<()> {
+    let nats = NatsServer::start().await?;
+    let client = nats.client().await?;
+    let js = async_nats::jetstream::new(client.clone());
+    Topology::embedded().provision(&js).await?;
+    let dir = tempfile::tempdir()?;
+    let mut published = client.subscribe("fleet.incident.>").await?;
+    let running = start(&client, dir.path());
+    eventually("the correlator answers queries", 30, async || {
+        incidents(&client).await.ok()
+    })
+    .await?;
+
+    // five unhealthy etcd rounds, as the agent of c1 publishes them
+    let mut publisher: Publisher<u64> = Publisher::new(
+        js.clone(),
+        16,
+        multipilot_bus::metrics::BusMetrics::register(&mut Default::default()),
+    );
+    let t = Utc::now() - chrono::Duration::minutes(2);
+    let mut completions = Vec::new();
+    for round in 1..=5u64 {
+        let p = ProbeResult {
+            probe: "etcd".into(),
+            status: ProbeStatus::Unhealthy,
+            latency_ms: 3.0,
+            detail: "etcd readiness check failed".into(),
+            round,
+            observations: Default::default(),
+            findings: Vec::new(),
+        };
+        let env = Envelope::new(
+            "c1",
+            "agent/c1",
+            t + chrono::Duration::seconds(15 * round as i64),
+            round,
+            p,
+        );
+        let id = stable_id(&["c1", "etcd", &round.to_string()]);
+        let msg = Outgoing::envelope(subject::probe("c1", "etcd"), id, &env)?;
+        completions.extend(publisher.send(round, msg).await);
+    }
+    completions.extend(publisher.flush().await);
+    assert!(
+        completions
+            .iter()
+            .all(|c| matches!(c, Completion::Stored { .. })),
+        "{completions:?}"
+    );
+
+    // announced once on the incident stream, and answered on the query subject
+    let first = tokio::time::timeout(Duration::from_secs(30), published.next())
+        .await
+        .context("no incident published")?
+        .context("subscription ended")?;
+    let announced: Envelope<Incident> = rmp_serde::from_slice(&first.payload)?;
+    assert_eq!(first.subject.as_str(), "fleet.incident.c1.etcd-unhealthy");
+    assert_eq!(announced.payload.revision, 1);
+    let listed = incidents(&client).await?;
+    assert_eq!(listed.len(), 1, "{listed:#?}");
+    assert_eq!(listed[0].id, announced.payload.id);
+
+    // acknowledged through the command subject
+    let reply = incident_command(
+        &client,
+        &IncidentCommand {
+            id: announced.payload.id.clone(),
+            action: IncidentAction::Ack,
+            actor: "otto".into(),
+        },
+        Duration::from_secs(5),
+    )
+    .await?;
+    assert_eq!(reply.outcome, CommandOutcome::Done);
+    let unknown = incident_command(
+        &client,
+        &IncidentCommand {
+            id: "no-such-incident".into(),
+            action: IncidentAction::Ack,
+            actor: "otto".into(),
+        },
+        Duration::from_secs(5),
+    )
+    .await?;
+    assert_eq!(unknown.outcome, CommandOutcome::NotFound);
+
+    // stopped and started on the same store: the acknowledged incident is still there, nothing is
+    // announced again (the durables' acked messages are not re-applied)
+    running.stop().await?;
+    let running = start(&client, dir.path());
+    let again = until("the restarted correlator answers", 30, async || {
+        Ok(incidents(&client).await.ok())
+    })
+    .await?;
+    assert_eq!(again.len(), 1, "{again:#?}");
+    assert_eq!(
+        (
+            again[0].status,
+            again[0].revision,
+            again[0].acknowledged_by.as_deref()
+        ),
+        (IncidentStatus::Acknowledged, 2, Some("otto"))
+    );
+    // the revision-2 acknowledgement was published before the restart; nothing after it
+    let second = tokio::time::timeout(Duration::from_secs(5), published.next())
+        .await
+        .context("the acknowledgement's revision was not published")?
+        .context("subscription ended")?;
+    let ack: Envelope<Incident> = rmp_serde::from_slice(&second.payload)?;
+    assert_eq!(ack.payload.revision, 2);
+    assert!(
+        tokio::time::timeout(Duration::from_secs(2), published.next())
+            .await
+            .is_err(),
+        "a restart announced the incident again"
+    );
+    running.stop().await?;
+    Ok(())
+}
