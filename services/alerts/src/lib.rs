@@ -33,7 +33,7 @@ use std::sync::atomic::Ordering;
 
 use anyhow::{Context as _, Result};
 use chrono::Utc;
-use multipilot_bus::consume::{self, Handler, Outcome, Received, Runner};
+use multipilot_bus::consume::{self, CommitError, Handler, Outcome, Received, Runner};
 use multipilot_runtime::Context;
 // what the router reads: incident changes and event digests
 use multipilot_schemas::streams::AlertInput as Input;
@@ -74,9 +74,9 @@ impl Handler<Input> for H {
         }
     }
 
-    async fn commit(&mut self) -> Result<(), String> {
+    async fn commit(&mut self) -> Result<(), CommitError> {
         let store = self.engine.lock().await.store.clone();
-        store.flush().await.map_err(|e| e.to_string())
+        store.flush().await.map_err(CommitError::retryable)
     }
 }
 

@@ -122,6 +122,35 @@ pub enum Outcome {
     },
 }
 
+/// Why a batch's work could not be made durable (its messages are nak'ed for redelivery either way).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct CommitError {
+    /// What went wrong.
+    pub reason: String,
+    /// Whether trying again may succeed by itself (a server away, a full disk clearing); a failure that
+    /// won't (an encoding error, a store refusing the data) needs an operator, and is logged so.
+    pub retryable: bool,
+}
+
+impl CommitError {
+    /// A failure that may pass.
+    pub fn retryable(reason: impl std::fmt::Display) -> Self {
+        CommitError {
+            reason: reason.to_string(),
+            retryable: true,
+        }
+    }
+
+    /// A failure that will not pass by itself.
+    pub fn permanent(reason: impl std::fmt::Display) -> Self {
+        CommitError {
+            reason: reason.to_string(),
+            retryable: false,
+        }
+    }
+}
+
 /// A role's message handler.
 pub trait Handler<T: Payload>: Send {
     /// Handles one message.
@@ -129,7 +158,7 @@ pub trait Handler<T: Payload>: Send {
 
     /// Makes the work of the batch durable; called before the batch's messages are acked. An error naks
     /// them all for redelivery.
-    fn commit(&mut self) -> impl Future<Output = Result<(), String>> + Send {
+    fn commit(&mut self) -> impl Future<Output = Result<(), CommitError>> + Send {
         async { Ok(()) }
     }
 }
@@ -281,8 +310,12 @@ impl Runner {
                             self.metrics.consumed(&c.durable, "done");
                         }
                     }
-                    Err(reason) => {
-                        tracing::error!(durable = %c.durable, %reason, count = to_ack.len(), "commit failed; redelivering batch");
+                    Err(e) => {
+                        if e.retryable {
+                            tracing::warn!(durable = %c.durable, reason = %e, count = to_ack.len(), "commit failed; redelivering the batch");
+                        } else {
+                            tracing::error!(durable = %c.durable, reason = %e, count = to_ack.len(), "commit failed and will not pass by itself (the role needs attention); redelivering the batch");
+                        }
                         for m in &to_ack {
                             let delivered = m.info().map(|i| i.delivered as u64).unwrap_or(1);
                             let _ = m

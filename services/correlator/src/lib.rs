@@ -31,6 +31,54 @@ use serde::{Deserialize, Serialize};
 
 pub use service::run;
 
+/// Why the correlator stopped or could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The settings are not usable.
+    #[error("correlator settings: {0}")]
+    Config(String),
+    /// The rules file.
+    #[error(transparent)]
+    Rules(#[from] rules::Error),
+    /// The baseline file.
+    #[error(transparent)]
+    Baseline(#[from] baseline::Error),
+    /// Its store.
+    #[error(transparent)]
+    Store(#[from] store::Error),
+    /// Reading or setting up a stream or durable.
+    #[error(transparent)]
+    Stream(#[from] multipilot_bus::jetstream::Error),
+    /// Making the rebuilt state durable or publishing it.
+    #[error("committing: {0}")]
+    Commit(#[from] multipilot_bus::consume::CommitError),
+    /// A bug: the role's own invariant broke.
+    #[error("correlator: {0}")]
+    Internal(String),
+    /// A request subject could not be subscribed to.
+    #[error("subscribing to {subject}: {reason}")]
+    Subscribe {
+        /// Subject.
+        subject: &'static str,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl Error {
+    /// Whether starting again later may succeed (the server was away, a disk full) rather than needing a
+    /// changed setting or file.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Error::Config(_) | Error::Rules(_) | Error::Baseline(_) | Error::Internal(_) => false,
+            Error::Store(e) => e.is_retryable(),
+            Error::Stream(e) => e.is_retryable(),
+            Error::Commit(e) => e.retryable,
+            Error::Subscribe { .. } => true,
+        }
+    }
+}
+
 /// The correlator's settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

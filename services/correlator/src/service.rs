@@ -5,10 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
 use chrono::Utc;
 use futures::StreamExt;
-use multipilot_bus::consume::{self, Handler, Outcome, Received, Runner};
+use multipilot_bus::consume::{self, CommitError, Handler, Outcome, Received, Runner};
 use multipilot_bus::jetstream::{self as js_kit, Durable, Start};
 use multipilot_bus::metrics::BusMetrics;
 use multipilot_bus::publish::{Completion, Outgoing, Publisher};
@@ -24,7 +23,9 @@ use tokio::sync::Mutex;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use crate::Config;
+use crate::{Config, Error};
+
+type Result<T, E = Error> = std::result::Result<T, E>;
 use crate::machine::{Input, Machine};
 use crate::store::{Outbox, Store};
 
@@ -47,13 +48,21 @@ impl Core {
     }
 }
 
+fn store_failed(e: crate::store::Error) -> CommitError {
+    if e.is_retryable() {
+        CommitError::retryable(e)
+    } else {
+        CommitError::permanent(e)
+    }
+}
+
 /// Makes the machine's changes and its outputs durable together, then publishes the outputs (an outbox: a
 /// crash between the two re-publishes them with the same Msg-Ids, which JetStream drops).
 async fn commit(
     core: &Shared,
     js: &async_nats::jetstream::Context,
     metrics: &BusMetrics,
-) -> Result<(), String> {
+) -> Result<(), CommitError> {
     let pending = {
         let mut c = core.lock().await;
         let Core {
@@ -63,12 +72,12 @@ async fn commit(
         } = &mut *c;
         store
             .write(machine.take_changes(), outbox)
-            .map_err(|e| e.to_string())?;
+            .map_err(store_failed)?;
         outbox.pending()
     };
     // the flush covers what every consumer wrote so far; sled serialises concurrent flushes itself
     let flush = core.lock().await.store.flusher();
-    flush.await.map_err(|e| e.to_string())?;
+    flush.await.map_err(store_failed)?;
     if pending.is_empty() {
         return Ok(());
     }
@@ -96,7 +105,7 @@ async fn commit(
     }
     core.lock().await.outbox.confirm(&done);
     match failed {
-        Some(e) => Err(format!("publishing incidents: {e}")),
+        Some(e) => Err(CommitError::retryable(format!("publishing incidents: {e}"))),
         None => Ok(()),
     }
 }
@@ -126,7 +135,7 @@ impl Handler<KubeEvent> for Feed {
         c.apply(self.consumer, msg.stream_seq, Input::Event(&msg.envelope));
         Outcome::Done
     }
-    async fn commit(&mut self) -> Result<(), String> {
+    async fn commit(&mut self) -> Result<(), CommitError> {
         commit(&self.core, &self.js, &self.metrics).await
     }
 }
@@ -155,7 +164,7 @@ impl Handler<HealthMsg> for Feed {
         }
         Outcome::Done
     }
-    async fn commit(&mut self) -> Result<(), String> {
+    async fn commit(&mut self) -> Result<(), CommitError> {
         commit(&self.core, &self.js, &self.metrics).await
     }
 }
@@ -166,7 +175,7 @@ impl Handler<StateMsg> for Feed {
         c.apply(self.consumer, msg.stream_seq, Input::State(&msg.envelope));
         Outcome::Done
     }
-    async fn commit(&mut self) -> Result<(), String> {
+    async fn commit(&mut self) -> Result<(), CommitError> {
         commit(&self.core, &self.js, &self.metrics).await
     }
 }
@@ -177,7 +186,7 @@ impl Handler<ClusterFacts> for Feed {
         c.apply(self.consumer, msg.stream_seq, Input::Facts(&msg.envelope));
         Outcome::Done
     }
-    async fn commit(&mut self) -> Result<(), String> {
+    async fn commit(&mut self) -> Result<(), CommitError> {
         commit(&self.core, &self.js, &self.metrics).await
     }
 }
@@ -511,7 +520,7 @@ async fn answer_commands(
                     // hears it is done
                     CommandOutcome::Done => match commit(&core, &ctx.js, &ctx.bus_metrics).await {
                         Ok(()) => CommandReply::new(outcome, incident),
-                        Err(e) => CommandReply::failed(e, incident),
+                        Err(e) => CommandReply::failed(e.to_string(), incident),
                     },
                     CommandOutcome::Conflict => CommandReply {
                         outcome,
@@ -531,17 +540,31 @@ async fn answer_commands(
     }
 }
 
+async fn subscribe(
+    client: &async_nats::Client,
+    subject: &'static str,
+) -> Result<async_nats::Subscriber> {
+    client
+        .subscribe(subject)
+        .await
+        .map_err(|e| Error::Subscribe {
+            subject,
+            reason: e.to_string(),
+        })
+}
+
 /// Runs the correlator until `ctx.cancel` fires.
 pub async fn run(config: Config, ctx: Context) -> Result<()> {
-    anyhow::ensure!(
-        config.partitions >= 1 && config.partition < config.partitions,
-        "correlator.partition must be in 0..partitions"
-    );
+    if config.partitions < 1 || config.partition >= config.partitions {
+        return Err(Error::Config(format!(
+            "correlator.partition ({}) must be in 0..partitions ({})",
+            config.partition, config.partitions
+        )));
+    }
     let rules = crate::rules::Rules::load(config.rules.as_deref())?;
     let baseline = crate::baseline::Baseline::load(config.baseline.as_deref())?;
     let dir = std::path::PathBuf::from(&config.data_dir);
-    let store = Store::open(&dir)
-        .with_context(|| format!("opening the correlator store in {}", config.data_dir))?;
+    let store = Store::open(&dir)?;
     // a new or wiped store rebuilds from the streams; the marker is written once that is done (and the
     // durables are recreated), so a crash in between rebuilds again
     let fresh = store.is_fresh()?;
@@ -557,9 +580,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         core.lock().await.machine.hold_judgement();
     }
     // outputs left from before a crash (or raised by the rebuild) go out first
-    commit(&core, &ctx.js, &ctx.bus_metrics)
-        .await
-        .map_err(anyhow::Error::msg)?;
+    commit(&core, &ctx.js, &ctx.bus_metrics).await?;
     ctx.health.register("correlator");
 
     let mut tasks = JoinSet::new();
@@ -585,15 +606,15 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     tasks.spawn(answer_queries(
         core.clone(),
         ctx.nats.clone(),
-        ctx.nats.subscribe(QUERY_INCIDENTS).await?,
-        ctx.nats.subscribe(QUERY_COMPLIANCE).await?,
+        subscribe(&ctx.nats, QUERY_INCIDENTS).await?,
+        subscribe(&ctx.nats, QUERY_COMPLIANCE).await?,
         partitions.clone(),
         ctx.cancel.clone(),
     ));
     tasks.spawn(answer_commands(
         core.clone(),
         ctx.clone(),
-        ctx.nats.subscribe(COMMAND_INCIDENT).await?,
+        subscribe(&ctx.nats, COMMAND_INCIDENT).await?,
         partitions,
     ));
     ctx.health.set("correlator", true);
@@ -601,7 +622,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     while tasks.join_next().await.is_some() {}
 
     let core = Arc::try_unwrap(core)
-        .map_err(|_| anyhow::anyhow!("correlator tasks still hold the state after stopping"))?
+        .map_err(|_| Error::Internal("its tasks still hold the state after stopping".into()))?
         .into_inner();
     let Core {
         mut machine,

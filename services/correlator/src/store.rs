@@ -147,7 +147,11 @@ impl Store {
         let db = sled::Config::new()
             .path(dir)
             .cache_capacity(32 * 1024 * 1024)
-            .open()?;
+            .open()
+            .map_err(|e| Error::Dir {
+                dir: dir.display().to_string(),
+                reason: format!("opening: {e}"),
+            })?;
         let tree = db.open_tree(TREE)?;
         let store = Store {
             dir: dir.to_path_buf(),

@@ -23,13 +23,13 @@ use tokio_util::sync::CancellationToken;
 
 struct Running {
     cancel: CancellationToken,
-    task: tokio::task::JoinHandle<Result<()>>,
+    task: tokio::task::JoinHandle<Result<(), multipilot_correlator::Error>>,
 }
 
 impl Running {
     async fn stop(self) -> Result<()> {
         self.cancel.cancel();
-        self.task.await.context("correlator task")?
+        Ok(self.task.await.context("correlator task")??)
     }
 }
 

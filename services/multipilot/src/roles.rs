@@ -87,7 +87,9 @@ pub async fn run(config: Config, roles: Vec<Role>) -> Result<()> {
         let config = config.clone();
         tasks.spawn(async move {
             let r = match role {
-                Role::Correlator => multipilot_correlator::run(config.correlator(), ctx).await,
+                Role::Correlator => multipilot_correlator::run(config.correlator(), ctx)
+                    .await
+                    .map_err(anyhow::Error::from),
                 Role::Tsdb => multipilot_tsdb::run(config.tsdb(), ctx).await,
                 Role::Alerts => multipilot_alerts::run(config.alerts(), ctx).await,
                 Role::Release => multipilot_release::run(config.release(), ctx).await,

@@ -320,8 +320,11 @@ impl Handler<MetricBatch> for Ingest {
         }
     }
 
-    async fn commit(&mut self) -> Result<(), String> {
-        self.store.commit().await.map_err(|e| e.to_string())
+    async fn commit(&mut self) -> Result<(), multipilot_bus::consume::CommitError> {
+        self.store
+            .commit()
+            .await
+            .map_err(multipilot_bus::consume::CommitError::retryable)
     }
 }
 
