@@ -4,6 +4,7 @@
 
 use anyhow::{Context as _, Result, bail};
 use clap::Subcommand;
+use multipilot_console::api::{ClusterOverview, ResourcePage};
 use serde_json::Value;
 
 /// Where the console is and how to sign in.
@@ -185,44 +186,35 @@ pub async fn run(listen: &str, cmd: Command) -> Result<()> {
             if structured(&v, &args.output)? {
                 return Ok(());
             }
-            let rows = v
-                .as_array()
-                .cloned()
-                .unwrap_or_default()
+            let list: Vec<ClusterOverview> = serde_json::from_value(v)
+                .context("the console answered something else than clusters")?;
+            let dash = || "-".to_string();
+            let rows = list
                 .iter()
                 .map(|c| {
-                    let nodes = &c["nodes"];
-                    let failing = c["failing_probes"].as_array().map(|a| a.len()).unwrap_or(0);
+                    let label = |k: &str| c.labels.get(k).cloned().unwrap_or_else(dash);
                     vec![
-                        s(&c["name"]),
-                        if failing > 0 {
-                            format!("{} ({failing})", s(&c["health"]))
+                        c.name.clone(),
+                        if c.failing_probes.is_empty() {
+                            c.health.as_str().to_string()
                         } else {
-                            s(&c["health"])
+                            format!("{} ({})", c.health.as_str(), c.failing_probes.len())
                         },
-                        s(&c["version"]),
-                        s(&c["labels"]["env"]),
-                        s(&c["labels"]["region"]),
-                        s(&c["labels"]["owner"]),
-                        if nodes.is_null() {
-                            "-".into()
-                        } else {
-                            format!("{}/{}", nodes["ready"], nodes["total"])
-                        },
-                        s(&c["cni"]),
-                        c["cert_days_left"]
-                            .as_i64()
-                            .map(|d| format!("{d}d"))
-                            .unwrap_or_else(|| "-".into()),
-                        match c["compliant"].as_bool() {
+                        c.version.clone().unwrap_or_else(dash),
+                        label("env"),
+                        label("region"),
+                        label("owner"),
+                        c.nodes
+                            .as_ref()
+                            .map_or_else(dash, |n| format!("{}/{}", n.ready, n.total)),
+                        c.cni.clone().unwrap_or_else(dash),
+                        c.cert_days_left.map_or_else(dash, |d| format!("{d}d")),
+                        match c.compliant {
                             Some(true) => "compliant".into(),
-                            Some(false) => format!(
-                                "drift({})",
-                                c["failing_rules"].as_array().map(|a| a.len()).unwrap_or(0)
-                            ),
-                            None => "-".into(),
+                            Some(false) => format!("drift({})", c.failing_rules.len()),
+                            None => dash(),
                         },
-                        s(&c["open_incidents"]),
+                        c.open_incidents.to_string(),
                     ]
                 })
                 .collect();
@@ -268,34 +260,31 @@ pub async fn run(listen: &str, cmd: Command) -> Result<()> {
             if structured(&v, &args.output)? {
                 return Ok(());
             }
-            let items = v["items"].as_array().cloned().unwrap_or_default();
-            let rows = items
+            let page: ResourcePage = serde_json::from_value(v)
+                .context("the console answered something else than resources")?;
+            let rows = page
+                .items
                 .iter()
                 .map(|o| {
-                    let ready = if !o["replicas"].is_null() {
-                        s(&o["replicas"])
-                    } else if let Some(r) = o["ready"].as_bool() {
-                        if r { "ready" } else { "not ready" }.to_string()
-                    } else {
-                        s(&o["phase"])
+                    let ready = match (&o.replicas, o.ready) {
+                        (Some(r), _) => r.clone(),
+                        (None, Some(true)) => "ready".into(),
+                        (None, Some(false)) => "not ready".into(),
+                        (None, None) => o.phase.clone().unwrap_or_else(|| "-".into()),
                     };
                     vec![
-                        s(&o["cluster"]),
-                        s(&o["namespace"]),
-                        s(&o["name"]),
+                        o.cluster.clone(),
+                        o.namespace.clone().unwrap_or_else(|| "-".into()),
+                        o.name.clone(),
                         ready,
-                        o["spec_hash"]
-                            .as_str()
-                            .map(|h| h.chars().take(12).collect())
-                            .unwrap_or_default(),
+                        o.spec_hash.chars().take(12).collect(),
                     ]
                 })
                 .collect();
             table(&["CLUSTER", "NAMESPACE", "NAME", "READY", "SPEC"], rows);
-            let total = v["total"].as_u64().unwrap_or(0);
-            if total as usize > items.len() {
-                println!("({total} in all; --limit to see more)");
-            } else if total == 0 {
+            if page.total > page.items.len() {
+                println!("({} in all; --limit to see more)", page.total);
+            } else if page.total == 0 {
                 println!("(none)");
             }
         }

@@ -1,0 +1,178 @@
+//! Capacity: PromQL range queries to the TSDB for the capacity charts.
+
+use super::*;
+
+// Capacity (PromQL range queries to the TSDB)
+
+#[derive(Debug, Deserialize)]
+pub(super) struct CapacityQuery {
+    cluster: Option<String>,
+    range: Option<String>,
+    step: Option<String>,
+}
+
+/// The capacity series: (name, unit, PromQL with `{M}` standing for the extra matchers).
+pub const CAPACITY: &[(&str, &str, &str)] = &[
+    (
+        "cpu_used",
+        "cores",
+        "sum(rate(node_cpu_seconds_total{mode!=\"idle\"M}[5m]))",
+    ),
+    (
+        "cpu_allocatable",
+        "cores",
+        "sum(kube_node_status_allocatable{resource=\"cpu\"M})",
+    ),
+    (
+        "memory_used",
+        "bytes",
+        "sum(node_memory_MemTotal_bytes{M0}) - sum(node_memory_MemAvailable_bytes{M0})",
+    ),
+    (
+        "memory_allocatable",
+        "bytes",
+        "sum(kube_node_status_allocatable{resource=\"memory\"M})",
+    ),
+    ("pods", "pods", "count(kube_pod_info{M0})"),
+    (
+        "pods_allocatable",
+        "pods",
+        "sum(kube_node_status_allocatable{resource=\"pods\"M})",
+    ),
+    (
+        "gpus_allocatable",
+        "gpus",
+        "sum(kube_node_status_allocatable{resource=\"nvidia_com_gpu\"M})",
+    ),
+];
+
+/// The PromQL of a capacity series, limited to one cluster when given.
+pub fn capacity_query(template: &str, cluster: Option<&str>) -> String {
+    let m = cluster
+        .map(|c| {
+            format!(
+                "cluster=\"{}\"",
+                c.replace('\\', "\\\\").replace('"', "\\\"")
+            )
+        })
+        .unwrap_or_default();
+    let with_comma = if m.is_empty() {
+        String::new()
+    } else {
+        format!(",{m}")
+    };
+    template
+        .replace(
+            "{M0}",
+            &if m.is_empty() {
+                String::new()
+            } else {
+                format!("{{{m}}}")
+            },
+        )
+        .replace("M}", &format!("{with_comma}}}"))
+}
+
+pub(super) async fn capacity(
+    State(app): State<App>,
+    Query(q): Query<CapacityQuery>,
+) -> ApiResult<Value> {
+    let range = humantime::parse_duration(q.range.as_deref().unwrap_or("1h"))
+        .map_err(|e| ApiError::bad(format!("range: {e}")))?
+        .min(Duration::from_secs(7 * 86_400))
+        .max(Duration::from_secs(60));
+    let step = match q.step.as_deref() {
+        Some(s) => humantime::parse_duration(s).map_err(|e| ApiError::bad(format!("step: {e}")))?,
+        None => range / 60,
+    }
+    .max(Duration::from_secs(15));
+    let end = Utc::now().timestamp();
+    let start = end - range.as_secs() as i64;
+    let cluster = q.cluster.as_deref().filter(|c| !c.is_empty());
+    let url = format!("{}/api/v1/query_range", app.tsdb_url.trim_end_matches('/'));
+    let calls = CAPACITY.iter().map(|(name, unit, tpl)| {
+        let query = capacity_query(tpl, cluster);
+        let (http, url) = (app.http.clone(), url.clone());
+        async move {
+            let resp = http
+                .get(&url)
+                .query(&[
+                    ("query", query.as_str()),
+                    ("start", &start.to_string()),
+                    ("end", &end.to_string()),
+                    ("step", &step.as_secs().to_string()),
+                ])
+                .timeout(Duration::from_secs(10))
+                .send()
+                .await;
+            let body: Result<Value, String> = match resp {
+                Ok(r) => r.json().await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            (name, unit, query, body)
+        }
+    });
+    let results = futures::future::join_all(calls).await;
+    let (mut series, mut errors) = (Vec::new(), Vec::new());
+    for (name, unit, query, body) in results {
+        match body {
+            Ok(b) if b["status"] == "success" => {
+                let points: Vec<Value> = b["data"]["result"]
+                    .as_array()
+                    .and_then(|r| r.first())
+                    .and_then(|s| s["values"].as_array())
+                    .map(|vals| {
+                        vals.iter()
+                            .filter_map(|p| {
+                                let t = p[0].as_f64()?;
+                                let v: f64 = p[1].as_str()?.parse().ok()?;
+                                v.is_finite().then(|| json!([t, v]))
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                series
+                    .push(json!({"metric": name, "unit": unit, "query": query, "points": points}));
+            }
+            Ok(b) => errors.push(json!({"metric": name, "query": query, "error": b["error"]})),
+            Err(e) => errors.push(json!({"metric": name, "query": query, "error": e})),
+        }
+    }
+    if series.is_empty() && !errors.is_empty() {
+        return Err(ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "the TSDB at {} did not answer: {}",
+                app.tsdb_url, errors[0]["error"]
+            ),
+        ));
+    }
+    Ok(axum::Json(json!({
+        "cluster": cluster, "start": start, "end": end, "step": step.as_secs(),
+        "series": series, "errors": errors,
+    })))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capacity_queries_scope_to_a_cluster() {
+        let q = capacity_query(CAPACITY[0].2, Some("prod-1"));
+        assert_eq!(
+            q,
+            "sum(rate(node_cpu_seconds_total{mode!=\"idle\",cluster=\"prod-1\"}[5m]))"
+        );
+        let q = capacity_query(CAPACITY[2].2, Some("a\"b"));
+        assert_eq!(
+            q,
+            "sum(node_memory_MemTotal_bytes{cluster=\"a\\\"b\"}) - sum(node_memory_MemAvailable_bytes{cluster=\"a\\\"b\"})"
+        );
+        assert_eq!(capacity_query(CAPACITY[4].2, None), "count(kube_pod_info)");
+        assert_eq!(
+            capacity_query(CAPACITY[1].2, None),
+            "sum(kube_node_status_allocatable{resource=\"cpu\"})"
+        );
+    }
+}

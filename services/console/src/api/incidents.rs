@@ -1,0 +1,150 @@
+//! Incidents: the list, the live stream (SSE) and the operator commands, carried out by the correlator.
+
+use super::*;
+
+// Incidents
+
+#[derive(Debug, Deserialize)]
+pub(super) struct IncidentsQuery {
+    status: Option<String>,
+    cluster: Option<String>,
+    severity: Option<String>,
+    limit: Option<usize>,
+}
+
+pub(super) async fn incidents(
+    State(app): State<App>,
+    Query(q): Query<IncidentsQuery>,
+) -> ApiResult<Vec<crate::store::IncidentView>> {
+    let want = q.status.as_deref().unwrap_or("active");
+    let status_ok = |s: IncidentStatus| match want {
+        "all" => Ok(true),
+        "active" => Ok(s != IncidentStatus::Resolved),
+        "open" => Ok(s == IncidentStatus::Open),
+        "acknowledged" => Ok(s == IncidentStatus::Acknowledged),
+        "resolved" => Ok(s == IncidentStatus::Resolved),
+        other => Err(ApiError::bad(format!(
+            "unknown status {other:?}: active, open, acknowledged, resolved or all"
+        ))),
+    };
+    status_ok(IncidentStatus::Open)?;
+    let severity: Option<Severity> = match q.severity.as_deref() {
+        None | Some("") => None,
+        Some(s) => Some(
+            serde_json::from_value(Value::String(s.to_string()))
+                .map_err(|_| ApiError::bad(format!("unknown severity {s:?}")))?,
+        ),
+    };
+    let clusters: Option<BTreeSet<&str>> = q
+        .cluster
+        .as_deref()
+        .filter(|c| !c.is_empty())
+        .map(|c| c.split(',').collect());
+    let mut list: Vec<crate::store::IncidentView> = {
+        let st = app.shared.store.read().unwrap_or_else(|e| e.into_inner());
+        st.incidents
+            .values()
+            .filter(|v| status_ok(v.incident.status).unwrap_or(false))
+            .filter(|v| severity.is_none_or(|s| v.incident.severity == s))
+            .filter(|v| {
+                clusters
+                    .as_ref()
+                    .is_none_or(|c| c.contains(v.incident.cluster.as_str()))
+            })
+            .cloned()
+            .collect()
+    };
+    // the timeline: newest change first, by the cluster's clock
+    list.sort_by(|a, b| {
+        b.incident
+            .updated_at
+            .cmp(&a.incident.updated_at)
+            .then(b.incident.opened_at.cmp(&a.incident.opened_at))
+            .then(a.incident.id.cmp(&b.incident.id))
+    });
+    list.truncate(q.limit.unwrap_or(1000).clamp(1, 10_000));
+    Ok(axum::Json(list))
+}
+
+pub(super) struct SseGuard(prometheus_client::metrics::gauge::Gauge);
+impl Drop for SseGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+pub(super) async fn incident_stream(
+    State(app): State<App>,
+) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
+    let rx = app.shared.incidents.subscribe();
+    app.shared.metrics.sse_clients.inc();
+    let guard = SseGuard(app.shared.metrics.sse_clients.clone());
+    let hello = Event::default().event("hello").data("{}");
+    let first = futures::stream::once(async move { Ok::<_, Infallible>(hello) });
+    let live = futures::stream::unfold((rx, guard), |(mut rx, guard)| async move {
+        let ev = match rx.recv().await {
+            Ok(v) => {
+                let data = serde_json::to_string(&*v).unwrap_or_default();
+                Event::default().event("incident").data(data)
+            }
+            // the client fell behind: tell it to reload the list
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => Event::default()
+                .event("resync")
+                .data(json!({"missed": n}).to_string()),
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+        };
+        Some((Ok(ev), (rx, guard)))
+    });
+    Sse::new(futures::StreamExt::chain(first, live)).keep_alive(KeepAlive::default())
+}
+
+pub(super) async fn command(
+    app: &App,
+    p: &Principal,
+    id: String,
+    action: IncidentAction,
+) -> ApiResult<Value> {
+    require(p, Role::Operator)?;
+    let cmd = IncidentCommand {
+        id: id.clone(),
+        action,
+        actor: p.subject.clone(),
+    };
+    let reply = multipilot_bus::request::incident_command(&app.nats, &cmd, Duration::from_secs(5))
+        .await
+        .map_err(|e| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, format!("{e:#}")))?;
+    let incident = reply.incident.clone();
+    let body = json!({"outcome": reply.outcome, "incident": incident, "error": reply.error});
+    match reply.outcome {
+        CommandOutcome::Done | CommandOutcome::Unchanged => Ok(axum::Json(body)),
+        CommandOutcome::NotFound => Err(ApiError::not_found(format!("no incident {id:?}"))),
+        CommandOutcome::Conflict => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            reply
+                .error
+                .unwrap_or_else(|| "not possible in the incident's state".into()),
+        )),
+        CommandOutcome::Failed => Err(ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            reply
+                .error
+                .unwrap_or_else(|| "the correlator failed".into()),
+        )),
+    }
+}
+
+pub(super) async fn ack(
+    State(app): State<App>,
+    axum::Extension(p): axum::Extension<Principal>,
+    Path(id): Path<String>,
+) -> ApiResult<Value> {
+    command(&app, &p, id, IncidentAction::Ack).await
+}
+
+pub(super) async fn resolve(
+    State(app): State<App>,
+    axum::Extension(p): axum::Extension<Principal>,
+    Path(id): Path<String>,
+) -> ApiResult<Value> {
+    command(&app, &p, id, IncidentAction::Resolve).await
+}
