@@ -38,6 +38,19 @@ impl Drop for Harness {
     }
 }
 
+/// The `multipilot-agent` binary of this build: cargo's path when testing the agent's own crate, else the
+/// one beside the test executable's `deps/` directory (the hub crate's tests, which run the agent with
+/// other roles; `cargo test --workspace` builds it).
+pub fn agent_bin() -> PathBuf {
+    if let Some(p) = option_env!("CARGO_BIN_EXE_multipilot-agent") {
+        return PathBuf::from(p);
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.join("multipilot-agent")))
+        .unwrap_or_else(|| PathBuf::from("multipilot-agent"))
+}
+
 pub fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
 }
@@ -107,7 +120,7 @@ impl Harness {
     pub fn start_agent(&mut self) -> Result<()> {
         self.runs += 1;
         let log = std::fs::File::create(self.dir.path().join(format!("agent-{}.log", self.runs)))?;
-        let child = Command::new(env!("CARGO_BIN_EXE_multipilot-agent"))
+        let child = Command::new(agent_bin())
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .args(["--cluster", "old-124", "--cluster", "new-131"])

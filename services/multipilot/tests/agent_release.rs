@@ -2,6 +2,10 @@
 //! the real `multipilot-agent` binary with its release executor, and the release role (library) — planning,
 //! approvals, batches behind health gates, rollback to snapshots, and the agent's checks on commands.
 
+#[path = "../../agent/tests/common/mod.rs"]
+#[allow(dead_code)] // this test uses only the agent binary's path
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -106,7 +110,7 @@ impl H {
             ),
         )?;
         let log = std::fs::File::create(dir.path().join("agent.log"))?;
-        let agent = Command::new(env!("CARGO_BIN_EXE_multipilot-agent"))
+        let agent = Command::new(common::agent_bin())
             .arg("--config")
             .arg(&agent_cfg)
             .arg("--kubeconfig")

@@ -1,6 +1,7 @@
 //! From a fault in a simulated cluster to the incident a person reads: the fleet simulator (1.24 and 1.31),
 //! the real agent binary, a real nats-server and the correlator role, end to end.
 
+#[path = "../../agent/tests/common/mod.rs"]
 mod common;
 
 use std::collections::BTreeMap;
