@@ -3,7 +3,6 @@
 //! approvals, batches behind health gates, rollback to snapshots, and the agent's checks on commands.
 
 #[path = "../../agent/tests/common/mod.rs"]
-#[allow(dead_code)] // this test uses only the agent binary's path
 mod common;
 
 use std::path::{Path, PathBuf};
