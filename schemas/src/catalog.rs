@@ -427,7 +427,7 @@ pub fn entries() -> Vec<Entry> {
                 error: None,
                 objects: vec![ObjectOutcome {
                     object: obj("ConfigMap", Some("ingress-nginx"), "ingress"),
-                    outcome: "configured".into(),
+                    outcome: ApplyOutcome::Configured,
                     error: None,
                     live: None,
                     result: None,

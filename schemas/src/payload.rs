@@ -894,13 +894,66 @@ impl ReleaseCommand {
     }
 }
 
+/// What a release command did to one object (the server-side apply, delete or snapshot's answer).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum ApplyOutcome {
+    /// Applied: the object did not exist.
+    Created,
+    /// Applied: the object changed.
+    Configured,
+    /// Applied (or dry-run): nothing changed.
+    Unchanged,
+    /// Deleted.
+    Deleted,
+    /// Dry-run: would be created.
+    WouldCreate,
+    /// Dry-run: would change.
+    WouldConfigure,
+    /// Snapshot: the object exists (its state is in `live`).
+    Present,
+    /// Snapshot or delete: the object does not exist.
+    Absent,
+    /// Failed (see `error`).
+    Error,
+    /// An outcome this consumer does not know yet.
+    #[serde(other)]
+    Other,
+}
+
+impl ApplyOutcome {
+    /// The name on the wire (`created`, `would-configure`, …).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ApplyOutcome::Created => "created",
+            ApplyOutcome::Configured => "configured",
+            ApplyOutcome::Unchanged => "unchanged",
+            ApplyOutcome::Deleted => "deleted",
+            ApplyOutcome::WouldCreate => "would-create",
+            ApplyOutcome::WouldConfigure => "would-configure",
+            ApplyOutcome::Present => "present",
+            ApplyOutcome::Absent => "absent",
+            ApplyOutcome::Error => "error",
+            ApplyOutcome::Other => "other",
+        }
+    }
+}
+
+impl std::fmt::Display for ApplyOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// The outcome for one object of a release command.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ObjectOutcome {
     /// The object.
     pub object: ObjectRef,
-    /// `created`, `configured`, `unchanged`, `deleted`, `would-create`, `would-configure`, `error`.
-    pub outcome: String,
+    /// What happened to it.
+    pub outcome: ApplyOutcome,
     /// The error, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,

@@ -27,7 +27,7 @@ use futures::StreamExt;
 use kube::api::{Api, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::discovery::{ApiResource, Scope};
 use multipilot_schemas::payload::{
-    ObjectOutcome, ObjectRef, ReleaseAction, ReleaseCommand, ReleaseResult,
+    ApplyOutcome, ObjectOutcome, ObjectRef, ReleaseAction, ReleaseCommand, ReleaseResult,
 };
 use multipilot_schemas::{Envelope, Payload, subject};
 use serde::{Deserialize, Serialize};
@@ -393,8 +393,11 @@ impl Executor {
         for obj in &cmd.objects {
             objects.push(self.one(cmd, obj, &mut cache).await);
         }
-        let ok = objects.iter().all(|o| o.outcome != "error");
-        let failed = objects.iter().filter(|o| o.outcome == "error").count();
+        let ok = objects.iter().all(|o| o.outcome != ApplyOutcome::Error);
+        let failed = objects
+            .iter()
+            .filter(|o| o.outcome == ApplyOutcome::Error)
+            .count();
         ReleaseResult {
             command_id: cmd.command_id.clone(),
             release: cmd.release.clone(),
@@ -428,7 +431,7 @@ impl Executor {
         };
         let fail = |oref: ObjectRef, e: String| ObjectOutcome {
             object: oref,
-            outcome: "error".into(),
+            outcome: ApplyOutcome::Error,
             error: Some(e),
             live: None,
             result: None,
@@ -460,27 +463,34 @@ impl Executor {
             .and_then(|l| l.pointer("/metadata/uid"))
             .and_then(Value::as_str)
             .map(str::to_string);
-        let done = |oref: ObjectRef, outcome: &str, live: Option<Value>, result: Option<Value>| {
-            ObjectOutcome {
-                object: oref,
-                outcome: outcome.into(),
-                error: None,
-                live,
-                result,
-            }
-        };
+        let done =
+            |oref: ObjectRef, outcome: ApplyOutcome, live: Option<Value>, result: Option<Value>| {
+                ObjectOutcome {
+                    object: oref,
+                    outcome,
+                    error: None,
+                    live,
+                    result,
+                }
+            };
         match cmd.action {
             ReleaseAction::Snapshot => {
-                let outcome = if live.is_some() { "present" } else { "absent" };
+                let outcome = if live.is_some() {
+                    ApplyOutcome::Present
+                } else {
+                    ApplyOutcome::Absent
+                };
                 done(oref, outcome, live, None)
             }
             ReleaseAction::Delete => {
                 if live.is_none() {
-                    return done(oref, "absent", None, None);
+                    return done(oref, ApplyOutcome::Absent, None, None);
                 }
                 match api.delete(name, &DeleteParams::default()).await {
-                    Ok(_) => done(oref, "deleted", live, None),
-                    Err(kube::Error::Api(s)) if s.code == 404 => done(oref, "absent", None, None),
+                    Ok(_) => done(oref, ApplyOutcome::Deleted, live, None),
+                    Err(kube::Error::Api(s)) if s.code == 404 => {
+                        done(oref, ApplyOutcome::Absent, None, None)
+                    }
                     Err(e) => fail(oref, kube_err(&e)),
                 }
             }
@@ -506,13 +516,13 @@ impl Executor {
                     Ok(res) => {
                         let result = serde_json::to_value(res).ok().map(trim);
                         let outcome = match (&live, dry) {
-                            (None, true) => "would-create",
-                            (None, false) => "created",
+                            (None, true) => ApplyOutcome::WouldCreate,
+                            (None, false) => ApplyOutcome::Created,
                             (Some(l), _) if Some(content(l)) == result.as_ref().map(content) => {
-                                "unchanged"
+                                ApplyOutcome::Unchanged
                             }
-                            (Some(_), true) => "would-configure",
-                            (Some(_), false) => "configured",
+                            (Some(_), true) => ApplyOutcome::WouldConfigure,
+                            (Some(_), false) => ApplyOutcome::Configured,
                         };
                         done(oref, outcome, live, result)
                     }

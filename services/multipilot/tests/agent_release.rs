@@ -17,7 +17,7 @@ use multipilot_bus::topology::Topology;
 use multipilot_release::exec::{Command as Cmd, Sender};
 use multipilot_release::model::{ApplyRequest, NameRequest, PlanRequest, Reply, State};
 use multipilot_release::signer::Signer;
-use multipilot_schemas::payload::ReleaseAction;
+use multipilot_schemas::payload::{ApplyOutcome, ReleaseAction};
 use multipilot_sim::fleet::{self, Fleet};
 use multipilot_sim::store::ResKey;
 use multipilot_testkit::NatsServer;
@@ -664,7 +664,7 @@ async fn the_agent_rejects_forged_replayed_expired_and_foreign_commands_and_appl
     let env = good.build(&cmd("a1", "old-124", "1"))?;
     let first = good.send_envelope(&env).await.map_err(anyhow::Error::msg)?;
     assert!(first.ok && !first.replayed, "{first:?}");
-    assert_eq!(first.objects[0].outcome, "created");
+    assert_eq!(first.objects[0].outcome, ApplyOutcome::Created);
     refused(
         &good.send_envelope(&env).await.map_err(anyhow::Error::msg)?,
         "replayed",
@@ -681,7 +681,8 @@ async fn the_agent_rejects_forged_replayed_expired_and_foreign_commands_and_appl
     let retry = good.send(&cmd("a1", "old-124", "1")).await?;
     assert!(retry.ok && retry.replayed, "{retry:?}");
     assert_eq!(
-        retry.objects[0].outcome, "created",
+        retry.objects[0].outcome,
+        ApplyOutcome::Created,
         "the stored result comes back"
     );
     let live = h

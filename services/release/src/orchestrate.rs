@@ -16,7 +16,9 @@ use std::time::Duration;
 use async_nats::jetstream::consumer;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
-use multipilot_schemas::payload::{Incident, IncidentStatus, ObjectOutcome, ReleaseAction};
+use multipilot_schemas::payload::{
+    ApplyOutcome, Incident, IncidentStatus, ObjectOutcome, ReleaseAction,
+};
 use multipilot_schemas::{Envelope, subject};
 use serde_json::{Value, json};
 
@@ -84,7 +86,7 @@ fn is_workload(kind: &str) -> bool {
 fn counts(objs: &[ObjectOutcome]) -> BTreeMap<String, usize> {
     let mut m = BTreeMap::new();
     for o in objs {
-        *m.entry(o.outcome.clone()).or_default() += 1;
+        *m.entry(o.outcome.as_str().to_string()).or_default() += 1;
     }
     m
 }
@@ -739,7 +741,7 @@ impl Service {
         for o in &snap {
             match &o.live {
                 Some(live) => restore.push(restorable(live)),
-                None if o.outcome == "absent" => {
+                None if o.outcome == ApplyOutcome::Absent => {
                     let mut meta = serde_json::Map::new();
                     meta.insert("name".into(), json!(o.object.name));
                     if let Some(ns) = &o.object.namespace {

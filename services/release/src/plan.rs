@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use chrono::Utc;
 use futures::StreamExt;
-use multipilot_schemas::payload::{ClusterFacts, ObjectRef, ReleaseAction};
+use multipilot_schemas::payload::{ApplyOutcome, ClusterFacts, ObjectRef, ReleaseAction};
 use serde_json::Value;
 
 use crate::Service;
@@ -260,7 +260,7 @@ impl Service {
                         let o = &mut plan.objects[i];
                         o.object.namespace = out.object.namespace.clone();
                         o.object.uid = out.object.uid.clone();
-                        if out.outcome == "error" {
+                        if out.outcome == ApplyOutcome::Error {
                             o.action = "error".into();
                             o.error = out.error;
                         } else if o.delete {
@@ -271,7 +271,7 @@ impl Service {
                             }
                             .into();
                         } else {
-                            o.action = out.outcome;
+                            o.action = out.outcome.as_str().into();
                             if let Some(after) = &out.result {
                                 o.diff = crate::diff::diff(out.live.as_ref(), after);
                             }

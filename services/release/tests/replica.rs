@@ -71,7 +71,7 @@ fn snapshot(name: &str) -> Vec<ObjectOutcome> {
             name: name.into(),
             uid: None,
         },
-        outcome: "unchanged".into(),
+        outcome: multipilot_schemas::payload::ApplyOutcome::Unchanged,
         error: None,
         live: Some(serde_json::json!({"data": {"k": name}})),
         result: None,
