@@ -328,6 +328,7 @@ pub fn entries() -> Vec<Entry> {
                     summary: "Deployment shop/checkout changed (spec hash 11aa → 9c1d)".into(),
                     cluster_time: t(-300),
                     object: Some(obj("Deployment", Some("shop"), "checkout")),
+                    why: "the finding names this object; it changed 5m before".into(),
                 }],
                 labels: map([
                     ("env", "prod"),

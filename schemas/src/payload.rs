@@ -594,6 +594,9 @@ pub struct Evidence {
     /// The object concerned, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub object: Option<ObjectRef>,
+    /// Why it was chosen: how it bears on the finding (e.g. "the object the finding names changed").
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub why: String,
 }
 
 /// What kind of evidence an item is.

@@ -248,6 +248,7 @@ fn incident(cluster: &str, k: usize, revision: u64) -> Incident {
                 ),
                 cluster_time: at,
                 object: None,
+                why: "changed on this cluster before".into(),
             })
             .collect(),
         labels: BTreeMap::from([

@@ -1,15 +1,59 @@
-//! Evidence scoring: what an incident shows as the reasons behind it, ranked. Candidates are the cluster's
-//! recent spec changes, the probe's own trend and the cluster's recent deduplicated warning events; each gets
-//! a score from its relevance to the finding and its recency, and the best `max_items` are kept.
+//! Evidence: what an incident shows as the reasons behind it, ranked, each with why it was chosen.
+//!
+//! - A probe's finding: the cluster's recent spec changes, the probe's own trend and the cluster's recent
+//!   warning events, scored by how they bear on the finding (the object it names, an object named like the
+//!   probe, the same namespace) and then by recency; the best `max_items` are kept. Normal lifecycle events
+//!   (`Scheduled`, `Pulled`, `Created`, `Started`, `Killing`, `SuccessfulCreate`, …) are never evidence.
+//! - A baseline check: the check's own finding and the objects violating it — never unrelated events.
 
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Duration, Utc};
-use multipilot_schemas::payload::{Evidence, EvidenceKind, ObjectRef, Severity};
+use multipilot_schemas::payload::{ComplianceCheck, Evidence, EvidenceKind, ObjectRef, Severity};
 
-use crate::dedup::Dedup;
+use crate::dedup::{Dedup, Record};
 use crate::rules::EvidenceRule;
 use crate::state::{ChangeRec, ClusterState};
+
+/// Event reasons of normal lifecycle: what happens to every healthy object, never evidence of a problem
+/// (kubelet, scheduler, controller-manager, cluster-autoscaler and ingress-nginx reasons).
+pub const LIFECYCLE_REASONS: &[&str] = &[
+    // kubelet
+    "Scheduled",
+    "Pulling",
+    "Pulled",
+    "Created",
+    "Started",
+    "Killing",
+    "SandboxChanged",
+    "NodeReady",
+    "NodeAllocatableEnforced",
+    "Starting",
+    "RegisteredNode",
+    // controller-manager
+    "SuccessfulCreate",
+    "SuccessfulDelete",
+    "ScalingReplicaSet",
+    "SuccessfulRescale",
+    "Completed",
+    "SawCompletedJob",
+    "SuccessfulAttachVolume",
+    "ProvisioningSucceeded",
+    "ExternalProvisioning",
+    "LeaderElection",
+    // cluster-autoscaler
+    "ScaledUpGroup",
+    "ScaleDown",
+    "TriggeredScaleUp",
+    // ingress-nginx
+    "Sync",
+    "RELOAD",
+];
+
+/// Whether an event reason is normal lifecycle (never evidence).
+pub fn is_lifecycle(reason: &str) -> bool {
+    LIFECYCLE_REASONS.contains(&reason)
+}
 
 /// A short duration for a person: `42s`, `17m`, `3h5m`.
 pub fn secs(d: Duration) -> String {
@@ -50,6 +94,35 @@ fn same_object(a: &ObjectRef, b: &ObjectRef) -> bool {
     a.kind == b.kind && a.namespace == b.namespace && a.name == b.name
 }
 
+/// How an object bears on a finding that names `related` objects and comes from `probe`: a score bonus
+/// and the words saying why.
+fn relevance(
+    object: &ObjectRef,
+    related: &[ObjectRef],
+    probe: Option<&str>,
+) -> (f64, &'static str) {
+    // a dedup record's name is masked (`coredns-*`): it is the object the finding names when that name
+    // masks the same way
+    let named = |o: &ObjectRef| {
+        same_object(o, object)
+            || (o.kind == object.kind
+                && o.namespace == object.namespace
+                && crate::mask::mask_name(&o.name) == object.name)
+    };
+    if related.iter().any(named) {
+        (5.0, "the finding names this object")
+    } else if probe.is_some_and(|p| object.name.contains(p)) {
+        (4.0, "named like the failing probe")
+    } else if related
+        .iter()
+        .any(|o| o.namespace.is_some() && o.namespace == object.namespace)
+    {
+        (2.0, "in the namespace of an object the finding names")
+    } else {
+        (0.0, "")
+    }
+}
+
 /// The evidence for a finding on `cluster` at `at` (from `probe`, when a probe raised it), ranked from 1.
 pub fn gather(
     rule: &EvidenceRule,
@@ -61,24 +134,20 @@ pub fn gather(
 ) -> Vec<Evidence> {
     let window = window(rule);
     let mut scored: Vec<(f64, Evidence)> = Vec::new();
+    let track = state.zip(probe).and_then(|(c, p)| c.probes.get(p));
+    let related: &[ObjectRef] = track.map(|t| t.related.as_slice()).unwrap_or_default();
     if let Some(c) = state {
-        let track = probe.and_then(|p| c.probes.get(p));
-        let related: &[ObjectRef] = track.map(|t| t.related.as_slice()).unwrap_or_default();
         for ch in recent_changes(c, rule, at) {
             let age = (at - ch.at).num_seconds().max(0) as f64;
-            // recency, then relevance: the object a finding names, one named like the probe, its namespace;
-            // an unrelated change ranks below the probe's own trend and related events
-            let mut score = 1.0 - age / window.num_seconds().max(1) as f64;
-            if related.iter().any(|o| same_object(o, &ch.object)) {
-                score += 5.0;
-            } else if probe.is_some_and(|p| ch.object.name.contains(p)) {
-                score += 4.0;
-            } else if related
-                .iter()
-                .any(|o| o.namespace.is_some() && o.namespace == ch.object.namespace)
-            {
-                score += 2.0;
-            }
+            // relevance first, then recency; an unrelated change ranks below the probe's own trend and
+            // the related events
+            let (bonus, why) = relevance(&ch.object, related, probe);
+            let score = bonus + 1.0 - age / window.num_seconds().max(1) as f64;
+            let why = if why.is_empty() {
+                format!("changed on this cluster {} before", secs(at - ch.at))
+            } else {
+                format!("{why}; it changed {} before", secs(at - ch.at))
+            };
             scored.push((
                 score,
                 Evidence {
@@ -93,6 +162,7 @@ pub fn gather(
                     ),
                     cluster_time: ch.at,
                     object: Some(ch.object.clone()),
+                    why,
                 },
             ));
         }
@@ -100,14 +170,21 @@ pub fn gather(
             scored.push((2.5, trend));
         }
     }
-    for r in dedup.recent(cluster, at - window, 3) {
+    for r in warnings(dedup, cluster, at - window) {
         let sev = match r.severity {
             Severity::Critical => 0.6,
-            Severity::Warning => 0.4,
-            Severity::Info => 0.0,
+            _ => 0.4,
+        };
+        // a related event ranks above the trend but below the change to the object the finding names: the
+        // change is the likelier cause, the events its symptoms
+        let (bonus, why) = relevance(&r.object, related, probe);
+        let why = if why.is_empty() {
+            "a warning on this cluster in the same window".to_string()
+        } else {
+            format!("{why}: a warning on it")
         };
         scored.push((
-            1.5 + sev,
+            bonus * 0.5 + 1.5 + sev,
             Evidence {
                 rank: 0,
                 kind: EvidenceKind::Event,
@@ -120,22 +197,73 @@ pub fn gather(
                 ),
                 cluster_time: r.last_seen,
                 object: Some(r.object.clone()),
+                why,
             },
         ));
     }
+    rank(scored, rule.max_items)
+}
+
+/// The cluster's recent warning events that can be evidence (no lifecycle reasons), most severe first.
+fn warnings<'a>(dedup: &'a Dedup, cluster: &str, since: DateTime<Utc>) -> Vec<&'a Record> {
+    dedup
+        .recent(cluster, since, usize::MAX)
+        .into_iter()
+        .filter(|r| r.severity >= Severity::Warning && !is_lifecycle(&r.reason))
+        .take(3)
+        .collect()
+}
+
+fn rank(mut scored: Vec<(f64, Evidence)>, max: usize) -> Vec<Evidence> {
     scored.sort_by(|a, b| {
         b.0.total_cmp(&a.0)
             .then(b.1.cluster_time.cmp(&a.1.cluster_time))
     });
     scored
         .into_iter()
-        .take(rule.max_items)
+        .take(max)
         .enumerate()
         .map(|(i, (_, mut e))| {
             e.rank = i as u32 + 1;
             e
         })
         .collect()
+}
+
+/// The evidence of a failing baseline check: the finding itself, then the objects violating it.
+pub fn of_check(rule: &EvidenceRule, check: &ComplianceCheck, at: DateTime<Utc>) -> Vec<Evidence> {
+    let mut out = vec![Evidence {
+        rank: 1,
+        kind: EvidenceKind::Fact,
+        summary: check.message.clone(),
+        cluster_time: at,
+        object: None,
+        why: format!("what the baseline rule {} found", check.rule),
+    }];
+    let more = check
+        .objects
+        .len()
+        .saturating_sub(rule.max_items.max(2) - 1);
+    for (i, o) in check
+        .objects
+        .iter()
+        .take(rule.max_items.max(2) - 1)
+        .enumerate()
+    {
+        out.push(Evidence {
+            rank: i as u32 + 2,
+            kind: EvidenceKind::Fact,
+            summary: if i + 1 == rule.max_items.max(2) - 1 && more > 0 {
+                format!("{} (and {more} more)", obj_label(o))
+            } else {
+                obj_label(o)
+            },
+            cluster_time: at,
+            object: Some(o.clone()),
+            why: format!("violates {}", check.rule),
+        });
+    }
+    out
 }
 
 /// The probe's observation that moved the most over its recent rounds (relative to its size): an
@@ -162,6 +290,7 @@ fn trend(probe: &str, track: &crate::state::ProbeTrack) -> Option<Evidence> {
         ),
         cluster_time: *t1,
         object: None,
+        why: "the probe's own measurement that moved the most".into(),
     })
 }
 

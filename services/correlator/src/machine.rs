@@ -145,6 +145,30 @@ pub struct Machine {
     dirty: Dirty,
 }
 
+/// A condition found: what [`Machine::raise`] opens or updates an incident for.
+struct Raise<'a> {
+    cluster: &'a str,
+    kind: &'a str,
+    target: &'a str,
+    severity: Severity,
+    summary: String,
+    /// When (cluster clock, or the hub's for silence).
+    at: DateTime<Utc>,
+    /// When JetStream stored the message that showed it.
+    ingest: Option<DateTime<Utc>>,
+    cause: Cause<'a>,
+}
+
+/// What found the condition (it decides the evidence).
+enum Cause<'a> {
+    /// A probe (evidence: what bears on its finding).
+    Probe(&'a str),
+    /// A baseline check (evidence: its finding and the violating objects).
+    Check(&'a multipilot_schemas::payload::ComplianceCheck),
+    /// The cluster as a whole: heartbeats, clock, event rate.
+    Cluster,
+}
+
 /// The key of the current incident of a condition: `cluster/kind/target`.
 pub fn incident_key(cluster: &str, kind: &str, target: &str) -> String {
     format!("{cluster}/{kind}/{target}")
@@ -435,21 +459,24 @@ impl Machine {
     }
 
     /// Opens the incident for `(cluster, kind, target)` or updates the open one.
-    #[allow(clippy::too_many_arguments)]
-    fn raise(
-        &mut self,
-        cluster: &str,
-        kind: &str,
-        target: &str,
-        severity: Severity,
-        summary: String,
-        at: DateTime<Utc>,
-        ingest: Option<DateTime<Utc>>,
-        probe: Option<&str>,
-    ) {
+    fn raise(&mut self, r: Raise<'_>) {
+        let Raise {
+            cluster,
+            kind,
+            target,
+            severity,
+            summary,
+            at,
+            ingest,
+            cause,
+        } = r;
         let key = incident_key(cluster, kind, target);
         self.dirty.incidents.insert(key.clone());
-        let evidence = self.evidence(cluster, probe, at);
+        let evidence = match cause {
+            Cause::Probe(p) => self.evidence(cluster, Some(p), at),
+            Cause::Check(c) => evidence::of_check(&self.rules.evidence, c, at),
+            Cause::Cluster => self.evidence(cluster, None, at),
+        };
         let mut labels = self
             .clusters
             .get(cluster)
@@ -570,16 +597,16 @@ impl Machine {
                 ("skew", format!("{estimate:+.0}s")),
             ]);
             let summary = render(&skew_rule.summary, &vars);
-            self.raise(
-                &cluster,
-                &skew_rule.kind,
-                "clock",
-                skew_rule.severity,
+            self.raise(Raise {
+                cluster: &cluster,
+                kind: &skew_rule.kind,
+                target: "clock",
+                severity: skew_rule.severity,
                 summary,
-                ingest,
-                Some(ingest),
-                None,
-            );
+                at: ingest,
+                ingest: Some(ingest),
+                cause: Cause::Cluster,
+            });
         } else if full
             && estimate.abs() < skew_rule.threshold_s / 2.0
             && self.is_open(&cluster, &skew_rule.kind, "clock")
@@ -612,16 +639,16 @@ impl Machine {
             let vars =
                 BTreeMap::from([("cluster", cluster.clone()), ("silence", secs(now - last))]);
             let summary = render(&rule.summary, &vars);
-            self.raise(
-                &cluster,
-                &rule.kind,
-                "heartbeat",
-                rule.severity,
+            self.raise(Raise {
+                cluster: &cluster,
+                kind: &rule.kind,
+                target: "heartbeat",
+                severity: rule.severity,
                 summary,
-                now,
-                None,
-                None,
-            );
+                at: now,
+                ingest: None,
+                cause: Cause::Cluster,
+            });
         }
     }
 
@@ -701,16 +728,16 @@ impl Machine {
                     ("changes", self.changes_phrase(&cluster, at)),
                 ]);
                 let summary = render(&r.summary, &vars);
-                self.raise(
-                    &cluster,
-                    &r.kind,
-                    &p.probe,
-                    r.severity,
+                self.raise(Raise {
+                    cluster: &cluster,
+                    kind: &r.kind,
+                    target: &p.probe,
+                    severity: r.severity,
                     summary,
                     at,
-                    Some(ingest),
-                    Some(&p.probe),
-                );
+                    ingest: Some(ingest),
+                    cause: Cause::Probe(&p.probe),
+                });
             } else if good >= r.resolve_after && self.is_open(&cluster, &r.kind, &p.probe) {
                 self.resolve(&cluster, &r.kind, &p.probe, at);
             }
@@ -769,16 +796,16 @@ impl Machine {
             ]);
             let summary = render(&rule.summary, &vars);
             if !self.is_open(&cluster, &rule.kind, "events") {
-                self.raise(
-                    &cluster,
-                    &rule.kind,
-                    "events",
-                    rule.severity,
+                self.raise(Raise {
+                    cluster: &cluster,
+                    kind: &rule.kind,
+                    target: "events",
+                    severity: rule.severity,
                     summary,
                     at,
-                    None,
-                    None,
-                );
+                    ingest: None,
+                    cause: Cause::Cluster,
+                });
             }
         } else if n < rule.resolve_below_per_minute && self.is_open(&cluster, &rule.kind, "events")
         {
@@ -920,16 +947,16 @@ impl Machine {
                         "{cluster} drifts from the baseline ({}): {}",
                         check.rule, check.message
                     );
-                    self.raise(
+                    self.raise(Raise {
                         cluster,
-                        "baseline-drift",
-                        &check.rule,
-                        Severity::Warning,
+                        kind: "baseline-drift",
+                        target: &check.rule,
+                        severity: Severity::Warning,
                         summary,
                         at,
-                        None,
-                        None,
-                    );
+                        ingest: None,
+                        cause: Cause::Check(check),
+                    });
                 }
                 CheckStatus::Pass if previous.contains(&check.rule) => {
                     self.resolve(cluster, "baseline-drift", &check.rule, at)

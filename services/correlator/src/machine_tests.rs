@@ -509,3 +509,161 @@ fn changes_name_only_what_changed_and_a_snapshot_restores_the_machine() {
     );
     assert_eq!(again.stats().replays_skipped, 1);
 }
+
+#[test]
+fn lifecycle_events_are_never_evidence_and_warnings_on_the_named_object_rank_high() {
+    let mut m = machine();
+    let at = t0();
+    // normal pod lifecycle and an unrelated warning elsewhere, then a warning on the DNS pods
+    for (i, (name, reason, msg)) in [
+        (
+            "coredns-5d78c9869d-7xk2p",
+            "Scheduled",
+            "Successfully assigned kube-system/coredns-5d78c9869d-7xk2p",
+        ),
+        (
+            "coredns-5d78c9869d-7xk2p",
+            "Pulled",
+            "Container image already present on machine",
+        ),
+        (
+            "web-7d4b9c8f5-x2x9k",
+            "BackOff",
+            "Back-off restarting failed container web",
+        ),
+        (
+            "coredns-5d78c9869d-7xk2p",
+            "Unhealthy",
+            "Readiness probe failed: HTTP probe failed with statuscode: 503",
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut e = event(name, reason, msg, at + Duration::seconds(i as i64));
+        e.involved.namespace = Some(
+            if name.starts_with("coredns") {
+                "kube-system"
+            } else {
+                "shop"
+            }
+            .into(),
+        );
+        if reason == "Scheduled" || reason == "Pulled" {
+            e.severity = Severity::Info;
+            e.event_type = "Normal".into();
+        }
+        m.apply(Input::Event(&env("c1", e.last_time, i as u64, e)));
+    }
+    let mut outs = Vec::new();
+    for r in 0..5u64 {
+        let when = at + Duration::seconds(10 + 15 * r as i64);
+        let mut p = probe("coredns", ProbeStatus::Unhealthy, r + 1);
+        p.findings = vec![multipilot_schemas::payload::Finding {
+            severity: Severity::Critical,
+            object: Some(ObjectRef {
+                api_version: "v1".into(),
+                kind: "Pod".into(),
+                namespace: Some("kube-system".into()),
+                name: "coredns-5d78c9869d-7xk2p".into(),
+                uid: None,
+            }),
+            message: "0/2 coredns replicas ready".into(),
+        }];
+        outs.extend(m.apply(Input::Probe(&env("c1", when, r, p), when)));
+    }
+    let inc = incidents(&outs).pop().expect("dns-failure opened");
+    let reasons: Vec<&str> = inc.evidence.iter().map(|e| e.summary.as_str()).collect();
+    assert!(
+        reasons
+            .iter()
+            .all(|r| !r.starts_with("Scheduled") && !r.starts_with("Pulled")),
+        "{reasons:#?}"
+    );
+    let first_event = inc
+        .evidence
+        .iter()
+        .find(|e| e.kind == EvidenceKind::Event)
+        .expect("an event");
+    assert!(
+        first_event.summary.starts_with("Unhealthy"),
+        "{:#?}",
+        inc.evidence
+    );
+    assert!(
+        first_event.why.contains("the finding names this object"),
+        "{}",
+        first_event.why
+    );
+}
+
+#[test]
+fn a_baseline_drift_shows_what_the_check_found_and_the_offending_objects_not_events() {
+    let mut m = machine();
+    // warnings on the cluster that have nothing to do with Pod Security labels
+    let e = event(
+        "web-7d4b9c8f5-x2x9k",
+        "BackOff",
+        "Back-off restarting failed container",
+        t0(),
+    );
+    m.apply(Input::Event(&env("c1", t0(), 1, e)));
+    let f = env("c1", t0(), 2, facts(31));
+    m.apply(Input::Facts(&f));
+    // two namespaces without a Pod Security level
+    let mut outs = Vec::new();
+    for (i, ns) in ["shop", "search"].iter().enumerate() {
+        let s = ResourceState {
+            api_version: "v1".into(),
+            kind: "Namespace".into(),
+            namespace: None,
+            name: (*ns).into(),
+            uid: format!("ns-{ns}"),
+            labels: Default::default(),
+            ..sample()
+        };
+        let s = env(
+            "c1",
+            t0() + Duration::seconds(5 + i as i64),
+            3 + i as u64,
+            StateMsg::State(s),
+        );
+        outs.extend(m.apply(Input::State(&s)));
+    }
+    let drift = incidents(&outs)
+        .into_iter()
+        .find(|i| i.summary.contains("pss-labels"))
+        .expect("a pss-labels drift");
+    assert!(
+        drift.evidence.iter().all(|e| e.kind == EvidenceKind::Fact),
+        "{:#?}",
+        drift.evidence
+    );
+    assert!(
+        drift.evidence[0]
+            .summary
+            .contains("without a Pod Security Standards level"),
+        "{:#?}",
+        drift.evidence
+    );
+    let named: Vec<&str> = drift
+        .evidence
+        .iter()
+        .filter_map(|e| e.object.as_ref())
+        .map(|o| o.name.as_str())
+        .collect();
+    assert!(
+        named.contains(&"shop") || named.contains(&"search"),
+        "{:#?}",
+        drift.evidence
+    );
+    assert!(
+        drift
+            .evidence
+            .iter()
+            .skip(1)
+            .all(|e| e.why == "violates pss-labels"),
+        "{:#?}",
+        drift.evidence
+    );
+}

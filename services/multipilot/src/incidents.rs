@@ -87,6 +87,9 @@ pub async fn print(
         println!("{}", line(i));
         for e in &i.evidence {
             println!("{:>70}  {}. [{}] {}", "", e.rank, e.kind, e.summary);
+            if !e.why.is_empty() {
+                println!("{:>70}     why: {}", "", e.why);
+            }
         }
     }
     if incidents.is_empty() {

@@ -179,7 +179,8 @@ function renderIncidents() {
         actions),
       el('div', { class: 'summary' }, i.summary),
       i.evidence && i.evidence.length ? el('ol', { class: 'evidence' }, i.evidence.map((e) =>
-        el('li', {}, '[' + e.kind + '] ', e.summary, e.object ? el('span', {}, ' — ', objLink(e.object)) : null))) : null);
+        el('li', { title: e.why || '' }, '[' + e.kind + '] ', e.summary, e.object ? el('span', {}, ' — ', objLink(e.object)) : null,
+          e.why ? el('span', { class: 'why' }, ' (' + e.why + ')') : null))) : null);
     return li;
   }));
   state.fresh.clear();
