@@ -250,6 +250,8 @@ pub enum Start {
     Oldest,
     /// The first message stored at or after this time.
     Since(DateTime<Utc>),
+    /// The first message after this stream sequence.
+    After(u64),
 }
 
 /// One message of a history read, with what JetStream says of it.
@@ -271,6 +273,18 @@ pub async fn read_history(
     stream: &str,
     filters: Vec<String>,
     start: Start,
+    f: impl FnMut(Stored<'_>),
+) -> Result<u64, Error> {
+    read_range(js, stream, filters, start, None, f).await
+}
+
+/// [`read_history`], stopping after stream sequence `until` when given.
+pub async fn read_range(
+    js: &jetstream::Context,
+    stream: &str,
+    filters: Vec<String>,
+    start: Start,
+    until: Option<u64>,
     mut f: impl FnMut(Stored<'_>),
 ) -> Result<u64, Error> {
     const STALL: Duration = Duration::from_secs(10);
@@ -286,13 +300,22 @@ pub async fn read_history(
         .await
         .map_err(|e| fail(e.to_string()))?
         .state
-        .last_sequence;
+        .last_sequence
+        .min(until.unwrap_or(u64::MAX));
+    if let Start::After(seq) = start
+        && seq >= last
+    {
+        return Ok(0);
+    }
     let mut c = s
         .create_consumer(consumer::pull::OrderedConfig {
             filter_subjects: filters,
             deliver_policy: match start {
                 Start::Since(start_time) => consumer::DeliverPolicy::ByStartTime { start_time },
                 Start::Oldest => consumer::DeliverPolicy::All,
+                Start::After(seq) => consumer::DeliverPolicy::ByStartSequence {
+                    start_sequence: seq + 1,
+                },
             },
             ..Default::default()
         })
@@ -317,6 +340,9 @@ pub async fn read_history(
         };
         let Ok(info) = m.info() else { continue };
         let (seq, pending, published) = (info.stream_sequence, info.pending, info.published);
+        if seq > last {
+            break;
+        }
         n += 1;
         f(Stored {
             message: &m.message,

@@ -211,6 +211,11 @@ impl Machine {
             && self.dedup.is_empty()
     }
 
+    /// The highest stream sequence applied from `consumer` (0: none).
+    pub fn high_water(&self, consumer: &str) -> u64 {
+        self.hwm.get(consumer).copied().unwrap_or(0)
+    }
+
     /// Counters.
     pub fn stats(&self) -> Stats {
         self.stats

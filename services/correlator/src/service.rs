@@ -255,9 +255,70 @@ async fn read_incidents(
     ))
 }
 
-/// Replays `stream` from `since` (this partition's subjects, up to what the durable acked) through the
-/// consumer's handler, as if the durable had delivered it; the machine's high-water mark then makes the
-/// durable skip what was applied here.
+/// Applies `which`'s stream from `start` up to `until` (this instance's subjects) through the consumer's
+/// handler, in stream order, as if the durable had delivered it; the machine's high-water mark then makes
+/// the durable skip what was applied here. Messages that can't be decoded (the runner dead-letters them
+/// when they come) are skipped.
+async fn apply_range<T: Payload>(
+    ctx: &Context,
+    core: &Shared,
+    which: (&'static str, &'static str),
+    filters: Vec<String>,
+    start: Start,
+    until: u64,
+) -> Result<u64>
+where
+    Feed: Handler<T>,
+{
+    let mut got = Vec::new();
+    js_kit::read_range(&ctx.js, which.0, filters, start, Some(until), |s| {
+        if let Ok(envelope) = js_kit::decode::<T>(s.message, DEFAULT_MAX_BYTES)
+            && multipilot_schemas::subject::cluster_of(&s.message.subject)
+                .is_none_or(|c| c == envelope.cluster)
+        {
+            got.push(Received {
+                envelope,
+                subject: s.message.subject.to_string(),
+                ingest_time: s.published,
+                stream_seq: s.stream_seq,
+                delivered: 1,
+                msg_id: js_kit::header(s.message, multipilot_schemas::HEADER_MSG_ID)
+                    .map(str::to_string),
+            });
+        }
+    })
+    .await?;
+    let n = got.len() as u64;
+    let mut feed = Feed::new(ctx, core, which.1);
+    for r in got {
+        let _ = feed.handle(r).await;
+    }
+    Ok(n)
+}
+
+/// The subjects this instance's durable on `which` reads (its partition's, or the durable's own filter).
+fn filters_of(
+    cfg: &Config,
+    which: (&str, &str),
+    info: &async_nats::jetstream::consumer::Info,
+) -> Vec<String> {
+    let d = durable(cfg, which);
+    if !d.filters.is_empty() {
+        return d.filters;
+    }
+    let c = &info.config;
+    if !c.filter_subjects.is_empty() {
+        c.filter_subjects.clone()
+    } else if !c.filter_subject.is_empty() {
+        vec![c.filter_subject.clone()]
+    } else {
+        Vec::new()
+    }
+}
+
+/// A wiped store: replays `which` from `since` up to what its durable acked (what was lost with the store;
+/// what it has not acked it delivers again anyway). On a first start there is no such durable, or nothing
+/// acked: nothing to replay.
 async fn catch_up<T: Payload>(
     ctx: &Context,
     cfg: &Config,
@@ -268,48 +329,47 @@ async fn catch_up<T: Payload>(
 where
     Feed: Handler<T>,
 {
-    let d = durable(cfg, which);
-    // Only what the durable already acked was lost with the store; what it has not acked it delivers
-    // again anyway. On a first start there is no such durable, or nothing acked: nothing to replay.
-    let floor = d
-        .info(&ctx.js)
-        .await?
-        .map_or(0, |i| i.ack_floor.stream_sequence);
+    let Some(info) = durable(cfg, which).info(&ctx.js).await? else {
+        return Ok(0);
+    };
+    let floor = info.ack_floor.stream_sequence;
     if floor == 0 {
         return Ok(0);
     }
-    let mut got = Vec::new();
-    js_kit::read_history(
-        &ctx.js,
-        which.0,
-        d.filters.clone(),
-        Start::Since(since),
-        |s| {
-            if s.stream_seq > floor {
-                return;
-            }
-            // what the runner dead-lettered then is skipped now
-            if let Ok(envelope) = js_kit::decode::<T>(s.message, DEFAULT_MAX_BYTES)
-                && multipilot_schemas::subject::cluster_of(&s.message.subject)
-                    .is_none_or(|c| c == envelope.cluster)
-            {
-                got.push(Received {
-                    envelope,
-                    subject: s.message.subject.to_string(),
-                    ingest_time: s.published,
-                    stream_seq: s.stream_seq,
-                    delivered: 1,
-                    msg_id: js_kit::header(s.message, multipilot_schemas::HEADER_MSG_ID)
-                        .map(str::to_string),
-                });
-            }
-        },
-    )
-    .await?;
-    let n = got.len() as u64;
-    let mut feed = Feed::new(ctx, core, which.1);
-    for r in got {
-        let _ = feed.handle(r).await;
+    let filters = filters_of(cfg, which, &info);
+    apply_range::<T>(ctx, core, which, filters, Start::Since(since), floor).await
+}
+
+/// After a restart: what the durable delivered to the previous process beyond what that process made
+/// durable (above the machine's high-water mark, up to the durable's last delivered sequence) is applied
+/// now, in stream order, before the durable starts. JetStream would redeliver it only after the ack wait,
+/// behind newer messages, and the machine would then take a probe round or an event as late; with this, a
+/// crash changes neither the order nor the outcome, and the redeliveries are skipped by the high-water mark.
+async fn recover_in_flight<T: Payload>(
+    ctx: &Context,
+    cfg: &Config,
+    core: &Shared,
+    which: (&'static str, &'static str),
+) -> Result<u64>
+where
+    Feed: Handler<T>,
+{
+    let Some(info) = durable(cfg, which).info(&ctx.js).await? else {
+        return Ok(0);
+    };
+    let delivered = info.delivered.stream_sequence;
+    let applied = core.lock().await.machine.high_water(which.1);
+    if delivered <= applied {
+        return Ok(0);
+    }
+    let filters = filters_of(cfg, which, &info);
+    let n = apply_range::<T>(ctx, core, which, filters, Start::After(applied), delivered).await?;
+    if n > 0 {
+        tracing::info!(
+            consumer = which.1,
+            messages = n,
+            "applied what the previous process had received but not made durable, in stream order"
+        );
     }
     Ok(n)
 }
@@ -579,7 +639,13 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         rebuild(&ctx, &config, &core).await?;
         core.lock().await.machine.hold_judgement();
     }
-    // outputs left from before a crash (or raised by the rebuild) go out first
+    if !fresh {
+        recover_in_flight::<KubeEvent>(&ctx, &config, &core, EVENTS).await?;
+        recover_in_flight::<HealthMsg>(&ctx, &config, &core, HEALTH).await?;
+        recover_in_flight::<StateMsg>(&ctx, &config, &core, STATE).await?;
+        recover_in_flight::<ClusterFacts>(&ctx, &config, &core, FACTS).await?;
+    }
+    // outputs left from before a crash (or raised by the rebuild or the recovery) go out first
     commit(&core, &ctx.js, &ctx.bus_metrics).await?;
     ctx.health.register("correlator");
 

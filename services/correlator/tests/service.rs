@@ -178,3 +178,109 @@ async fn probe_rounds_become_an_incident_that_is_queried_acknowledged_and_surviv
     running.stop().await?;
     Ok(())
 }
+
+async fn publish_rounds(
+    js: &async_nats::jetstream::Context,
+    cluster: &str,
+    rounds: std::ops::RangeInclusive<u64>,
+    status: ProbeStatus,
+    t: chrono::DateTime<Utc>,
+) -> Result<()> {
+    let mut publisher: Publisher<u64> = Publisher::new(
+        js.clone(),
+        16,
+        multipilot_bus::metrics::BusMetrics::register(&mut Default::default()),
+    );
+    let mut completions = Vec::new();
+    for round in rounds {
+        let p = ProbeResult {
+            probe: "etcd".into(),
+            status,
+            latency_ms: 3.0,
+            detail: format!("etcd round {round}"),
+            round,
+            observations: Default::default(),
+            findings: Vec::new(),
+        };
+        let env = Envelope::new(
+            cluster,
+            format!("agent/{cluster}"),
+            t + chrono::Duration::seconds(15 * round as i64),
+            round,
+            p,
+        );
+        let id = stable_id(&[cluster, "etcd", &round.to_string()]);
+        let msg = Outgoing::envelope(subject::probe(cluster, "etcd"), id, &env)?;
+        completions.extend(publisher.send(round, msg).await);
+    }
+    completions.extend(publisher.flush().await);
+    anyhow::ensure!(
+        completions
+            .iter()
+            .all(|c| matches!(c, Completion::Stored { .. })),
+        "{completions:?}"
+    );
+    Ok(())
+}
+
+/// A process that received messages and died before making them durable: the next one applies them in
+/// stream order when it starts, instead of getting them back after the ack wait, behind newer messages,
+/// where the probe rounds would be taken as late and the failing streak lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_crashed_process_received_but_did_not_commit_is_applied_in_order() -> Result<()> {
+    use async_nats::jetstream::consumer::pull;
+    let nats = NatsServer::start().await?;
+    let client = nats.client().await?;
+    let js = async_nats::jetstream::new(client.clone());
+    Topology::embedded().provision(&js).await?;
+    let dir = tempfile::tempdir()?;
+    // an initialized store
+    let running = start(&client, dir.path());
+    eventually("the correlator answers queries", 30, async || {
+        incidents(&client).await.ok()
+    })
+    .await?;
+    running.stop().await?;
+
+    // five failing rounds reach the durable's client and are never acked (the process died), then three
+    // healthy ones are stored
+    let t = Utc::now() - chrono::Duration::minutes(5);
+    publish_rounds(&js, "c1", 1..=5, ProbeStatus::Unhealthy, t).await?;
+    let durable = js
+        .get_stream("FLEET_HEALTH")
+        .await?
+        .get_consumer::<pull::Config>("correlator-health")
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut batch = durable
+        .fetch()
+        .max_messages(5)
+        .messages()
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut received = 0;
+    while let Some(m) = batch.next().await {
+        m.map_err(|e| anyhow::anyhow!("{e}"))?;
+        received += 1;
+    }
+    assert_eq!(
+        received, 5,
+        "the dead process received the five failing rounds"
+    );
+    publish_rounds(&js, "c1", 6..=8, ProbeStatus::Healthy, t).await?;
+
+    // the next process opens the incident (rounds 1-5) and resolves it (6-8): in stream order
+    let running = start(&client, dir.path());
+    let all = until("the incident opened and resolved", 60, async || {
+        let all = incidents(&client).await.unwrap_or_default();
+        Ok(all
+            .iter()
+            .any(|i| i.kind == "etcd-unhealthy" && i.status == IncidentStatus::Resolved)
+            .then_some(all))
+    })
+    .await?;
+    assert_eq!(all.len(), 1, "{all:#?}");
+    assert_eq!(all[0].revision, 2, "opened once, resolved once: {all:#?}");
+    running.stop().await?;
+    Ok(())
+}

@@ -522,7 +522,7 @@ receivers:
         rx.url
     );
     let mut r = Router::start(&routing).await?;
-    // 30 clusters × 100 alerts, as fast as they can be published (well within 10 s)
+    // 30 clusters × 100 alerts, as fast as they can be published
     let started = Instant::now();
     for k in 0..100 {
         for c in 0..30 {
@@ -537,11 +537,8 @@ receivers:
             .await?;
         }
     }
-    let published_in = started.elapsed();
-    assert!(
-        published_in < Duration::from_secs(10),
-        "the storm took {published_in:?} to publish"
-    );
+    // how long publishing took is not asserted (a busy machine is slower); the bounds below follow it
+    eprintln!("the storm was published in {:?}", started.elapsed());
     let all = eventually("every alert notified", 120, async || {
         let got = rx.got("/storm");
         let seen: BTreeSet<(String, String)> = got
@@ -559,20 +556,34 @@ receivers:
             r.log()
         )
     })?;
-    // grouped: each cluster's storm fits in its first notification plus at most one per group_interval
-    // that the publishing spanned
-    let per_group_bound = 1 + published_in.as_secs() as usize / 5 + 1;
-    let mut per_cluster: BTreeMap<String, usize> = BTreeMap::new();
+    // grouped: 3,000 alerts in a few notifications per cluster, not one each
+    assert!(
+        all.len() <= 300,
+        "{} notifications for 3,000 alerts: not grouped",
+        all.len()
+    );
+    // and a group is flushed at most once per group_interval (5 s): its notifications can't outnumber the
+    // first one plus one per interval until its last was delivered. (Bounded by the delivery times rather
+    // than the publishing time: on a busy machine the router reads the storm for longer than it takes to
+    // publish, and each interval that sees new alerts flushes once.)
+    let mut per_cluster: BTreeMap<String, Vec<Instant>> = BTreeMap::new();
     for g in &all {
-        *per_cluster
+        per_cluster
             .entry(g.body["groupLabels"]["cluster"].as_str().unwrap().into())
-            .or_default() += 1;
+            .or_default()
+            .push(g.at);
     }
     assert_eq!(per_cluster.len(), 30);
-    assert!(
-        per_cluster.values().all(|n| *n <= per_group_bound),
-        "at most {per_group_bound} per group: {per_cluster:?}"
-    );
+    for (cluster, times) in &per_cluster {
+        let last = times.iter().max().copied().unwrap_or(started);
+        let bound = 2 + last.duration_since(started).as_secs() as usize / 5;
+        assert!(
+            times.len() <= bound,
+            "{cluster}: {} notifications, at most {bound} in {:?}",
+            times.len(),
+            last.duration_since(started)
+        );
+    }
     // the rate limit: in any one-second window, at most burst (5) + rate (5) notifications
     let times: Vec<Instant> = all.iter().map(|g| g.at).collect();
     for (i, t) in times.iter().enumerate() {

@@ -95,7 +95,8 @@ impl Correlator {
         what: &str,
         f: F,
     ) -> Result<Vec<Incident>> {
-        for _ in 0..150 {
+        // a deadline, not a timing assertion: generous for a busy machine
+        for _ in 0..300 {
             let all = self.incidents().await?;
             if f(&all) {
                 return Ok(all);
