@@ -79,29 +79,6 @@ pub struct Baseline {
     pub certificates: Certificates,
 }
 
-/// A baseline file that can't be used.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// Unreadable file.
-    #[error("reading baseline {path}: {source}")]
-    Read {
-        /// Path.
-        path: String,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Not a baseline file.
-    #[error("baseline {path}: {source}")]
-    Parse {
-        /// Path.
-        path: String,
-        /// Cause.
-        #[source]
-        source: serde_yaml::Error,
-    },
-}
-
 /// The default baseline.
 pub const DEFAULT_BASELINE: &str = include_str!("baseline.yaml");
 
@@ -113,18 +90,11 @@ impl Baseline {
     }
 
     /// Loads a baseline file, or the default.
-    pub fn load(path: Option<&str>) -> Result<Self, Error> {
-        let Some(path) = path else {
-            return Ok(Self::defaults());
-        };
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
-            path: path.into(),
-            source,
-        })?;
-        serde_yaml::from_str(&text).map_err(|source| Error::Parse {
-            path: path.into(),
-            source,
-        })
+    pub fn load(path: Option<&str>) -> Result<Self, crate::rules::Error> {
+        path.map_or_else(
+            || Ok(Self::defaults()),
+            |p| crate::rules::load_yaml("baseline", p),
+        )
     }
 }
 

@@ -37,12 +37,9 @@ pub enum Error {
     /// The settings are not usable.
     #[error("correlator settings: {0}")]
     Config(String),
-    /// The rules file.
+    /// The rules or the baseline file.
     #[error(transparent)]
-    Rules(#[from] rules::Error),
-    /// The baseline file.
-    #[error(transparent)]
-    Baseline(#[from] baseline::Error),
+    File(#[from] rules::Error),
     /// Its store.
     #[error(transparent)]
     Store(#[from] store::Error),
@@ -70,7 +67,7 @@ impl Error {
     /// changed setting or file.
     pub fn is_retryable(&self) -> bool {
         match self {
-            Error::Config(_) | Error::Rules(_) | Error::Baseline(_) | Error::Internal(_) => false,
+            Error::Config(_) | Error::File(_) | Error::Internal(_) => false,
             Error::Store(e) => e.is_retryable(),
             Error::Stream(e) => e.is_retryable(),
             Error::Commit(e) => e.retryable,

@@ -106,27 +106,48 @@ pub struct Rules {
 /// The default rules.
 pub const DEFAULT_RULES: &str = include_str!("rules.yaml");
 
-/// Errors loading rules.
+/// A rules or baseline file that can't be used.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// Unreadable file.
-    #[error("reading rules {path}: {source}")]
+    #[error("reading the {what} file {path}: {source}")]
     Read {
+        /// Which file (`rules`, `baseline`).
+        what: &'static str,
         /// Path.
         path: String,
         /// Cause.
         #[source]
         source: std::io::Error,
     },
-    /// Not a rules file.
-    #[error("rules {path}: {source}")]
+    /// Not such a file.
+    #[error("the {what} file {path}: {source}")]
     Parse {
+        /// Which file (`rules`, `baseline`).
+        what: &'static str,
         /// Path.
         path: String,
         /// Cause.
         #[source]
         source: serde_yaml::Error,
     },
+}
+
+/// Reads a YAML data file of the correlator (`what` names it in errors).
+pub(crate) fn load_yaml<T: serde::de::DeserializeOwned>(
+    what: &'static str,
+    path: &str,
+) -> Result<T, Error> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+        what,
+        path: path.into(),
+        source,
+    })?;
+    serde_yaml::from_str(&text).map_err(|source| Error::Parse {
+        what,
+        path: path.into(),
+        source,
+    })
 }
 
 impl Rules {
@@ -137,17 +158,7 @@ impl Rules {
 
     /// Loads a rules file (or the defaults when `path` is None).
     pub fn load(path: Option<&str>) -> Result<Self, Error> {
-        let Some(path) = path else {
-            return Ok(Self::defaults());
-        };
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
-            path: path.into(),
-            source,
-        })?;
-        serde_yaml::from_str(&text).map_err(|source| Error::Parse {
-            path: path.into(),
-            source,
-        })
+        path.map_or_else(|| Ok(Self::defaults()), |p| load_yaml("rules", p))
     }
 }
 

@@ -129,61 +129,57 @@ impl Feed {
     }
 }
 
-impl Handler<KubeEvent> for Feed {
-    async fn handle(&mut self, msg: Received<KubeEvent>) -> Outcome {
-        let mut c = self.core.lock().await;
-        c.apply(self.consumer, msg.stream_seq, Input::Event(&msg.envelope));
-        Outcome::Done
-    }
-    async fn commit(&mut self) -> Result<(), CommitError> {
-        commit(&self.core, &self.js, &self.metrics).await
+/// A payload a [`Feed`] hands to the machine.
+trait Fed: Payload {
+    /// Applies one delivered message.
+    fn apply(core: &mut Core, consumer: &str, msg: &Received<Self>);
+}
+
+impl Fed for KubeEvent {
+    fn apply(core: &mut Core, consumer: &str, msg: &Received<Self>) {
+        core.apply(consumer, msg.stream_seq, Input::Event(&msg.envelope));
     }
 }
 
-impl Handler<HealthMsg> for Feed {
-    async fn handle(&mut self, msg: Received<HealthMsg>) -> Outcome {
-        let env = msg.envelope;
-        let mut c = self.core.lock().await;
-        match env.payload.clone() {
+impl Fed for HealthMsg {
+    fn apply(core: &mut Core, consumer: &str, msg: &Received<Self>) {
+        let env = &msg.envelope;
+        match &env.payload {
             HealthMsg::Heartbeat(hb) => {
-                let env = env.map(|_| hb);
-                c.apply(
-                    self.consumer,
+                let env = env.clone().map(|_| hb.clone());
+                core.apply(
+                    consumer,
                     msg.stream_seq,
                     Input::Heartbeat(&env, msg.ingest_time),
                 );
             }
             HealthMsg::Probe(p) => {
-                let env = env.map(|_| p);
-                c.apply(
-                    self.consumer,
+                let env = env.clone().map(|_| p.clone());
+                core.apply(
+                    consumer,
                     msg.stream_seq,
                     Input::Probe(&env, msg.ingest_time),
                 );
             }
         }
-        Outcome::Done
-    }
-    async fn commit(&mut self) -> Result<(), CommitError> {
-        commit(&self.core, &self.js, &self.metrics).await
     }
 }
 
-impl Handler<StateMsg> for Feed {
-    async fn handle(&mut self, msg: Received<StateMsg>) -> Outcome {
-        let mut c = self.core.lock().await;
-        c.apply(self.consumer, msg.stream_seq, Input::State(&msg.envelope));
-        Outcome::Done
-    }
-    async fn commit(&mut self) -> Result<(), CommitError> {
-        commit(&self.core, &self.js, &self.metrics).await
+impl Fed for StateMsg {
+    fn apply(core: &mut Core, consumer: &str, msg: &Received<Self>) {
+        core.apply(consumer, msg.stream_seq, Input::State(&msg.envelope));
     }
 }
 
-impl Handler<ClusterFacts> for Feed {
-    async fn handle(&mut self, msg: Received<ClusterFacts>) -> Outcome {
-        let mut c = self.core.lock().await;
-        c.apply(self.consumer, msg.stream_seq, Input::Facts(&msg.envelope));
+impl Fed for ClusterFacts {
+    fn apply(core: &mut Core, consumer: &str, msg: &Received<Self>) {
+        core.apply(consumer, msg.stream_seq, Input::Facts(&msg.envelope));
+    }
+}
+
+impl<T: Fed> Handler<T> for Feed {
+    async fn handle(&mut self, msg: Received<T>) -> Outcome {
+        T::apply(&mut *self.core.lock().await, self.consumer, &msg);
         Outcome::Done
     }
     async fn commit(&mut self) -> Result<(), CommitError> {
@@ -259,17 +255,14 @@ async fn read_incidents(
 /// handler, in stream order, as if the durable had delivered it; the machine's high-water mark then makes
 /// the durable skip what was applied here. Messages that can't be decoded (the runner dead-letters them
 /// when they come) are skipped.
-async fn apply_range<T: Payload>(
+async fn apply_range<T: Fed>(
     ctx: &Context,
     core: &Shared,
     which: (&'static str, &'static str),
     filters: Vec<String>,
     start: Start,
     until: u64,
-) -> Result<u64>
-where
-    Feed: Handler<T>,
-{
+) -> Result<u64> {
     let mut got = Vec::new();
     js_kit::read_range(&ctx.js, which.0, filters, start, Some(until), |s| {
         if let Ok(envelope) = js_kit::decode::<T>(s.message, DEFAULT_MAX_BYTES)
@@ -319,16 +312,13 @@ fn filters_of(
 /// A wiped store: replays `which` from `since` up to what its durable acked (what was lost with the store;
 /// what it has not acked it delivers again anyway). On a first start there is no such durable, or nothing
 /// acked: nothing to replay.
-async fn catch_up<T: Payload>(
+async fn catch_up<T: Fed>(
     ctx: &Context,
     cfg: &Config,
     core: &Shared,
     which: (&'static str, &'static str),
     since: chrono::DateTime<Utc>,
-) -> Result<u64>
-where
-    Feed: Handler<T>,
-{
+) -> Result<u64> {
     let Some(info) = durable(cfg, which).info(&ctx.js).await? else {
         return Ok(0);
     };
@@ -345,15 +335,12 @@ where
 /// now, in stream order, before the durable starts. JetStream would redeliver it only after the ack wait,
 /// behind newer messages, and the machine would then take a probe round or an event as late; with this, a
 /// crash changes neither the order nor the outcome, and the redeliveries are skipped by the high-water mark.
-async fn recover_in_flight<T: Payload>(
+async fn recover_in_flight<T: Fed>(
     ctx: &Context,
     cfg: &Config,
     core: &Shared,
     which: (&'static str, &'static str),
-) -> Result<u64>
-where
-    Feed: Handler<T>,
-{
+) -> Result<u64> {
     let Some(info) = durable(cfg, which).info(&ctx.js).await? else {
         return Ok(0);
     };
@@ -410,17 +397,14 @@ async fn rebuild(ctx: &Context, cfg: &Config, core: &Shared) -> Result<()> {
 }
 
 /// Starts one durable consumer's runner as a task.
-async fn spawn_consumer<T: Payload>(
+async fn spawn_consumer<T: Fed>(
     tasks: &mut JoinSet<()>,
     ctx: &Context,
     cfg: &Config,
     core: &Shared,
     which: (&'static str, &'static str),
     replay: bool,
-) -> Result<()>
-where
-    Feed: Handler<T>,
-{
+) -> Result<()> {
     let name = durable(cfg, which).ensure(&ctx.js, replay).await?;
     let runner = Runner::new(
         ctx.js.clone(),
