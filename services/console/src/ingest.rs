@@ -226,14 +226,31 @@ pub async fn follow(js: jetstream::Context, feed: Feed, shared: Shared, cancel: 
     }
 }
 
+/// Why a feed's reader stopped (it is started again).
+#[derive(Debug, thiserror::Error)]
+#[error("following {stream}: {reason}")]
+pub struct FollowError {
+    stream: &'static str,
+    reason: String,
+}
+
 async fn run_once(
     js: &jetstream::Context,
     feed: Feed,
     shared: &Shared,
     cancel: &CancellationToken,
-) -> anyhow::Result<()> {
-    let stream = js.get_stream(feed.stream()).await?;
-    let consumer = stream.create_consumer(feed.config()).await?;
+) -> Result<(), FollowError> {
+    let fail = |reason: &dyn std::fmt::Display| FollowError {
+        stream: feed.stream(),
+        reason: reason.to_string(),
+    };
+    let stream = multipilot_bus::jetstream::get_stream(js, feed.stream())
+        .await
+        .map_err(|e| fail(&e))?;
+    let consumer = stream
+        .create_consumer(feed.config())
+        .await
+        .map_err(|e| fail(&e))?;
     let pending_at_start = consumer.cached_info().num_pending;
     if pending_at_start == 0 {
         shared
@@ -242,16 +259,16 @@ async fn run_once(
             .unwrap_or_else(|e| e.into_inner())
             .insert(feed.name());
     }
-    let mut messages = consumer.messages().await?;
+    let mut messages = consumer.messages().await.map_err(|e| fail(&e))?;
     loop {
         let next = tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
             n = messages.next() => n,
         };
         let Some(msg) = next else {
-            anyhow::bail!("the ordered consumer ended");
+            return Err(fail(&"the ordered consumer ended"));
         };
-        let msg = msg?;
+        let msg = msg.map_err(|e| fail(&e))?;
         let (seq, stored, pending) = match msg.info() {
             Ok(i) => (i.stream_sequence, i.published, i.pending),
             Err(_) => (0, Utc::now(), 0),

@@ -19,7 +19,6 @@ pub mod telemetry;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
 use multipilot_runtime::Context;
 use serde::{Deserialize, Serialize};
 
@@ -57,19 +56,54 @@ impl Default for Config {
 
 pub use multipilot_runtime::auth::is_loopback;
 
+/// Why the console could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A setting is not usable.
+    #[error("console settings: {0}")]
+    Config(String),
+    /// The tokens could not be loaded.
+    #[error("loading console tokens: {0}")]
+    Auth(#[from] multipilot_runtime::auth::Error),
+    /// The HTTP client for the TSDB could not be built.
+    #[error("the TSDB client: {0}")]
+    Client(String),
+    /// The API could not listen.
+    #[error("console listening on {listen}: {source}")]
+    Listen {
+        /// The address.
+        listen: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// Whether starting again later may succeed (the address was taken) rather than needing a changed
+    /// setting.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Listen { .. })
+    }
+}
+
+type Result<T, E = Error> = std::result::Result<T, E>;
+
 impl Config {
     /// Checks what serde can't: auth may be off only on loopback.
     pub fn validate(&self) -> Result<()> {
-        anyhow::ensure!(
-            self.auth.enabled || is_loopback(&self.listen),
-            "console.auth.enabled is false but console.listen ({}) is not a loopback address: \
-             refusing to serve the fleet without authentication",
-            self.listen
-        );
-        anyhow::ensure!(
-            self.tsdb_url.starts_with("http://") || self.tsdb_url.starts_with("https://"),
-            "console.tsdb_url must be an http(s) URL"
-        );
+        if !self.auth.enabled && !is_loopback(&self.listen) {
+            return Err(Error::Config(format!(
+                "console.auth.enabled is false but console.listen ({}) is not a loopback address: \
+                 refusing to serve the fleet without authentication",
+                self.listen
+            )));
+        }
+        if !(self.tsdb_url.starts_with("http://") || self.tsdb_url.starts_with("https://")) {
+            return Err(Error::Config(
+                "console.tsdb_url must be an http(s) URL".into(),
+            ));
+        }
         Ok(())
     }
 }
@@ -79,19 +113,20 @@ fn tsdb_client(token: Option<&multipilot_bus::connect::Secret>) -> Result<reqwes
     let mut headers = reqwest::header::HeaderMap::new();
     if let Some(t) = token {
         let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {}", t.0))
-            .context("console.tsdb_token is not a valid header value")?;
+            .map_err(|_| Error::Config("console.tsdb_token is not a valid header value".into()))?;
         v.set_sensitive(true);
         headers.insert(reqwest::header::AUTHORIZATION, v);
     }
-    Ok(reqwest::Client::builder()
+    reqwest::Client::builder()
         .default_headers(headers)
-        .build()?)
+        .build()
+        .map_err(|e| Error::Client(e.to_string()))
 }
 
 /// Runs the console until `ctx.cancel` fires.
 pub async fn run(config: Config, ctx: Context) -> Result<()> {
     config.validate()?;
-    let tokens = auth::Tokens::load(&config.auth).context("loading console tokens")?;
+    let tokens = auth::Tokens::load(&config.auth)?;
     if tokens.enabled() && tokens.is_empty() {
         tracing::warn!(
             "console auth is on but no tokens are configured (console.auth.tokens or tokens_file): every API request will be refused"
@@ -158,7 +193,10 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         config.rate_limit,
     )
     .await
-    .with_context(|| format!("console listening on {}", config.listen))?;
+    .map_err(|source| Error::Listen {
+        listen: config.listen.clone(),
+        source,
+    })?;
     ctx.health.set("console", true);
     tracing::info!(%addr, auth = config.auth.enabled, "console serving the API and the page");
     ctx.cancel.cancelled().await;

@@ -90,10 +90,14 @@ pub async fn run(config: Config, roles: Vec<Role>) -> Result<()> {
                 Role::Correlator => multipilot_correlator::run(config.correlator(), ctx)
                     .await
                     .map_err(anyhow::Error::from),
-                Role::Tsdb => multipilot_tsdb::run(config.tsdb(), ctx).await,
+                Role::Tsdb => multipilot_tsdb::run(config.tsdb(), ctx)
+                    .await
+                    .map_err(anyhow::Error::from),
                 Role::Alerts => multipilot_alerts::run(config.alerts(), ctx).await,
                 Role::Release => multipilot_release::run(config.release(), ctx).await,
-                Role::Console => multipilot_console::run(config.console(), ctx).await,
+                Role::Console => multipilot_console::run(config.console(), ctx)
+                    .await
+                    .map_err(anyhow::Error::from),
             };
             (role, r)
         });

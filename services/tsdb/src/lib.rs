@@ -138,6 +138,32 @@ pub enum Error {
         /// What went wrong.
         reason: String,
     },
+    /// The federation peers' settings.
+    #[error(transparent)]
+    Peers(#[from] federate::Error),
+    /// The query API could not listen.
+    #[error("query API on {listen}: {source}")]
+    Listen {
+        /// The address.
+        listen: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The consumer stopped (its stream or durable is gone).
+    #[error(transparent)]
+    Consume(#[from] multipilot_bus::consume::Error),
+    /// The store stayed locked after closing.
+    #[error(transparent)]
+    Release(#[from] multipilot_runtime::store::Error),
+}
+
+impl Error {
+    /// Whether starting again later may succeed (NATS or the disk were away) rather than needing a changed
+    /// setting.
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self, Error::Invalid(_) | Error::Auth(_) | Error::Peers(_))
+    }
 }
 
 impl Config {
@@ -378,7 +404,7 @@ pub async fn prepare_consumer(
 
 /// Runs the role until `ctx.cancel` fires: opens the store, serves the query API, consumes metric batches,
 /// checkpoints and applies retention in the background.
-pub async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
+pub async fn run(config: Config, ctx: Context) -> Result<(), Error> {
     config.validate()?;
     ctx.health.register("tsdb");
     let store = open_store(&config).await?;
@@ -404,8 +430,12 @@ pub async fn run(config: Config, ctx: Context) -> anyhow::Result<()> {
         )?));
     }
     let router = http::router(store.clone(), http_opts)?;
-    let (addr, server) =
-        multipilot_runtime::http::serve(&config.listen, router, local.clone()).await?;
+    let (addr, server) = multipilot_runtime::http::serve(&config.listen, router, local.clone())
+        .await
+        .map_err(|source| Error::Listen {
+            listen: config.listen.clone(),
+            source,
+        })?;
     tracing::info!(%addr, data_dir = %config.data_dir.display(), "tsdb query API listening");
 
     let maintenance = tokio::spawn(maintain(

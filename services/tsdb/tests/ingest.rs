@@ -358,5 +358,5 @@ async fn child_runs_the_role_until_killed() -> Result<()> {
     let cfg: multipilot_tsdb::Config = serde_json::from_str(&cfg)?;
     let client = async_nats::connect(url).await?;
     let ctx = Context::new(client, "tsdb-child", CancellationToken::new());
-    multipilot_tsdb::run(cfg, ctx).await
+    Ok(multipilot_tsdb::run(cfg, ctx).await?)
 }
