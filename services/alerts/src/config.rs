@@ -5,7 +5,6 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail, ensure};
 use serde::{Deserialize, Serialize};
 
 use crate::matcher::Matcher;
@@ -101,6 +100,29 @@ impl Default for Config {
             nflog_retention: Duration::from_secs(120 * 3600),
         }
     }
+}
+
+/// A setting, the routing file or a template that can't be used; the message names what and where
+/// (`checking routes.yaml: receiver ops: "ftp://x" is not an http(s) URL`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+impl ConfigError {
+    /// The same error, said to be found in `what`.
+    pub fn within(self, what: impl std::fmt::Display) -> Self {
+        ConfigError(format!("{what}: {}", self.0))
+    }
+}
+
+type Result<T, E = ConfigError> = std::result::Result<T, E>;
+
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(ConfigError(format!($($fmt)+)));
+        }
+    };
 }
 
 impl Config {
@@ -319,7 +341,7 @@ impl Routing {
     pub fn load(path: Option<&str>) -> Result<Routing> {
         let (text, from) = match path {
             Some(p) if !p.is_empty() => (
-                std::fs::read_to_string(p).with_context(|| format!("reading {p}"))?,
+                std::fs::read_to_string(p).map_err(|e| ConfigError(format!("reading {p}: {e}")))?,
                 p.to_string(),
             ),
             _ => (
@@ -327,8 +349,10 @@ impl Routing {
                 "the embedded alerts.yaml".into(),
             ),
         };
-        let r: Routing = serde_yaml::from_str(&text).with_context(|| format!("parsing {from}"))?;
-        r.validate().with_context(|| format!("checking {from}"))?;
+        let r: Routing =
+            serde_yaml::from_str(&text).map_err(|e| ConfigError(format!("parsing {from}: {e}")))?;
+        r.validate()
+            .map_err(|e| e.within(format_args!("checking {from}")))?;
         Ok(r)
     }
 
@@ -358,20 +382,20 @@ impl Routing {
                 r.name
             );
             for w in &r.webhook_configs {
-                check_url(&w.url).with_context(|| format!("receiver {}", r.name))?;
+                check_url(&w.url).map_err(|e| e.within(format_args!("receiver {}", r.name)))?;
             }
             for a in &r.alertmanager_configs {
-                check_url(&a.url).with_context(|| format!("receiver {}", r.name))?;
+                check_url(&a.url).map_err(|e| e.within(format_args!("receiver {}", r.name)))?;
             }
             for s in &r.slack_configs {
-                check_url(&s.api_url).with_context(|| format!("receiver {}", r.name))?;
+                check_url(&s.api_url).map_err(|e| e.within(format_args!("receiver {}", r.name)))?;
             }
             if let Some(t) = &r.templates {
                 crate::template::check(t)
-                    .with_context(|| format!("receiver {} templates", r.name))?;
+                    .map_err(|e| e.within(format_args!("receiver {} templates", r.name)))?;
             }
         }
-        crate::template::check(&self.templates).context("templates")?;
+        crate::template::check(&self.templates).map_err(|e| e.within("templates"))?;
         ensure!(
             self.route.receiver.is_some(),
             "the root route needs a receiver"
@@ -380,7 +404,9 @@ impl Routing {
             if let Some(n) = &r.receiver
                 && !names.contains(n.as_str())
             {
-                bail!("route refers to receiver {n:?}, which is not defined");
+                return Err(ConfigError(format!(
+                    "route refers to receiver {n:?}, which is not defined"
+                )));
             }
             for d in [r.group_interval, r.repeat_interval].into_iter().flatten() {
                 ensure!(
@@ -448,10 +474,10 @@ mod tests {
         ];
         for (yaml, want) in bad {
             let err = serde_yaml::from_str::<Routing>(yaml)
-                .map_err(anyhow::Error::from)
+                .map_err(|e| ConfigError(e.to_string()))
                 .and_then(|r| r.validate().map(|_| r))
                 .unwrap_err();
-            assert!(format!("{err:#}").contains(want), "{yaml}: {err:#}");
+            assert!(err.to_string().contains(want), "{yaml}: {err}");
         }
     }
 }

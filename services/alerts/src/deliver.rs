@@ -151,7 +151,7 @@ impl Deliverer {
         js: async_nats::jetstream::Context,
         metrics: Metrics,
         instance: String,
-    ) -> anyhow::Result<Deliverer> {
+    ) -> Result<Deliverer, reqwest::Error> {
         let lanes = routing
             .receivers
             .iter()
@@ -321,11 +321,19 @@ impl Deliverer {
                 if fatal || p.attempts >= lane.delivery.max_attempts {
                     count("dead");
                     tracing::error!(%receiver, id = %p.notification.id, attempts = p.attempts, %error, "notification dead-lettered");
-                    self.dead_letter(&p).await;
-                    self.store.bury(&key, &p).map_err(|e| match e {
+                    // buried (and flushed) before the dead letter is published: whoever reads
+                    // fleet.dlq.alerts and then asks the API finds it there
+                    let buried = self.store.bury(&key, &p).map_err(|e| match e {
                         store::Error::Sled(s) => s,
                         other => sled::Error::Unsupported(other.to_string()),
-                    })
+                    });
+                    if buried.is_ok() {
+                        if let Err(e) = self.store.flush().await {
+                            tracing::error!(error = %e, "flushing the alerts store failed");
+                        }
+                        self.dead_letter(&p).await;
+                    }
+                    buried
                 } else {
                     let wait = backoff(&lane.delivery, p.attempts);
                     p.next_attempt = Utc::now()

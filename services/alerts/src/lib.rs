@@ -31,7 +31,6 @@ pub mod template;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use anyhow::{Context as _, Result};
 use chrono::Utc;
 use multipilot_bus::consume::{self, CommitError, Handler, Outcome, Received, Runner};
 use multipilot_runtime::Context;
@@ -44,6 +43,74 @@ pub use config::{Config, Routing};
 use crate::deliver::{Deliverer, Metrics};
 use crate::engine::Engine;
 use crate::store::{Replica, Store};
+
+/// Why the alert router could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A setting, the routing file or a template.
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    /// Auth is misconfigured (off on an exposed address, or an unreadable tokens file).
+    #[error(transparent)]
+    Auth(#[from] multipilot_runtime::auth::Error),
+    /// Its local store (sled) failed.
+    #[error("{what}: {source}")]
+    Store {
+        /// What was being done.
+        what: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// NATS (the KV buckets, the stream, the durable) failed or refused.
+    #[error("{what}: {source}")]
+    Bus {
+        /// What was being done.
+        what: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The API could not listen.
+    #[error("alerts API on {listen}: {source}")]
+    Listen {
+        /// The address.
+        listen: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// Whether starting again later may succeed (NATS or the disk were away, the address was taken)
+    /// rather than needing a changed setting or file.
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self, Error::Config(_) | Error::Auth(_))
+    }
+}
+
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn store_err<E: std::error::Error + Send + Sync + 'static>(
+    what: impl Into<String>,
+) -> impl FnOnce(E) -> Error {
+    let what = what.into();
+    move |e| Error::Store {
+        what,
+        source: Box::new(e),
+    }
+}
+
+fn bus_err<E: std::error::Error + Send + Sync + 'static>(
+    what: impl Into<String>,
+) -> impl FnOnce(E) -> Error {
+    let what = what.into();
+    move |e| Error::Bus {
+        what,
+        source: Box::new(e),
+    }
+}
 
 /// The silences bucket.
 pub const SILENCES_BUCKET: &str = "MULTIPILOT_SILENCES";
@@ -98,14 +165,13 @@ async fn open_replica(js: &async_nats::jetstream::Context, config: &Config) -> R
         "Alert router notification log (written through from its sled store)",
         config.nflog_retention,
     );
-    let open = async |b: &multipilot_bus::kv::Bucket| {
-        multipilot_bus::kv::open(js, b).await.with_context(|| {
-            format!(
-                "opening the KV bucket {} (the alerts user needs the $JS.API.STREAM.*.KV_{} APIs)",
-                b.name, b.name
-            )
-        })
-    };
+    let open =
+        async |b: &multipilot_bus::kv::Bucket| {
+            multipilot_bus::kv::open(js, b).await.map_err(bus_err(format!(
+            "opening the KV bucket {} (the alerts user needs the $JS.API.STREAM.*.KV_{} APIs)",
+            b.name, b.name
+        )))
+        };
     Ok(Replica::new(open(&silences).await?, open(&nflog).await?))
 }
 
@@ -113,16 +179,29 @@ async fn open_replica(js: &async_nats::jetstream::Context, config: &Config) -> R
 /// and the incidents are replayed from the start; a store that predates the buckets is copied into them;
 /// whatever a previous run left queued is replicated.
 async fn prepare(store: &Store, js: &async_nats::jetstream::Context) -> Result<()> {
-    if store.is_blank()? {
-        store.begin_restore()?;
-        store.flush().await?;
-        let restored = store
-            .restore()
+    let local = store_err::<store::Error>;
+    if store
+        .is_blank()
+        .map_err(local("reading the alerts store"))?
+    {
+        store
+            .begin_restore()
+            .map_err(local("starting the restore"))?;
+        store
+            .flush()
             .await
-            .context("restoring silences and the notification log from the KV buckets")?;
+            .map_err(local("flushing the alerts store"))?;
+        let restored = store.restore().await.map_err(bus_err(
+            "restoring silences and the notification log from the KV buckets",
+        ))?;
         let replay_until = reset_consumer(js).await?;
-        store.finish_restore(replay_until)?;
-        store.flush().await?;
+        store
+            .finish_restore(replay_until)
+            .map_err(local("finishing the restore"))?;
+        store
+            .flush()
+            .await
+            .map_err(local("flushing the alerts store"))?;
         tracing::info!(
             silences = restored.silences,
             nflog = restored.nflog,
@@ -130,19 +209,26 @@ async fn prepare(store: &Store, js: &async_nats::jetstream::Context) -> Result<(
             replay_until,
             "blank store restored from the KV buckets; replaying the incidents"
         );
-    } else if !store.is_replicated()? {
-        let n = store.seed_outbox()?;
-        store.mark_replicated()?;
-        store.flush().await?;
+    } else if !store
+        .is_replicated()
+        .map_err(local("reading the alerts store"))?
+    {
+        let n = store.seed_outbox().map_err(local("seeding the outbox"))?;
+        store
+            .mark_replicated()
+            .map_err(local("marking the store replicated"))?;
+        store
+            .flush()
+            .await
+            .map_err(local("flushing the alerts store"))?;
         tracing::info!(
             records = n,
             "copying silences and the notification log into the KV buckets"
         );
     }
-    store
-        .replicate()
-        .await
-        .context("replicating silences and the notification log to the KV buckets")?;
+    store.replicate().await.map_err(bus_err(
+        "replicating silences and the notification log to the KV buckets",
+    ))?;
     Ok(())
 }
 
@@ -150,19 +236,28 @@ async fn prepare(store: &Store, js: &async_nats::jetstream::Context) -> Result<(
 /// start; returns the stream's last sequence (the replay's target), or `None` when the stream is empty.
 async fn reset_consumer(js: &async_nats::jetstream::Context) -> Result<Option<u64>> {
     let (stream_name, durable) = INCIDENTS;
-    let stream = multipilot_bus::jetstream::get_stream(js, stream_name).await?;
+    let stream = multipilot_bus::jetstream::get_stream(js, stream_name)
+        .await
+        .map_err(bus_err("reading FLEET_INCIDENTS"))?;
     let last = stream.cached_info().state.last_sequence;
     multipilot_bus::jetstream::Durable::shared(stream_name, durable)
         .ensure(js, true)
-        .await?;
+        .await
+        .map_err(bus_err("recreating the alerts durable to replay"))?;
     Ok((last > 0).then_some(last))
 }
 
 /// Whether the replay reached `target`: everything up to it acked, or nothing left to deliver.
 async fn replay_done(js: &async_nats::jetstream::Context, target: u64) -> Result<bool> {
     let (stream_name, durable) = INCIDENTS;
-    let stream = js.get_stream(stream_name).await?;
-    let info = stream.consumer_info(durable).await?;
+    let info = multipilot_bus::jetstream::Durable::shared(stream_name, durable)
+        .info(js)
+        .await
+        .map_err(bus_err("reading the alerts durable"))?
+        .ok_or_else(|| Error::Bus {
+            what: "reading the alerts durable".into(),
+            source: "it does not exist".into(),
+        })?;
     Ok(info.ack_floor.stream_sequence >= target
         || (info.num_pending == 0 && info.num_ack_pending == 0))
 }
@@ -171,45 +266,49 @@ async fn replay_done(js: &async_nats::jetstream::Context, target: u64) -> Result
 pub async fn run(config: Config, ctx: Context) -> Result<()> {
     config.auth.check_listen("alerts", &config.listen)?;
     let tokens = if config.auth.enabled {
-        Some(Arc::new(
-            multipilot_runtime::auth::Tokens::load(&config.auth)
-                .context("loading the alert router's tokens")?,
-        ))
+        Some(Arc::new(multipilot_runtime::auth::Tokens::load(
+            &config.auth,
+        )?))
     } else {
         None
     };
     config.validate()?;
     let routing = Arc::new(Routing::load(config.routing.as_deref())?);
     std::fs::create_dir_all(&config.data_dir)
-        .with_context(|| format!("creating {}", config.data_dir))?;
-    let store = Store::open(&config.data_dir)
-        .with_context(|| format!("opening the alerts store in {}", config.data_dir))?;
+        .map_err(store_err(format!("creating {}", config.data_dir)))?;
+    let store = Store::open(&config.data_dir).map_err(store_err::<store::Error>(format!(
+        "opening the alerts store in {}",
+        config.data_dir
+    )))?;
     let store = store.with_replica(open_replica(&ctx.js, &config).await?);
     prepare(&store, &ctx.js).await?;
-    let replay_until = store.replay_until()?;
+    let replay_until = store
+        .replay_until()
+        .map_err(store_err::<store::Error>("reading the alerts store"))?;
     let mut engine = Engine::open(
         store.clone(),
         (*routing).clone(),
         config.retain_resolved,
         Utc::now(),
-    )?
+    )
+    .map_err(store_err::<store::Error>("loading the alert state"))?
     .with_nflog_retention(config.nflog_retention);
     engine.set_replaying(replay_until.is_some());
     let engine = Arc::new(Mutex::new(engine));
     let metrics = {
-        let mut reg = ctx
-            .registry
-            .write()
-            .map_err(|_| anyhow::anyhow!("metrics registry poisoned"))?;
+        let mut reg = ctx.registry.write().unwrap_or_else(|e| e.into_inner());
         Metrics::register(&mut reg)
     };
-    let deliverer = Arc::new(Deliverer::new(
-        store.clone(),
-        routing.clone(),
-        ctx.js.clone(),
-        metrics.clone(),
-        ctx.instance.clone(),
-    )?);
+    let deliverer = Arc::new(
+        Deliverer::new(
+            store.clone(),
+            routing.clone(),
+            ctx.js.clone(),
+            metrics.clone(),
+            ctx.instance.clone(),
+        )
+        .map_err(|e| config::ConfigError(format!("the receivers' HTTP client: {e}")))?,
+    );
     ctx.health.register("alerts");
 
     let api = api::Api {
@@ -222,7 +321,10 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     let (addr, server) =
         multipilot_runtime::http::serve(&config.listen, api::router(api), ctx.cancel.clone())
             .await
-            .with_context(|| format!("alerts API on {}", config.listen))?;
+            .map_err(|source| Error::Listen {
+                listen: config.listen.clone(),
+                source,
+            })?;
 
     let mut tasks = tokio::task::JoinSet::new();
     {
@@ -325,7 +427,10 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     while tasks.join_next().await.is_some() {}
     let _ = server.await;
     let e = engine.lock().await;
-    e.store.flush().await?;
+    e.store
+        .flush()
+        .await
+        .map_err(store_err::<store::Error>("flushing the alerts store"))?;
     tracing::info!(stats = ?e.stats, "alert router stopped");
     Ok(())
 }

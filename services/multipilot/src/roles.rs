@@ -93,7 +93,9 @@ pub async fn run(config: Config, roles: Vec<Role>) -> Result<()> {
                 Role::Tsdb => multipilot_tsdb::run(config.tsdb(), ctx)
                     .await
                     .map_err(anyhow::Error::from),
-                Role::Alerts => multipilot_alerts::run(config.alerts(), ctx).await,
+                Role::Alerts => multipilot_alerts::run(config.alerts(), ctx)
+                    .await
+                    .map_err(anyhow::Error::from),
                 Role::Release => multipilot_release::run(config.release(), ctx).await,
                 Role::Console => multipilot_console::run(config.console(), ctx)
                     .await
