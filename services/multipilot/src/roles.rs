@@ -96,7 +96,9 @@ pub async fn run(config: Config, roles: Vec<Role>) -> Result<()> {
                 Role::Alerts => multipilot_alerts::run(config.alerts(), ctx)
                     .await
                     .map_err(anyhow::Error::from),
-                Role::Release => multipilot_release::run(config.release(), ctx).await,
+                Role::Release => multipilot_release::run(config.release(), ctx)
+                    .await
+                    .map_err(anyhow::Error::from),
                 Role::Console => multipilot_console::run(config.console(), ctx)
                     .await
                     .map_err(anyhow::Error::from),

@@ -161,7 +161,7 @@ impl H {
     }
 
     async fn plan(&self, spec: &str) -> Result<Reply> {
-        multipilot_release::call(
+        Ok(multipilot_release::call(
             &self.client,
             "plan",
             &PlanRequest {
@@ -171,11 +171,11 @@ impl H {
             },
             T,
         )
-        .await
+        .await?)
     }
 
     async fn call<B: serde::Serialize>(&self, verb: &str, body: &B) -> Result<Reply> {
-        multipilot_release::call(&self.client, verb, body, T).await
+        Ok(multipilot_release::call(&self.client, verb, body, T).await?)
     }
 
     async fn wait_state(&self, name: &str, secs: u64) -> Result<Reply> {

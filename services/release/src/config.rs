@@ -58,28 +58,36 @@ impl Default for Config {
     }
 }
 
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(crate::Error::Config(format!($($fmt)+)));
+        }
+    };
+}
+
 impl Config {
     /// Checks what serde can't.
-    pub fn validate(&self) -> anyhow::Result<()> {
-        anyhow::ensure!(!self.data_dir.is_empty(), "release.data_dir is empty");
-        anyhow::ensure!(
+    pub fn validate(&self) -> Result<(), crate::Error> {
+        ensure!(!self.data_dir.is_empty(), "release.data_dir is empty");
+        ensure!(
             self.command_attempts >= 1,
             "release.command_attempts must be at least 1"
         );
-        anyhow::ensure!(
+        ensure!(
             self.parallelism >= 1,
             "release.parallelism must be at least 1"
         );
-        anyhow::ensure!(
+        ensure!(
             (1..=5).contains(&self.kv_replicas),
             "release.kv_replicas must be 1..=5, not {}",
             self.kv_replicas
         );
-        anyhow::ensure!(
+        ensure!(
             !self.field_manager.is_empty(),
             "release.field_manager is empty"
         );
-        anyhow::ensure!(
+        ensure!(
             self.command_validity >= self.command_timeout,
             "release.command_validity must be at least release.command_timeout"
         );

@@ -32,7 +32,6 @@ pub mod store;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result};
 use chrono::Utc;
 use futures::StreamExt;
 use multipilot_runtime::Context;
@@ -49,6 +48,74 @@ use crate::model::{
 use crate::registry::Registry;
 use crate::spec::Spec;
 use crate::store::Store;
+
+/// Why the release role could not start or stopped, or a request to it failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A setting is not usable.
+    #[error("release settings: {0}")]
+    Config(String),
+    /// The signing key.
+    #[error(transparent)]
+    Signer(#[from] signer::Error),
+    /// Its local store (sled) failed.
+    #[error("{what}: {source}")]
+    Store {
+        /// What was being done.
+        what: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// NATS (the KV bucket, the operator subjects) failed or refused.
+    #[error("{what}: {source}")]
+    Bus {
+        /// What was being done.
+        what: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// No release role answers the operator subjects.
+    #[error("no release role answers on {subject} (is `multipilot release` or `all` running?)")]
+    NoResponders {
+        /// The subject asked.
+        subject: String,
+    },
+    /// The release role answered something that is not a reply.
+    #[error("the release role's reply: {0}")]
+    Reply(#[from] serde_json::Error),
+}
+
+impl Error {
+    /// Whether trying again later may succeed (NATS, the role or the disk were away) rather than needing a
+    /// changed setting or key.
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self, Error::Config(_) | Error::Signer(_) | Error::Reply(_))
+    }
+}
+
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn store_err<E: std::error::Error + Send + Sync + 'static>(
+    what: impl Into<String>,
+) -> impl FnOnce(E) -> Error {
+    let what = what.into();
+    move |e| Error::Store {
+        what,
+        source: Box::new(e),
+    }
+}
+
+fn bus_err<E: std::error::Error + Send + Sync + 'static>(
+    what: impl Into<String>,
+) -> impl FnOnce(E) -> Error {
+    let what = what.into();
+    move |e| Error::Bus {
+        what,
+        source: Box::new(e),
+    }
+}
 
 /// Prefix of the operator subjects: `fleet.releasectl.<verb>`.
 pub const CTL_PREFIX: &str = "fleet.releasectl";
@@ -72,13 +139,12 @@ pub async fn call<B: serde::Serialize>(
         .send_request(ctl_subject(verb), req)
         .await
         .map_err(|e| match e.kind() {
-            async_nats::RequestErrorKind::NoResponders => anyhow::anyhow!(
-                "no release role answers on {} (is `multipilot release` or `all` running?)",
-                ctl_subject(verb)
-            ),
-            _ => anyhow::anyhow!("asking the release role ({verb}): {e}"),
+            async_nats::RequestErrorKind::NoResponders => Error::NoResponders {
+                subject: ctl_subject(verb),
+            },
+            _ => bus_err(format!("asking the release role ({verb})"))(e),
         })?;
-    serde_json::from_slice(&msg.payload).context("the release role's reply")
+    Ok(serde_json::from_slice(&msg.payload)?)
 }
 
 /// The running role.
@@ -542,7 +608,11 @@ impl Service {
 
     /// Marks releases the previous process left half-way as `interrupted`.
     async fn recover(&self) -> Result<()> {
-        for mut r in self.store.all()? {
+        for mut r in self
+            .store
+            .all()
+            .map_err(store_err::<store::Error>("reading the releases"))?
+        {
             if r.state.busy() {
                 let was = r.state.name();
                 r.state = State::Interrupted;
@@ -579,9 +649,11 @@ impl Service {
 pub async fn run(config: Config, ctx: Context) -> Result<()> {
     config.validate()?;
     std::fs::create_dir_all(&config.data_dir)
-        .with_context(|| format!("creating {}", config.data_dir))?;
-    let store = Store::open(std::path::Path::new(&config.data_dir))
-        .with_context(|| format!("opening the release store in {}", config.data_dir))?;
+        .map_err(store_err(format!("creating {}", config.data_dir)))?;
+    let store =
+        Store::open(std::path::Path::new(&config.data_dir)).map_err(store_err::<store::Error>(
+            format!("opening the release store in {}", config.data_dir),
+        ))?;
     let bucket = multipilot_bus::kv::open(
         &ctx.js,
         &multipilot_bus::kv::Bucket {
@@ -593,19 +665,15 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         },
     )
     .await
-    .with_context(|| {
-        format!(
-            "opening the KV bucket {b} (the release user needs the $JS.API.STREAM.*.KV_{b} APIs)",
-            b = store::BUCKET
-        )
-    })?;
+    .map_err(bus_err(format!(
+        "opening the KV bucket {b} (the release user needs the $JS.API.STREAM.*.KV_{b} APIs)",
+        b = store::BUCKET
+    )))?;
     let store = store.with_replica(bucket);
-    let restored = store.sync_with_replica().await.with_context(|| {
-        format!(
-            "syncing the release store with the KV bucket {}",
-            store::BUCKET
-        )
-    })?;
+    let restored = store.sync_with_replica().await.map_err(bus_err(format!(
+        "syncing the release store with the KV bucket {}",
+        store::BUCKET
+    )))?;
     if restored != store::Restored::default() {
         tracing::info!(
             releases = restored.releases,
@@ -642,7 +710,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         .nats
         .subscribe(format!("{CTL_PREFIX}.*"))
         .await
-        .context("subscribing to fleet.releasectl.*")?;
+        .map_err(bus_err("subscribing to fleet.releasectl.*"))?;
     ctx.health.set("release", true);
     tracing::info!("release role ready");
     loop {
@@ -672,6 +740,9 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         });
     }
     follow.abort();
-    svc.store.flush().await?;
+    svc.store
+        .flush()
+        .await
+        .map_err(store_err::<store::Error>("flushing the release store"))?;
     Ok(())
 }

@@ -77,26 +77,28 @@ impl Registry {
         &self,
         js: &jetstream::Context,
         cancel: &CancellationToken,
-    ) -> anyhow::Result<()> {
-        let stream = js.get_stream("FLEET_FACTS").await?;
+    ) -> Result<(), String> {
+        let fail = |e: &dyn std::fmt::Display| format!("following FLEET_FACTS: {e}");
+        let stream = js.get_stream("FLEET_FACTS").await.map_err(|e| fail(&e))?;
         let mut c = stream
             .create_consumer(consumer::pull::OrderedConfig {
                 filter_subject: "fleet.facts.>".into(),
                 deliver_policy: consumer::DeliverPolicy::LastPerSubject,
                 ..Default::default()
             })
-            .await?;
-        if c.info().await?.num_pending == 0 {
+            .await
+            .map_err(|e| fail(&e))?;
+        if c.info().await.map_err(|e| fail(&e))?.num_pending == 0 {
             self.loaded.send_replace(true);
         }
-        let mut msgs = c.messages().await?;
+        let mut msgs = c.messages().await.map_err(|e| fail(&e))?;
         loop {
             let m = tokio::select! {
                 _ = cancel.cancelled() => return Ok(()),
                 m = msgs.next() => m,
             };
             let Some(m) = m else { return Ok(()) };
-            let m = m.map_err(|e| anyhow::anyhow!("{e}"))?;
+            let m = m.map_err(|e| fail(&e))?;
             match rmp_serde::from_slice::<Envelope<ClusterFacts>>(&m.payload) {
                 Ok(env) if !env.cluster.is_empty() => self.insert(&env.cluster, env.payload),
                 Ok(_) => {}
