@@ -5,7 +5,6 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
-use anyhow::{Context as _, Result};
 use chrono::Utc;
 use governor::{Quota, RateLimiter};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -66,27 +65,84 @@ impl Default for Config {
     }
 }
 
+/// Why the agent could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A setting is not usable.
+    #[error("agent settings: {0}")]
+    Config(String),
+    /// The NATS settings.
+    #[error(transparent)]
+    Nats(#[from] connect::Error),
+    /// A cluster's API could not be configured (kubeconfig, context, in-cluster service account).
+    #[error("{what}: {source}")]
+    Kube {
+        /// What was being done.
+        what: String,
+        /// Why.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The durable outbox.
+    #[error("the outbox at {path}: {source}")]
+    Outbox {
+        /// Its path.
+        path: String,
+        /// Why.
+        #[source]
+        source: outbox::Error,
+    },
+}
+
+impl Error {
+    /// Whether starting again later may succeed (the disk or the API server were away) rather than
+    /// needing a changed setting.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Outbox { .. })
+    }
+}
+
+type Result<T, E = Error> = std::result::Result<T, E>;
+
+macro_rules! ensure {
+    ($cond:expr, $($fmt:tt)+) => {
+        if !$cond {
+            return Err(Error::Config(format!($($fmt)+)));
+        }
+    };
+}
+
+fn kube_err<E: std::error::Error + Send + Sync + 'static>(
+    what: impl Into<String>,
+) -> impl FnOnce(E) -> Error {
+    let what = what.into();
+    move |e| Error::Kube {
+        what,
+        source: Box::new(e),
+    }
+}
+
 impl Config {
     /// Checks what serde can't.
     pub fn validate(&self) -> Result<()> {
         self.nats.validate()?;
-        self.release.validate()?;
-        anyhow::ensure!(
+        self.release.validate().map_err(Error::Config)?;
+        ensure!(
             !self.clusters.is_empty(),
             "no cluster configured: pass --cluster NAME or set clusters in the config"
         );
         for c in &self.clusters {
-            anyhow::ensure!(!c.name.is_empty(), "a cluster without a name");
+            ensure!(!c.name.is_empty(), "a cluster without a name");
         }
-        anyhow::ensure!(
+        ensure!(
             self.timings.heartbeat_interval_s > 0,
             "timings.heartbeat_interval_s must be positive"
         );
-        anyhow::ensure!(
+        ensure!(
             self.outbox.drain_per_second > 0,
             "outbox.drain_per_second must be positive"
         );
-        anyhow::ensure!(
+        ensure!(
             self.outbox.max_bytes >= 1024 * 1024,
             "outbox.max_bytes must be at least 1 MiB"
         );
@@ -96,15 +152,15 @@ impl Config {
 
 async fn kube_config(cfg: &Config, cluster: &ClusterConfig) -> Result<kube::Config> {
     if cluster.in_cluster {
-        return kube::Config::incluster().context("in-cluster configuration");
+        return kube::Config::incluster().map_err(kube_err("in-cluster configuration"));
     }
     let kc = match &cfg.kubeconfig {
         Some(path) => {
-            Kubeconfig::read_from(path).with_context(|| format!("reading kubeconfig {path}"))?
+            Kubeconfig::read_from(path).map_err(kube_err(format!("reading kubeconfig {path}")))?
         }
-        None => {
-            Kubeconfig::read().context("reading the kubeconfig ($KUBECONFIG or ~/.kube/config)")?
-        }
+        None => Kubeconfig::read().map_err(kube_err(
+            "reading the kubeconfig ($KUBECONFIG or ~/.kube/config)",
+        ))?,
     };
     let opts = KubeConfigOptions {
         context: Some(
@@ -117,13 +173,19 @@ async fn kube_config(cfg: &Config, cluster: &ClusterConfig) -> Result<kube::Conf
     };
     kube::Config::from_custom_kubeconfig(kc, &opts)
         .await
-        .with_context(|| format!("kubeconfig context for cluster {}", cluster.name))
+        .map_err(kube_err(format!(
+            "kubeconfig context for cluster {}",
+            cluster.name
+        )))
 }
 
 /// Serves every configured cluster until `ctx.cancel` fires, then drains what it can for a few seconds.
 pub async fn run(config: Config, ctx: Context) -> Result<()> {
-    let store = outbox::Store::open(&config.outbox)
-        .with_context(|| format!("opening the outbox at {}", config.outbox.path))?;
+    let outbox_err = |source| Error::Outbox {
+        path: config.outbox.path.clone(),
+        source,
+    };
+    let store = outbox::Store::open(&config.outbox).map_err(outbox_err)?;
     let rate = NonZeroU32::new(config.outbox.drain_per_second).unwrap_or(NonZeroU32::MIN);
     let burst = NonZeroU32::new(config.outbox.drain_burst).unwrap_or(rate);
     let limiter = Arc::new(RateLimiter::direct(
@@ -140,15 +202,17 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     for c in &config.clusters {
         let kc = kube_config(&config, c).await?;
         let client = kube::Client::try_from(kc.clone())
-            .with_context(|| format!("Kubernetes client for {}", c.name))?;
-        let ob = store.outbox(&c.name)?;
+            .map_err(kube_err(format!("Kubernetes client for {}", c.name)))?;
+        let ob = store.outbox(&c.name).map_err(outbox_err)?;
         let cctx = Arc::new(ClusterCtx {
             config: c.clone(),
             client: client.clone(),
             kube_config: kc,
             sink: Sink::new(&c.name, ob.clone()),
             view: View::default(),
-            seen: store.tree(&format!("seen/{}", c.name))?,
+            seen: store
+                .tree(&format!("seen/{}", c.name))
+                .map_err(outbox_err)?,
             reachable: AtomicBool::new(false),
             chosen: Default::default(),
             cert_expiry: Default::default(),
@@ -179,8 +243,12 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
                 client.clone(),
                 keys.clone(),
                 config.release.clone(),
-                store.tree(&format!("release/nonces/{}", c.name))?,
-                store.tree(&format!("release/results/{}", c.name))?,
+                store
+                    .tree(&format!("release/nonces/{}", c.name))
+                    .map_err(outbox_err)?,
+                store
+                    .tree(&format!("release/results/{}", c.name))
+                    .map_err(outbox_err)?,
                 ctx.instance.clone(),
             ));
             let (nats, cancel) = (ctx.nats.clone(), collect_cancel.clone());
@@ -209,6 +277,6 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     }
     drain_cancel.cancel();
     while drains.join_next().await.is_some() {}
-    store.flush().await?;
+    store.flush().await.map_err(outbox_err)?;
     Ok(())
 }

@@ -98,7 +98,7 @@ async fn run() -> Result<()> {
         _ = multipilot_runtime::shutdown_signal() => {
             tracing::info!("stopping: draining the outbox for up to 5s");
             cancel.cancel();
-            work.await.context("agent task")?
+            work.await.context("agent task")?.map_err(anyhow::Error::from)
         }
         done = &mut work => {
             let r = done.context("agent task")?;
@@ -106,7 +106,8 @@ async fn run() -> Result<()> {
                 tracing::error!(error = %format!("{e:#}"), "agent failed; stopping");
             }
             cancel.cancel();
-            r.and(Err(anyhow::anyhow!("the agent stopped by itself")))
+            r.map_err(anyhow::Error::from)
+                .and(Err(anyhow::anyhow!("the agent stopped by itself")))
         }
     };
     let _ = server.await;

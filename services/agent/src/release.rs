@@ -69,14 +69,16 @@ impl Default for Config {
 
 impl Config {
     /// Checks what serde can't.
-    pub fn validate(&self) -> anyhow::Result<()> {
+    pub fn validate(&self) -> Result<(), String> {
         if self.enabled {
-            anyhow::ensure!(
-                !self.trusted_keys.is_empty() || !self.trusted_key_files.is_empty(),
-                "release.enabled needs release.trusted_keys or release.trusted_key_files"
-            );
+            if self.trusted_keys.is_empty() && self.trusted_key_files.is_empty() {
+                return Err(
+                    "release.enabled needs release.trusted_keys or release.trusted_key_files"
+                        .into(),
+                );
+            }
             for k in &self.trusted_keys {
-                parse_key(k).map_err(|e| anyhow::anyhow!("release.trusted_keys: {e}"))?;
+                parse_key(k).map_err(|e| format!("release.trusted_keys: {e}"))?;
             }
         }
         Ok(())
@@ -587,7 +589,7 @@ pub async fn serve(
     exec: Arc<Executor>,
     nats: async_nats::Client,
     cancel: CancellationToken,
-) -> anyhow::Result<()> {
+) -> Result<(), async_nats::SubscribeError> {
     let subj = subject::command(&exec.cluster, "release");
     let mut sub = nats.subscribe(subj.clone()).await?;
     tracing::info!(cluster = %exec.cluster, subject = %subj, keys = exec.keys.len(), "release commands accepted");
