@@ -75,14 +75,8 @@ pub enum Error {
     #[error(transparent)]
     Nats(#[from] connect::Error),
     /// A cluster's API could not be configured (kubeconfig, context, in-cluster service account).
-    #[error("{what}: {source}")]
-    Kube {
-        /// What was being done.
-        what: String,
-        /// Why.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    #[error(transparent)]
+    Kube(multipilot_runtime::error::Cause),
     /// The durable outbox.
     #[error("the outbox at {path}: {source}")]
     Outbox {
@@ -115,11 +109,8 @@ macro_rules! ensure {
 fn kube_err<E: std::error::Error + Send + Sync + 'static>(
     what: impl Into<String>,
 ) -> impl FnOnce(E) -> Error {
-    let what = what.into();
-    move |e| Error::Kube {
-        what,
-        source: Box::new(e),
-    }
+    let wrap = multipilot_runtime::error::cause(what);
+    move |e| Error::Kube(wrap(e))
 }
 
 impl Config {

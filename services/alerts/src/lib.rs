@@ -54,23 +54,11 @@ pub enum Error {
     #[error(transparent)]
     Auth(#[from] multipilot_runtime::auth::Error),
     /// Its local store (sled) failed.
-    #[error("{what}: {source}")]
-    Store {
-        /// What was being done.
-        what: String,
-        /// Why.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    #[error(transparent)]
+    Store(multipilot_runtime::error::Cause),
     /// NATS (the KV buckets, the stream, the durable) failed or refused.
-    #[error("{what}: {source}")]
-    Bus {
-        /// What was being done.
-        what: String,
-        /// Why.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    #[error(transparent)]
+    Bus(multipilot_runtime::error::Cause),
     /// The API could not listen.
     #[error("alerts API on {listen}: {source}")]
     Listen {
@@ -95,21 +83,15 @@ type Result<T, E = Error> = std::result::Result<T, E>;
 fn store_err<E: std::error::Error + Send + Sync + 'static>(
     what: impl Into<String>,
 ) -> impl FnOnce(E) -> Error {
-    let what = what.into();
-    move |e| Error::Store {
-        what,
-        source: Box::new(e),
-    }
+    let wrap = multipilot_runtime::error::cause(what);
+    move |e| Error::Store(wrap(e))
 }
 
 fn bus_err<E: std::error::Error + Send + Sync + 'static>(
     what: impl Into<String>,
 ) -> impl FnOnce(E) -> Error {
-    let what = what.into();
-    move |e| Error::Bus {
-        what,
-        source: Box::new(e),
-    }
+    let wrap = multipilot_runtime::error::cause(what);
+    move |e| Error::Bus(wrap(e))
 }
 
 /// The silences bucket.
@@ -254,9 +236,11 @@ async fn replay_done(js: &async_nats::jetstream::Context, target: u64) -> Result
         .info(js)
         .await
         .map_err(bus_err("reading the alerts durable"))?
-        .ok_or_else(|| Error::Bus {
-            what: "reading the alerts durable".into(),
-            source: "it does not exist".into(),
+        .ok_or_else(|| {
+            Error::Bus(multipilot_runtime::error::Cause::msg(
+                "reading the alerts durable",
+                "it does not exist",
+            ))
         })?;
     Ok(info.ack_floor.stream_sequence >= target
         || (info.num_pending == 0 && info.num_ack_pending == 0))

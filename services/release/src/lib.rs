@@ -59,23 +59,11 @@ pub enum Error {
     #[error(transparent)]
     Signer(#[from] signer::Error),
     /// Its local store (sled) failed.
-    #[error("{what}: {source}")]
-    Store {
-        /// What was being done.
-        what: String,
-        /// Why.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    #[error(transparent)]
+    Store(multipilot_runtime::error::Cause),
     /// NATS (the KV bucket, the operator subjects) failed or refused.
-    #[error("{what}: {source}")]
-    Bus {
-        /// What was being done.
-        what: String,
-        /// Why.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
+    #[error(transparent)]
+    Bus(multipilot_runtime::error::Cause),
     /// No release role answers the operator subjects.
     #[error("no release role answers on {subject} (is `multipilot release` or `all` running?)")]
     NoResponders {
@@ -100,21 +88,15 @@ type Result<T, E = Error> = std::result::Result<T, E>;
 fn store_err<E: std::error::Error + Send + Sync + 'static>(
     what: impl Into<String>,
 ) -> impl FnOnce(E) -> Error {
-    let what = what.into();
-    move |e| Error::Store {
-        what,
-        source: Box::new(e),
-    }
+    let wrap = multipilot_runtime::error::cause(what);
+    move |e| Error::Store(wrap(e))
 }
 
 fn bus_err<E: std::error::Error + Send + Sync + 'static>(
     what: impl Into<String>,
 ) -> impl FnOnce(E) -> Error {
-    let what = what.into();
-    move |e| Error::Bus {
-        what,
-        source: Box::new(e),
-    }
+    let wrap = multipilot_runtime::error::cause(what);
+    move |e| Error::Bus(wrap(e))
 }
 
 /// Prefix of the operator subjects: `fleet.releasectl.<verb>`.

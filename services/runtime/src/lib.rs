@@ -4,6 +4,7 @@
 pub mod auth;
 pub mod config;
 pub mod context;
+pub mod error;
 pub mod http;
 pub mod store;
 pub mod telemetry;
