@@ -1,5 +1,8 @@
-//! Event deduplication: one record per problem (see [`crate::mask::fingerprint`]) with first/last seen
-//! (cluster_time), count, last message and severity. A record is passed on only when it is new, changes
+//! Event deduplication: one record per problem with first/last seen (cluster_time), count, last message and
+//! severity. Identity comes before text: an Event object seen before (its uid, re-recorded with a growing
+//! count or series) belongs to the record it started, whatever its message says now; a new Event object is
+//! matched by [`crate::mask::fingerprint`] (involved object, reason and the masked message, which only tells
+//! apart different problems on one object). A record is passed on only when it is new, changes
 //! severity, or crosses a count milestone (10, 100, 1000, …): not on every repeat.
 //!
 //! Pure state: the records live in memory, and the records changed since the last
@@ -34,7 +37,14 @@ pub struct Record {
     pub count: u64,
     /// The latest message, as it came.
     pub last_message: String,
+    /// The Event objects (uids) counted in this record, the latest last (at most [`MAX_EVENT_UIDS`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub event_uids: Vec<String>,
 }
+
+/// How many Event uids a record remembers (an Event object lives an hour; a problem that outlives many
+/// of them is still matched by its fingerprint).
+pub const MAX_EVENT_UIDS: usize = 16;
 
 /// Why a record was passed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,6 +72,8 @@ impl Pass {
 #[derive(Debug, Clone, Default)]
 pub struct Dedup {
     by_cluster: BTreeMap<String, BTreeMap<String, Record>>,
+    /// `(cluster, Event uid)` → record id.
+    by_event: std::collections::HashMap<(String, String), String>,
     /// `(cluster, id)` of records changed or removed since the last [`Dedup::take_changes`].
     dirty: BTreeSet<(String, String)>,
 }
@@ -85,6 +97,10 @@ impl Dedup {
 
     /// Puts back a record read from the store (not marked changed).
     pub fn restore(&mut self, r: Record) {
+        for uid in &r.event_uids {
+            self.by_event
+                .insert((r.cluster.clone(), uid.clone()), r.id.clone());
+        }
         self.by_cluster
             .entry(r.cluster.clone())
             .or_default()
@@ -104,15 +120,22 @@ impl Dedup {
     /// Records an event; returns the record and whether (and why) it is passed on.
     pub fn observe(&mut self, cluster: &str, e: &KubeEvent) -> (Record, Option<Pass>) {
         let ns = e.involved.namespace.clone().unwrap_or_default();
-        let id = fingerprint(
-            cluster,
-            &e.involved.kind,
-            &ns,
-            &e.involved.name,
-            &e.reason,
-            &e.message,
-        );
         let records = self.by_cluster.entry(cluster.to_string()).or_default();
+        let known = (!e.uid.is_empty())
+            .then(|| self.by_event.get(&(cluster.to_string(), e.uid.clone())))
+            .flatten()
+            .filter(|id| records.contains_key(*id))
+            .cloned();
+        let id = known.unwrap_or_else(|| {
+            fingerprint(
+                cluster,
+                &e.involved.kind,
+                &ns,
+                &e.involved.name,
+                &e.reason,
+                &e.message,
+            )
+        });
         let (rec, pass) = match records.get_mut(&id) {
             None => {
                 let r = Record {
@@ -129,6 +152,11 @@ impl Dedup {
                     last_seen: e.last_time,
                     count: 1,
                     last_message: e.message.clone(),
+                    event_uids: if e.uid.is_empty() {
+                        Vec::new()
+                    } else {
+                        vec![e.uid.clone()]
+                    },
                 };
                 records.insert(id.clone(), r.clone());
                 (r, Some(Pass::New))
@@ -148,9 +176,20 @@ impl Dedup {
                     r.last_message.clone_from(&e.message);
                 }
                 r.first_seen = r.first_seen.min(e.first_time.unwrap_or(e.last_time));
+                if !e.uid.is_empty() && !r.event_uids.contains(&e.uid) {
+                    r.event_uids.push(e.uid.clone());
+                    if r.event_uids.len() > MAX_EVENT_UIDS {
+                        let gone = r.event_uids.remove(0);
+                        self.by_event.remove(&(cluster.to_string(), gone));
+                    }
+                }
                 (r.clone(), pass)
             }
         };
+        if !e.uid.is_empty() {
+            self.by_event
+                .insert((cluster.to_string(), e.uid.clone()), id.clone());
+        }
         self.dirty.insert((cluster.to_string(), id));
         (rec, pass)
     }
@@ -182,6 +221,9 @@ impl Dedup {
                 let keep = r.last_seen >= before;
                 if !keep {
                     self.dirty.insert((cluster.clone(), id.clone()));
+                    for uid in &r.event_uids {
+                        self.by_event.remove(&(cluster.clone(), uid.clone()));
+                    }
                     n += 1;
                 }
                 keep
@@ -306,5 +348,64 @@ mod tests {
         );
         assert_eq!(r.last_seen.timestamp(), 1_800_000_100);
         assert_eq!(r.first_seen.timestamp(), 1_800_000_050);
+    }
+
+    #[test]
+    fn one_event_object_re_recorded_with_another_message_stays_one_record() {
+        let mut d = Dedup::new();
+        // the same Event object (uid) counted again, its message naming a new image each time
+        let mut ids = std::collections::BTreeSet::new();
+        let mut passes = Vec::new();
+        for (i, msg) in [
+            "Failed to pull image \"shop/api:build-7f3a\": manifest unknown",
+            "Failed to pull image \"shop/api:build-9c1e\": manifest unknown",
+            "Failed to pull image \"shop/api:hotfix\": manifest unknown",
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let mut e = ev(
+                "api-6c5b4a3f2-x2x9k",
+                "Failed",
+                msg,
+                Severity::Warning,
+                i as i64,
+            );
+            e.uid = "event-api-failed".into();
+            let (r, p) = d.observe("c1", &e);
+            ids.insert(r.id.clone());
+            passes.push(p);
+            assert_eq!(r.count, i as u64 + 1);
+        }
+        assert_eq!(ids.len(), 1, "one record");
+        assert_eq!(passes, vec![Some(Pass::New), None, None]);
+        // a different Event object with a different problem on the same pod is its own record
+        let mut other = ev(
+            "api-6c5b4a3f2-x2x9k",
+            "Failed",
+            "Error: ImagePullBackOff",
+            Severity::Warning,
+            9,
+        );
+        other.uid = "event-api-backoff".into();
+        let (r, p) = d.observe("c1", &other);
+        assert!(!ids.contains(&r.id));
+        assert_eq!(p, Some(Pass::New));
+        // the identity survives the store: read back, the uid still finds its record
+        let mut reopened = Dedup::new();
+        for (_, r) in d.take_changes() {
+            reopened.restore(r.expect("kept"));
+        }
+        let mut again = ev(
+            "api-6c5b4a3f2-x2x9k",
+            "Failed",
+            "Failed to pull image \"shop/api:latest\"",
+            Severity::Warning,
+            10,
+        );
+        again.uid = "event-api-failed".into();
+        let (r, _) = reopened.observe("c1", &again);
+        assert!(ids.contains(&r.id));
+        assert_eq!(r.count, 4);
     }
 }

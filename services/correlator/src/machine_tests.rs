@@ -240,6 +240,8 @@ fn a_skewed_clock_is_told_from_delivery_delay() {
 fn event(name: &str, reason: &str, message: &str, at: DateTime<Utc>) -> KubeEvent {
     KubeEvent {
         occurrence_id: format!("{name}-{}", at.timestamp()),
+        // one Event object per object and reason, as the kubelet records them
+        uid: format!("event-{name}-{reason}"),
         involved: ObjectRef {
             api_version: "v1".into(),
             kind: "Pod".into(),

@@ -111,7 +111,7 @@ fn mask_run(run: &str) -> String {
         .next()
         .is_some_and(|c| c.is_ascii_digit());
     let hexy = core.len() >= 6 && is_hex(core);
-    let masked = if uuid_like || numeric || hexy {
+    let masked = if uuid_like || numeric || hexy || is_version(core) {
         "*".to_string()
     } else if core.contains('-') {
         mask_name(core)
@@ -120,6 +120,18 @@ fn mask_run(run: &str) -> String {
         core.to_string()
     };
     format!("{masked}{tail}")
+}
+
+/// A release version as image tags and components carry it: `v1.7.12`, `v0.14.5-rc.1`, `v2.1+build.3`
+/// (`v1beta1`, an API version, is not one: it names a thing).
+fn is_version(core: &str) -> bool {
+    let Some(rest) = core.strip_prefix(['v', 'V']) else {
+        return false;
+    };
+    let main = rest.split(['-', '+']).next().unwrap_or("");
+    let mut parts = main.split('.');
+    let all_digits = |p: &str| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit());
+    parts.clone().count() >= 2 && parts.all(all_digits)
 }
 
 /// The stable id of a problem: cluster, involved kind, namespace, masked name, reason, masked message.
@@ -185,6 +197,37 @@ mod tests {
         assert_ne!(
             mask_message("Insufficient cpu"),
             mask_message("Insufficient memory")
+        );
+        // image tags and versions vary between occurrences of one pull problem
+        let pull = |tag: &str| {
+            mask_message(&format!(
+                "Failed to pull image \"registry.example.com/shop/api:{tag}\": rpc error: code = NotFound desc = manifest unknown"
+            ))
+        };
+        assert_eq!(pull("v1.7.12"), pull("v1.3.15"));
+        assert_eq!(pull("v0.14.5-rc.1"), pull("v2.0.0"));
+        assert_eq!(pull("1.27-alpine"), pull("1.25-alpine"));
+        assert_eq!(
+            mask_message("Container image \"alpine:3\" already present on machine"),
+            mask_message("Container image \"alpine:4\" already present on machine")
+        );
+        // digests, quantities and ports
+        assert_eq!(
+            mask_message(
+                "pulling image@sha256:3f1c2e9a8b7d6c5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0b9c8d7e6f5a4b3c2d1e"
+            ),
+            mask_message(
+                "pulling image@sha256:0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9"
+            )
+        );
+        assert_eq!(
+            mask_message("limit cpu 500m memory 2Gi exceeded on port 8080"),
+            mask_message("limit cpu 250m memory 512Mi exceeded on port 9090")
+        );
+        // an API version names a thing and stays
+        assert_ne!(
+            mask_message("no matches for kind CronJob in version batch/v1beta1"),
+            mask_message("no matches for kind CronJob in version batch/v1")
         );
     }
 

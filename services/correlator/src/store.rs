@@ -417,6 +417,7 @@ mod tests {
             last_seen: chrono::DateTime::UNIX_EPOCH,
             count: 3,
             last_message: "Back-off".into(),
+            event_uids: vec!["ev-1".into()],
         }
     }
 
