@@ -132,54 +132,45 @@ impl Feed {
 /// A payload a [`Feed`] hands to the machine.
 trait Fed: Payload {
     /// Applies one delivered message.
-    fn apply(core: &mut Core, consumer: &str, msg: &Received<Self>);
+    fn apply(core: &mut Core, consumer: &str, msg: Received<Self>);
 }
 
 impl Fed for KubeEvent {
-    fn apply(core: &mut Core, consumer: &str, msg: &Received<Self>) {
+    fn apply(core: &mut Core, consumer: &str, msg: Received<Self>) {
         core.apply(consumer, msg.stream_seq, Input::Event(&msg.envelope));
     }
 }
 
 impl Fed for HealthMsg {
-    fn apply(core: &mut Core, consumer: &str, msg: &Received<Self>) {
-        let env = &msg.envelope;
-        match &env.payload {
+    fn apply(core: &mut Core, consumer: &str, msg: Received<Self>) {
+        let (seq, ingest) = (msg.stream_seq, msg.ingest_time);
+        let env = msg.envelope;
+        match env.payload.clone() {
             HealthMsg::Heartbeat(hb) => {
-                let env = env.clone().map(|_| hb.clone());
-                core.apply(
-                    consumer,
-                    msg.stream_seq,
-                    Input::Heartbeat(&env, msg.ingest_time),
-                );
+                core.apply(consumer, seq, Input::Heartbeat(&env.map(|_| hb), ingest));
             }
             HealthMsg::Probe(p) => {
-                let env = env.clone().map(|_| p.clone());
-                core.apply(
-                    consumer,
-                    msg.stream_seq,
-                    Input::Probe(&env, msg.ingest_time),
-                );
+                core.apply(consumer, seq, Input::Probe(&env.map(|_| p), ingest));
             }
         }
     }
 }
 
 impl Fed for StateMsg {
-    fn apply(core: &mut Core, consumer: &str, msg: &Received<Self>) {
+    fn apply(core: &mut Core, consumer: &str, msg: Received<Self>) {
         core.apply(consumer, msg.stream_seq, Input::State(&msg.envelope));
     }
 }
 
 impl Fed for ClusterFacts {
-    fn apply(core: &mut Core, consumer: &str, msg: &Received<Self>) {
+    fn apply(core: &mut Core, consumer: &str, msg: Received<Self>) {
         core.apply(consumer, msg.stream_seq, Input::Facts(&msg.envelope));
     }
 }
 
 impl<T: Fed> Handler<T> for Feed {
     async fn handle(&mut self, msg: Received<T>) -> Outcome {
-        T::apply(&mut *self.core.lock().await, self.consumer, &msg);
+        T::apply(&mut *self.core.lock().await, self.consumer, msg);
         Outcome::Done
     }
     async fn commit(&mut self) -> Result<(), CommitError> {
