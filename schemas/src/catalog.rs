@@ -353,7 +353,7 @@ pub fn entries() -> Vec<Entry> {
                 first_seen: t(-600),
                 last_seen: t(0),
                 count: 100,
-                pass: DigestPass::Milestone,
+                pass: DigestPass::Update,
             },
         ),
         entry(

@@ -681,8 +681,9 @@ pub struct Incident {
 }
 payload!(Incident, "Incident", 1);
 
-/// A deduplicated Kubernetes event problem, passed on by the correlator when it is new, changes severity
-/// or crosses a count milestone (10, 100, 1000, …): the digest of a stream of repeats.
+/// A deduplicated Kubernetes event problem: announced by the correlator once when it is new, again when its
+/// severity changes, and otherwise updated in place (same `id`, `pass: update`, at most once per refresh
+/// interval) while it keeps occurring: the digest of a stream of repeats. Keep the latest per `id`.
 /// Subject `fleet.digest.<cluster>.<involved kind>`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct EventDigest {
@@ -717,20 +718,25 @@ pub enum DigestPass {
     New,
     /// Its severity changed.
     Severity,
-    /// Its count crossed a milestone (10, 100, 1000, …).
+    /// Its count crossed a milestone (10, 100, 1000, …). No longer sent (see `update`); kept so
+    /// that older digests in a stream still decode.
     Milestone,
+    /// It keeps occurring: the same id with the count and last-seen so far, at most once per refresh
+    /// interval (5 min by default). Update the record in place; nobody needs telling again.
+    Update,
     /// A reason this consumer does not know yet.
     #[serde(other)]
     Other,
 }
 
 impl DigestPass {
-    /// The name on the wire (`new`, `severity`, `milestone`).
+    /// The name on the wire (`new`, `severity`, `update`; `milestone` from older correlators).
     pub fn as_str(self) -> &'static str {
         match self {
             DigestPass::New => "new",
             DigestPass::Severity => "severity",
             DigestPass::Milestone => "milestone",
+            DigestPass::Update => "update",
             DigestPass::Other => "other",
         }
     }

@@ -144,7 +144,8 @@ pub fn incident(cluster: &str, kind: &str) -> String {
     format!("fleet.incident.{}.{}", escape(cluster), escape(kind))
 }
 
-/// `fleet.digest.<cluster>.<involved kind>`: deduplicated event problems (new, severity change, milestone).
+/// `fleet.digest.<cluster>.<involved kind>`: deduplicated event problems (announced when new or its severity
+/// changes, updated in place while it keeps occurring).
 pub fn digest(cluster: &str, involved_kind: &str) -> String {
     format!("fleet.digest.{}.{}", escape(cluster), escape(involved_kind))
 }

@@ -2,15 +2,21 @@
 //! severity. Identity comes before text: an Event object seen before (its uid, re-recorded with a growing
 //! count or series) belongs to the record it started, whatever its message says now; a new Event object is
 //! matched by [`crate::mask::fingerprint`] (involved object, reason and the masked message, which only tells
-//! apart different problems on one object). A record is passed on only when it is new, changes
-//! severity, or crosses a count milestone (10, 100, 1000, …): not on every repeat.
+//! apart different problems on one object).
+//!
+//! What is passed on (the digest policy): a problem is **announced once** ([`Pass::New`]), announced again
+//! only when its severity changes ([`Pass::Severity`]), and otherwise **updated in place**
+//! ([`Pass::Update`]: same id, the count and last-seen so far) at most once per refresh interval while it
+//! keeps occurring — never on every repeat. A reader keeps the latest digest per id; the alert router
+//! refreshes the one alert (no new notification), and the refresh keeps that alert from expiring while the
+//! problem lasts.
 //!
 //! Pure state: the records live in memory, and the records changed since the last
 //! [`Dedup::take_changes`] are what the store writes ([`crate::store`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Duration, Utc};
 use multipilot_schemas::payload::{DigestPass, KubeEvent, ObjectRef, Severity};
 use serde::{Deserialize, Serialize};
 
@@ -40,7 +46,13 @@ pub struct Record {
     /// The Event objects (uids) counted in this record, the latest last (at most [`MAX_EVENT_UIDS`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub event_uids: Vec<String>,
+    /// When (cluster clock) it was last passed on (announced or updated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub passed_at: Option<DateTime<Utc>>,
 }
+
+/// How often a problem that keeps occurring is updated in place, by default.
+pub const DEFAULT_REFRESH: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// How many Event uids a record remembers (an Event object lives an hour; a problem that outlives many
 /// of them is still matched by its fingerprint).
@@ -49,12 +61,12 @@ pub const MAX_EVENT_UIDS: usize = 16;
 /// Why a record was passed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Pass {
-    /// First time seen.
+    /// First time seen: the announcement.
     New,
-    /// Severity changed.
+    /// Severity changed: announced again.
     Severity,
-    /// Count crossed a milestone.
-    Milestone(u64),
+    /// Still occurring: the count and last-seen, updated in place.
+    Update,
 }
 
 impl Pass {
@@ -63,14 +75,21 @@ impl Pass {
         match self {
             Pass::New => DigestPass::New,
             Pass::Severity => DigestPass::Severity,
-            Pass::Milestone(_) => DigestPass::Milestone,
+            Pass::Update => DigestPass::Update,
         }
+    }
+
+    /// Whether a person is told (an announcement), rather than a record updated in place.
+    pub fn is_announcement(self) -> bool {
+        matches!(self, Pass::New | Pass::Severity)
     }
 }
 
 /// The records, per cluster.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Dedup {
+    /// How often a problem that keeps occurring is updated.
+    refresh: Duration,
     by_cluster: BTreeMap<String, BTreeMap<String, Record>>,
     /// `(cluster, Event uid)` → record id.
     by_event: std::collections::HashMap<(String, String), String>,
@@ -78,21 +97,26 @@ pub struct Dedup {
     dirty: BTreeSet<(String, String)>,
 }
 
-fn milestone(before: u64, after: u64) -> Option<u64> {
-    let mut m = 10u64;
-    while m <= after {
-        if before < m {
-            return Some(m);
-        }
-        m = m.saturating_mul(10);
+impl Default for Dedup {
+    fn default() -> Self {
+        Dedup::with_refresh(DEFAULT_REFRESH)
     }
-    None
 }
 
 impl Dedup {
-    /// An empty set of records.
+    /// An empty set of records, updated every [`DEFAULT_REFRESH`].
     pub fn new() -> Self {
         Dedup::default()
+    }
+
+    /// An empty set of records, updated every `refresh` while a problem keeps occurring.
+    pub fn with_refresh(refresh: std::time::Duration) -> Self {
+        Dedup {
+            refresh: Duration::from_std(refresh).unwrap_or(Duration::minutes(5)),
+            by_cluster: BTreeMap::new(),
+            by_event: std::collections::HashMap::new(),
+            dirty: BTreeSet::new(),
+        }
     }
 
     /// Puts back a record read from the store (not marked changed).
@@ -157,24 +181,30 @@ impl Dedup {
                     } else {
                         vec![e.uid.clone()]
                     },
+                    passed_at: Some(e.last_time),
                 };
                 records.insert(id.clone(), r.clone());
                 (r, Some(Pass::New))
             }
             Some(r) => {
-                let before = r.count;
                 r.count += 1;
-                let pass = if r.severity != e.severity {
-                    Some(Pass::Severity)
-                } else {
-                    milestone(before, r.count).map(Pass::Milestone)
-                };
-                r.severity = e.severity;
                 // a late message doesn't move last_seen back
                 if e.last_time >= r.last_seen {
                     r.last_seen = e.last_time;
                     r.last_message.clone_from(&e.message);
                 }
+                let due = r
+                    .passed_at
+                    .is_none_or(|at| r.last_seen - at >= self.refresh);
+                let pass = if r.severity != e.severity {
+                    Some(Pass::Severity)
+                } else {
+                    due.then_some(Pass::Update)
+                };
+                if pass.is_some() {
+                    r.passed_at = Some(r.last_seen);
+                }
+                r.severity = e.severity;
                 r.first_seen = r.first_seen.min(e.first_time.unwrap_or(e.last_time));
                 if !e.uid.is_empty() && !r.event_uids.contains(&e.uid) {
                     r.event_uids.push(e.uid.clone());
@@ -282,57 +312,50 @@ mod tests {
     }
 
     #[test]
-    fn repeats_pass_only_at_milestones_and_survive_a_reopen() {
+    fn a_problem_is_announced_once_then_updated_at_most_every_refresh_across_a_reopen() {
+        let backoff = |d: &mut Dedup, pod: &str, sev: Severity, t: i64| {
+            d.observe(
+                "c1",
+                &ev(
+                    pod,
+                    "BackOff",
+                    &format!("Back-off restarting failed container web in pod {pod}"),
+                    sev,
+                    t,
+                ),
+            )
+        };
         let mut d = Dedup::new();
         let mut passed = Vec::new();
         for i in 0..120 {
             let pod = format!("web-7d4b9c8f5-{}", ["x2x9k", "q8w7r", "m4n5p"][i % 3]);
-            let (_, p) = d.observe(
-                "c1",
-                &ev(
-                    &pod,
-                    "BackOff",
-                    &format!("Back-off restarting failed container web in pod {pod}"),
-                    Severity::Warning,
-                    i as i64,
-                ),
-            );
-            if let Some(p) = p {
+            if let (_, Some(p)) = backoff(&mut d, &pod, Severity::Warning, i as i64) {
                 passed.push(p);
             }
         }
-        assert_eq!(
-            passed,
-            vec![Pass::New, Pass::Milestone(10), Pass::Milestone(100)]
-        );
+        // 120 repeats within two minutes: one announcement, nothing else
+        assert_eq!(passed, vec![Pass::New]);
         // what the store writes and reads back is the same record set
         let mut reopened = Dedup::new();
         for (_, r) in d.take_changes() {
             reopened.restore(r.expect("changed, not removed"));
         }
         let mut d = reopened;
-        let (r, p) = d.observe(
-            "c1",
-            &ev(
-                "web-7d4b9c8f5-zzzzz",
-                "BackOff",
-                "Back-off restarting failed container web in pod web-7d4b9c8f5-zzzzz",
-                Severity::Warning,
-                500,
-            ),
+        let pod = "web-7d4b9c8f5-zzzzz";
+        let (r, p) = backoff(&mut d, pod, Severity::Warning, 200);
+        assert_eq!((r.count, p), (121, None), "before the refresh interval");
+        let (r, p) = backoff(&mut d, pod, Severity::Warning, 300);
+        assert_eq!(
+            (r.count, p),
+            (122, Some(Pass::Update)),
+            "5 min after the announcement"
         );
-        assert_eq!((r.count, p), (121, None));
-        let (_, p) = d.observe(
-            "c1",
-            &ev(
-                "web-7d4b9c8f5-zzzzz",
-                "BackOff",
-                "Back-off restarting failed container web in pod web-7d4b9c8f5-zzzzz",
-                Severity::Info,
-                501,
-            ),
-        );
+        assert!(!Pass::Update.is_announcement());
+        let (_, p) = backoff(&mut d, pod, Severity::Warning, 301);
+        assert_eq!(p, None, "the next update waits another interval");
+        let (_, p) = backoff(&mut d, pod, Severity::Info, 302);
         assert_eq!(p, Some(Pass::Severity));
+        assert!(Pass::Severity.is_announcement());
     }
 
     #[test]

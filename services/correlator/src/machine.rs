@@ -182,7 +182,7 @@ impl Machine {
 
     /// A machine holding what the store read back.
     pub fn restore_snapshot(rules: Rules, baseline: Baseline, source: &str, s: Snapshot) -> Self {
-        let mut dedup = Dedup::new();
+        let mut dedup = Dedup::with_refresh(rules.digests.refresh);
         for r in s.dedup {
             dedup.restore(r);
         }

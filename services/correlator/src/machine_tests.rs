@@ -260,10 +260,11 @@ fn event(name: &str, reason: &str, message: &str, at: DateTime<Utc>) -> KubeEven
 }
 
 #[test]
-fn repeated_events_become_one_digest_passed_on_at_milestones_but_not_while_replaying() {
+fn repeated_events_become_one_digest_announced_once_then_updated_but_not_while_replaying() {
     let mut m = machine();
     let mut digests = Vec::new();
-    for i in 0..12 {
+    // twelve repeats within 12 s, then one 6 min later
+    for i in (0..12).chain([360]) {
         let at = t0() + Duration::seconds(i);
         let pod = format!("web-7d4b9c8f5-{}", ["x2x9k", "q8w7r"][i as usize % 2]);
         let e = env(
@@ -283,7 +284,7 @@ fn repeated_events_become_one_digest_passed_on_at_milestones_but_not_while_repla
         }
     }
     let passes: Vec<_> = digests.iter().map(|d| (d.pass.as_str(), d.count)).collect();
-    assert_eq!(passes, vec![("new", 1), ("milestone", 10)]);
+    assert_eq!(passes, vec![("new", 1), ("update", 13)]);
     assert_eq!(digests[0].id, digests[1].id, "one problem, one record");
     // a rebuild replaying history applies events without announcing them again
     m.set_replaying(true);
@@ -295,7 +296,7 @@ fn repeated_events_become_one_digest_passed_on_at_milestones_but_not_while_repla
         event("api-0", "FailedMount", "MountVolume.SetUp failed", at),
     );
     assert!(m.apply(Input::Event(&e)).is_empty());
-    assert_eq!(m.stats().events_in, 13);
+    assert_eq!(m.stats().events_in, 14);
 }
 
 fn deployment(name: &str, spec_hash: &str) -> ResourceState {

@@ -87,6 +87,24 @@ pub struct EvidenceRule {
     pub max_items: usize,
 }
 
+/// Event digests.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DigestRule {
+    /// How often a problem that keeps occurring is updated in place (it is announced once, and again only
+    /// when its severity changes). Keep it well under the alert router's `event_ttl`, which it refreshes.
+    #[serde(with = "humantime_serde")]
+    pub refresh: Duration,
+}
+
+impl Default for DigestRule {
+    fn default() -> Self {
+        DigestRule {
+            refresh: crate::dedup::DEFAULT_REFRESH,
+        }
+    }
+}
+
 /// The whole rules file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -101,6 +119,9 @@ pub struct Rules {
     pub event_storm: StormRule,
     /// Evidence.
     pub evidence: EvidenceRule,
+    /// Event digests (optional in a rules file).
+    #[serde(default)]
+    pub digests: DigestRule,
 }
 
 /// The default rules.

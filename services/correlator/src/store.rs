@@ -418,6 +418,7 @@ mod tests {
             count: 3,
             last_message: "Back-off".into(),
             event_uids: vec!["ev-1".into()],
+            passed_at: Some(chrono::DateTime::UNIX_EPOCH),
         }
     }
 

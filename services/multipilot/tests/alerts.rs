@@ -649,7 +649,8 @@ async fn deduplicated_events_above_the_threshold_are_routed_and_expire() -> Resu
             action: None,
             source_api: "v1".into(),
         };
-    // twelve repeats of one warning (new, then the 10th occurrence crosses a milestone), and an info event
+    // twelve repeats of one warning (announced once; the repeats come within the refresh interval), and an
+    // info event
     for i in 1..=12 {
         let e = event(i, "BackOff", true, "checkout-7d9f8b-x2x4z");
         let env = Envelope::new("a", "agent/a", e.last_time, i, e);
