@@ -37,6 +37,14 @@ pub struct Config {
     pub interval_s: u32,
     /// Per-probe interval overrides (probe name → seconds).
     pub intervals: BTreeMap<String, u32>,
+    /// Seconds between rounds while a probe finds trouble (unhealthy or degraded), so the correlator's
+    /// "N rounds in a row" confirms it in seconds rather than minutes; back to the interval once healthy
+    /// (resolution keeps its slower hysteresis).
+    pub confirm_interval_s: u32,
+    /// A probe whose input the watches changed (a node's Ready condition, a CNI or device-plugin
+    /// DaemonSet, a GPU pod, a terminating object, a Service's externalIPs, a last-applied API version)
+    /// runs this many milliseconds after the change, instead of at its next round.
+    pub on_change_delay_ms: u64,
     /// API server answers slower than this are `degraded`.
     pub apiserver_slow_ms: u64,
     /// Certificate expiring within this many days: degraded.
@@ -55,7 +63,9 @@ impl Default for Config {
             interval_s: 15,
             // the API server is the probe whose trouble everything else follows (and the one an overload
             // shows on first): checked more often, it is cheap (one request)
-            intervals: BTreeMap::from([("apiserver".to_string(), 5)]),
+            intervals: BTreeMap::from([("apiserver".to_string(), 5), ("etcd".to_string(), 10)]),
+            confirm_interval_s: 3,
+            on_change_delay_ms: 500,
             apiserver_slow_ms: 1000,
             cert_warn_days: 30,
             cert_critical_days: 7,
@@ -92,6 +102,9 @@ pub struct Outcome {
     pub observations: BTreeMap<String, f64>,
     /// Findings.
     pub findings: Vec<Finding>,
+    /// When the outcome is due to change by itself (a lease expiring, an object crossing the stuck
+    /// threshold): the next round is run then, if that is sooner than the interval.
+    pub recheck_in: Option<Duration>,
 }
 
 impl Outcome {
@@ -101,6 +114,7 @@ impl Outcome {
             detail: detail.into(),
             observations: BTreeMap::new(),
             findings: Vec::new(),
+            recheck_in: None,
         }
     }
 
@@ -110,45 +124,97 @@ impl Outcome {
     }
 }
 
-/// Runs every probe on its interval until cancelled.
+/// Runs every probe until cancelled: each on its interval, at once (after `on_change_delay_ms`) when the
+/// watches change what it reads, every `confirm_interval_s` while it finds trouble, and when its outcome
+/// is due to change by itself ([`Outcome::recheck_in`]).
 pub async fn run(ctx: Arc<ClusterCtx>, config: Config, cancel: CancellationToken) {
     let config = Arc::new(config);
     let mut set = tokio::task::JoinSet::new();
     for name in PROBES {
         let (ctx, config, cancel) = (ctx.clone(), config.clone(), cancel.clone());
-        set.spawn(async move {
-            let secs = config
-                .intervals
-                .get(*name)
-                .copied()
-                .unwrap_or(config.interval_s)
-                .max(1);
-            let mut tick = tokio::time::interval(Duration::from_secs(secs.into()));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut round = 0u64;
-            // let the watchers fill the view before the first round
-            tokio::select! {
-                _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-            }
-            loop {
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = tick.tick() => {}
-                }
-                round += 1;
-                let started = Instant::now();
-                let outcome =
-                    tokio::time::timeout(Duration::from_secs(20), probe(&ctx, &config, name))
-                        .await
-                        .unwrap_or_else(|_| {
-                            Outcome::new(ProbeStatus::Unknown, "probe timed out after 20s")
-                        });
-                publish(&ctx, name, round, started.elapsed(), outcome);
-            }
-        });
+        set.spawn(async move { run_one(&ctx, &config, name, &cancel).await });
     }
     while set.join_next().await.is_some() {}
+}
+
+/// When a probe runs next.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Schedule {
+    interval: Duration,
+    confirm: Duration,
+}
+
+impl Schedule {
+    /// The wait after a round that ended with `status` and `recheck_in`.
+    fn next_wait(self, status: ProbeStatus, recheck_in: Option<Duration>) -> Duration {
+        let base = if matches!(status, ProbeStatus::Unhealthy | ProbeStatus::Degraded) {
+            self.confirm.min(self.interval)
+        } else {
+            self.interval
+        };
+        recheck_in.map_or(base, |r| r.clamp(Duration::from_millis(500), base))
+    }
+}
+
+async fn run_one(
+    ctx: &ClusterCtx,
+    config: &Config,
+    name: &'static str,
+    cancel: &CancellationToken,
+) {
+    let secs = config
+        .intervals
+        .get(name)
+        .copied()
+        .unwrap_or(config.interval_s)
+        .max(1);
+    let schedule = Schedule {
+        interval: Duration::from_secs(secs.into()),
+        confirm: Duration::from_secs(config.confirm_interval_s.max(1).into()),
+    };
+    let delay = Duration::from_millis(config.on_change_delay_ms);
+    let mut changes = ctx.view.subscribe();
+    let mut seen = changes.borrow_and_update().get(name).copied().unwrap_or(0);
+    let mut round = 0u64;
+    // let the watchers fill the view before the first round
+    let mut next = tokio::time::Instant::now() + Duration::from_secs(2);
+    let mut watching = true;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = tokio::time::sleep_until(next) => {}
+            r = changes.changed(), if watching => {
+                if r.is_err() {
+                    // the view is gone with the agent: rounds go on until cancelled
+                    watching = false;
+                    continue;
+                }
+                let now_seen = changes.borrow_and_update().get(name).copied().unwrap_or(0);
+                if now_seen == seen {
+                    continue;
+                }
+                seen = now_seen;
+                // a change arrives with its neighbours (a node's pods, a rollout's steps): read them together
+                let at = tokio::time::Instant::now() + delay;
+                if at >= next {
+                    continue;
+                }
+                tokio::select! {
+                    _ = cancel.cancelled() => return,
+                    _ = tokio::time::sleep_until(at) => {}
+                }
+                seen = changes.borrow_and_update().get(name).copied().unwrap_or(seen);
+            }
+        }
+        round += 1;
+        let started = Instant::now();
+        let outcome = tokio::time::timeout(Duration::from_secs(20), probe(ctx, config, name))
+            .await
+            .unwrap_or_else(|_| Outcome::new(ProbeStatus::Unknown, "probe timed out after 20s"));
+        let wait = schedule.next_wait(outcome.status, outcome.recheck_in);
+        publish(ctx, name, round, started.elapsed(), outcome);
+        next = tokio::time::Instant::now() + wait;
+    }
 }
 
 fn publish(ctx: &ClusterCtx, name: &str, round: u64, took: Duration, o: Outcome) {
@@ -224,9 +290,15 @@ async fn apiserver(ctx: &ClusterCtx, cfg: &Config) -> Outcome {
     let mut slowest = 0f64;
     let mut failures = Vec::new();
     let mut skew = None;
-    for path in ["/readyz", "/livez", "/version"] {
-        let t = Instant::now();
-        match get_raw(ctx, path).await {
+    // at once: under overload three sequential answers would take three times as long to judge
+    let answers =
+        futures::future::join_all(["/readyz", "/livez", "/version"].map(|path| async move {
+            let t = Instant::now();
+            (path, get_raw(ctx, path).await, t.elapsed())
+        }))
+        .await;
+    for (path, answer, took) in answers {
+        match answer {
             Ok((200, _, date)) => {
                 ok += 1;
                 if let Some(d) = date {
@@ -242,7 +314,7 @@ async fn apiserver(ctx: &ClusterCtx, cfg: &Config) -> Outcome {
             )),
             Err(e) => failures.push(format!("{path}: {e}")),
         }
-        slowest = slowest.max(t.elapsed().as_secs_f64() * 1000.0);
+        slowest = slowest.max(took.as_secs_f64() * 1000.0);
     }
     ctx.reachable
         .store(ok > 0, std::sync::atomic::Ordering::Relaxed);
@@ -332,10 +404,9 @@ async fn lease(ctx: &ClusterCtx, holder: &str) -> Outcome {
     .unwrap_or(now);
     let age = (now - renewed).num_milliseconds() as f64 / 1000.0;
     let holder_id = spec.holder_identity.unwrap_or_default();
-    let status = if age > duration * 2.0 {
+    // a lease not renewed within its duration has expired: any candidate may take it, and none has
+    let status = if age > duration {
         ProbeStatus::Unhealthy
-    } else if age > duration {
-        ProbeStatus::Degraded
     } else {
         ProbeStatus::Healthy
     };
@@ -345,13 +416,12 @@ async fn lease(ctx: &ClusterCtx, holder: &str) -> Outcome {
     )
     .obs("lease_age_s", age)
     .obs("lease_duration_s", duration);
+    // looked at again just after it would expire, unless renewed by then
+    o.recheck_in = (status == ProbeStatus::Healthy)
+        .then(|| Duration::from_secs_f64((duration - age).max(0.0) + 1.0));
     if status != ProbeStatus::Healthy {
         o.findings.push(Finding {
-            severity: if status == ProbeStatus::Unhealthy {
-                Severity::Critical
-            } else {
-                Severity::Warning
-            },
+            severity: Severity::Critical,
             object: Some(ObjectRef {
                 api_version: "coordination.k8s.io/v1".into(),
                 kind: "Lease".into(),
@@ -566,6 +636,7 @@ fn gpu(ctx: &ClusterCtx, cfg: &Config) -> Outcome {
     let mut o = daemonset_outcome(&plugin, &format!("GPU device plugin {version}"));
     o.detail = format!("{}; {} GPU nodes", o.detail, gpu_nodes.len());
     if let Some(need) = min_driver(&cfg.gpu_compat, &version) {
+        let mut mismatched = 0;
         for (name, n) in &gpu_nodes {
             let major = n
                 .gpu_driver
@@ -576,6 +647,7 @@ fn gpu(ctx: &ClusterCtx, cfg: &Config) -> Outcome {
                 && major < need
             {
                 o.status = ProbeStatus::Unhealthy;
+                mismatched += 1;
                 // the driver mismatch is the finding a person acts on: first
                 o.findings.insert(
                     0,
@@ -595,6 +667,20 @@ fn gpu(ctx: &ClusterCtx, cfg: &Config) -> Outcome {
                     },
                 );
             }
+        }
+        if mismatched > 0 {
+            // …and the plugin's DaemonSet, whose version is what no longer fits (its change is the cause)
+            o.findings.insert(
+                1,
+                Finding {
+                    severity: Severity::Critical,
+                    object: Some(plugin.object.clone()),
+                    message: format!(
+                        "device plugin {version} ({}) needs driver >= {need} on {mismatched} GPU nodes",
+                        plugin.object.name
+                    ),
+                },
+            );
         }
     }
     let stuck: Vec<_> = view
@@ -766,6 +852,11 @@ async fn finalizers(ctx: &ClusterCtx, cfg: &Config) -> Outcome {
     let mut o = Outcome::new(ProbeStatus::Healthy, "");
     for t in view.terminating.values() {
         let age = (now - t.since).num_seconds();
+        if age <= cfg.terminating_after_s && !t.finalizers.is_empty() {
+            // looked at again when it crosses the threshold
+            let due = Duration::from_secs((cfg.terminating_after_s - age).max(0) as u64 + 1);
+            o.recheck_in = Some(o.recheck_in.map_or(due, |r| r.min(due)));
+        }
         if age > cfg.terminating_after_s && !t.finalizers.is_empty() {
             o.findings.push(Finding {
                 severity: Severity::Warning,
@@ -922,6 +1013,32 @@ async fn deprecated(ctx: &ClusterCtx) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failing_probe_is_rerun_at_the_confirm_interval_and_a_due_change_sooner() {
+        let s = Schedule {
+            interval: Duration::from_secs(15),
+            confirm: Duration::from_secs(3),
+        };
+        let secs = Duration::from_secs;
+        assert_eq!(s.next_wait(ProbeStatus::Healthy, None), secs(15));
+        assert_eq!(s.next_wait(ProbeStatus::Unknown, None), secs(15));
+        assert_eq!(s.next_wait(ProbeStatus::Unhealthy, None), secs(3));
+        assert_eq!(s.next_wait(ProbeStatus::Degraded, None), secs(3));
+        // a lease expiring in 6 s is looked at then, not in 15 s; never sooner than half a second
+        assert_eq!(s.next_wait(ProbeStatus::Healthy, Some(secs(6))), secs(6));
+        assert_eq!(
+            s.next_wait(ProbeStatus::Healthy, Some(Duration::ZERO)),
+            Duration::from_millis(500)
+        );
+        assert_eq!(s.next_wait(ProbeStatus::Healthy, Some(secs(60))), secs(15));
+        // an interval shorter than the confirm interval stays
+        let fast = Schedule {
+            interval: Duration::from_secs(2),
+            confirm: Duration::from_secs(3),
+        };
+        assert_eq!(fast.next_wait(ProbeStatus::Unhealthy, None), secs(2));
+    }
 
     #[test]
     fn judges_against_the_cluster_version() {

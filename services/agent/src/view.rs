@@ -98,9 +98,46 @@ impl ScrapeTarget {
 }
 
 /// The view itself.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct View {
     inner: Mutex<Inner>,
+    /// Per probe, a counter bumped whenever something that probe reads changed (a node's Ready
+    /// condition, a CNI or device-plugin DaemonSet, a GPU pod's state…): probes run at once on a change
+    /// instead of waiting for their next round.
+    changed: tokio::sync::watch::Sender<BTreeMap<&'static str, u64>>,
+}
+
+impl Default for View {
+    fn default() -> Self {
+        View {
+            inner: Mutex::default(),
+            changed: tokio::sync::watch::channel(BTreeMap::new()).0,
+        }
+    }
+}
+
+/// Whether a workload is one the probes read, and which.
+fn probes_reading(w: &WorkloadView) -> &'static [&'static str] {
+    let kind = w.object.kind.as_str();
+    let name = w.object.name.as_str();
+    if kind == "DaemonSet"
+        && crate::cluster::CNI_DAEMONSETS
+            .iter()
+            .any(|(n, _)| *n == name)
+    {
+        &["cni"]
+    } else if kind == "DaemonSet"
+        && (name.contains("nvidia-device-plugin")
+            || w.images.iter().any(|i| i.contains("k8s-device-plugin")))
+    {
+        &["gpu-device-plugin"]
+    } else if kind == "Deployment"
+        && (name == "coredns" || w.labels.get("k8s-app").is_some_and(|v| v == "kube-dns"))
+    {
+        &["coredns"]
+    } else {
+        &[]
+    }
 }
 
 /// What the view holds.
@@ -177,6 +214,22 @@ fn pod_gpus(obj: &Value) -> u32 {
 }
 
 impl View {
+    /// Change counters per probe (see [`View::changed_for`]).
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<BTreeMap<&'static str, u64>> {
+        self.changed.subscribe()
+    }
+
+    fn bump(&self, probes: &[&'static str]) {
+        if probes.is_empty() {
+            return;
+        }
+        self.changed.send_modify(|m| {
+            for p in probes {
+                *m.entry(p).or_default() += 1;
+            }
+        });
+    }
+
     /// A lock on the view's data, to read it.
     pub fn read(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
@@ -184,6 +237,13 @@ impl View {
 
     /// Records an object (after an add or a change).
     pub fn apply(&self, api_version: &str, kind: &str, obj: &Value) {
+        let touched = self.apply_inner(api_version, kind, obj);
+        self.bump(&touched);
+    }
+
+    /// Records an object; returns the probes whose input changed.
+    fn apply_inner(&self, api_version: &str, kind: &str, obj: &Value) -> Vec<&'static str> {
+        let mut touched = Vec::new();
         let mut v = self.read();
         let k = key(kind, obj);
         let oref = object_ref(api_version, kind, obj);
@@ -195,17 +255,19 @@ impl View {
         {
             Some(since) => {
                 let finalizers = strings(obj.pointer("/metadata/finalizers"));
-                v.terminating.insert(
-                    k.clone(),
-                    Terminating {
-                        object: oref.clone(),
-                        since: since.with_timezone(&Utc),
-                        finalizers,
-                    },
-                );
+                let t = Terminating {
+                    object: oref.clone(),
+                    since: since.with_timezone(&Utc),
+                    finalizers,
+                };
+                if v.terminating.insert(k.clone(), t.clone()).as_ref() != Some(&t) {
+                    touched.push("finalizers");
+                }
             }
             None => {
-                v.terminating.remove(&k);
+                if v.terminating.remove(&k).is_some() {
+                    touched.push("finalizers");
+                }
             }
         }
         // last applied API version
@@ -217,10 +279,15 @@ impl View {
                     .map(str::to_string)
             }) {
             Some(api) => {
-                v.last_applied.insert(k.clone(), (oref.clone(), api));
+                let new = (oref.clone(), api);
+                if v.last_applied.insert(k.clone(), new.clone()).as_ref() != Some(&new) {
+                    touched.push("deprecated-apis");
+                }
             }
             None => {
-                v.last_applied.remove(&k);
+                if v.last_applied.remove(&k).is_some() {
+                    touched.push("deprecated-apis");
+                }
             }
         }
         // scrape targets
@@ -286,7 +353,16 @@ impl View {
                         obj.pointer("/status/allocatable/nvidia.com~1gpu"),
                     ),
                 };
-                v.nodes.insert(s(obj, "/metadata/name").to_string(), node);
+                let gpu = node.gpu_capacity > 0 || node.gpu_model.is_some();
+                let old = v
+                    .nodes
+                    .insert(s(obj, "/metadata/name").to_string(), node.clone());
+                if old.as_ref() != Some(&node) {
+                    touched.push("nodes");
+                    if gpu {
+                        touched.push("gpu-device-plugin");
+                    }
+                }
             }
             "Deployment" | "DaemonSet" => {
                 let images = obj
@@ -322,16 +398,18 @@ impl View {
                             .collect()
                     })
                     .unwrap_or_default();
-                v.workloads.insert(
-                    k,
-                    WorkloadView {
-                        object: oref,
-                        labels,
-                        images,
-                        desired,
-                        ready,
-                    },
-                );
+                let w = WorkloadView {
+                    object: oref,
+                    labels,
+                    images,
+                    desired,
+                    ready,
+                };
+                let readers = probes_reading(&w);
+                if !readers.is_empty() && v.workloads.get(&k) != Some(&w) {
+                    touched.extend_from_slice(readers);
+                }
+                v.workloads.insert(k, w);
             }
             "Pod" => {
                 let gpus = pod_gpus(obj);
@@ -345,17 +423,17 @@ impl View {
                                 c.pointer("/state/waiting/reason").and_then(Value::as_str)
                             })
                         });
-                    v.gpu_pods.insert(
-                        pk,
-                        GpuPod {
-                            object: oref,
-                            phase: waiting.unwrap_or(s(obj, "/status/phase")).to_string(),
-                            node: s(obj, "/spec/nodeName").to_string(),
-                            gpus,
-                        },
-                    );
-                } else {
-                    v.gpu_pods.remove(&pk);
+                    let p = GpuPod {
+                        object: oref,
+                        phase: waiting.unwrap_or(s(obj, "/status/phase")).to_string(),
+                        node: s(obj, "/spec/nodeName").to_string(),
+                        gpus,
+                    };
+                    if v.gpu_pods.insert(pk, p.clone()).as_ref() != Some(&p) {
+                        touched.push("gpu-device-plugin");
+                    }
+                } else if v.gpu_pods.remove(&pk).is_some() {
+                    touched.push("gpu-device-plugin");
                 }
                 let mut per_node = BTreeMap::new();
                 for p in v.gpu_pods.values() {
@@ -367,9 +445,14 @@ impl View {
                 let ips = strings(obj.pointer("/spec/externalIPs"));
                 let sk = k[8..].to_string();
                 if ips.is_empty() {
-                    v.external_ips.remove(&sk);
+                    if v.external_ips.remove(&sk).is_some() {
+                        touched.push("external-ips");
+                    }
                 } else {
-                    v.external_ips.insert(sk, (oref, ips));
+                    let new = (oref, ips);
+                    if v.external_ips.insert(sk, new.clone()).as_ref() != Some(&new) {
+                        touched.push("external-ips");
+                    }
                 }
             }
             "IngressClass" => {
@@ -385,28 +468,55 @@ impl View {
             }
             _ => {}
         }
+        touched
     }
 
     /// Forgets an object (deleted).
     pub fn remove(&self, kind: &str, namespace: Option<&str>, name: &str) {
-        let mut v = self.read();
+        let mut touched: Vec<&'static str> = Vec::new();
+        {
+            let mut v = self.read();
+            Self::remove_inner(&mut v, kind, namespace, name, &mut touched);
+        }
+        self.bump(&touched);
+    }
+
+    fn remove_inner(
+        v: &mut Inner,
+        kind: &str,
+        namespace: Option<&str>,
+        name: &str,
+        touched: &mut Vec<&'static str>,
+    ) {
         let ns = namespace.unwrap_or("");
         let k = format!("{kind}/{ns}/{name}");
-        v.terminating.remove(&k);
-        v.last_applied.remove(&k);
+        if v.terminating.remove(&k).is_some() {
+            touched.push("finalizers");
+        }
+        if v.last_applied.remove(&k).is_some() {
+            touched.push("deprecated-apis");
+        }
         match kind {
             "Node" => {
-                v.nodes.remove(name);
+                if v.nodes.remove(name).is_some() {
+                    touched.extend(["nodes", "gpu-device-plugin"]);
+                }
             }
             "Deployment" | "DaemonSet" => {
-                v.workloads.remove(&k);
+                if let Some(w) = v.workloads.remove(&k) {
+                    touched.extend_from_slice(probes_reading(&w));
+                }
             }
             "Pod" => {
-                v.gpu_pods.remove(&format!("{ns}/{name}"));
+                if v.gpu_pods.remove(&format!("{ns}/{name}")).is_some() {
+                    touched.push("gpu-device-plugin");
+                }
                 v.scrape.remove(&format!("pods/{ns}/{name}"));
             }
             "Service" => {
-                v.external_ips.remove(&format!("{ns}/{name}"));
+                if v.external_ips.remove(&format!("{ns}/{name}")).is_some() {
+                    touched.push("external-ips");
+                }
                 v.scrape.remove(&format!("services/{ns}/{name}"));
             }
             "IngressClass" => {
@@ -422,5 +532,59 @@ impl View {
     /// A copy of the data.
     pub fn snapshot(&self) -> Inner {
         self.read().clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn node(ready: &str, gpu: bool) -> Value {
+        let mut labels = json!({});
+        if gpu {
+            labels["nvidia.com/gpu.product"] = json!("A100");
+        }
+        json!({"metadata": {"name": "worker-2", "labels": labels},
+               "status": {"conditions": [{"type": "Ready", "status": ready, "reason": "KubeletNotReady"}]}})
+    }
+
+    #[test]
+    fn a_change_a_probe_reads_wakes_that_probe_and_nothing_else_does() {
+        let view = View::default();
+        let rx = view.subscribe();
+        let count = |p: &str| rx.borrow().get(p).copied().unwrap_or(0);
+        view.apply("v1", "Node", &node("True", false));
+        assert_eq!((count("nodes"), count("gpu-device-plugin")), (1, 0));
+        // the same node again (a status heartbeat): nothing a probe reads changed
+        view.apply("v1", "Node", &node("True", false));
+        assert_eq!(count("nodes"), 1);
+        // Ready turns False
+        view.apply("v1", "Node", &node("False", false));
+        assert_eq!(count("nodes"), 2);
+        // a GPU node also wakes the device-plugin probe
+        view.apply("v1", "Node", &node("False", true));
+        assert_eq!((count("nodes"), count("gpu-device-plugin")), (3, 1));
+        // an ordinary Deployment rolling wakes nobody; CoreDNS losing a ready replica wakes the DNS probe
+        let dep = |name: &str, ready: i64| {
+            json!({"metadata": {"name": name, "namespace": "kube-system"},
+                   "spec": {"replicas": 2, "template": {"spec": {"containers": [{"image": "x:1"}]}}},
+                   "status": {"readyReplicas": ready}})
+        };
+        view.apply("apps/v1", "Deployment", &dep("web", 1));
+        view.apply("apps/v1", "Deployment", &dep("web", 2));
+        view.apply("apps/v1", "Deployment", &dep("coredns", 2));
+        view.apply("apps/v1", "Deployment", &dep("coredns", 0));
+        assert_eq!(count("coredns"), 2);
+        assert_eq!(count("cni"), 0);
+        // a Service getting externalIPs, and losing them by deletion
+        let svc = json!({"metadata": {"name": "dbg", "namespace": "default"},
+                         "spec": {"externalIPs": ["203.0.113.9"]}});
+        view.apply("v1", "Service", &svc);
+        view.remove("Service", Some("default"), "dbg");
+        assert_eq!(count("external-ips"), 2);
+        view.remove("Node", None, "worker-2");
+        assert_eq!(count("nodes"), 4);
     }
 }
