@@ -77,6 +77,12 @@ pub struct Baseline {
     pub external_ips: ExternalIps,
     /// Certificates.
     pub certificates: Certificates,
+    /// Rules whose failure is an incident even when a cluster fails them from the start (by rule name:
+    /// `kubernetes-version`, `component/<name>`, `pss-labels`, `external-ips`, `cert-validity`). Every
+    /// other rule a cluster fails when first judged is standing non-compliance: it is in the compliance
+    /// report, and only a cluster that passed a rule and then fails it (drift) raises `baseline-drift`.
+    #[serde(default)]
+    pub critical: Vec<String>,
 }
 
 /// The default baseline.

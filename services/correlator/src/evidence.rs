@@ -1,9 +1,17 @@
 //! Evidence: what an incident shows as the reasons behind it, ranked, each with why it was chosen.
 //!
-//! - A probe's finding: the cluster's recent spec changes, the probe's own trend and the cluster's recent
-//!   warning events, scored by how they bear on the finding (the object it names, an object named like the
-//!   probe, the same namespace) and then by recency; the best `max_items` are kept. Normal lifecycle events
-//!   (`Scheduled`, `Pulled`, `Created`, `Started`, `Killing`, `SuccessfulCreate`, …) are never evidence.
+//! - A probe's finding, ranked:
+//!   1. a change to another object the finding names (the device plugin's DaemonSet when a node's driver
+//!      no longer fits): the likelier cause;
+//!   2. the finding itself: what happened to the failing object (a node's Ready condition turning False,
+//!      an object stuck on its finalizers), since when;
+//!   3. a change to the failing object itself, then warnings on objects the finding names or on objects
+//!      named like the probe, then the probe's own trend (only when it moved) and the cluster's other
+//!      recent changes, by recency. Only the latest change of each object counts.
+//!
+//!   Warnings that bear on nothing the finding names are evidence only when nothing else is; normal
+//!   lifecycle events (`Scheduled`, `Pulled`, `Created`, `Started`, `Killing`, `SuccessfulCreate`, …)
+//!   never are.
 //! - A baseline check: the check's own finding and the objects violating it — never unrelated events.
 
 use std::collections::BTreeMap;
@@ -137,11 +145,28 @@ pub fn gather(
     let track = state.zip(probe).and_then(|(c, p)| c.probes.get(p));
     let related: &[ObjectRef] = track.map(|t| t.related.as_slice()).unwrap_or_default();
     if let Some(c) = state {
+        // the latest change of each object (its earlier ones are history, not evidence)
+        let mut latest: BTreeMap<(&str, Option<&str>, &str), &ChangeRec> = BTreeMap::new();
         for ch in recent_changes(c, rule, at) {
+            let o = &ch.object;
+            latest.insert(
+                (o.kind.as_str(), o.namespace.as_deref(), o.name.as_str()),
+                ch,
+            );
+        }
+        let mut latest: Vec<&ChangeRec> = latest.into_values().collect();
+        latest.sort_by_key(|ch| ch.at);
+        for ch in latest {
             let age = (at - ch.at).num_seconds().max(0) as f64;
             // relevance first, then recency; an unrelated change ranks below the probe's own trend and
-            // the related events
-            let (bonus, why) = relevance(&ch.object, related, probe);
+            // the related events. A change to the failing object itself (the finding's first) ranks
+            // just below the finding, which says what happened to it; a change to another object the
+            // finding names (the device plugin's DaemonSet for a node's driver) is the likelier cause
+            // and ranks above it.
+            let (mut bonus, why) = relevance(&ch.object, related, probe);
+            if related.first().is_some_and(|p| same_object(p, &ch.object)) {
+                bonus = bonus.min(4.4);
+            }
             let score = bonus + 1.0 - age / window.num_seconds().max(1) as f64;
             let why = if why.is_empty() {
                 format!("changed on this cluster {} before", secs(at - ch.at))
@@ -166,10 +191,32 @@ pub fn gather(
                 },
             ));
         }
+        // what the probe found (a node's Ready condition turning False, an object stuck on its finalizer):
+        // first, unless a change to the object it names came before it (the likelier cause)
+        if let Some(t) = track.filter(|t| !t.finding.is_empty()) {
+            let since = t.failing_since.unwrap_or(at);
+            scored.push((
+                5.5,
+                Evidence {
+                    rank: 0,
+                    kind: EvidenceKind::Fact,
+                    summary: t.finding.clone(),
+                    cluster_time: since,
+                    object: t.related.first().cloned(),
+                    why: format!(
+                        "what the {} probe found, failing since {}",
+                        probe.unwrap_or("cluster"),
+                        since.format("%H:%M:%S")
+                    ),
+                },
+            ));
+        }
         if let Some(trend) = track.and_then(|t| trend(probe.unwrap_or(""), t)) {
             scored.push((2.5, trend));
         }
     }
+    // warnings that bear on nothing the finding names are evidence only when there is nothing else
+    let mut unrelated = Vec::new();
     for r in warnings(dedup, cluster, at - window) {
         let sev = match r.severity {
             Severity::Critical => 0.6,
@@ -178,12 +225,17 @@ pub fn gather(
         // a related event ranks above the trend but below the change to the object the finding names: the
         // change is the likelier cause, the events its symptoms
         let (bonus, why) = relevance(&r.object, related, probe);
+        let target = if why.is_empty() {
+            &mut unrelated
+        } else {
+            &mut scored
+        };
         let why = if why.is_empty() {
             "a warning on this cluster in the same window".to_string()
         } else {
             format!("{why}: a warning on it")
         };
-        scored.push((
+        target.push((
             bonus * 0.5 + 1.5 + sev,
             Evidence {
                 rank: 0,
@@ -200,6 +252,9 @@ pub fn gather(
                 why,
             },
         ));
+    }
+    if scored.is_empty() {
+        scored = unrelated;
     }
     rank(scored, rule.max_items)
 }
@@ -279,6 +334,10 @@ fn trend(probe: &str, track: &crate::state::ProbeTrack) -> Option<Evidence> {
         .iter()
         .filter(|(k, v)| first.contains_key(*k) && v.is_finite())
         .max_by(|(ka, va), (kb, vb)| moved(ka, **va).total_cmp(&moved(kb, **vb)))?;
+    // a measurement that did not move explains nothing
+    if moved(k, *v1) < 0.05 {
+        return None;
+    }
     let v0 = first[k];
     Some(Evidence {
         rank: 0,

@@ -50,6 +50,8 @@ pub struct Stats {
     pub replays_skipped: u64,
     /// Messages ignored as late (older than what was applied for the same source).
     pub late_ignored: u64,
+    /// Incidents not opened because a root incident (`inhibit.root_kinds`) was open on their cluster.
+    pub held_back: u64,
 }
 
 /// One input of the state machine.
@@ -476,6 +478,16 @@ impl Machine {
             cause,
         } = r;
         let key = incident_key(cluster, kind, target);
+        if !self.is_open(cluster, kind, target) && self.inhibited(cluster, kind) {
+            self.stats.held_back += 1;
+            tracing::debug!(
+                cluster,
+                kind,
+                target,
+                "held back: a root incident is open on the cluster"
+            );
+            return;
+        }
         self.dirty.incidents.insert(key.clone());
         let evidence = match cause {
             Cause::Probe(p) => self.evidence(cluster, Some(p), at),
@@ -551,6 +563,19 @@ impl Machine {
         let inc = inc.clone();
         tracing::info!(cluster, kind, target, "incident resolved");
         self.emit_incident(&inc);
+    }
+
+    /// Whether a root incident other than `kind` is open on `cluster` (see [`crate::rules::InhibitRule`]).
+    fn inhibited(&self, cluster: &str, kind: &str) -> bool {
+        let roots = &self.rules.inhibit.root_kinds;
+        !roots.iter().any(|r| r == kind)
+            && roots.iter().any(|root| {
+                let prefix = format!("{cluster}/{root}/");
+                self.incidents
+                    .range(prefix.clone()..)
+                    .take_while(|(k, _)| k.starts_with(&prefix))
+                    .any(|(_, i)| i.status != IncidentStatus::Resolved)
+            })
     }
 
     fn is_open(&self, cluster: &str, kind: &str, target: &str) -> bool {
@@ -715,7 +740,8 @@ impl Machine {
             track.failing_since.unwrap_or(at),
         );
         for (r, bad, good) in actions {
-            if bad >= r.after {
+            let held_long_enough = Duration::from_std(r.hold).is_ok_and(|hold| at - since >= hold);
+            if bad >= r.after && held_long_enough {
                 let vars = BTreeMap::from([
                     ("cluster", cluster.clone()),
                     ("probe", p.probe.clone()),
@@ -929,14 +955,14 @@ impl Machine {
         if same {
             return;
         }
-        let previous: Vec<String> = c
+        // each rule's verdict before this one: only passing → failing is drift
+        let previous: BTreeMap<String, CheckStatus> = c
             .compliance
             .as_ref()
             .map(|r| {
                 r.checks
                     .iter()
-                    .filter(|c| c.status == CheckStatus::Fail)
-                    .map(|c| c.rule.clone())
+                    .map(|c| (c.rule.clone(), c.status))
                     .collect()
             })
             .unwrap_or_default();
@@ -948,24 +974,42 @@ impl Machine {
         for check in &report.checks {
             match check.status {
                 CheckStatus::Fail => {
-                    let summary = format!(
-                        "{cluster} drifts from the baseline ({}): {}",
-                        check.rule, check.message
-                    );
+                    let drifted = previous.get(&check.rule) == Some(&CheckStatus::Pass);
+                    let critical = self.baseline.critical.contains(&check.rule);
+                    if !(drifted
+                        || critical
+                        || self.is_open(cluster, "baseline-drift", &check.rule))
+                    {
+                        // standing non-compliance: the compliance report says it
+                        continue;
+                    }
+                    let summary = if !critical {
+                        format!(
+                            "{cluster} drifted from the baseline ({}): {}",
+                            check.rule, check.message
+                        )
+                    } else {
+                        format!(
+                            "{cluster} fails a critical baseline rule ({}): {}",
+                            check.rule, check.message
+                        )
+                    };
                     self.raise(Raise {
                         cluster,
                         kind: "baseline-drift",
                         target: &check.rule,
-                        severity: Severity::Warning,
+                        severity: if critical {
+                            Severity::Critical
+                        } else {
+                            Severity::Warning
+                        },
                         summary,
                         at,
                         ingest: None,
                         cause: Cause::Check(check),
                     });
                 }
-                CheckStatus::Pass if previous.contains(&check.rule) => {
-                    self.resolve(cluster, "baseline-drift", &check.rule, at)
-                }
+                CheckStatus::Pass => self.resolve(cluster, "baseline-drift", &check.rule, at),
                 _ => {}
             }
         }

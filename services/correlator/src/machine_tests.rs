@@ -97,17 +97,17 @@ fn rounds(
 #[test]
 fn a_failing_probe_opens_after_its_rounds_and_resolves_after_healthy_ones() {
     let mut m = machine();
-    // etcd: 5 unhealthy rounds open it, 3 healthy ones resolve it (rules.yaml)
-    let outs = rounds(&mut m, "c1", "etcd", ProbeStatus::Unhealthy, 1, 4, t0());
-    assert!(incidents(&outs).is_empty(), "4 rounds are not enough");
+    // etcd: 3 unhealthy rounds open it, 3 healthy ones resolve it (rules.yaml)
+    let outs = rounds(&mut m, "c1", "etcd", ProbeStatus::Unhealthy, 1, 2, t0());
+    assert!(incidents(&outs).is_empty(), "2 rounds are not enough");
     let outs = rounds(
         &mut m,
         "c1",
         "etcd",
         ProbeStatus::Unhealthy,
-        5,
+        3,
         1,
-        t0() + Duration::seconds(60),
+        t0() + Duration::seconds(30),
     );
     let opened = incidents(&outs);
     assert_eq!(opened.len(), 1, "{opened:#?}");
@@ -129,9 +129,9 @@ fn a_failing_probe_opens_after_its_rounds_and_resolves_after_healthy_ones() {
         "c1",
         "etcd",
         ProbeStatus::Unhealthy,
-        6,
+        4,
         2,
-        t0() + Duration::seconds(75),
+        t0() + Duration::seconds(45),
     );
     assert!(incidents(&outs).is_empty());
     // two healthy rounds are not enough (hysteresis), the third resolves it
@@ -141,7 +141,7 @@ fn a_failing_probe_opens_after_its_rounds_and_resolves_after_healthy_ones() {
         "c1",
         "etcd",
         ProbeStatus::Healthy,
-        8,
+        6,
         2,
         healthy_from,
     );
@@ -151,7 +151,7 @@ fn a_failing_probe_opens_after_its_rounds_and_resolves_after_healthy_ones() {
         "c1",
         "etcd",
         ProbeStatus::Healthy,
-        10,
+        8,
         1,
         healthy_from + Duration::seconds(30),
     );
@@ -312,7 +312,7 @@ fn deployment(name: &str, spec_hash: &str) -> ResourceState {
 }
 
 #[test]
-fn the_change_a_finding_names_ranks_first_in_its_evidence() {
+fn the_finding_ranks_first_then_the_change_to_the_object_it_names() {
     let mut m = machine();
     let at = t0();
     for (i, (name, hash)) in [("coredns", "aaaa1111"), ("metrics-server", "bbbb1111")]
@@ -357,10 +357,14 @@ fn the_change_a_finding_names_ranks_first_in_its_evidence() {
     }
     let inc = incidents(&outs).pop().expect("dns-failure opened");
     assert_eq!(inc.kind, "dns-failure");
+    // what happened to the failing object first, then its change (the unrelated one below both)
     let first = inc.evidence.first().expect("evidence");
-    assert_eq!((first.rank, first.kind), (1, EvidenceKind::Change));
+    assert_eq!((first.rank, first.kind), (1, EvidenceKind::Fact));
+    assert_eq!(first.summary, "0/2 coredns replicas ready");
+    let second = &inc.evidence[1];
+    assert_eq!(second.kind, EvidenceKind::Change);
     assert!(
-        first
+        second
             .summary
             .contains("Deployment kube-system/coredns changed"),
         "{:#?}",
@@ -373,6 +377,78 @@ fn the_change_a_finding_names_ranks_first_in_its_evidence() {
     );
 }
 
+#[test]
+fn a_change_to_another_object_the_finding_names_ranks_first_as_the_cause() {
+    let mut m = machine();
+    let at = t0();
+    let ds = |hash: &str| ResourceState {
+        kind: "DaemonSet".into(),
+        namespace: Some("gpu-operator".into()),
+        name: "nvidia-device-plugin-daemonset".into(),
+        uid: "uid-dp".into(),
+        spec_hash: hash.into(),
+        ..deployment("x", hash)
+    };
+    m.apply(Input::State(&env("c1", at, 1, StateMsg::State(ds("old")))));
+    // the plugin is upgraded; a second later the GPU probe finds the node's driver too old
+    m.apply(Input::State(&env(
+        "c1",
+        at + Duration::seconds(60),
+        2,
+        StateMsg::State(ds("new")),
+    )));
+    let node = ObjectRef {
+        api_version: "v1".into(),
+        kind: "Node".into(),
+        namespace: None,
+        name: "gpu-1".into(),
+        uid: None,
+    };
+    let mut outs = Vec::new();
+    for r in 0..3u64 {
+        let when = at + Duration::seconds(61 + 3 * r as i64);
+        let mut p = probe("gpu-device-plugin", ProbeStatus::Unhealthy, r + 1);
+        p.findings = vec![
+            multipilot_schemas::payload::Finding {
+                severity: Severity::Critical,
+                object: Some(node.clone()),
+                message: "device plugin v0.17.0 needs driver >= 550, node gpu-1 runs 535.183"
+                    .into(),
+            },
+            multipilot_schemas::payload::Finding {
+                severity: Severity::Critical,
+                object: Some(ObjectRef {
+                    api_version: "apps/v1".into(),
+                    kind: "DaemonSet".into(),
+                    namespace: Some("gpu-operator".into()),
+                    name: "nvidia-device-plugin-daemonset".into(),
+                    uid: None,
+                }),
+                message: "device plugin v0.17.0 needs driver >= 550 on 1 GPU nodes".into(),
+            },
+        ];
+        outs.extend(m.apply(Input::Probe(&env("c1", when, r, p), when)));
+    }
+    let inc = incidents(&outs).pop().expect("gpu-driver-mismatch opened");
+    assert_eq!(inc.kind, "gpu-driver-mismatch");
+    let first = &inc.evidence[0];
+    assert_eq!(first.kind, EvidenceKind::Change, "{:#?}", inc.evidence);
+    assert!(
+        first
+            .summary
+            .starts_with("DaemonSet gpu-operator/nvidia-device-plugin-daemonset changed"),
+        "{:#?}",
+        inc.evidence
+    );
+    assert!(
+        first.why.contains("the finding names this object"),
+        "{}",
+        first.why
+    );
+    assert_eq!(inc.evidence[1].kind, EvidenceKind::Fact);
+    assert_eq!(inc.evidence[1].object.as_ref(), Some(&node));
+}
+
 fn facts(minor: u32) -> ClusterFacts {
     let mut f: ClusterFacts = sample();
     f.version.minor = minor;
@@ -380,8 +456,15 @@ fn facts(minor: u32) -> ClusterFacts {
     f
 }
 
+fn compliance_reports(outs: &[Out], cluster: &str) -> Vec<ComplianceReport> {
+    outs.iter()
+        .filter(|o| o.subject == format!("fleet.compliance.{cluster}"))
+        .map(decode::<ComplianceReport>)
+        .collect()
+}
+
 #[test]
-fn the_baseline_is_judged_on_facts_and_held_while_a_replay_runs() {
+fn standing_non_compliance_is_reported_and_only_drift_or_a_critical_rule_is_an_incident() {
     let mut m = machine();
     m.hold_judgement();
     let f = env("c1", t0(), 1, facts(24));
@@ -389,32 +472,198 @@ fn the_baseline_is_judged_on_facts_and_held_while_a_replay_runs() {
         m.apply(Input::Facts(&f)).is_empty(),
         "held: no verdict on half an inventory"
     );
+    // first sight: v1.24 is outside the baseline — a standing fact, in the report and not an incident
     let outs = m.release_judgement(t0() + Duration::seconds(5));
-    let reports: Vec<ComplianceReport> = outs
-        .iter()
-        .filter(|o| o.subject == "fleet.compliance.c1")
-        .map(decode::<ComplianceReport>)
-        .collect();
+    let reports = compliance_reports(&outs, "c1");
     assert_eq!(reports.len(), 1);
-    let drift = incidents(&outs);
-    let version = drift
-        .iter()
-        .find(|i| i.summary.contains("v1.24.3"))
-        .expect("the version is outside the baseline");
-    assert_eq!(version.kind, "baseline-drift");
+    assert!(
+        reports[0]
+            .checks
+            .iter()
+            .any(|c| c.rule == "kubernetes-version" && c.status == CheckStatus::Fail),
+        "{reports:#?}"
+    );
+    assert!(incidents(&outs).is_empty(), "{:#?}", incidents(&outs));
     // the same facts again: same verdict, nothing published
     let f = env("c1", t0() + Duration::seconds(10), 2, facts(24));
     assert!(m.apply(Input::Facts(&f)).is_empty());
-    // upgraded into the allowed range: that check passes and its incident resolves
+    // upgraded into the allowed range: it passes (no incident to resolve)
     let f = env("c1", t0() + Duration::seconds(20), 3, facts(31));
     let outs = m.apply(Input::Facts(&f));
-    let resolved = incidents(&outs);
+    assert_eq!(compliance_reports(&outs, "c1").len(), 1);
+    assert!(incidents(&outs).is_empty());
+    // and then back outside it: that is drift
+    let f = env("c1", t0() + Duration::seconds(30), 4, facts(24));
+    let drift = incidents(&m.apply(Input::Facts(&f)));
+    assert_eq!(drift.len(), 1, "{drift:#?}");
+    assert_eq!(
+        (drift[0].kind.as_str(), drift[0].severity),
+        ("baseline-drift", Severity::Warning)
+    );
+    assert!(
+        drift[0].summary.contains("drifted") && drift[0].summary.contains("v1.24.3"),
+        "{}",
+        drift[0].summary
+    );
+    // compliant again: it resolves
+    let f = env("c1", t0() + Duration::seconds(40), 5, facts(31));
+    let resolved = incidents(&m.apply(Input::Facts(&f)));
     assert!(
         resolved
             .iter()
-            .any(|i| i.id == version.id && i.status == IncidentStatus::Resolved),
+            .any(|i| i.id == drift[0].id && i.status == IncidentStatus::Resolved),
         "{resolved:#?}"
     );
+
+    // a rule the baseline marks critical is an incident from the first verdict on
+    let mut baseline = Baseline::defaults();
+    baseline.critical = vec!["kubernetes-version".into()];
+    let mut m = Machine::new(Rules::defaults(), baseline, "correlator-test");
+    let f = env("c2", t0(), 1, facts(24));
+    let opened = incidents(&m.apply(Input::Facts(&f)));
+    assert_eq!(opened.len(), 1, "{opened:#?}");
+    assert_eq!(opened[0].severity, Severity::Critical);
+    assert!(
+        opened[0].summary.contains("critical"),
+        "{}",
+        opened[0].summary
+    );
+}
+
+#[test]
+fn a_rule_with_for_waits_that_long_even_when_rounds_come_fast() {
+    let mut m = machine();
+    // cni-degraded: 3 rounds and for 20 s (rules.yaml); the agent re-runs a failing probe every 3 s
+    let mut opened_at = None;
+    for i in 0..10u64 {
+        let at = t0() + Duration::seconds(3 * i as i64);
+        let e = env("c1", at, i + 1, probe("cni", ProbeStatus::Unhealthy, i + 1));
+        if !incidents(&m.apply(Input::Probe(&e, at))).is_empty() {
+            opened_at = Some(at - t0());
+            break;
+        }
+    }
+    assert_eq!(
+        opened_at,
+        Some(Duration::seconds(21)),
+        "the first round at least 20 s after the first failure"
+    );
+}
+
+#[test]
+fn an_unreachable_cluster_holds_back_what_it_explains_until_it_is_back() {
+    let mut m = machine();
+    let hb = env("c1", t0(), 1, heartbeat());
+    m.apply(Input::Heartbeat(&hb, t0()));
+    let down = incidents(&m.apply(Input::Tick(t0() + Duration::seconds(20))));
+    assert_eq!(down[0].kind, "cluster-unreachable");
+    // results delayed in the agent's outbox arrive: a failing probe would open an incident, but is held back
+    let outs = rounds(&mut m, "c1", "etcd", ProbeStatus::Unhealthy, 1, 3, t0());
+    assert!(incidents(&outs).is_empty(), "{:#?}", incidents(&outs));
+    assert_eq!(m.stats().held_back, 1);
+    // back: once the root resolves, a condition still failing opens by itself
+    let back = t0() + Duration::seconds(60);
+    m.apply(Input::Heartbeat(&env("c1", back, 2, heartbeat()), back));
+    let resolved = incidents(&m.apply(Input::Heartbeat(
+        &env("c1", back + Duration::seconds(5), 3, heartbeat()),
+        back + Duration::seconds(5),
+    )));
+    assert_eq!(resolved[0].status, IncidentStatus::Resolved);
+    let outs = rounds(
+        &mut m,
+        "c1",
+        "etcd",
+        ProbeStatus::Unhealthy,
+        4,
+        1,
+        back + Duration::seconds(10),
+    );
+    let opened = incidents(&outs);
+    assert_eq!(opened.len(), 1, "{opened:#?}");
+    assert_eq!(opened[0].kind, "etcd-unhealthy");
+}
+
+#[test]
+fn a_dead_api_server_holds_back_the_overload_it_also_looks_like() {
+    let mut m = machine();
+    let outs = rounds(
+        &mut m,
+        "c1",
+        "apiserver",
+        ProbeStatus::Unhealthy,
+        1,
+        3,
+        t0(),
+    );
+    let kinds: Vec<String> = incidents(&outs).into_iter().map(|i| i.kind).collect();
+    assert_eq!(kinds, vec!["apiserver-down".to_string()]);
+}
+
+#[test]
+fn two_faults_on_one_cluster_are_two_incidents_each_with_its_own_evidence() {
+    let mut m = machine();
+    let finding = |kind: &str, ns: Option<&str>, name: &str, msg: &str| {
+        multipilot_schemas::payload::Finding {
+            severity: Severity::Critical,
+            object: Some(ObjectRef {
+                api_version: "v1".into(),
+                kind: kind.into(),
+                namespace: ns.map(Into::into),
+                name: name.into(),
+                uid: None,
+            }),
+            message: msg.into(),
+        }
+    };
+    let mut outs = Vec::new();
+    // dns-failure waits 10 s (`for`), node-not-ready only its 3 rounds
+    for r in 0..5u64 {
+        let at = t0() + Duration::seconds(3 * r as i64);
+        let mut nodes = probe("nodes", ProbeStatus::Unhealthy, r + 1);
+        nodes.findings = vec![finding(
+            "Node",
+            None,
+            "worker-2",
+            "node worker-2 is not Ready",
+        )];
+        outs.extend(m.apply(Input::Probe(&env("c1", at, 2 * r, nodes), at)));
+        let mut dns = probe("coredns", ProbeStatus::Unhealthy, r + 1);
+        dns.findings = vec![finding(
+            "Deployment",
+            Some("kube-system"),
+            "coredns",
+            "cluster DNS is down: no ready CoreDNS endpoints",
+        )];
+        let at = at + Duration::seconds(20);
+        outs.extend(m.apply(Input::Probe(&env("c1", at, 2 * r + 1, dns), at)));
+    }
+    let opened = incidents(&outs);
+    let kinds: std::collections::BTreeSet<&str> = opened.iter().map(|i| i.kind.as_str()).collect();
+    assert_eq!(
+        kinds,
+        ["dns-failure", "node-not-ready"].into_iter().collect(),
+        "{opened:#?}"
+    );
+    for (kind, own, other) in [
+        ("node-not-ready", "worker-2", "coredns"),
+        ("dns-failure", "coredns", "worker-2"),
+    ] {
+        let inc = opened.iter().find(|i| i.kind == kind).expect("opened");
+        let first = inc.evidence.first().expect("evidence");
+        assert_eq!(
+            first.object.as_ref().map(|o| o.name.as_str()),
+            Some(own),
+            "{kind}: {:#?}",
+            inc.evidence
+        );
+        assert!(
+            inc.evidence
+                .iter()
+                .all(|e| e.object.as_ref().is_none_or(|o| o.name != other)),
+            "{kind} carries the other fault's object: {:#?}",
+            inc.evidence
+        );
+    }
 }
 
 #[test]

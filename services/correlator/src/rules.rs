@@ -22,6 +22,11 @@ pub struct ProbeRule {
     pub severity: Severity,
     /// Failing rounds in a row before the incident opens.
     pub after: u32,
+    /// …and for at least this long since the probe first failed (Prometheus' `for`): what keeps a brief
+    /// dip (a DaemonSet rolling, an API server restarting) from becoming an incident now that failing
+    /// probes are re-run every few seconds. 0 (the default): rounds alone decide.
+    #[serde(default, rename = "for", with = "humantime_serde")]
+    pub hold: Duration,
     /// Healthy rounds in a row before it resolves.
     pub resolve_after: u32,
     /// Summary template.
@@ -105,6 +110,24 @@ impl Default for DigestRule {
     }
 }
 
+/// Holding back incidents a bigger one explains.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct InhibitRule {
+    /// While one of these kinds is open on a cluster, no other incident opens on it (the conditions are
+    /// counted on the open one's evidence, and open by themselves once it resolves, if still failing):
+    /// an unreachable cluster or a dead API server makes everything else on it look broken.
+    pub root_kinds: Vec<String>,
+}
+
+impl Default for InhibitRule {
+    fn default() -> Self {
+        InhibitRule {
+            root_kinds: vec!["cluster-unreachable".into(), "apiserver-down".into()],
+        }
+    }
+}
+
 /// The whole rules file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -122,6 +145,9 @@ pub struct Rules {
     /// Event digests (optional in a rules file).
     #[serde(default)]
     pub digests: DigestRule,
+    /// Inhibition (optional in a rules file).
+    #[serde(default)]
+    pub inhibit: InhibitRule,
 }
 
 /// The default rules.

@@ -222,12 +222,21 @@ async fn each_simulator_fault_becomes_its_incident_and_resolves() -> Result<()> 
             assert!((290.0..=310.0).contains(&secs), "{}", inc.summary);
         }
         if *fault == "coredns-down" {
-            let first = inc.evidence.first().map(|e| (e.kind, e.summary.clone()));
+            // what the probe found first, then the change to the Deployment it names
+            let kinds: Vec<_> = inc.evidence.iter().map(|e| e.kind).collect();
+            use multipilot_schemas::payload::EvidenceKind;
+            assert_eq!(
+                kinds.get(..2),
+                Some(&[EvidenceKind::Fact, EvidenceKind::Change][..]),
+                "{:#?}",
+                inc.evidence
+            );
             assert!(
-                first.as_ref().is_some_and(|(k, s)| *k
-                    == multipilot_schemas::payload::EvidenceKind::Change
-                    && s.contains("Deployment kube-system/coredns changed")),
-                "the CoreDNS change leads the evidence: {:#?}",
+                inc.evidence[0].summary.contains("cluster DNS is down")
+                    && inc.evidence[1]
+                        .summary
+                        .contains("Deployment kube-system/coredns changed"),
+                "{:#?}",
                 inc.evidence
             );
             assert!(

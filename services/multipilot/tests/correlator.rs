@@ -15,6 +15,7 @@ use common::{Correlator, Proc};
 use multipilot_schemas::payload::*;
 use multipilot_schemas::{Envelope, subject};
 use multipilot_testkit::NatsServer;
+use multipilot_testkit::wait::eventually;
 
 // What these tests send and wait for, beyond what `common` gives every test.
 impl Correlator {
@@ -197,20 +198,28 @@ async fn failing_probe_opens_an_incident_with_evidence_and_resolves_without_reop
     );
     assert_eq!(
         inc.opened_at,
-        t + secs(120 + 5 * 15),
-        "opened at the fifth failing round, in the cluster's clock"
+        t + secs(120 + 3 * 15),
+        "opened at the third failing round (rules.yaml: after 3, for 10 s), in the cluster's clock"
     );
+    // what the probe found, then the change to the object named like it
     let first = inc.evidence.first().context("evidence")?;
-    assert_eq!((first.rank, first.kind.as_str()), (1, "change"));
+    assert_eq!((first.rank, first.kind.as_str()), (1, "fact"));
+    assert_eq!(
+        first.summary,
+        "cluster DNS is down: no ready CoreDNS endpoints"
+    );
+    let second = inc.evidence.get(1).context("a second item")?;
+    assert_eq!(second.kind, EvidenceKind::Change);
     assert!(
-        first
+        second
             .summary
             .contains("Deployment kube-system/coredns changed (spec aaaa1111 → bbbb2222)"),
         "{}",
-        first.summary
+        second.summary
     );
+    // the probe's measurement stayed at 0 over its failing rounds: a trend that did not move is no evidence
     assert!(
-        inc.evidence.iter().any(|e| e.kind == EvidenceKind::Trend),
+        inc.evidence.iter().all(|e| e.kind != EvidenceKind::Trend),
         "{:?}",
         inc.evidence
     );
@@ -334,30 +343,40 @@ fn facts(minor: u32) -> ClusterFacts {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cluster_violating_the_baseline_drifts_and_a_compliant_one_does_not() -> Result<()> {
+async fn standing_non_compliance_is_reported_and_a_cluster_that_drifts_raises_an_incident()
+-> Result<()> {
     let mut hub = Correlator::start().await?;
     let now = Utc::now();
     hub.send(subject::facts("old-1"), "old-1", now, facts(24))
         .await?;
     hub.send(subject::facts("new-1"), "new-1", now, facts(31))
         .await?;
-    let all = hub
-        .wait_for("baseline drift on old-1", |i| {
-            i.iter().any(|x| x.kind == "baseline-drift")
-        })
-        .await?;
-    let drift: Vec<_> = all.iter().filter(|x| x.kind == "baseline-drift").collect();
-    assert!(drift.iter().all(|x| x.cluster == "old-1"), "{drift:#?}");
-    assert!(
-        drift
-            .iter()
-            .any(|x| x.summary.contains("kubernetes-version") && x.summary.contains("v1.24.2")),
-        "{drift:#?}"
-    );
-    let reports = hub.compliance().await?;
+    // first sight: old-1's version is outside the baseline — in the compliance report, not an incident
+    let reports = eventually("both clusters judged", 30, async || {
+        hub.compliance()
+            .await
+            .ok()
+            .filter(|r: &Vec<ComplianceReport>| r.len() == 2)
+    })
+    .await?;
     let by: BTreeMap<_, _> = reports.iter().map(|r| (r.cluster.as_str(), r)).collect();
     assert!(!by["old-1"].compliant);
+    assert!(
+        by["old-1"]
+            .checks
+            .iter()
+            .any(|c| c.rule == "kubernetes-version" && c.message.contains("v1.24.2")),
+        "{:#?}",
+        by["old-1"]
+    );
     assert!(by["new-1"].compliant, "{:#?}", by["new-1"]);
+    assert!(
+        hub.incidents()
+            .await?
+            .iter()
+            .all(|x| x.kind != "baseline-drift"),
+        "standing non-compliance is not an incident"
+    );
     // a namespace without a Pod Security level makes new-1 drift too, and labelling it heals it
     let mut ns = deployment("x");
     ns.kind = "Namespace".into();
@@ -393,6 +412,23 @@ async fn a_cluster_violating_the_baseline_drifts_and_a_compliant_one_does_not() 
             .any(|x| x.cluster == "new-1" && x.status == IncidentStatus::Resolved)
     })
     .await?;
+    // old-1 upgraded into the range, then rolled back out of it: that is drift
+    hub.send(subject::facts("old-1"), "old-1", now + secs(3), facts(31))
+        .await?;
+    hub.send(subject::facts("old-1"), "old-1", now + secs(4), facts(24))
+        .await?;
+    let all = hub
+        .wait_for("version drift on old-1", |i| {
+            i.iter()
+                .any(|x| x.cluster == "old-1" && x.kind == "baseline-drift")
+        })
+        .await?;
+    assert!(
+        all.iter().any(|x| x.cluster == "old-1"
+            && x.summary.contains("kubernetes-version")
+            && x.summary.contains("v1.24.2")),
+        "{all:#?}"
+    );
     // the reports are on the stream too
     let s = hub.js.get_stream("FLEET_INCIDENTS").await?;
     assert!(
