@@ -1419,6 +1419,10 @@ pub const FAULTS: &[(&str, &str)] = &[
         "CoreDNS pods not ready, kube-dns endpoints empty",
     ),
     (
+        "cni-down",
+        "the CNI DaemonSet (calico-node or cilium) has half its pods not ready",
+    ),
+    (
         "gpu-mismatch",
         "the GPU device plugin is upgraded past the nodes' driver; GPU pods stuck in ContainerCreating",
     ),

@@ -22,8 +22,9 @@ enum Scenario {
     Steady(Opts),
     /// NATS away for 10 minutes while the fleet churns, then back: nothing lost, limits held, drain time.
     Storm(Opts),
-    /// Overload one cluster's API server: time to an apiserver-overload incident at default intervals.
-    Fault(Opts),
+    /// Every simulator fault, alone and in pairs: time to the right incident, its first evidence, time to
+    /// resolution, false incidents in a quiet run with churn and watch breaks.
+    Faults(Opts),
     /// kill -9 each consumer role in turn mid-stream: no lost or duplicated incidents, notifications, samples.
     Crash(Opts),
     /// Two correlators and two TSDBs on a 3-node JetStream cluster: shared load, a lost node, wiped stores.
@@ -64,7 +65,7 @@ async fn run(cli: Cli) -> Result<bool> {
     let (name, o) = match &cli.scenario {
         Scenario::Steady(o) => ("steady", o),
         Scenario::Storm(o) => ("storm", o),
-        Scenario::Fault(o) => ("fault", o),
+        Scenario::Faults(o) => ("faults", o),
         Scenario::Crash(o) => ("crash", o),
         Scenario::Scaleout(o) => ("scaleout", o),
     };
@@ -81,7 +82,7 @@ async fn run(cli: Cli) -> Result<bool> {
         match &cli.scenario {
             Scenario::Steady(o) => scenario::steady::run(o, work.path()).await,
             Scenario::Storm(o) => scenario::storm::run(o, work.path()).await,
-            Scenario::Fault(o) => scenario::fault::run(o, work.path()).await,
+            Scenario::Faults(o) => scenario::faults::run(o, work.path()).await,
             Scenario::Crash(o) => scenario::crash::run(o, work.path()).await,
             Scenario::Scaleout(o) => scenario::scaleout::run(o, work.path()).await,
         }

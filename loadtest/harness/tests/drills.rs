@@ -73,8 +73,8 @@ fn storm_short() {
 }
 
 #[test]
-fn fault_drill_short() {
-    run("fault");
+fn faults_short() {
+    run("faults");
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! standard figures and plots.
 
 pub mod crash;
-pub mod fault;
+pub mod faults;
 pub mod scaleout;
 pub mod steady;
 pub mod storm;
@@ -52,7 +52,7 @@ pub struct Opts {
     /// Seconds of load (steady), of outage (storm), or of drilling (crash).
     #[arg(long)]
     pub duration: Option<u64>,
-    /// Rounds (fault drill: injections; crash drill: kills of each role).
+    /// Rounds (crash drill: kills of each role).
     #[arg(long)]
     pub rounds: Option<usize>,
 }
