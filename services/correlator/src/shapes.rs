@@ -297,15 +297,15 @@ impl Shape {
         while let Some(i) = rest.find(['{', '}']) {
             out.push_str(&rest[..i]);
             let r = &rest[i..];
-            if r.starts_with("{{") {
+            if let Some(after) = r.strip_prefix("{{") {
                 out.push('{');
-                rest = &r[2..];
-            } else if r.starts_with("}}") {
+                rest = after;
+            } else if let Some(after) = r.strip_prefix("}}") {
                 out.push('}');
-                rest = &r[2..];
-            } else if r.starts_with('{') {
-                let end = r.find('}').unwrap_or(r.len() - 1);
-                let name = &r[1..end];
+                rest = after;
+            } else if let Some(inner) = r.strip_prefix('{') {
+                let end = inner.find('}').unwrap_or(inner.len());
+                let name = &inner[..end];
                 let value = match seen.iter().find(|(n, _)| *n == name) {
                     Some((_, v)) => v.clone(),
                     None => {
@@ -316,7 +316,7 @@ impl Shape {
                     }
                 };
                 out.push_str(&value);
-                rest = &r[end + 1..];
+                rest = inner.get(end + 1..).unwrap_or("");
             } else {
                 out.push('}');
                 rest = &r[1..];
@@ -993,14 +993,14 @@ pub fn component(reporter: &str) -> &'static str {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::{BTreeMap, BTreeSet};
+    use std::collections::BTreeMap;
 
     use super::*;
     use crate::mask::fingerprint;
     use crate::stream::{Subject, Universe};
 
     #[test]
-    fn every_placeholder_is_typed_and_identity_stays_out_of_volatile_slots() {
+    fn every_placeholder_is_typed_and_the_k3s_fixture_shapes_are_in_the_catalog() {
         for sh in SHAPES {
             for name in sh.placeholder_names() {
                 assert!(

@@ -84,6 +84,8 @@ pub struct Workload {
     pub volume: &'static str,
 }
 
+// a row of the workload table
+#[allow(clippy::too_many_arguments)]
 const fn w(
     ns: &'static str,
     name: &'static str,
