@@ -22,8 +22,10 @@ pub mod mask;
 pub mod noise;
 pub mod rules;
 pub mod service;
+pub mod shapes;
 pub mod state;
 pub mod store;
+pub mod stream;
 
 use std::time::Duration;
 

@@ -9,6 +9,20 @@ fn is_hex(s: &str) -> bool {
 
 const SUFFIX_ALPHABET: &str = "bcdfghjklmnpqrstvwxz2456789";
 
+/// What a pod-template-hash is made of: the decimal FNV-32 hash through `rand.SafeEncodeString`, which maps
+/// `0`–`9` to `4 5 6 7 8 9 b c d f`. One made only of digits 6–9 has no digit left (`bcdfbbdcfd`), a small
+/// hash is short (`dbd4b`), and no word is spelt with b, c, d, f and those digits alone.
+const TEMPLATE_HASH_ALPHABET: &str = "456789bcdf";
+
+/// A word followed by a long number (`nginx-cfg3712301224`, `vmss000009`): a counter or a random temp-file
+/// name; the word is kept.
+fn counter_head(p: &str) -> Option<&str> {
+    let head = p.trim_end_matches(|c: char| c.is_ascii_digit());
+    let digits = p.len() - head.len();
+    (digits >= 6 && !head.is_empty() && head.chars().all(|c| c.is_ascii_alphabetic()))
+        .then_some(head)
+}
+
 fn is_uuid_at(b: &[u8], i: usize) -> bool {
     const SHAPE: [usize; 5] = [8, 4, 4, 4, 12];
     let mut pos = i;
@@ -51,18 +65,27 @@ pub fn mask_name(name: &str) -> String {
     let name = mask_uuids(name);
     let parts: Vec<&str> = name.split('-').collect();
     let last = parts.len().saturating_sub(1);
-    let mut out: Vec<&str> = Vec::with_capacity(parts.len());
+    let mut out: Vec<String> = Vec::with_capacity(parts.len());
     for (i, p) in parts.iter().enumerate() {
         let digits = p.chars().any(|c| c.is_ascii_digit());
         let generated = *p == "*"
             || (!p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
             || (p.len() >= 6 && digits && is_hex(p))
+            // an abbreviated commit (git's 7+) may have no digit: `sha-cafebad`
+            || (p.len() >= 7 && is_hex(p))
+            || (p.len() >= 5 && p.chars().all(|c| TEMPLATE_HASH_ALPHABET.contains(c)))
             || (i == last
                 && i > 0
                 && p.len() == 5
                 && p.chars().all(|c| SUFFIX_ALPHABET.contains(c)));
-        let piece = if generated { "*" } else { p };
-        if piece == "*" && out.last() == Some(&"*") {
+        let piece = if generated {
+            "*".to_string()
+        } else if let Some(head) = counter_head(p) {
+            format!("{head}*")
+        } else {
+            p.to_string()
+        };
+        if piece == "*" && out.last().is_some_and(|l| l == "*") {
             continue;
         }
         out.push(piece);
@@ -73,7 +96,14 @@ pub fn mask_name(name: &str) -> String {
 /// Masks the volatile parts of a message: numbers (with units and durations), hex hashes, UUIDs, IPs and
 /// generated name suffixes become `*`. The message is cut into runs of name characters (letters, digits,
 /// `-`, `.`) and everything else; each run is judged alone.
+///
+/// Two rewrites that change no problem come first: client-go's aggregate prefix (`(combined from similar
+/// events): `, which its event recorder puts on a message when ten similar ones differ only in their text)
+/// is dropped, and so is an image reference's digest pin (`@sha256:<64 hex>`: pinned or not, it is the
+/// same image, whose tag is masked anyway).
 pub fn mask_message(msg: &str) -> String {
+    let msg = msg.strip_prefix(COMBINED_PREFIX).unwrap_or(msg);
+    let msg = strip_digest_pins(msg);
     let mut out = String::with_capacity(msg.len());
     let mut run = String::new();
     for ch in msg.chars() {
@@ -91,6 +121,32 @@ pub fn mask_message(msg: &str) -> String {
         out.push_str(&mask_run(&run));
     }
     out
+}
+
+/// The prefix of an event message aggregated by client-go (`tools/record/events_cache.go`).
+const COMBINED_PREFIX: &str = "(combined from similar events): ";
+
+/// Drops every `@sha256:<64 hex>` digest pin.
+fn strip_digest_pins(msg: &str) -> std::borrow::Cow<'_, str> {
+    const PIN: &str = "@sha256:";
+    if !msg.contains(PIN) {
+        return std::borrow::Cow::Borrowed(msg);
+    }
+    let mut out = String::with_capacity(msg.len());
+    let mut rest = msg;
+    while let Some(i) = rest.find(PIN) {
+        let after = &rest[i + PIN.len()..];
+        let hex = after.bytes().take_while(u8::is_ascii_hexdigit).count();
+        if hex == 64 {
+            out.push_str(&rest[..i]);
+            rest = &after[hex..];
+        } else {
+            out.push_str(&rest[..i + PIN.len()]);
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    std::borrow::Cow::Owned(out)
 }
 
 fn mask_run(run: &str) -> String {
@@ -115,6 +171,8 @@ fn mask_run(run: &str) -> String {
         "*".to_string()
     } else if core.contains('-') {
         mask_name(core)
+    } else if let Some(head) = counter_head(core) {
+        format!("{head}*")
     } else {
         // digits inside a word (web3, v1beta1) name things: kept
         core.to_string()
@@ -165,6 +223,19 @@ mod tests {
             mask_name("nightly-report-28790640-bq7tz"),
             "nightly-report-*"
         );
+        // a pod-template-hash without a digit left, a temp file's and an instance's counter
+        assert_eq!(mask_name("web-bcdfbbdcfd-x2x9k"), "web-*");
+        assert_eq!(mask_name("api-dbd4b-2wpsl"), "api-*");
+        assert_eq!(mask_name("sha-cafebad"), "sha-*");
+        assert_eq!(mask_name("decade-facade"), "decade-facade");
+        assert_eq!(mask_name("nginx-cfg3712301224"), "nginx-cfg*");
+        assert_eq!(
+            mask_name("aks-nodepool1-42814270-vmss000009"),
+            "aks-nodepool1-*-vmss*"
+        );
+        // short numbers inside words name things
+        assert_eq!(mask_name("redis-cache"), "redis-cache");
+        assert_eq!(mask_name("python3-worker"), "python3-worker");
         assert_eq!(mask_name("coredns"), "coredns");
         assert_eq!(mask_name("kube-proxy"), "kube-proxy");
         assert_eq!(
@@ -223,6 +294,29 @@ mod tests {
         assert_eq!(
             mask_message("limit cpu 500m memory 2Gi exceeded on port 8080"),
             mask_message("limit cpu 250m memory 512Mi exceeded on port 9090")
+        );
+        // client-go's aggregate prefix and an image's digest pin change no problem
+        assert_eq!(
+            mask_message(
+                "(combined from similar events): Error creating: pods \"web-7d4b9c8f5-xwvqs\" is forbidden: exceeded quota: compute, requested: cpu=500m, used: cpu=1900m, limited: cpu=2"
+            ),
+            mask_message(
+                "Error creating: pods \"web-7d4b9c8f5-q8w7r\" is forbidden: exceeded quota: compute, requested: cpu=250m, used: cpu=1750m, limited: cpu=2"
+            )
+        );
+        assert_eq!(
+            mask_message(
+                "Back-off pulling image \"shop/api:v1.2.3@sha256:0a1b2c3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7e8f9\""
+            ),
+            mask_message("Back-off pulling image \"shop/api:v1.2.4\"")
+        );
+        assert_eq!(
+            mask_message("pod triggered scale-up: [{general 3->5 (max: 10)}]"),
+            mask_message("pod triggered scale-up: [{general 1->2 (max: 12)}]")
+        );
+        assert_ne!(
+            mask_message("Back-off pulling image \"shop/api:v1.2.3\""),
+            mask_message("Back-off pulling image \"shop/web:v1.2.3\"")
         );
         // an API version names a thing and stays
         assert_ne!(
