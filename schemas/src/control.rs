@@ -105,3 +105,112 @@ impl CommandReply {
         }
     }
 }
+
+/// One baseline rule across the fleet: the compliance view (`multipilot compliance`, the console's
+/// Compliance tab), built from every cluster's latest [`crate::payload::ComplianceReport`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RuleCompliance {
+    /// Rule id (`kubernetes-version`, `component:coredns`, `pss-labels`, …).
+    pub rule: String,
+    /// Clusters failing it, with what was found on each (by cluster name).
+    pub failing: Vec<RuleFailure>,
+    /// Clusters passing it.
+    pub passing: usize,
+    /// Clusters it could not be judged on yet.
+    pub unknown: usize,
+}
+
+/// A cluster failing a rule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RuleFailure {
+    /// Cluster.
+    pub cluster: String,
+    /// What was found there.
+    pub message: String,
+    /// The objects violating it (a few).
+    pub objects: Vec<crate::payload::ObjectRef>,
+}
+
+/// The compliance view: one entry per rule, the rules failed by the most clusters first.
+pub fn compliance_by_rule(reports: &[crate::payload::ComplianceReport]) -> Vec<RuleCompliance> {
+    use crate::payload::CheckStatus;
+    let mut by: std::collections::BTreeMap<&str, RuleCompliance> = Default::default();
+    let mut reports: Vec<&crate::payload::ComplianceReport> = reports.iter().collect();
+    reports.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+    for r in reports {
+        for c in &r.checks {
+            let e = by.entry(c.rule.as_str()).or_insert_with(|| RuleCompliance {
+                rule: c.rule.clone(),
+                failing: Vec::new(),
+                passing: 0,
+                unknown: 0,
+            });
+            match c.status {
+                CheckStatus::Pass => e.passing += 1,
+                CheckStatus::Fail => e.failing.push(RuleFailure {
+                    cluster: r.cluster.clone(),
+                    message: c.message.clone(),
+                    objects: c.objects.iter().take(5).cloned().collect(),
+                }),
+                CheckStatus::Unknown => e.unknown += 1,
+            }
+        }
+    }
+    let mut out: Vec<RuleCompliance> = by.into_values().collect();
+    out.sort_by(|a, b| {
+        b.failing
+            .len()
+            .cmp(&a.failing.len())
+            .then(a.rule.cmp(&b.rule))
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::payload::{CheckStatus, ComplianceCheck, ComplianceReport};
+
+    fn report(cluster: &str, checks: &[(&str, CheckStatus)]) -> ComplianceReport {
+        ComplianceReport {
+            cluster: cluster.into(),
+            baseline: "fleet-baseline".into(),
+            compliant: checks.iter().all(|(_, s)| *s == CheckStatus::Pass),
+            checks: checks
+                .iter()
+                .map(|(rule, status)| ComplianceCheck {
+                    rule: (*rule).into(),
+                    status: *status,
+                    message: format!("{rule} on {cluster}"),
+                    objects: Vec::new(),
+                })
+                .collect(),
+            evaluated_at: chrono::DateTime::UNIX_EPOCH,
+        }
+    }
+
+    #[test]
+    fn the_compliance_view_shows_each_rule_once_with_the_clusters_it_affects() {
+        use CheckStatus::*;
+        let view = compliance_by_rule(&[
+            report("b", &[("pss-labels", Fail), ("kubernetes-version", Pass)]),
+            report("a", &[("pss-labels", Fail), ("kubernetes-version", Fail)]),
+            report(
+                "c",
+                &[("pss-labels", Unknown), ("kubernetes-version", Pass)],
+            ),
+        ]);
+        let rules: Vec<&str> = view.iter().map(|r| r.rule.as_str()).collect();
+        assert_eq!(
+            rules,
+            ["pss-labels", "kubernetes-version"],
+            "most failed first"
+        );
+        let pss = &view[0];
+        let clusters: Vec<&str> = pss.failing.iter().map(|f| f.cluster.as_str()).collect();
+        assert_eq!(clusters, ["a", "b"]);
+        assert_eq!((pss.passing, pss.unknown), (0, 1));
+        assert_eq!(view[1].failing[0].message, "kubernetes-version on a");
+        assert_eq!(view[1].passing, 2);
+    }
+}

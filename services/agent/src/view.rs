@@ -498,7 +498,8 @@ impl View {
         }
         match kind {
             "Node" => {
-                if v.nodes.remove(name).is_some() {
+                let gone = v.nodes.remove(name);
+                if gone.is_some() {
                     touched.extend(["nodes", "gpu-device-plugin"]);
                 }
             }

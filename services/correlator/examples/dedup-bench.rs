@@ -2,8 +2,7 @@
 //! warning events there are, how many distinct problems and records, how many messages an operator is told
 //! (announcements of warnings, as `machine.rs` publishes digests only for warnings) and how many digests
 //! go out with the in-place updates, whether every problem came through, and how many events per second
-//! one correlator handles (in memory; the store writes only the records that changed). A second line runs
-//! the older synthetic noise stream (`noise.rs`).
+//! one correlator handles (in memory; the store writes only the records that changed).
 //! `cargo run --release -p multipilot-correlator --example dedup-bench -- [EVENTS]`
 
 #![allow(clippy::print_stdout)]
@@ -12,7 +11,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use multipilot_correlator::dedup::Dedup;
-use multipilot_correlator::noise::Noise;
 use multipilot_correlator::stream::ShapeStream;
 use multipilot_schemas::payload::Severity;
 
@@ -81,31 +79,5 @@ fn main() -> anyhow::Result<()> {
         n as f64 / took.as_secs_f64()
     );
 
-    let mut d = Dedup::new();
-    let mut noise = Noise::new(42);
-    let events: Vec<_> = (0..n).map(|_| noise.next_event()).collect();
-    let (mut passed, mut problems, mut seen) = (0u64, BTreeSet::new(), BTreeSet::new());
-    let started = Instant::now();
-    for (cluster, e, problem) in &events {
-        let (_, pass) = d.observe(cluster, e);
-        if let Some(p) = problem {
-            problems.insert(p.clone());
-        }
-        if pass.is_some() {
-            passed += 1;
-            if let Some(p) = problem {
-                seen.insert(p.clone());
-            }
-        }
-    }
-    let took = started.elapsed();
-    println!(
-        "noise:  events {n}, passed on {passed} ({:.2}% reduction), distinct problems {} of which passed {} (missed {}), {:.0} events/s",
-        pct(passed, n),
-        problems.len(),
-        seen.len(),
-        problems.len() - seen.len(),
-        n as f64 / took.as_secs_f64()
-    );
     Ok(())
 }

@@ -12,14 +12,15 @@
 //! - [`machine`]: the pure state machine (inputs → state changes and messages to publish), with
 //!   [`evidence`] scoring, [`dedup`] of events, [`baseline`] judgement, [`rules`] as data;
 //! - [`store`]: its durable state and outbox in sled, written atomically;
-//! - [`service`]: the NATS wiring, as named tasks.
+//! - [`service`]: the NATS wiring, as named tasks;
+//! - [`shapes`]: the message shapes of real components' events that [`mask`] is tested on, and
+//!   [`stream`], a realistic fleet stream made of them (the dedup benchmark and its tests).
 
 pub mod baseline;
 pub mod dedup;
 pub mod evidence;
 pub mod machine;
 pub mod mask;
-pub mod noise;
 pub mod rules;
 pub mod service;
 pub mod shapes;

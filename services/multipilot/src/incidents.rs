@@ -109,12 +109,46 @@ pub async fn print(
     Ok(())
 }
 
-/// Prints every cluster's compliance report.
+/// Prints the fleet's compliance: each rule once with the clusters failing it, or (`by_cluster`) every
+/// cluster's report.
 #[allow(clippy::print_stdout)]
-pub async fn compliance(client: &async_nats::Client, output: &str) -> Result<()> {
+pub async fn compliance(client: &async_nats::Client, output: &str, by_cluster: bool) -> Result<()> {
     let mut reports: Vec<ComplianceReport> =
         request(client, multipilot_schemas::control::QUERY_COMPLIANCE, b"{}").await?;
     reports.sort_by(|a, b| a.cluster.cmp(&b.cluster));
+    if !by_cluster {
+        let rules = multipilot_schemas::control::compliance_by_rule(&reports);
+        if output == "json" {
+            println!("{}", serde_json::to_string_pretty(&rules)?);
+            return Ok(());
+        }
+        println!(
+            "{:<22} {:>7} {:>7}  CLUSTERS FAILING IT",
+            "RULE", "FAILING", "PASSING"
+        );
+        for r in &rules {
+            let clusters = r
+                .failing
+                .iter()
+                .map(|f| f.cluster.as_str())
+                .collect::<Vec<_>>()
+                .join(", ");
+            println!(
+                "{:<22} {:>7} {:>7}  {}",
+                r.rule,
+                r.failing.len(),
+                r.passing,
+                if clusters.is_empty() { "-" } else { &clusters }
+            );
+            for f in &r.failing {
+                println!("{:<22}   {}: {}", "", f.cluster, f.message);
+            }
+        }
+        if rules.is_empty() {
+            println!("(no reports yet)");
+        }
+        return Ok(());
+    }
     if output == "json" {
         println!("{}", serde_json::to_string_pretty(&reports)?);
         return Ok(());

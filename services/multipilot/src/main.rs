@@ -93,11 +93,15 @@ enum Command {
     /// The fleet as the console sees it: clusters, get, diff, compare, gpu.
     #[command(flatten)]
     Fleet(fleet::Command),
-    /// Show each cluster's compliance with the fleet baseline (from the correlator).
+    /// Show the fleet's compliance with the baseline (from the correlator): each rule once, with the
+    /// clusters failing it.
     Compliance {
         /// Output format.
         #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "json"])]
         output: String,
+        /// Every check of every cluster instead, cluster by cluster.
+        #[arg(long)]
+        by_cluster: bool,
     },
 }
 
@@ -188,9 +192,9 @@ async fn run() -> Result<()> {
             let url = url.unwrap_or_else(|| format!("http://{}", config.alerts.listen));
             return silence::run(&url, command).await;
         }
-        Command::Compliance { output } => {
+        Command::Compliance { output, by_cluster } => {
             let client = multipilot_bus::connect::connect(&config.nats).await?;
-            return incidents::compliance(&client, &output).await;
+            return incidents::compliance(&client, &output, by_cluster).await;
         }
         Command::Fleet(cmd) => return fleet::run(&config.console.listen, cmd).await,
         Command::Cluster { command } => return cluster::run(command),

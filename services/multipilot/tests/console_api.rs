@@ -628,6 +628,71 @@ async fn overview_diff_compare_and_gpu_come_from_the_streams() -> Result<()> {
     let pods = c.get("/api/v1/compare?a=prod-a&b=prod-b&kind=Pod").await?;
     assert_eq!(pods["counts"]["only_in_a"], 1);
 
+    // the compliance view: each rule once, the clusters failing it
+    let check = |rule: &str, status: CheckStatus, message: &str| ComplianceCheck {
+        rule: rule.into(),
+        status,
+        message: message.into(),
+        objects: Vec::new(),
+    };
+    for (cluster, checks) in [
+        (
+            "prod-a",
+            vec![
+                check("kubernetes-version", CheckStatus::Pass, "v1.31.3"),
+                check(
+                    "pss-labels",
+                    CheckStatus::Fail,
+                    "2 namespaces without a level",
+                ),
+            ],
+        ),
+        (
+            "dev-c",
+            vec![
+                check(
+                    "kubernetes-version",
+                    CheckStatus::Fail,
+                    "v1.24.3 is outside 1.26–1.33",
+                ),
+                check(
+                    "pss-labels",
+                    CheckStatus::Fail,
+                    "5 namespaces without a level",
+                ),
+            ],
+        ),
+    ] {
+        let report = ComplianceReport {
+            cluster: cluster.into(),
+            baseline: "fleet-baseline".into(),
+            compliant: false,
+            checks,
+            evaluated_at: now,
+        };
+        c.send(subject::compliance(cluster), cluster, now, report)
+            .await?;
+    }
+    let rules = multipilot_testkit::wait::eventually("the compliance view", 30, async || {
+        let v = c.get("/api/v1/compliance").await.ok()?;
+        (v.as_array()?.len() == 2).then_some(v)
+    })
+    .await?;
+    assert_eq!(rules[0]["rule"], "pss-labels", "{rules:#}");
+    let failing: Vec<&str> = rules[0]["failing"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["cluster"].as_str().unwrap())
+        .collect();
+    assert_eq!(failing, ["dev-c", "prod-a"]);
+    assert_eq!(rules[1]["rule"], "kubernetes-version");
+    assert_eq!(rules[1]["passing"], 1);
+    assert_eq!(
+        rules[1]["failing"][0]["message"],
+        "v1.24.3 is outside 1.26–1.33"
+    );
+
     // GPU pool: the most free GPUs first, clusters without GPUs left out
     let gpu = c.get("/api/v1/gpu").await?;
     let pools: Vec<(&str, u64)> = gpu

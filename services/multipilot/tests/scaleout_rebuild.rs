@@ -380,7 +380,15 @@ async fn wiped_correlator_keeps_its_incidents_open_and_their_revisions_continue(
     let mut hub = Correlator::start().await?;
     let c = "rebuild-1";
     let t = Utc::now() - chrono::Duration::minutes(5);
-    hub.send(subject::facts(c), c, t, facts(24)).await?;
+    // compliant, then rolled back below the baseline: a drift incident (standing non-compliance is not one)
+    hub.send(subject::facts(c), c, t, facts(31)).await?;
+    hub.send(
+        subject::facts(c),
+        c,
+        t + chrono::Duration::seconds(1),
+        facts(24),
+    )
+    .await?;
     hub.etcd_rounds(c, ProbeStatus::Unhealthy, 1..=6, t).await?;
     let logs = [hub.log_path()];
     let before = wait_for("etcd and drift incidents", &logs, || async {

@@ -91,7 +91,7 @@ async fn every_role_works_under_its_own_user_and_an_agent_speaks_only_for_its_cl
     let admin_js = jetstream::new(admin.clone());
     Topology::embedded().provision(&admin_js).await?;
 
-    // one simulated cluster, prod-1, on 1.24 (below the baseline: it drifts)
+    // one simulated cluster, prod-1, on 1.24 (below the baseline: non-compliant)
     let fleet_cfg = multipilot_sim::fleet::Config {
         clusters: 1,
         versions: vec!["1.24".into()],
@@ -195,14 +195,28 @@ async fn every_role_works_under_its_own_user_and_an_agent_speaks_only_for_its_cl
     };
     let http = reqwest::Client::new();
     eventually(
-        "the correlator's baseline drift, asked by the operator",
+        "the correlator's compliance verdict, asked by the operator",
         120,
         async || {
-            operator_cli(&["incidents", "-o", "json"])
+            operator_cli(&["compliance", "-o", "json"])
                 .ok()
-                .filter(|o| o.contains("baseline-drift") && o.contains("prod-1"))
+                .filter(|o| o.contains("kubernetes-version") && o.contains("prod-1"))
         },
     )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
+    // a Service exposed on an external IP: an incident, through agent, correlator and alert router
+    multipilot_sim::world::set_fault(
+        fleet.get("prod-1").context("prod-1")?,
+        "external-ips",
+        true,
+        &Default::default(),
+    )?;
+    eventually("the incident, asked by the operator", 120, async || {
+        operator_cli(&["incidents", "-o", "json"])
+            .ok()
+            .filter(|o| o.contains("external-ip-exposure") && o.contains("prod-1"))
+    })
     .await
     .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
     eventually("samples in the TSDB", 120, async || {
@@ -225,7 +239,7 @@ async fn every_role_works_under_its_own_user_and_an_agent_speaks_only_for_its_cl
     })
     .await
     .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;
-    eventually("the alert router holding the drift", 60, async || {
+    eventually("the alert router holding the incident", 60, async || {
         let t = http
             .get(format!("http://127.0.0.1:{alerts_port}/api/v2/alerts"))
             .send()
@@ -234,7 +248,7 @@ async fn every_role_works_under_its_own_user_and_an_agent_speaks_only_for_its_cl
             .text()
             .await
             .ok()?;
-        t.contains("baseline-drift").then_some(())
+        t.contains("external-ip-exposure").then_some(())
     })
     .await
     .map_err(|e| anyhow::anyhow!("{e}\n{}", logs()))?;

@@ -30,6 +30,7 @@ use crate::selector::Selector;
 use crate::store::{ClusterRec, ObjKey, Store};
 
 mod capacity;
+mod compliance;
 mod fleet;
 mod gpu;
 mod incidents;
@@ -38,7 +39,9 @@ mod releases;
 mod resources;
 
 #[allow(unused_imports)] // the sections use each other
-use self::{capacity::*, fleet::*, gpu::*, incidents::*, page::*, releases::*, resources::*};
+use self::{
+    capacity::*, compliance::*, fleet::*, gpu::*, incidents::*, page::*, releases::*, resources::*,
+};
 
 pub use self::fleet::{ClusterOverview, Health, overview};
 pub use self::gpu::{GpuModel, GpuPool, gpu_pools};
@@ -137,6 +140,7 @@ pub fn router(app: App) -> Router {
         .route("/api/v1/gpu", get(gpu))
         .route("/api/v1/releases", get(releases))
         .route("/api/v1/capacity", get(capacity))
+        .route("/api/v1/compliance", get(compliance_view))
         .fallback(|| async { ApiError::not_found("no such API route") })
         .route_layer(middleware::from_fn_with_state(app.clone(), authenticate));
     Router::new()

@@ -65,6 +65,7 @@ function showTab(name) {
   for (const b of document.querySelectorAll('#tabs button')) b.classList.toggle('active', b.dataset.tab === name);
   for (const s of document.querySelectorAll('section.tab')) s.hidden = s.id !== 'tab-' + name;
   if (name === 'gpu') loadGpu();
+  if (name === 'compliance') loadCompliance();
   if (name === 'releases') loadReleases();
   if (name === 'capacity') loadCapacity();
   if (name === 'compare') fillClusterSelects();
@@ -323,6 +324,17 @@ async function runCompare(ev) {
       el('div', { class: 'box', id: 'cmp-differ' }, el('h3', {}, 'spec differs (click for the fields)'), list(r.differ, true)),
       el('div', { class: 'box', id: 'cmp-only-a' }, el('h3', {}, 'only in ' + a), list(r.only_in_a, false)),
       el('div', { class: 'box', id: 'cmp-only-b' }, el('h3', {}, 'only in ' + b), list(r.only_in_b, false))));
+}
+
+// ------------------------------------------------------------------------------------------------ compliance
+async function loadCompliance() {
+  let rules;
+  try { rules = await api('/api/v1/compliance'); } catch (e) { banner('compliance: ' + e.message); return; }
+  $('#compliance-table tbody').replaceChildren(...rules.map((r) => el('tr', { dataRule: r.rule },
+    el('td', {}, el('code', {}, r.rule)),
+    el('td', { class: r.failing.length ? 'health-degraded' : 'health-healthy' }, String(r.failing.length)),
+    el('td', {}, String(r.passing) + (r.unknown ? ' (' + r.unknown + ' not judged)' : '')),
+    el('td', {}, el('ul', { class: 'plain' }, ...r.failing.map((f) => el('li', {}, el('b', {}, f.cluster), ': ' + f.message)))))));
 }
 
 // ------------------------------------------------------------------------------------------------ gpu
