@@ -123,7 +123,7 @@ pub async fn compliance(client: &async_nats::Client, output: &str, by_cluster: b
             return Ok(());
         }
         println!(
-            "{:<22} {:>7} {:>7}  CLUSTERS FAILING IT",
+            "{:<32} {:>7} {:>7}  CLUSTERS FAILING IT",
             "RULE", "FAILING", "PASSING"
         );
         for r in &rules {
@@ -134,14 +134,14 @@ pub async fn compliance(client: &async_nats::Client, output: &str, by_cluster: b
                 .collect::<Vec<_>>()
                 .join(", ");
             println!(
-                "{:<22} {:>7} {:>7}  {}",
+                "{:<32} {:>7} {:>7}  {}",
                 r.rule,
                 r.failing.len(),
                 r.passing,
                 if clusters.is_empty() { "-" } else { &clusters }
             );
             for f in &r.failing {
-                println!("{:<22}   {}: {}", "", f.cluster, f.message);
+                println!("{:<32}   {}: {}", "", f.cluster, f.message);
             }
         }
         if rules.is_empty() {

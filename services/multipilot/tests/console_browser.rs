@@ -478,6 +478,24 @@ async fn the_console_page_shows_the_fleet_a_live_incident_and_a_cross_cluster_di
     );
     let shot = br.screenshot("console-e2e.png").await?;
     eprintln!("screenshot of the diff: {}", shot.display());
+
+    // 4. the compliance tab: each rule once, with the clusters failing it (the simulated fleet has team
+    // namespaces without a Pod Security level everywhere)
+    br.eval("document.querySelector('#tabs button[data-tab=\"compliance\"]').click(); true")
+        .await?;
+    let failing = br
+        .wait_for(
+            "the pss-labels rule in the compliance tab",
+            "(() => { const r = document.querySelector('#compliance-table tbody tr[data-rule=\"pss-labels\"]'); \
+             return r ? r.querySelectorAll('li').length : null; })()",
+            60,
+        )
+        .await?;
+    assert_eq!(
+        failing,
+        json!(6),
+        "every simulated cluster fails pss-labels"
+    );
     drop(br);
     drop(sys);
     Ok(())

@@ -280,15 +280,24 @@ fn opened_since(obs: &Observer, since: Instant) -> Vec<(String, String)> {
     })
 }
 
+/// What a wave saw besides its outcomes.
+#[derive(Debug, Default)]
+struct Seen {
+    /// Incidents of kinds not injected on their cluster, opened during the wave.
+    unexpected: Vec<(String, String)>,
+    /// Injected (cluster, kind) opened more than once (it resolved and reopened: flapping).
+    flapped: Vec<(String, String)>,
+}
+
 /// Injects `faults` (class lists per cluster) at once, waits for each incident, heals them, and waits for
-/// each resolution. Returns the outcomes and the unexpected incidents opened meanwhile.
+/// each resolution.
 async fn wave(
     sys: &System,
     obs: &Observer,
     rec: &Recorder,
     faults: &[(String, Vec<Class>)],
     wait: Duration,
-) -> Result<(Vec<Outcome>, Vec<(String, String)>)> {
+) -> Result<(Vec<Outcome>, Seen)> {
     let started = Instant::now();
     let mut injected = Vec::new();
     for (cluster, classes) in faults {
@@ -382,7 +391,24 @@ async fn wave(
     );
     unexpected.sort();
     unexpected.dedup();
-    Ok((outcomes, unexpected))
+    let mut openings: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for (cluster, kind) in opened_since(obs, started) {
+        if expected.contains(&(cluster.clone(), kind.as_str())) {
+            *openings.entry((cluster, kind)).or_default() += 1;
+        }
+    }
+    let flapped = openings
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|(k, _)| k)
+        .collect();
+    Ok((
+        outcomes,
+        Seen {
+            unexpected,
+            flapped,
+        },
+    ))
 }
 
 fn evidence_line(inc: &Incident) -> String {
@@ -458,15 +484,17 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
     // waves: one class per cluster at once
     let mut outcomes = Vec::new();
     let mut unexpected = Vec::new();
+    let mut flapped = Vec::new();
     for chunk in classes.chunks(clusters.len()) {
         let faults: Vec<(String, Vec<Class>)> = chunk
             .iter()
             .zip(&clusters)
             .map(|(c, cluster)| (cluster.clone(), vec![*c]))
             .collect();
-        let (o, u) = wave(&sys, &obs, &rec, &faults, Duration::from_secs(120)).await?;
+        let (o, seen) = wave(&sys, &obs, &rec, &faults, Duration::from_secs(120)).await?;
         outcomes.extend(o);
-        unexpected.extend(u);
+        unexpected.extend(seen.unexpected);
+        flapped.extend(seen.flapped);
     }
     // pairs: two faults on one cluster
     let pairs = if o.short { &PAIRS[..1] } else { PAIRS };
@@ -475,8 +503,9 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
         .zip(&clusters)
         .map(|((a, b), cluster)| (cluster.clone(), vec![class(a), class(b)]))
         .collect();
-    let (pair_outcomes, u) = wave(&sys, &obs, &rec, &faults, Duration::from_secs(120)).await?;
-    unexpected.extend(u);
+    let (pair_outcomes, seen) = wave(&sys, &obs, &rec, &faults, Duration::from_secs(120)).await?;
+    unexpected.extend(seen.unexpected);
+    flapped.extend(seen.flapped);
 
     // figures per class
     let mut missed = Vec::new();
@@ -654,6 +683,15 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
             "none".into()
         } else {
             format!("{unexpected:?}")
+        },
+    );
+    r.goal(
+        "no incident flaps (resolves and reopens) while its fault is on or healing",
+        flapped.is_empty(),
+        if flapped.is_empty() {
+            "none".into()
+        } else {
+            format!("{flapped:?}")
         },
     );
     r.goal(
