@@ -1,24 +1,90 @@
-//! `multipilot clusters | get | diff | compare | gpu`: the fleet as the console sees it, for people (tables)
-//! and scripts (`-o json|yaml`). They ask the console's API (`--console`, `MULTIPILOT_CONSOLE_URL`, default
-//! `http://<console.listen>`) with the token in `MULTIPILOT_TOKEN`.
+//! `multipilot clusters | get | diff | compare | gpu | api-resources`: the fleet as the console sees it, for
+//! people (tables) and scripts (`-o json|yaml|name`). They ask the console's API; where it is, the token and
+//! the default output come from the flags, the environment (`MULTIPILOT_CONSOLE_URL`, `MULTIPILOT_TOKEN`), the
+//! CLI config's context (see [`crate::contexts`]) or the defaults (`http://<console.listen>`), in that order.
+//! Kinds are named as kubectl names them ([`crate::kinds`]).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use anyhow::{Context as _, Result, bail};
 use clap::Subcommand;
 use multipilot_console::api::{ClusterOverview, ResourcePage};
 use serde_json::Value;
 
-/// Where the console is and how to sign in.
+use crate::contexts::{self, Layer};
+use crate::kinds;
+
+/// Where the console is, how to sign in, how to print.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ConsoleArgs {
-    /// The console's address (default: http://<console.listen> of the config).
-    #[arg(long = "console", env = "MULTIPILOT_CONSOLE_URL")]
+    /// The console's address [else $MULTIPILOT_CONSOLE_URL, the context's, http://<console.listen>].
+    #[arg(long = "console")]
     pub url: Option<String>,
-    /// Bearer token for the console.
-    #[arg(long, env = "MULTIPILOT_TOKEN", hide_env_values = true)]
+    /// Bearer token for the console [else $MULTIPILOT_TOKEN, the context's].
+    #[arg(long)]
     pub token: Option<String>,
-    /// Output format.
-    #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "json", "yaml"])]
-    pub output: String,
+    /// Use this context of the CLI config instead of the current one.
+    #[arg(long)]
+    pub context: Option<String>,
+    /// Output format [else the context's, else table].
+    #[arg(short = 'o', long, value_parser = contexts::OUTPUTS)]
+    pub output: Option<String>,
+}
+
+/// One command's resolved settings.
+#[derive(Debug, Clone)]
+struct Session {
+    base: String,
+    token: Option<String>,
+    output: String,
+}
+
+impl Session {
+    /// Flags, then the environment, then the context of the CLI config at `file`, then the defaults.
+    /// `outputs` are the formats this command prints: asking for another is an error, a context's default
+    /// it can't print is a table.
+    fn new(
+        args: &ConsoleArgs,
+        listen: &str,
+        file: Option<PathBuf>,
+        outputs: &[&str],
+    ) -> Result<Session> {
+        if let Some(o) = &args.output
+            && !outputs.contains(&o.as_str())
+        {
+            bail!("-o {o}: this command prints {}", outputs.join(", "));
+        }
+        let flags = Layer {
+            console: args.url.clone(),
+            token: args.token.clone(),
+            output: args.output.clone(),
+        };
+        let mut context = Layer::default();
+        if let Some(path) = file {
+            let f = contexts::File::load(&path)?;
+            if let Some(c) = f.chosen(args.context.as_deref(), &path)? {
+                context = Layer::from_context(c)?;
+            }
+        } else if let Some(name) = &args.context {
+            bail!("--context {name}: there is no CLI config (set MULTIPILOT_CLI_CONFIG or HOME)");
+        }
+        let r = flags
+            .or(Layer::from_env(|k| std::env::var(k).ok()))
+            .or(context);
+        Ok(Session {
+            base: r
+                .console
+                .unwrap_or_else(|| format!("http://{}", listen.replace("0.0.0.0", "127.0.0.1")))
+                .trim_end_matches('/')
+                .to_string(),
+            token: r.token,
+            output: r
+                .output
+                .filter(|o| outputs.contains(&o.as_str()))
+                .unwrap_or_else(|| "table".into()),
+        })
+    }
 }
 
 /// The fleet commands.
@@ -40,7 +106,8 @@ pub enum Command {
     Get {
         #[command(flatten)]
         args: ConsoleArgs,
-        /// Kind, by its name in any case (`deployment`, `NetworkPolicy`; short names like `deploy` aren't known).
+        /// Kind as kubectl takes it: `deployments`, `deploy`, `Deployment`, `deployments.apps`
+        /// (`multipilot api-resources` lists them).
         kind: String,
         /// Name contains.
         name: Option<String>,
@@ -50,9 +117,12 @@ pub enum Command {
         /// Clusters, comma-separated (default: all).
         #[arg(long)]
         cluster: Option<String>,
-        /// Namespace.
+        /// Namespace (ignored for cluster-scoped kinds).
         #[arg(short = 'n', long)]
         namespace: Option<String>,
+        /// Every namespace: what no --namespace means already; wins over --namespace, as in kubectl.
+        #[arg(short = 'A', long)]
+        all_namespaces: bool,
         /// At most this many objects.
         #[arg(long, default_value_t = 500)]
         limit: usize,
@@ -61,7 +131,8 @@ pub enum Command {
     Diff {
         #[command(flatten)]
         args: ConsoleArgs,
-        /// `<namespace>/<kind>/<name>` (`_` as namespace for cluster-scoped objects).
+        /// `<namespace>/<kind>/<name>` (`_` as namespace for cluster-scoped objects; the kind as `get` takes
+        /// it).
         object: String,
         /// Clusters, comma-separated (default: every cluster that has it).
         #[arg(long, value_delimiter = ',')]
@@ -75,7 +146,8 @@ pub enum Command {
         a: String,
         /// Second cluster.
         b: String,
-        /// Only this kind (default: everything but Pods, ReplicaSets, EndpointSlices, Leases, Nodes…).
+        /// Only this kind, as `get` takes it (default: everything but Pods, ReplicaSets, EndpointSlices,
+        /// Leases, Nodes…).
         #[arg(long)]
         kind: Option<String>,
         /// Only this namespace.
@@ -87,25 +159,14 @@ pub enum Command {
         #[command(flatten)]
         args: ConsoleArgs,
     },
+    /// The kinds `get`, `diff` and `compare` take, with their short names.
+    ApiResources,
 }
 
-fn base(args: &ConsoleArgs, listen: &str) -> String {
-    args.url
-        .clone()
-        .unwrap_or_else(|| format!("http://{}", listen.replace("0.0.0.0", "127.0.0.1")))
-        .trim_end_matches('/')
-        .to_string()
-}
-
-async fn get(
-    args: &ConsoleArgs,
-    listen: &str,
-    path: &str,
-    query: &[(&str, String)],
-) -> Result<Value> {
-    let url = format!("{}{path}", base(args, listen));
+async fn get(session: &Session, path: &str, query: &[(&str, String)]) -> Result<Value> {
+    let url = format!("{}{path}", session.base);
     let mut req = reqwest::Client::new().get(&url).query(query);
-    if let Some(t) = &args.token {
+    if let Some(t) = &session.token {
         req = req.bearer_auth(t);
     }
     let resp = req.send().await.with_context(|| {
@@ -116,11 +177,25 @@ async fn get(
     if !status.is_success() {
         let msg = body["error"].as_str().unwrap_or("request failed");
         if status.as_u16() == 401 {
-            bail!("{msg} (set MULTIPILOT_TOKEN)");
+            bail!(
+                "{msg} (set MULTIPILOT_TOKEN, --token, or a context's token: `multipilot config set-context`)"
+            );
         }
         bail!("{status}: {msg}");
     }
     Ok(body)
+}
+
+/// A kind as the user typed it, resolved, or the error with its suggestion.
+fn kind(given: &str) -> Result<&'static kinds::Kind> {
+    let k = kinds::resolve(given)?;
+    if !k.collected {
+        bail!(
+            "the agent doesn't collect {}, so the fleet has none to show (`multipilot api-resources` lists what it collects)",
+            k.plural
+        );
+    }
+    Ok(k)
 }
 
 fn s(v: &Value) -> String {
@@ -134,7 +209,7 @@ fn s(v: &Value) -> String {
 
 /// Prints rows as aligned columns.
 #[allow(clippy::print_stdout)]
-fn table(header: &[&str], rows: Vec<Vec<String>>) {
+pub fn table(header: &[&str], rows: Vec<Vec<String>>) {
     let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for r in &rows {
         for (i, c) in r.iter().enumerate() {
@@ -172,22 +247,32 @@ fn structured(v: &Value, output: &str) -> Result<bool> {
     Ok(true)
 }
 
-/// Runs a fleet command; `listen` is the config's `console.listen`.
+/// Every format; `diff`, `compare` and `gpu` print all but `name`.
+const ALL: &[&str] = &contexts::OUTPUTS;
+const NO_NAME: &[&str] = &["table", "wide", "json", "yaml"];
+
+/// Runs a fleet command; `listen` is the hub config's `console.listen`, `file` the CLI config.
 #[allow(clippy::print_stdout)]
-pub async fn run(listen: &str, cmd: Command) -> Result<()> {
+pub async fn run(listen: &str, file: Option<PathBuf>, cmd: Command) -> Result<()> {
     match cmd {
         Command::Clusters { args, query, sort } => {
-            let args = &args;
+            let session = &Session::new(&args, listen, file, ALL)?;
             let mut q = vec![("sort", sort)];
             if let Some(x) = query {
                 q.push(("q", x));
             }
-            let v = get(args, listen, "/api/v1/clusters", &q).await?;
-            if structured(&v, &args.output)? {
+            let v = get(session, "/api/v1/clusters", &q).await?;
+            if structured(&v, &session.output)? {
                 return Ok(());
             }
             let list: Vec<ClusterOverview> = serde_json::from_value(v)
                 .context("the console answered something else than clusters")?;
+            if session.output == "name" {
+                for c in &list {
+                    println!("{}", c.name);
+                }
+                return Ok(());
+            }
             let dash = || "-".to_string();
             let rows = list
                 .iter()
@@ -237,31 +322,80 @@ pub async fn run(listen: &str, cmd: Command) -> Result<()> {
         }
         Command::Get {
             args,
-            kind,
+            kind: given,
             name,
             selector,
             cluster,
             namespace,
+            all_namespaces,
             limit,
         } => {
-            let args = &args;
-            let mut q = vec![("kind", kind), ("limit", limit.to_string())];
+            let kind = self::kind(&given)?;
+            let session = &Session::new(&args, listen, file, ALL)?;
+            // kubectl: -A wins over -n; a cluster-scoped kind has no namespace
+            let namespace = namespace.filter(|_| !all_namespaces && kind.namespaced);
+            let mut q = vec![
+                ("kind", kind.kind.to_string()),
+                ("limit", limit.to_string()),
+            ];
             for (k, v) in [
                 ("name", name),
                 ("selector", selector),
                 ("cluster", cluster),
-                ("namespace", namespace),
+                ("namespace", namespace.clone()),
             ] {
                 if let Some(v) = v {
                     q.push((k, v));
                 }
             }
-            let v = get(args, listen, "/api/v1/resources", &q).await?;
-            if structured(&v, &args.output)? {
+            let v = get(session, "/api/v1/resources", &q).await?;
+            if structured(&v, &session.output)? {
                 return Ok(());
             }
             let page: ResourcePage = serde_json::from_value(v)
                 .context("the console answered something else than resources")?;
+            if page.total == 0 {
+                match &namespace {
+                    Some(ns) => eprintln!("No resources found in {ns} namespace."),
+                    None => eprintln!("No resources found"),
+                }
+                return Ok(());
+            }
+            if page.total > page.items.len() {
+                eprintln!(
+                    "({} of {} shown; --limit to see more)",
+                    page.items.len(),
+                    page.total
+                );
+            }
+            if session.output == "name" {
+                for o in &page.items {
+                    println!("{}/{}", kind.qualified(), o.name);
+                }
+                return Ok(());
+            }
+            let wide = session.output == "wide";
+            // the clusters' env and region, for -o wide
+            let cluster_labels: BTreeMap<String, BTreeMap<String, String>> = if wide {
+                let v = get(session, "/api/v1/clusters", &[]).await?;
+                serde_json::from_value::<Vec<ClusterOverview>>(v)
+                    .context("the console answered something else than clusters")?
+                    .into_iter()
+                    .map(|c| (c.name, c.labels))
+                    .collect()
+            } else {
+                BTreeMap::new()
+            };
+            let with_ns = namespace.is_none() && kind.namespaced;
+            let mut header = vec!["CLUSTER"];
+            if with_ns {
+                header.push("NAMESPACE");
+            }
+            header.extend(["NAME", "READY", "SPEC"]);
+            if wide {
+                header.extend(["API-VERSION", "ENV", "REGION", "LABELS"]);
+            }
+            let dash = || "-".to_string();
             let rows = page
                 .items
                 .iter()
@@ -270,43 +404,62 @@ pub async fn run(listen: &str, cmd: Command) -> Result<()> {
                         (Some(r), _) => r.clone(),
                         (None, Some(true)) => "ready".into(),
                         (None, Some(false)) => "not ready".into(),
-                        (None, None) => o.phase.clone().unwrap_or_else(|| "-".into()),
+                        (None, None) => o.phase.clone().unwrap_or_else(dash),
                     };
-                    vec![
-                        o.cluster.clone(),
-                        o.namespace.clone().unwrap_or_else(|| "-".into()),
-                        o.name.clone(),
-                        ready,
-                        o.spec_hash.chars().take(12).collect(),
-                    ]
+                    let mut row = vec![o.cluster.clone()];
+                    if with_ns {
+                        row.push(o.namespace.clone().unwrap_or_else(dash));
+                    }
+                    row.extend([o.name.clone(), ready]);
+                    if wide {
+                        let label = |k: &str| {
+                            cluster_labels
+                                .get(&o.cluster)
+                                .and_then(|l| l.get(k))
+                                .cloned()
+                                .unwrap_or_else(dash)
+                        };
+                        let labels = o
+                            .labels
+                            .iter()
+                            .map(|(k, v)| format!("{k}={v}"))
+                            .collect::<Vec<_>>()
+                            .join(",");
+                        row.extend([
+                            o.spec_hash.clone(),
+                            o.api_version.clone(),
+                            label("env"),
+                            label("region"),
+                            if labels.is_empty() { dash() } else { labels },
+                        ]);
+                    } else {
+                        row.push(o.spec_hash.chars().take(12).collect());
+                    }
+                    row
                 })
                 .collect();
-            table(&["CLUSTER", "NAMESPACE", "NAME", "READY", "SPEC"], rows);
-            if page.total > page.items.len() {
-                println!("({} in all; --limit to see more)", page.total);
-            } else if page.total == 0 {
-                println!("(none)");
-            }
+            table(&header, rows);
         }
         Command::Diff {
             args,
             object,
             clusters,
         } => {
-            let args = &args;
             let parts: Vec<&str> = object.splitn(3, '/').collect();
             let [ns, kind, name] = parts[..] else {
                 bail!("give the object as <namespace>/<kind>/<name> (`_` for cluster-scoped)");
             };
-            let mut q = vec![("kind", kind.to_string()), ("name", name.to_string())];
+            let kind = self::kind(kind)?;
+            let session = &Session::new(&args, listen, file, NO_NAME)?;
+            let mut q = vec![("kind", kind.kind.to_string()), ("name", name.to_string())];
             if ns != "_" && !ns.is_empty() {
                 q.push(("namespace", ns.to_string()));
             }
             if !clusters.is_empty() {
                 q.push(("clusters", clusters.join(",")));
             }
-            let v = get(args, listen, "/api/v1/diff", &q).await?;
-            if structured(&v, &args.output)? {
+            let v = get(session, "/api/v1/diff", &q).await?;
+            if structured(&v, &session.output)? {
                 return Ok(());
             }
             let cl = v["clusters"].as_array().cloned().unwrap_or_default();
@@ -375,16 +528,17 @@ pub async fn run(listen: &str, cmd: Command) -> Result<()> {
             kind,
             namespace,
         } => {
-            let args = &args;
+            let kind = kind.as_deref().map(self::kind).transpose()?;
+            let session = &Session::new(&args, listen, file, NO_NAME)?;
             let mut q = vec![("a", a.clone()), ("b", b.clone())];
             if let Some(k) = kind {
-                q.push(("kind", k));
+                q.push(("kind", k.kind.to_string()));
             }
             if let Some(n) = namespace {
                 q.push(("namespace", n));
             }
-            let v = get(args, listen, "/api/v1/compare", &q).await?;
-            if structured(&v, &args.output)? {
+            let v = get(session, "/api/v1/compare", &q).await?;
+            if structured(&v, &session.output)? {
                 return Ok(());
             }
             let c = &v["counts"];
@@ -419,9 +573,9 @@ pub async fn run(listen: &str, cmd: Command) -> Result<()> {
             }
         }
         Command::Gpu { args } => {
-            let args = &args;
-            let v = get(args, listen, "/api/v1/gpu", &[]).await?;
-            if structured(&v, &args.output)? {
+            let session = &Session::new(&args, listen, file, NO_NAME)?;
+            let v = get(session, "/api/v1/gpu", &[]).await?;
+            if structured(&v, &session.output)? {
                 return Ok(());
             }
             let rows = v
@@ -471,6 +625,36 @@ pub async fn run(listen: &str, cmd: Command) -> Result<()> {
                     "DRIVERS",
                     "PLUGIN",
                     "PLUGIN HEALTH",
+                ],
+                rows,
+            );
+        }
+        Command::ApiResources => {
+            let rows = kinds::KINDS
+                .iter()
+                .map(|k| {
+                    vec![
+                        k.plural.to_string(),
+                        k.short.join(","),
+                        if k.group.is_empty() {
+                            "v1".into()
+                        } else {
+                            k.group.to_string()
+                        },
+                        k.namespaced.to_string(),
+                        k.kind.to_string(),
+                        if k.collected { "yes" } else { "no" }.to_string(),
+                    ]
+                })
+                .collect();
+            table(
+                &[
+                    "NAME",
+                    "SHORTNAMES",
+                    "APIGROUP",
+                    "NAMESPACED",
+                    "KIND",
+                    "COLLECTED",
                 ],
                 rows,
             );

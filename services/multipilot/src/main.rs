@@ -6,13 +6,15 @@
 use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 use multipilot_runtime::config as cfg;
 
 mod cluster;
 mod config;
+mod contexts;
 mod fleet;
 mod incidents;
+mod kinds;
 mod release;
 mod roles;
 mod silence;
@@ -90,7 +92,7 @@ enum Command {
         #[command(subcommand)]
         command: cluster::Command,
     },
-    /// The fleet as the console sees it: clusters, get, diff, compare, gpu.
+    /// The fleet as the console sees it: clusters, get, diff, compare, gpu, api-resources.
     #[command(flatten)]
     Fleet(fleet::Command),
     /// Show the fleet's compliance with the baseline (from the correlator): each rule once, with the
@@ -102,6 +104,17 @@ enum Command {
         /// Every check of every cluster instead, cluster by cluster.
         #[arg(long)]
         by_cluster: bool,
+    },
+    /// The CLI's contexts, like a kubeconfig: where the console is, its token, the default output
+    /// (`$MULTIPILOT_CLI_CONFIG`, else `~/.config/multipilot/config.yaml`).
+    Config {
+        #[command(subcommand)]
+        command: contexts::Command,
+    },
+    /// Print a shell completion script: `source <(multipilot completion bash)`.
+    Completion {
+        /// The shell.
+        shell: clap_complete::Shell,
     },
 }
 
@@ -118,6 +131,21 @@ async fn main() -> std::process::ExitCode {
 
 async fn run() -> Result<()> {
     let cli = Cli::parse();
+    // commands about the CLI itself need no hub config
+    match cli.command {
+        Command::Config { command } => return contexts::run(contexts::default_path(), command),
+        Command::Completion { shell } => {
+            // into a buffer first: a closed pipe (`| head`) is then an error, not a panic
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut Cli::command(), "multipilot", &mut script);
+            return std::io::Write::write_all(&mut std::io::stdout(), &script)
+                .context("writing the completion script");
+        }
+        Command::Fleet(fleet::Command::ApiResources) => {
+            return fleet::run("", None, fleet::Command::ApiResources).await;
+        }
+        _ => {}
+    }
     let mut config: Config = cfg::load(cli.config.as_deref(), "MULTIPILOT_", &["agent__"])?;
     config.validate()?;
     // role data directories default to subdirectories of storage.data_dir; show and use the resolved ones
@@ -144,6 +172,27 @@ async fn run() -> Result<()> {
                 ..
             }
     );
+    let nats_command = matches!(
+        cli.command,
+        Command::Provision
+            | Command::Status { .. }
+            | Command::Incidents { .. }
+            | Command::Compliance { .. }
+            | Command::Release {
+                command: Some(_),
+                ..
+            }
+    );
+    if nats_command
+        && cli.config.is_none()
+        && std::env::var_os("MULTIPILOT_NATS__URL").is_none()
+        && let Some(path) = contexts::default_path()
+        && let Some(ctx) = contexts::File::load(&path)?.chosen(None, &path)?
+        && let Some(url) = &ctx.nats
+    {
+        // the context's NATS URL, when neither the hub config file nor the environment gives one
+        config.nats.url = url.clone();
+    }
     let mut log = config.log.clone();
     if operator_command {
         // Operator commands print their result; only problems belong in the log.
@@ -196,8 +245,11 @@ async fn run() -> Result<()> {
             let client = multipilot_bus::connect::connect(&config.nats).await?;
             return incidents::compliance(&client, &output, by_cluster).await;
         }
-        Command::Fleet(cmd) => return fleet::run(&config.console.listen, cmd).await,
+        Command::Fleet(cmd) => {
+            return fleet::run(&config.console.listen, contexts::default_path(), cmd).await;
+        }
         Command::Cluster { command } => return cluster::run(command),
+        Command::Config { .. } | Command::Completion { .. } => unreachable!("handled above"),
     };
     roles::run(config, roles).await
 }
