@@ -22,7 +22,7 @@ const TOKEN: &str = "viewer-token-for-the-cli-0123";
 
 /// A nats-server with the streams and the console role reading them, auth on with one viewer token.
 struct Hub {
-    _nats: NatsServer,
+    nats: NatsServer,
     js: jetstream::Context,
     dir: tempfile::TempDir,
     /// `http://127.0.0.1:<port>`.
@@ -57,7 +57,7 @@ impl Hub {
             ),
         )?;
         Ok(Hub {
-            _nats: nats,
+            nats,
             js,
             dir,
             console: format!("http://127.0.0.1:{port}"),
@@ -475,6 +475,19 @@ async fn a_context_stands_in_for_the_environment() -> Result<()> {
     assert!(!env_token.status.success(), "{}", stderr(&env_token));
     // a context that isn't there is an error
     assert!(!mp(&["get", "deploy", "--context", "nope"]).status.success());
+
+    // the context's NATS URL serves the commands that ask over NATS: a stream only this server has
+    let marker = format!("CLI_CONTEXT_{}", std::process::id());
+    hub.js
+        .create_stream(jetstream::stream::Config {
+            name: marker.clone(),
+            subjects: vec![format!("{}.>", marker.to_lowercase())],
+            ..Default::default()
+        })
+        .await?;
+    ok(&["config", "set-context", "hub", "--nats", &hub.nats.url()]);
+    let status = ok(&["status"]);
+    assert!(status.contains(&marker), "{status}");
 
     // a malformed file is an error naming it
     std::fs::write(&file, "contexts: [{name: hub, consol: x}]\n")?;
