@@ -48,6 +48,10 @@ pub fn change(
         };
         let mut next = cur.clone();
         f(&mut next);
+        if next != *cur {
+            // as the API server does for every write: the writer's managedFields entry carries the time
+            stamp_manager(&mut next, CONTROLLER_MANAGER, &c.now_str());
+        }
         if next.get("spec") != cur.get("spec") && next.get("spec").is_some() {
             let g = cur
                 .pointer("/metadata/generation")
@@ -66,6 +70,38 @@ pub fn change(
             Some(next)
         })
     });
+}
+
+/// The field manager the simulator's controllers write as.
+const CONTROLLER_MANAGER: &str = "kube-controller-manager";
+
+/// Sets `manager`'s `Update` entry in `metadata.managedFields` to `time` (adding it when missing; it owns no
+/// fields, so server-side apply conflicts are not affected). What the agent reads an object's change time from.
+fn stamp_manager(obj: &mut Value, manager: &str, time: &str) {
+    let api = obj
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("v1")
+        .to_string();
+    let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) else {
+        return;
+    };
+    let list = meta
+        .entry("managedFields")
+        .or_insert_with(|| Value::Array(Vec::new()));
+    let Some(list) = list.as_array_mut() else {
+        return;
+    };
+    match list.iter_mut().find(|e| {
+        e.get("manager").and_then(Value::as_str) == Some(manager)
+            && e.get("operation").and_then(Value::as_str) == Some("Update")
+    }) {
+        Some(e) => e["time"] = json!(time),
+        None => list.push(json!({
+            "manager": manager, "operation": "Update", "apiVersion": api, "time": time,
+            "fieldsType": "FieldsV1", "fieldsV1": {},
+        })),
+    }
 }
 
 /// Removes an object (ignoring finalizers: the simulator's controllers own these objects).

@@ -7,7 +7,8 @@
 //!      an object stuck on its finalizers), since when;
 //!   3. a change to the failing object itself, then warnings on objects the finding names or on objects
 //!      named like the probe, then the probe's own trend (only when it moved) and the cluster's other
-//!      recent changes, by recency. Only the latest change of each object counts.
+//!      recent rollouts (Deployments, DaemonSets, StatefulSets, CronJobs), by recency. Only the latest
+//!      change of each object counts; other kinds' changes count only when the finding names them.
 //!
 //!   Warnings that bear on nothing the finding names are evidence only when nothing else is; normal
 //!   lifecycle events (`Scheduled`, `Pulled`, `Created`, `Started`, `Killing`, `SuccessfulCreate`, …)
@@ -82,6 +83,9 @@ pub fn obj_label(o: &ObjectRef) -> String {
         None => format!("{} {}", o.kind, o.name),
     }
 }
+
+/// Kinds whose change is evidence even when the finding names nothing about them: rollouts.
+const WORKLOAD_KINDS: &[&str] = &["Deployment", "DaemonSet", "StatefulSet", "CronJob"];
 
 fn window(rule: &EvidenceRule) -> Duration {
     Duration::from_std(rule.change_window).unwrap_or(Duration::minutes(30))
@@ -164,6 +168,11 @@ pub fn gather(
             // finding names (the device plugin's DaemonSet for a node's driver) is the likelier cause
             // and ranks above it.
             let (mut bonus, why) = relevance(&ch.object, related, probe);
+            if why.is_empty() && !WORKLOAD_KINDS.contains(&ch.object.kind.as_str()) {
+                // a ConfigMap or Service changing somewhere else on the cluster explains nothing a probe
+                // found; a rollout might (an overload after a deploy)
+                continue;
+            }
             if related.first().is_some_and(|p| same_object(p, &ch.object)) {
                 bonus = bonus.min(4.4);
             }
@@ -193,14 +202,20 @@ pub fn gather(
         }
         // what the probe found (a node's Ready condition turning False, an object stuck on its finalizer):
         // first, unless a change to the object it names came before it (the likelier cause)
-        if let Some(t) = track.filter(|t| !t.finding.is_empty()) {
+        // (without a finding, the probe's own detail — `/readyz/etcd: HTTP 500 …` — below its trend: an
+        // overload's latency curve says more than its last reading)
+        if let Some(t) = track.filter(|t| !t.finding.is_empty() || t.failing_since.is_some()) {
             let since = t.failing_since.unwrap_or(at);
             scored.push((
-                5.5,
+                if t.finding.is_empty() { 2.4 } else { 5.5 },
                 Evidence {
                     rank: 0,
                     kind: EvidenceKind::Fact,
-                    summary: t.finding.clone(),
+                    summary: if t.finding.is_empty() {
+                        t.detail.clone()
+                    } else {
+                        t.finding.clone()
+                    },
                     cluster_time: since,
                     object: t.related.first().cloned(),
                     why: format!(

@@ -645,8 +645,32 @@ impl Machine {
         }
     }
 
-    /// Time passes (the hub's clock): silent clusters become unreachable.
+    /// Time passes (the hub's clock): silent clusters become unreachable, and an event storm with no warning
+    /// at all for a minute is over (a storm is otherwise judged as warnings arrive).
     fn tick(&mut self, now: DateTime<Utc>) {
+        let storm = self.rules.event_storm.kind.clone();
+        let quiet: Vec<String> = self
+            .clusters
+            .iter_mut()
+            .filter_map(|(name, c)| match c.warnings_checked {
+                Some((seen, since)) if seen == c.warnings_seen => {
+                    (now - since >= Duration::minutes(1)).then(|| name.clone())
+                }
+                _ => {
+                    c.warnings_checked = Some((c.warnings_seen, now));
+                    None
+                }
+            })
+            .collect();
+        for cluster in quiet {
+            if self.is_open(&cluster, &storm, "events") {
+                self.dirty.clusters.insert(cluster.clone());
+                if let Some(c) = self.clusters.get_mut(&cluster) {
+                    c.warnings.clear();
+                }
+                self.resolve(&cluster, &storm, "events", now);
+            }
+        }
         let rule = self.rules.heartbeat.clone();
         let silent: Vec<(String, DateTime<Utc>)> = self
             .clusters
@@ -794,9 +818,21 @@ impl Machine {
         let at = e.last_time;
         self.dirty.clusters.insert(cluster.clone());
         let c = self.clusters.entry(cluster.clone()).or_default();
-        c.warnings
-            .push_back((at, format!("{}\u{0}{}", rec.reason, obj_label(&rec.object))));
-        let newest = c.warnings.iter().map(|(t, _)| *t).max().unwrap_or(at);
+        c.warnings_seen += 1;
+        // a cluster clock set back (a skew corrected) restarts the window; otherwise the window is kept in
+        // time order, so what fell out of the last minute is at its front whatever order events come in
+        if c.warnings
+            .back()
+            .is_some_and(|(newest, _)| at < *newest - Duration::minutes(5))
+        {
+            c.warnings.clear();
+        }
+        let pos = c.warnings.partition_point(|(t, _)| *t <= at);
+        c.warnings.insert(
+            pos,
+            (at, format!("{}\u{0}{}", rec.reason, obj_label(&rec.object))),
+        );
+        let newest = c.warnings.back().map_or(at, |(t, _)| *t);
         while c
             .warnings
             .front()

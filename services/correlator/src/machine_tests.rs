@@ -919,3 +919,76 @@ fn a_baseline_drift_shows_what_the_check_found_and_the_offending_objects_not_eve
         drift.evidence
     );
 }
+
+#[test]
+fn an_event_storm_opens_on_the_rate_and_ends_when_it_falls_or_stops_whatever_the_order() {
+    let mut m = machine();
+    let warn = |i: i64, at: DateTime<Utc>| {
+        env(
+            "c1",
+            at,
+            i as u64,
+            KubeEvent {
+                uid: format!("burst-{i}"),
+                ..event(
+                    &format!("data-{}", i % 7),
+                    "FailedMount",
+                    "MountVolume.SetUp failed",
+                    at,
+                )
+            },
+        )
+    };
+    // 400 warnings within 20 s of cluster time, delivered out of order (a burst from several sources)
+    let mut outs = Vec::new();
+    for i in 0..400i64 {
+        let jitter = if i % 2 == 0 { 0 } else { -15_000 };
+        let at = t0() + Duration::milliseconds(i * 50 + jitter);
+        outs.extend(m.apply(Input::Event(&warn(i, at))));
+    }
+    let storm = incidents(&outs);
+    assert_eq!(storm.len(), 1, "{storm:#?}");
+    assert_eq!(storm[0].kind, "event-storm");
+    assert!(storm[0].summary.contains("FailedMount"), "{}", storm[0].summary);
+    // a trickle a minute later: the window holds only it, under 50 a minute: over
+    let later = t0() + Duration::seconds(90);
+    let outs = m.apply(Input::Event(&warn(1000, later)));
+    let over = incidents(&outs);
+    assert_eq!(
+        over.iter().map(|i| i.status).collect::<Vec<_>>(),
+        [IncidentStatus::Resolved],
+        "out-of-order entries left in the window would keep it open"
+    );
+
+    // another storm, after which warnings stop altogether: the hub's clock ends it a minute later
+    let mut m = machine();
+    for i in 0..400i64 {
+        m.apply(Input::Event(&warn(i, t0() + Duration::milliseconds(i * 50))));
+    }
+    assert_eq!(m.current(false).len(), 1);
+    let hub = t0() + Duration::seconds(30);
+    assert!(incidents(&m.apply(Input::Tick(hub))).is_empty());
+    assert!(incidents(&m.apply(Input::Tick(hub + Duration::seconds(30)))).is_empty());
+    let ended = incidents(&m.apply(Input::Tick(hub + Duration::seconds(61))));
+    assert_eq!(
+        ended.iter().map(|i| (i.kind.as_str(), i.status)).collect::<Vec<_>>(),
+        [("event-storm", IncidentStatus::Resolved)]
+    );
+}
+
+#[test]
+fn a_probe_without_findings_shows_what_it_saw_below_its_trend() {
+    let mut m = machine();
+    let mut outs = Vec::new();
+    for r in 0..3u64 {
+        let at = t0() + Duration::seconds(10 * r as i64);
+        let mut p = probe("etcd", ProbeStatus::Unhealthy, r + 1);
+        p.detail = "/readyz/etcd: HTTP 500: [-]etcd failed: reason withheld".into();
+        p.observations = Default::default();
+        outs.extend(m.apply(Input::Probe(&env("c1", at, r, p), at)));
+    }
+    let inc = incidents(&outs).pop().expect("etcd-unhealthy");
+    assert_eq!(inc.evidence[0].kind, EvidenceKind::Fact, "{:#?}", inc.evidence);
+    assert!(inc.evidence[0].summary.starts_with("/readyz/etcd: HTTP 500"));
+    assert!(inc.evidence[0].why.contains("etcd probe"), "{}", inc.evidence[0].why);
+}

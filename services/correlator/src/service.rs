@@ -37,6 +37,10 @@ pub struct Core {
     pub machine: Machine,
     outbox: Outbox,
     store: Store,
+    /// One publisher at a time: a commit publishes what it made durable that nobody confirmed meanwhile,
+    /// in order, so no output goes out twice (core subscribers would see both) and none overtakes an
+    /// earlier one.
+    publishing: Arc<Mutex<()>>,
 }
 
 type Shared = Arc<Mutex<Core>>;
@@ -69,6 +73,7 @@ async fn commit(
             machine,
             outbox,
             store,
+            ..
         } = &mut *c;
         store
             .write(machine.take_changes(), outbox)
@@ -78,6 +83,13 @@ async fn commit(
     // the flush covers what every consumer wrote so far; sled serialises concurrent flushes itself
     let flush = core.lock().await.store.flusher();
     flush.await.map_err(store_failed)?;
+    if pending.is_empty() {
+        return Ok(());
+    }
+    let gate = core.lock().await.publishing.clone();
+    let _one_at_a_time = gate.lock().await;
+    // what another commit published while this one waited is confirmed: not again
+    let pending = core.lock().await.outbox.unconfirmed(pending);
     if pending.is_empty() {
         return Ok(());
     }
@@ -609,6 +621,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         machine,
         outbox,
         store,
+        publishing: Arc::default(),
     }));
     if fresh {
         rebuild(&ctx, &config, &core).await?;
@@ -669,6 +682,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         mut machine,
         mut outbox,
         store,
+        ..
     } = core;
     store.write(machine.take_changes(), &mut outbox)?;
     let s = machine.stats();

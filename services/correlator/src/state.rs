@@ -71,6 +71,12 @@ pub struct ClusterState {
     pub inventory: Inventory,
     /// Latest compliance report.
     pub compliance: Option<ComplianceReport>,
-    /// Warning events of the last minute (cluster time), with `reason object`.
+    /// Warning events of the last minute (cluster time, in time order), with `reason object`.
     pub warnings: VecDeque<(DateTime<Utc>, String)>,
+    /// Warning events seen so far.
+    #[serde(default)]
+    pub warnings_seen: u64,
+    /// `warnings_seen` as of the hub time it last changed (a storm without warnings for a minute is over).
+    #[serde(default)]
+    pub warnings_checked: Option<(u64, DateTime<Utc>)>,
 }

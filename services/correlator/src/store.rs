@@ -108,6 +108,15 @@ impl Outbox {
         self.pending.values().cloned().collect()
     }
 
+    /// Those of `outs` still waiting for confirmation (another commit may have published them since).
+    pub fn unconfirmed(&self, outs: Vec<Out>) -> Vec<Out> {
+        let waiting: std::collections::HashSet<&str> =
+            self.pending.values().map(|p| p.msg_id.as_str()).collect();
+        outs.into_iter()
+            .filter(|o| waiting.contains(o.msg_id.as_str()))
+            .collect()
+    }
+
     /// Whether nothing waits.
     pub fn is_empty(&self) -> bool {
         self.pending.is_empty()
@@ -115,10 +124,11 @@ impl Outbox {
 
     /// Forgets the messages JetStream stored.
     pub fn confirm(&mut self, msg_ids: &[String]) {
+        let ids: std::collections::HashSet<&str> = msg_ids.iter().map(String::as_str).collect();
         let done: Vec<u64> = self
             .pending
             .iter()
-            .filter(|(_, o)| msg_ids.contains(&o.msg_id))
+            .filter(|(_, o)| ids.contains(o.msg_id.as_str()))
             .map(|(k, _)| *k)
             .collect();
         for k in done {

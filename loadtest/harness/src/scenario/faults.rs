@@ -269,14 +269,27 @@ fn resolved(obs: &Observer, id: &str, since: Instant) -> Option<f64> {
     })
 }
 
-/// Incidents first opened (revision 1) after `since`, as (cluster, kind).
+/// Incidents first opened (revision 1) after `since`, as (cluster, kind), once each.
 fn opened_since(obs: &Observer, since: Instant) -> Vec<(String, String)> {
     obs.with(|s| {
+        let mut ids = BTreeSet::new();
         s.incidents
             .iter()
             .filter(|i| i.at >= since && i.incident.revision == 1)
+            .filter(|i| ids.insert(i.incident.id.clone()))
             .map(|i| (i.incident.cluster.clone(), i.incident.kind.clone()))
             .collect()
+    })
+}
+
+/// Incident changes seen on the bus more than once (the same id and revision published twice).
+fn published_twice(obs: &Observer) -> usize {
+    obs.with(|s| {
+        let mut seen = BTreeSet::new();
+        s.incidents
+            .iter()
+            .filter(|i| !seen.insert((i.incident.id.clone(), i.incident.revision)))
+            .count()
     })
 }
 
@@ -701,6 +714,12 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
             "{per_day:.1} per cluster-day over {:.2} cluster-hours",
             cluster_days * 24.0
         ),
+    );
+    let twice = published_twice(&obs);
+    r.goal(
+        "each incident change published once (no re-sends without a crash)",
+        twice == 0,
+        format!("{twice} changes seen twice on fleet.incident.>"),
     );
     let mut lines: Vec<(String, String)> = classes
         .iter()
