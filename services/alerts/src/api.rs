@@ -1,16 +1,19 @@
-//! The router's HTTP API, in Alertmanager's v2 shapes where one exists (so amtool-minded scripts and
-//! people feel at home): `GET/POST /api/v2/silences`, `GET/DELETE /api/v2/silence/{id}`,
-//! `GET /api/v2/alerts`, plus `GET /api/v1/receivers` (delivery state) and `GET /api/v1/dead`.
-//! Changes need a bearer token when tokens are configured, and every change is audited on
-//! `fleet.audit.alerts.<action>`.
+//! The router's HTTP API, Alertmanager's v2 API for what its clients use (amtool, Prometheus, vmalert,
+//! Grafana): `GET/POST /api/v2/alerts`, `GET /api/v2/alerts/groups`, `GET/POST /api/v2/silences`,
+//! `GET/DELETE /api/v2/silence/{id}`, `GET /api/v2/receivers`, `GET /api/v2/status`; plus
+//! `GET /api/v1/receivers` (delivery state) and `GET /api/v1/dead`. Changes need a bearer token when
+//! tokens are configured (an operator's: posting alerts too), and every silence change is audited on
+//! `fleet.audit.alerts.<action>` (posted alerts are not: Prometheus re-posts every alert each minute).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get};
 use axum::{Extension, Json};
+use chrono::Datelike;
 use chrono::{DateTime, Utc};
 use multipilot_runtime::auth::{self, Principal, Tokens};
 use multipilot_schemas::payload::AuditRecord;
@@ -20,9 +23,9 @@ use serde_json::json;
 use tokio::sync::Mutex;
 
 use crate::deliver::Metrics;
-use crate::engine::Engine;
+use crate::engine::{AlertView, Engine};
 use crate::matcher::{ApiMatcher, Matcher};
-use crate::store::{self, Pending, Silence};
+use crate::store::{self, Alert, Pending, Silence};
 
 /// What the handlers share.
 #[derive(Clone)]
@@ -37,6 +40,10 @@ pub struct Api {
     pub instance: String,
     /// Delivery metrics.
     pub metrics: Metrics,
+    /// A posted alert without `endsAt` resolves this long after it was last posted.
+    pub resolve_timeout: std::time::Duration,
+    /// When the router started (`/api/v2/status`'s `uptime`).
+    pub started_at: DateTime<Utc>,
 }
 
 impl std::fmt::Debug for Api {
@@ -90,7 +97,10 @@ pub fn router(api: Api) -> axum::Router {
             "/api/v2/silence/{id}",
             delete(expire_silence).get(get_silence),
         )
-        .route("/api/v2/alerts", get(list_alerts))
+        .route("/api/v2/alerts", get(list_alerts).post(post_alerts))
+        .route("/api/v2/alerts/groups", get(list_groups))
+        .route("/api/v2/receivers", get(list_receivers))
+        .route("/api/v2/status", get(status))
         .route("/api/v1/receivers", get(receivers))
         .route("/api/v1/dead", get(dead))
         .with_state(api);
@@ -116,10 +126,29 @@ fn silence_json(s: &Silence, now: DateTime<Utc>) -> serde_json::Value {
     })
 }
 
-async fn list_silences(State(api): State<Api>) -> Response {
+/// A silence's matchers as the labels `filter` is matched against (Alertmanager's
+/// `CheckSilenceMatchesFilterLabels`: each matcher's name with its value).
+fn silence_labels(s: &Silence) -> BTreeMap<String, String> {
+    s.matchers
+        .iter()
+        .map(|m| {
+            let m = ApiMatcher::from(m);
+            (m.name, m.value)
+        })
+        .collect()
+}
+
+async fn list_silences(State(api): State<Api>, Query(q): Query<Vec<(String, String)>>) -> Response {
+    let filter = match filter_of(&q) {
+        Ok(f) => f,
+        Err(r) => return error(StatusCode::BAD_REQUEST, r),
+    };
     let now = Utc::now();
     let e = api.engine.lock().await;
-    let mut v: Vec<&Silence> = e.silences().collect();
+    let mut v: Vec<&Silence> = e
+        .silences()
+        .filter(|s| crate::matcher::all_match(&filter, &silence_labels(s)))
+        .collect();
     v.sort_by_key(|s| std::cmp::Reverse(s.starts_at));
     Json(
         v.into_iter()
@@ -249,31 +278,334 @@ async fn expire_silence(
     }
 }
 
-async fn list_alerts(State(api): State<Api>) -> Response {
-    let now = Utc::now();
+/// Alertmanager's `"0001-01-01T00:00:00.000Z"`: Go's zero time, what an unset time is sent and shown as.
+const ZERO_TIME: &str = "0001-01-01T00:00:00.000Z";
+
+fn time_json(t: Option<DateTime<Utc>>) -> serde_json::Value {
+    match t {
+        Some(t) => json!(t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+        None => json!(ZERO_TIME),
+    }
+}
+
+/// Alertmanager's gettableAlert. A firing alert's `endsAt` is when it resolves unless refreshed (posted
+/// and event alerts), or Go's zero time when only its incident's resolution ends it; `state` is
+/// `active` or `suppressed`, or `resolved` for what only `?resolved=true` shows.
+fn alert_json(v: &AlertView<'_>) -> serde_json::Value {
+    let a = v.alert;
+    let state = if !a.firing() {
+        "resolved"
+    } else if v.muted.silenced_by.is_empty() && v.muted.inhibited_by.is_empty() {
+        "active"
+    } else {
+        "suppressed"
+    };
+    let mut receivers: Vec<&str> = v.receivers.iter().map(String::as_str).collect();
+    receivers.dedup();
+    let mut out = json!({
+        "fingerprint": a.id,
+        "labels": a.labels,
+        "annotations": a.annotations,
+        "startsAt": time_json(Some(a.starts_at)),
+        "endsAt": time_json(a.ends_at.or(a.expires_at)),
+        "updatedAt": time_json(Some(a.updated_at)),
+        "receivers": receivers.iter().map(|r| json!({"name": r})).collect::<Vec<_>>(),
+        "status": {
+            "state": state,
+            "silencedBy": v.muted.silenced_by,
+            "inhibitedBy": v.muted.inhibited_by,
+        },
+    });
+    if let Some(url) = &a.generator_url {
+        out["generatorURL"] = json!(url);
+    }
+    out
+}
+
+/// The `filter` matchers of a query (`filter=alertname="x"`, repeated), in Alertmanager's syntax.
+fn filter_of(q: &[(String, String)]) -> Result<Vec<Matcher>, String> {
+    q.iter()
+        .filter(|(k, _)| k == "filter")
+        .map(|(_, v)| {
+            let v = v.trim();
+            let v = v
+                .strip_prefix('{')
+                .and_then(|v| v.strip_suffix('}'))
+                .unwrap_or(v);
+            Matcher::parse(v).map_err(|e| format!("bad matcher: {e}"))
+        })
+        .collect()
+}
+
+/// Which alerts a query asks for: Alertmanager's `filter`, `receiver`, `active`, `silenced`,
+/// `inhibited` (and `unprocessed`, which never applies here: every alert is processed on arrival), plus
+/// MultiPilot's `resolved` (default false: as in Alertmanager, resolved alerts are not listed).
+struct AlertQuery {
+    filter: Vec<Matcher>,
+    receiver: Option<regex::Regex>,
+    active: bool,
+    silenced: bool,
+    inhibited: bool,
+    resolved: bool,
+}
+
+impl AlertQuery {
+    fn parse(q: &[(String, String)]) -> Result<AlertQuery, String> {
+        let flag = |name: &str, default: bool| -> Result<bool, String> {
+            match q.iter().rev().find(|(k, _)| k == name) {
+                None => Ok(default),
+                Some((_, v)) => v
+                    .parse()
+                    .map_err(|_| format!("{name} must be true or false, not {v:?}")),
+            }
+        };
+        let receiver = match q.iter().rev().find(|(k, _)| k == "receiver") {
+            Some((_, r)) if !r.is_empty() => Some(
+                regex::Regex::new(&format!("^(?:{r})$"))
+                    .map_err(|e| format!("bad receiver regex: {e}"))?,
+            ),
+            _ => None,
+        };
+        Ok(AlertQuery {
+            filter: filter_of(q)?,
+            receiver,
+            active: flag("active", true)?,
+            silenced: flag("silenced", true)?,
+            inhibited: flag("inhibited", true)?,
+            resolved: flag("resolved", false)?,
+        })
+    }
+
+    fn wants(&self, v: &AlertView<'_>) -> bool {
+        let a = v.alert;
+        if !a.firing() && !self.resolved {
+            return false;
+        }
+        let muted = !v.muted.silenced_by.is_empty() || !v.muted.inhibited_by.is_empty();
+        (self.active || !a.firing() || muted)
+            && (self.silenced || v.muted.silenced_by.is_empty())
+            && (self.inhibited || v.muted.inhibited_by.is_empty())
+            && self
+                .receiver
+                .as_ref()
+                .is_none_or(|re| v.receivers.iter().any(|r| re.is_match(r)))
+            && crate::matcher::all_match(&self.filter, &a.labels)
+    }
+}
+
+async fn list_alerts(State(api): State<Api>, Query(q): Query<Vec<(String, String)>>) -> Response {
+    let q = match AlertQuery::parse(&q) {
+        Ok(q) => q,
+        Err(r) => return error(StatusCode::BAD_REQUEST, r),
+    };
     let e = api.engine.lock().await;
     let v: Vec<serde_json::Value> = e
-        .alerts(now)
+        .alerts(Utc::now())
+        .iter()
+        .filter(|v| q.wants(v))
+        .map(alert_json)
+        .collect();
+    Json(v).into_response()
+}
+
+async fn list_groups(State(api): State<Api>, Query(q): Query<Vec<(String, String)>>) -> Response {
+    let q = match AlertQuery::parse(&q) {
+        Ok(q) => q,
+        Err(r) => return error(StatusCode::BAD_REQUEST, r),
+    };
+    let e = api.engine.lock().await;
+    let v: Vec<serde_json::Value> = e
+        .group_views(Utc::now())
         .into_iter()
-        .map(|a| {
-            let suppressed = !a.muted.silenced_by.is_empty() || !a.muted.inhibited_by.is_empty();
-            json!({
-                "fingerprint": a.alert.id,
-                "labels": a.alert.labels,
-                "annotations": a.alert.annotations,
-                "startsAt": a.alert.starts_at,
-                "endsAt": a.alert.ends_at,
-                "updatedAt": a.alert.updated_at,
-                "receivers": a.receivers.iter().map(|r| json!({"name": r})).collect::<Vec<_>>(),
-                "status": {
-                    "state": if a.alert.ends_at.is_some() { "resolved" } else if suppressed { "suppressed" } else { "active" },
-                    "silencedBy": a.muted.silenced_by,
-                    "inhibitedBy": a.muted.inhibited_by,
-                },
-            })
+        .filter(|(_, receiver, _)| q.receiver.as_ref().is_none_or(|re| re.is_match(receiver)))
+        .filter_map(|(labels, receiver, alerts)| {
+            let alerts: Vec<serde_json::Value> = alerts
+                .iter()
+                .filter(|v| q.wants(v))
+                .map(alert_json)
+                .collect();
+            (!alerts.is_empty()).then(
+                || json!({ "labels": labels, "receiver": { "name": receiver }, "alerts": alerts }),
+            )
         })
         .collect();
     Json(v).into_response()
+}
+
+/// Alertmanager's postableAlert. `labels` is required; an absent or zero (`0001-01-01…`) time is unset.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PostableAlert {
+    labels: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    annotations: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    starts_at: Option<DateTime<Utc>>,
+    #[serde(default)]
+    ends_at: Option<DateTime<Utc>>,
+    #[serde(default, rename = "generatorURL")]
+    generator_url: Option<String>,
+}
+
+fn is_label_name(n: &str) -> bool {
+    let mut c = n.chars();
+    c.next()
+        .is_some_and(|f| f.is_ascii_alphabetic() || f == '_')
+        && c.all(|ch| ch.is_ascii_alphanumeric() || ch == '_')
+}
+
+/// The alert a posted one becomes, or why it is invalid, in Alertmanager's words (its `postAlertsHandler`
+/// and `types.Alert.Validate`): empty label values are dropped; without `startsAt` it starts now (or at
+/// `endsAt`); without `endsAt` it resolves `resolve_timeout` from now unless posted again; an `endsAt`
+/// not after now resolves it.
+fn posted_alert(
+    p: PostableAlert,
+    labels: BTreeMap<String, String>,
+    now: DateTime<Utc>,
+    resolve_timeout: chrono::Duration,
+) -> Result<Alert, String> {
+    let set = |t: Option<DateTime<Utc>>| t.filter(|t| t.year() > 1);
+    let (starts_at, ends_at) = (set(p.starts_at), set(p.ends_at));
+    let starts_at = starts_at.or(ends_at).unwrap_or(now);
+    let ends_at = ends_at.unwrap_or(now + resolve_timeout);
+    let labels: BTreeMap<String, String> =
+        labels.into_iter().filter(|(_, v)| !v.is_empty()).collect();
+    let annotations = p.annotations.unwrap_or_default();
+    if ends_at < starts_at {
+        return Err("start time must be before end time".into());
+    }
+    if let Some(n) = labels.keys().find(|n| !is_label_name(n)) {
+        return Err(format!("invalid label set: invalid name {n:?}"));
+    }
+    if labels.is_empty() {
+        return Err("at least one label pair required".into());
+    }
+    if let Some(n) = annotations.keys().find(|n| !is_label_name(n)) {
+        return Err(format!("invalid annotations: invalid name {n:?}"));
+    }
+    let resolved = ends_at <= now;
+    Ok(Alert {
+        id: store::fingerprint(&labels),
+        labels,
+        annotations,
+        starts_at,
+        ends_at: resolved.then_some(ends_at),
+        revision: 0,
+        updated_at: now,
+        expires_at: (!resolved).then_some(ends_at),
+        posted: true,
+        generator_url: p.generator_url.filter(|u| !u.is_empty()),
+    })
+}
+
+/// Alertmanager's `POST /api/v2/alerts`: the valid alerts are taken in (on disk, and in
+/// `MULTIPILOT_ALERTS` unless NATS is away: then it is retried), the invalid ones answered with 400 and
+/// their reasons (`; `-separated); a body that isn't a list of alerts with labels, as Alertmanager's
+/// OpenAPI layer answers it (400, or 422 for a missing `labels`).
+async fn post_alerts(State(api): State<Api>, body: axum::body::Bytes) -> Response {
+    let posted: Vec<PostableAlert> = match serde_json::from_slice(&body) {
+        Ok(p) => p,
+        Err(e) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                Json(json!({"code": 400, "message": format!("parsing alerts body failed, because {e}")})),
+            )
+                .into_response();
+        }
+    };
+    if let Some(i) = posted.iter().position(|p| p.labels.is_none()) {
+        return (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({"code": 602, "message": format!("{i}.labels in body is required")})),
+        )
+            .into_response();
+    }
+    let now = Utc::now();
+    let timeout =
+        chrono::Duration::from_std(api.resolve_timeout).unwrap_or(chrono::Duration::minutes(5));
+    let mut invalid = Vec::new();
+    let mut valid = Vec::new();
+    for mut p in posted {
+        let labels = p.labels.take().unwrap_or_default();
+        match posted_alert(p, labels, now, timeout) {
+            Ok(a) => valid.push(a),
+            Err(reason) => invalid.push(reason),
+        }
+    }
+    let mut e = api.engine.lock().await;
+    for a in valid {
+        if let Err(err) = e.on_posted(a, now) {
+            return error(StatusCode::INTERNAL_SERVER_ERROR, err.to_string());
+        }
+    }
+    if let Err(err) = e.store.flush().await {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, err.to_string());
+    }
+    let store = e.store.clone();
+    drop(e);
+    if let Err(err) = store.replicate().await {
+        tracing::warn!(error = %err, "posted alerts stored locally; replicating them will be retried");
+    }
+    if invalid.is_empty() {
+        StatusCode::OK.into_response()
+    } else {
+        (StatusCode::BAD_REQUEST, Json(json!(invalid.join("; ")))).into_response()
+    }
+}
+
+async fn list_receivers(State(api): State<Api>) -> Response {
+    let e = api.engine.lock().await;
+    let v: Vec<serde_json::Value> = e
+        .routing()
+        .receivers
+        .iter()
+        .map(|r| json!({ "name": r.name }))
+        .collect();
+    Json(v).into_response()
+}
+
+/// Replaces the receivers' URLs (which often carry a token) with `<secret>`, as Alertmanager shows its
+/// secret settings.
+fn redact(v: &mut serde_yaml::Value) {
+    match v {
+        serde_yaml::Value::Mapping(m) => {
+            for (k, v) in m.iter_mut() {
+                if matches!(k.as_str(), Some("url" | "api_url")) && v.is_string() {
+                    *v = serde_yaml::Value::String("<secret>".into());
+                } else {
+                    redact(v);
+                }
+            }
+        }
+        serde_yaml::Value::Sequence(s) => s.iter_mut().for_each(redact),
+        _ => {}
+    }
+}
+
+/// Alertmanager's `GET /api/v2/status` (amtool asks it before every command): the routing in force as
+/// `config.original` (receiver URLs redacted), `cluster.status` `disabled` (routers share state through
+/// the KV buckets, not Alertmanager's gossip), the start time as `uptime`, and the version.
+async fn status(State(api): State<Api>) -> Response {
+    let original = {
+        let e = api.engine.lock().await;
+        let mut v = serde_yaml::to_value(e.routing()).unwrap_or_default();
+        redact(&mut v);
+        serde_yaml::to_string(&v).unwrap_or_default()
+    };
+    Json(json!({
+        "cluster": { "name": api.instance, "status": "disabled", "peers": [] },
+        "config": { "original": original },
+        "uptime": time_json(Some(api.started_at)),
+        "versionInfo": {
+            "version": env!("CARGO_PKG_VERSION"),
+            "revision": concat!("multipilot-alerts-", env!("CARGO_PKG_VERSION")),
+            "branch": "",
+            "buildUser": "",
+            "buildDate": "",
+            "goVersion": "",
+        },
+    }))
+    .into_response()
 }
 
 async fn receivers(State(api): State<Api>) -> Response {

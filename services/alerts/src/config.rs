@@ -40,8 +40,8 @@ pub struct Config {
     /// An event alert resolves this long after the digest that last refreshed it (events never say "over").
     #[serde(with = "humantime_serde")]
     pub event_ttl: Duration,
-    /// Replicas of the `MULTIPILOT_SILENCES` and `MULTIPILOT_NFLOG` buckets, where silences and the
-    /// notification log are written through (in the hub: `provision.replicas` unless set here).
+    /// Replicas of the `MULTIPILOT_SILENCES`, `MULTIPILOT_NFLOG` and `MULTIPILOT_ALERTS` buckets, where
+    /// silences, the notification log and posted alerts are written through (in the hub: `provision.replicas` unless set here).
     pub kv_replicas: usize,
     /// Input limit of its consumer (incidents and digests per second, with a burst): a storm of incidents
     /// can't swamp the router. 0 = off (the default).
@@ -51,6 +51,10 @@ pub struct Config {
     /// longest `repeat_interval`.
     #[serde(with = "humantime_serde")]
     pub nflog_retention: Duration,
+    /// An alert posted to `POST /api/v2/alerts` without `endsAt` resolves this long after it was last
+    /// posted unless posted again (Alertmanager's `global.resolve_timeout`).
+    #[serde(with = "humantime_serde")]
+    pub resolve_timeout: Duration,
 }
 
 /// The lowest event severity that becomes an alert.
@@ -98,6 +102,7 @@ impl Default for Config {
             kv_replicas: 1,
             rate: multipilot_bus::limit::Config::default(),
             nflog_retention: Duration::from_secs(120 * 3600),
+            resolve_timeout: Duration::from_secs(300),
         }
     }
 }
@@ -136,6 +141,10 @@ impl Config {
         ensure!(
             !self.nflog_retention.is_zero(),
             "alerts.nflog_retention must be > 0"
+        );
+        ensure!(
+            !self.resolve_timeout.is_zero(),
+            "alerts.resolve_timeout must be > 0"
         );
         Ok(())
     }

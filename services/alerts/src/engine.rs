@@ -15,7 +15,7 @@ use serde::Serialize;
 use crate::config::{Receiver, Routing};
 use crate::matcher::all_match;
 use crate::route::Tree;
-use crate::store::{self, Alert, Error, NflogEntry, Pending, Silence, Store, enc, nflog_key};
+use crate::store::{self, Alert, Error, NflogEntry, Pending, Silence, Store, nflog_key};
 use crate::template;
 
 /// One aggregation group.
@@ -128,6 +128,8 @@ pub fn alert_of(inc: &Incident, now: DateTime<Utc>) -> Alert {
         revision: inc.revision,
         updated_at: now,
         expires_at: None,
+        posted: false,
+        generator_url: None,
     }
 }
 
@@ -169,6 +171,8 @@ pub fn alert_of_digest(d: &EventDigest, now: DateTime<Utc>, ttl: Duration) -> Al
         revision: d.count,
         updated_at: now,
         expires_at: Some(now + ttl),
+        posted: false,
+        generator_url: None,
     }
 }
 
@@ -309,6 +313,28 @@ impl Engine {
         self.upsert(alert, now)
     }
 
+    /// Takes in one alert posted to `POST /api/v2/alerts` (its id is its fingerprint, `posted` is set;
+    /// a firing one carries in `expires_at` when it resolves unless posted again). As in Alertmanager, a
+    /// re-post that overlaps the alert held continues it (keeping the earlier start); one that starts
+    /// after the held alert resolved is a new episode. Re-posts of an alert already resolved at that same
+    /// time change nothing.
+    pub fn on_posted(&mut self, mut alert: Alert, now: DateTime<Utc>) -> Result<(), Error> {
+        if let Some(old) = self.alerts.get(&alert.id) {
+            if old.ends_at.is_some()
+                && old.ends_at == alert.ends_at
+                && old.annotations == alert.annotations
+            {
+                return Ok(());
+            }
+            let old_end = old.ends_at.or(old.expires_at);
+            if old_end.is_none_or(|end| alert.starts_at <= end) {
+                alert.starts_at = alert.starts_at.min(old.starts_at);
+            }
+            alert.revision = old.revision + 1;
+        }
+        self.upsert(alert, now)
+    }
+
     fn upsert(&mut self, alert: Alert, now: DateTime<Utc>) -> Result<(), Error> {
         if let Some(old) = self.alerts.get(&alert.id)
             && (old.revision > alert.revision
@@ -317,9 +343,7 @@ impl Engine {
             self.stats.stale_ignored += 1;
             return Ok(());
         }
-        self.store
-            .alerts
-            .insert(alert.id.as_bytes(), enc(&alert)?)?;
+        self.store.put_alert(&alert)?;
         self.place(&alert, now);
         self.alerts.insert(alert.id.clone(), alert);
         Ok(())
@@ -415,7 +439,7 @@ impl Engine {
         for mut a in due {
             a.ends_at = a.expires_at;
             a.updated_at = now;
-            self.store.alerts.insert(a.id.as_bytes(), enc(&a)?)?;
+            self.store.put_alert(&a)?;
             self.place(&a, now);
             self.alerts.insert(a.id.clone(), a);
         }
@@ -626,8 +650,9 @@ impl Engine {
             .map(|a| a.id.clone())
             .collect();
         for id in old {
-            self.store.alerts.remove(id.as_bytes())?;
-            self.alerts.remove(&id);
+            if let Some(a) = self.alerts.remove(&id) {
+                self.store.remove_alert(&a)?;
+            }
         }
         // log entries of groups long gone: the bucket drops them after the same max age
         let stale: Vec<String> = self
@@ -708,6 +733,32 @@ impl Engine {
             self.put_silence(s.clone()).await?;
         }
         Ok(Some(s))
+    }
+
+    /// Every group: its labels, its receiver and its alerts (Alertmanager's `/api/v2/alerts/groups`).
+    pub fn group_views(
+        &self,
+        now: DateTime<Utc>,
+    ) -> Vec<(&BTreeMap<String, String>, String, Vec<AlertView<'_>>)> {
+        let views: HashMap<&str, AlertView<'_>> = self
+            .alerts(now)
+            .into_iter()
+            .map(|v| (v.alert.id.as_str(), v))
+            .collect();
+        let mut out: Vec<_> = self
+            .groups
+            .values()
+            .map(|g| {
+                let alerts = g
+                    .alerts
+                    .iter()
+                    .filter_map(|id| views.get(id.as_str()).cloned())
+                    .collect();
+                (&g.labels, self.tree.node(g.node).receiver.clone(), alerts)
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.1, a.0).cmp(&(&b.1, b.0)));
+        out
     }
 
     /// Groups and their alert counts (for the API and tests).

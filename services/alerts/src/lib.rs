@@ -13,8 +13,12 @@
 //! is acked only after its alert is on disk, and a notification is on disk (with its log entry) before it
 //! is sent. See `README.md` for the guarantees and their one window.
 //!
-//! Replication: silences and the notification log are written through to the JetStream KV buckets
-//! `MULTIPILOT_SILENCES` and `MULTIPILOT_NFLOG`, and a notification is sent only once its log entry is in
+//! Alerts can also be posted to `POST /api/v2/alerts` (Alertmanager's API, as Prometheus and vmalert
+//! send them): their id is Alertmanager's fingerprint of their labels, and one without `endsAt` resolves
+//! `resolve_timeout` after it was last posted.
+//!
+//! Replication: silences, the notification log and posted alerts are written through to the JetStream KV
+//! buckets `MULTIPILOT_SILENCES`, `MULTIPILOT_NFLOG` and `MULTIPILOT_ALERTS`, and a notification is sent only once its log entry is in
 //! the bucket too. A router whose data directory is new or wiped restores both, then replays
 //! FLEET_INCIDENTS from the start (its durable `alerts` is recreated) to rebuild the alerts; groups are not
 //! flushed until the replay has caught up, so what the restored log says was notified is not sent again.
@@ -98,6 +102,8 @@ fn bus_err<E: std::error::Error + Send + Sync + 'static>(
 pub const SILENCES_BUCKET: &str = "MULTIPILOT_SILENCES";
 /// The notification log bucket.
 pub const NFLOG_BUCKET: &str = "MULTIPILOT_NFLOG";
+/// The posted alerts bucket.
+pub const ALERTS_BUCKET: &str = "MULTIPILOT_ALERTS";
 /// The stream and durable consumer the router reads.
 const INCIDENTS: (&str, &str) = ("FLEET_INCIDENTS", "alerts");
 
@@ -129,7 +135,7 @@ impl Handler<Input> for H {
     }
 }
 
-/// Opens (creating or updating) the two buckets.
+/// Opens (creating or updating) the three buckets.
 async fn open_replica(js: &async_nats::jetstream::Context, config: &Config) -> Result<Replica> {
     let bucket = |name: &str, description: &str, max_age| multipilot_bus::kv::Bucket {
         name: name.into(),
@@ -154,7 +160,16 @@ async fn open_replica(js: &async_nats::jetstream::Context, config: &Config) -> R
             b.name, b.name
         )))
         };
-    Ok(Replica::new(open(&silences).await?, open(&nflog).await?))
+    let alerts = bucket(
+        ALERTS_BUCKET,
+        "Alerts posted to the alert router's API (written through from its sled store)",
+        std::time::Duration::ZERO,
+    );
+    Ok(Replica::new(
+        open(&silences).await?,
+        open(&nflog).await?,
+        open(&alerts).await?,
+    ))
 }
 
 /// Brings the store in line with the buckets at start: a blank (new or wiped) store is restored from them
@@ -174,7 +189,7 @@ async fn prepare(store: &Store, js: &async_nats::jetstream::Context) -> Result<(
             .await
             .map_err(local("flushing the alerts store"))?;
         let restored = store.restore().await.map_err(bus_err(
-            "restoring silences and the notification log from the KV buckets",
+            "restoring silences, the notification log and posted alerts from the KV buckets",
         ))?;
         let replay_until = reset_consumer(js).await?;
         store
@@ -187,6 +202,7 @@ async fn prepare(store: &Store, js: &async_nats::jetstream::Context) -> Result<(
         tracing::info!(
             silences = restored.silences,
             nflog = restored.nflog,
+            alerts = restored.alerts,
             skipped = restored.skipped,
             replay_until,
             "blank store restored from the KV buckets; replaying the incidents"
@@ -301,6 +317,8 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         js: ctx.js.clone(),
         instance: ctx.instance.clone(),
         metrics,
+        resolve_timeout: config.resolve_timeout,
+        started_at: Utc::now(),
     };
     let (addr, server) =
         multipilot_runtime::http::serve(&config.listen, api::router(api), ctx.cancel.clone())

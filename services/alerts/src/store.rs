@@ -7,6 +7,8 @@
 //! to the JetStream KV buckets `MULTIPILOT_SILENCES` and `MULTIPILOT_NFLOG` (see [`Replica`]): each write
 //! puts the record in the `outbox` tree in the same sled transaction, and [`Store::replicate`] drains the
 //! outbox into the buckets. A store found empty at start is restored from them ([`Store::restore`]).
+//! Alerts posted to the API are in the same position (no stream holds them): they are written through to
+//! `MULTIPILOT_ALERTS` the same way, and deleted from it when the router forgets them.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -51,6 +53,14 @@ pub struct Alert {
     /// Resolves by itself at this time unless refreshed (event alerts).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub expires_at: Option<DateTime<Utc>>,
+    /// Posted to `POST /api/v2/alerts` (by Prometheus, vmalert, amtool…) rather than made from an
+    /// incident or digest: nothing on the streams can rebuild it, so it is also written through to the
+    /// `MULTIPILOT_ALERTS` bucket. Its id is Alertmanager's fingerprint of its labels.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub posted: bool,
+    /// Where a posted alert came from (Prometheus' link to the rule's expression).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generator_url: Option<String>,
 }
 
 impl Alert {
@@ -58,6 +68,27 @@ impl Alert {
     pub fn firing(&self) -> bool {
         self.ends_at.is_none()
     }
+}
+
+/// Alertmanager's fingerprint of a label set (`model.LabelSet.Fingerprint`: 64-bit FNV-1a over the
+/// label names in order and their values, each followed by the byte 255), as 16 hex digits.
+pub fn fingerprint(labels: &BTreeMap<String, String>) -> String {
+    const OFFSET: u64 = 14_695_981_039_346_656_037;
+    const PRIME: u64 = 1_099_511_628_211;
+    let mut h = OFFSET;
+    let mut add = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(PRIME);
+        }
+    };
+    for (k, v) in labels {
+        add(k.as_bytes());
+        add(&[255]);
+        add(v.as_bytes());
+        add(&[255]);
+    }
+    format!("{h:016x}")
 }
 
 /// A silence.
@@ -159,6 +190,7 @@ pub struct NflogRecord {
 /// Key kinds in the buckets.
 const KIND_SILENCE: &str = "silence";
 const KIND_NFLOG: &str = "nflog";
+const KIND_ALERT: &str = "alert";
 /// Set in `meta` once the store was restored from (or seeded into) the buckets.
 const MARK_REPLICATED: &[u8] = b"replicated";
 /// Set in `meta` while a restore is under way (a crash in the middle restores again).
@@ -173,19 +205,23 @@ pub struct Replica {
     pub silences: async_nats::jetstream::kv::Store,
     /// `MULTIPILOT_NFLOG`.
     pub nflog: async_nats::jetstream::kv::Store,
+    /// `MULTIPILOT_ALERTS` (posted alerts).
+    pub alerts: async_nats::jetstream::kv::Store,
     // one drain at a time, so an older value can't overtake a newer one for the same key
     draining: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Replica {
-    /// Wraps the two buckets.
+    /// Wraps the three buckets.
     pub fn new(
         silences: async_nats::jetstream::kv::Store,
         nflog: async_nats::jetstream::kv::Store,
+        alerts: async_nats::jetstream::kv::Store,
     ) -> Replica {
         Replica {
             silences,
             nflog,
+            alerts,
             draining: Default::default(),
         }
     }
@@ -198,6 +234,8 @@ pub struct Restored {
     pub silences: usize,
     /// Notification log entries.
     pub nflog: usize,
+    /// Posted alerts.
+    pub alerts: usize,
     /// Records that didn't decode (skipped).
     pub skipped: usize,
 }
@@ -349,6 +387,13 @@ impl Store {
             self.outbox.insert(k, enc(&NflogRecord { key, entry })?)?;
             n += 1;
         }
+        for (_, a) in all::<Alert>(&self.alerts) {
+            if a.posted {
+                self.outbox
+                    .insert(multipilot_bus::kv::key(KIND_ALERT, &[&a.id])?, enc(&a)?)?;
+                n += 1;
+            }
+        }
         Ok(n)
     }
 
@@ -372,12 +417,17 @@ impl Store {
         for kv in self.outbox.iter() {
             let (k, v) = kv?;
             let key = String::from_utf8_lossy(&k).into_owned();
-            let bucket = if key.starts_with(KIND_SILENCE) {
-                &r.silences
-            } else {
-                &r.nflog
+            let bucket = match key.split_once('.').map(|(kind, _)| kind) {
+                Some(KIND_SILENCE) => &r.silences,
+                Some(KIND_ALERT) => &r.alerts,
+                _ => &r.nflog,
             };
-            multipilot_bus::kv::put(bucket, &key, v.to_vec()).await?;
+            // an empty value is a deletion (no record encodes to nothing)
+            if v.is_empty() {
+                multipilot_bus::kv::delete(bucket, &key).await?;
+            } else {
+                multipilot_bus::kv::put(bucket, &key, v.to_vec()).await?;
+            }
             // only if nobody wrote a newer value meanwhile: that one goes out on the next call
             let _ = self
                 .outbox
@@ -387,7 +437,7 @@ impl Store {
         Ok(n)
     }
 
-    /// Fills a blank store from the buckets: silences and the notification log.
+    /// Fills a blank store from the buckets: silences, the notification log and posted alerts.
     pub async fn restore(&self) -> Result<Restored, Error> {
         let Some(r) = &self.replica else {
             return Ok(Restored::default());
@@ -417,7 +467,54 @@ impl Store {
                 }
             }
         }
+        for (key, v) in multipilot_bus::kv::load_all(&r.alerts).await? {
+            match serde_json::from_slice::<Alert>(&v) {
+                Ok(a) => {
+                    self.alerts.insert(a.id.as_bytes(), enc(&a)?)?;
+                    out.alerts += 1;
+                }
+                Err(e) => {
+                    tracing::warn!(%key, error = %e, "skipping an unreadable alert in the bucket");
+                    out.skipped += 1;
+                }
+            }
+        }
         Ok(out)
+    }
+
+    /// Stores an alert; a posted one is queued for its bucket in the same transaction.
+    pub fn put_alert(&self, a: &Alert) -> Result<(), Error> {
+        use sled::Transactional;
+        let v = enc(a)?;
+        let queue = (a.posted && self.replica.is_some())
+            .then(|| multipilot_bus::kv::key(KIND_ALERT, &[&a.id]))
+            .transpose()?;
+        (&self.alerts, &self.outbox)
+            .transaction(|(at, ot)| {
+                at.insert(a.id.as_bytes(), v.as_slice())?;
+                if let Some(k) = &queue {
+                    ot.insert(k.as_bytes(), v.as_slice())?;
+                }
+                Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
+            })
+            .map_err(tx_error)
+    }
+
+    /// Forgets an alert; a posted one is queued for deletion from its bucket in the same transaction.
+    pub fn remove_alert(&self, a: &Alert) -> Result<(), Error> {
+        use sled::Transactional;
+        let queue = (a.posted && self.replica.is_some())
+            .then(|| multipilot_bus::kv::key(KIND_ALERT, &[&a.id]))
+            .transpose()?;
+        (&self.alerts, &self.outbox)
+            .transaction(|(at, ot)| {
+                at.remove(a.id.as_bytes())?;
+                if let Some(k) = &queue {
+                    ot.insert(k.as_bytes(), b"".as_slice())?;
+                }
+                Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
+            })
+            .map_err(tx_error)
     }
 
     /// Stores a silence (and queues it for the bucket), atomically.
@@ -521,5 +618,30 @@ fn tx_error(e: sled::transaction::TransactionError<()>) -> Error {
         sled::transaction::TransactionError::Abort(()) => {
             Error::Sled(sled::Error::Unsupported("transaction aborted".into()))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn fingerprints_are_alertmanagers() {
+        // the fingerprints Alertmanager 0.25 showed for these label sets (GET /api/v2/alerts)
+        assert_eq!(fingerprint(&labels(&[("a", "x")])), "d2c7718192a8a294");
+        assert_eq!(
+            fingerprint(&labels(&[("alertname", "Foo"), ("job", "bar")])),
+            "6e300f002f9bd150"
+        );
+        assert_eq!(
+            fingerprint(&labels(&[("alertname", "Bar"), ("sev", "x")])),
+            "b32968ef241f8f73"
+        );
     }
 }

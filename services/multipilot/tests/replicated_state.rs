@@ -32,9 +32,9 @@ impl Router {
         .await
     }
 
-    /// The state the API shows for the alert of `cluster`.
+    /// The state the API shows for the alert of `cluster` (resolved ones included).
     async fn alert_state(&self, cluster: &str) -> Option<String> {
-        let v = self.get("/api/v2/alerts").await.ok()?;
+        let v = self.get("/api/v2/alerts?resolved=true").await.ok()?;
         v.as_array()?
             .iter()
             .find(|a| a["labels"]["cluster"] == cluster)
