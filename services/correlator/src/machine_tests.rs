@@ -949,7 +949,11 @@ fn an_event_storm_opens_on_the_rate_and_ends_when_it_falls_or_stops_whatever_the
     let storm = incidents(&outs);
     assert_eq!(storm.len(), 1, "{storm:#?}");
     assert_eq!(storm[0].kind, "event-storm");
-    assert!(storm[0].summary.contains("FailedMount"), "{}", storm[0].summary);
+    assert!(
+        storm[0].summary.contains("FailedMount"),
+        "{}",
+        storm[0].summary
+    );
     // a trickle a minute later: the window holds only it, under 50 a minute: over
     let later = t0() + Duration::seconds(90);
     let outs = m.apply(Input::Event(&warn(1000, later)));
@@ -963,7 +967,10 @@ fn an_event_storm_opens_on_the_rate_and_ends_when_it_falls_or_stops_whatever_the
     // another storm, after which warnings stop altogether: the hub's clock ends it a minute later
     let mut m = machine();
     for i in 0..400i64 {
-        m.apply(Input::Event(&warn(i, t0() + Duration::milliseconds(i * 50))));
+        m.apply(Input::Event(&warn(
+            i,
+            t0() + Duration::milliseconds(i * 50),
+        )));
     }
     assert_eq!(m.current(false).len(), 1);
     let hub = t0() + Duration::seconds(30);
@@ -971,7 +978,10 @@ fn an_event_storm_opens_on_the_rate_and_ends_when_it_falls_or_stops_whatever_the
     assert!(incidents(&m.apply(Input::Tick(hub + Duration::seconds(30)))).is_empty());
     let ended = incidents(&m.apply(Input::Tick(hub + Duration::seconds(61))));
     assert_eq!(
-        ended.iter().map(|i| (i.kind.as_str(), i.status)).collect::<Vec<_>>(),
+        ended
+            .iter()
+            .map(|i| (i.kind.as_str(), i.status))
+            .collect::<Vec<_>>(),
         [("event-storm", IncidentStatus::Resolved)]
     );
 }
@@ -988,7 +998,20 @@ fn a_probe_without_findings_shows_what_it_saw_below_its_trend() {
         outs.extend(m.apply(Input::Probe(&env("c1", at, r, p), at)));
     }
     let inc = incidents(&outs).pop().expect("etcd-unhealthy");
-    assert_eq!(inc.evidence[0].kind, EvidenceKind::Fact, "{:#?}", inc.evidence);
-    assert!(inc.evidence[0].summary.starts_with("/readyz/etcd: HTTP 500"));
-    assert!(inc.evidence[0].why.contains("etcd probe"), "{}", inc.evidence[0].why);
+    assert_eq!(
+        inc.evidence[0].kind,
+        EvidenceKind::Fact,
+        "{:#?}",
+        inc.evidence
+    );
+    assert!(
+        inc.evidence[0]
+            .summary
+            .starts_with("/readyz/etcd: HTTP 500")
+    );
+    assert!(
+        inc.evidence[0].why.contains("etcd probe"),
+        "{}",
+        inc.evidence[0].why
+    );
 }
