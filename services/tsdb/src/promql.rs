@@ -4,14 +4,20 @@
 //! optional value per step, so a range query reads every series once. Selectors feeding an aggregation are
 //! streamed series by series, so `sum by (cluster) (rate(x[5m]))` holds only the groups in memory.
 //!
-//! Supported: vector selectors (`=`, `!=`, `=~`, `!~`, `offset`, `@`), range vectors and subqueries
-//! (`expr[range:step]`, also as a whole instant query) in functions; `rate`, `irate`, `increase`, `delta`,
-//! `{avg,min,max,sum,count,last}_over_time`, `histogram_quantile` (classic buckets), `label_replace`,
-//! `label_join`, `abs`, `ceil`, `floor`, `round`, `sqrt`, `exp`, `ln`, `log2`, `log10`, `clamp_min`,
-//! `clamp_max`, `time`, `vector`, `scalar`; aggregations `sum`, `avg`, `min`, `max`, `count`, `group`,
-//! `stddev`, `stdvar`, `quantile`, `count_values`, `topk`, `bottomk` with `by`/`without`; binary
-//! `+ - * / % ^`, comparisons (with `bool`) and `and`/`or`/`unless` between scalars and vectors, vector
-//! matching one-to-one, many-to-one and one-to-many (`on`/`ignoring`, `group_left`/`group_right`). Anything
+//! Supported: vector selectors (`=`, `!=`, `=~`, `!~`, `offset`, `@` with `start()`/`end()`), range vectors
+//! and subqueries (`expr[range:step]`, also as a whole instant query) in functions; the range functions
+//! `rate`, `irate`, `increase`, `delta`, `idelta`, `deriv`, `predict_linear`, `changes`, `resets`,
+//! `absent_over_time`, `present_over_time`, `quantile_over_time` and `{avg,min,max,sum,count,last,stddev,
+//! stdvar}_over_time`; `histogram_quantile` and `histogram_fraction` over classic buckets, `label_replace`,
+//! `label_join`, `absent`, `timestamp`, `sort`, `sort_desc`, the math (`abs`, `ceil`, `floor`, `round` with
+//! `to_nearest`, `sqrt`, `exp`, `ln`, `log2`, `log10`, `sgn`, `clamp`, `clamp_min`, `clamp_max`), trigonometric
+//! (`sin` … `atanh`, `deg`, `rad`, `pi`) and calendar (`year` … `minute`, `days_in_month`) functions, `time`,
+//! `vector`, `scalar`, `min_of`, `max_of`; aggregations `sum`, `avg` (compensated sums as Prometheus), `min`,
+//! `max`, `count`, `group`, `stddev`, `stdvar`, `quantile`, `count_values`, `topk`, `bottomk` with
+//! `by`/`without`; binary `+ - * / % ^`, comparisons (with `bool`) and `and`/`or`/`unless` between scalars
+//! and vectors, vector matching one-to-one, many-to-one and one-to-many (`on`/`ignoring`,
+//! `group_left`/`group_right`). Native histograms, experimental functions and delayed name removal are not
+//! supported. Anything
 //! else is a clear `bad_data` error.
 
 mod functions;
@@ -296,7 +302,7 @@ impl Eval<'_> {
                             *v = -*v;
                         }
                     }
-                    Ok(Value::Vector(vs))
+                    Ok(Value::Vector(merge_same_labels(vs)?))
                 }
                 _ => bad("unary minus needs a scalar or an instant vector"),
             },
@@ -311,6 +317,9 @@ impl Eval<'_> {
                     out.push(s);
                     Ok(())
                 })?;
+                if matches!(expr, Expr::Call(_)) {
+                    out = merge_same_labels(out)?;
+                }
                 Ok(Value::Vector(out))
             }
             Expr::MatrixSelector(_) => bad(
@@ -624,6 +633,25 @@ impl Eval<'_> {
                     .map(|t| *t as f64 / 1000.0)
                     .collect(),
             ),
+            "pi" => Value::Scalar(vec![std::f64::consts::PI; self.n()]),
+            "min_of" | "max_of" => {
+                let [a, b] = &c.args.args[..] else {
+                    return bad(format!("{}() needs two arguments", c.func.name));
+                };
+                let (a, b) = (self.eval_scalar(a)?, self.eval_scalar(b)?);
+                let min = c.func.name == "min_of";
+                // Go's math.Min/Max: NaN wins
+                let pick = |x: f64, y: f64| {
+                    if x.is_nan() || y.is_nan() {
+                        f64::NAN
+                    } else if min {
+                        x.min(y)
+                    } else {
+                        x.max(y)
+                    }
+                };
+                Value::Scalar(a.iter().zip(&b).map(|(x, y)| pick(*x, *y)).collect())
+            }
             "vector" => {
                 let arg = c
                     .args
@@ -696,6 +724,9 @@ impl Eval<'_> {
                 return bad("topk, bottomk and quantile need a parameter");
             };
             let param = self.eval_scalar(param)?;
+            if op != T_QUANTILE && param.iter().any(|k| k.is_nan()) {
+                return bad("Parameter value is NaN");
+            }
             let mut groups: HashMap<Labels, Vec<Series>> = HashMap::new();
             self.each_series(&a.expr, &mut |s| {
                 groups.entry(group_labels(&s.labels)).or_default().push(s);
@@ -715,6 +746,8 @@ impl Eval<'_> {
                     out.push(Series { labels, values });
                 }
             } else {
+                let mut groups: Vec<(Labels, Vec<Series>)> = groups.into_iter().collect();
+                groups.sort_by(|x, y| x.0.cmp(&y.0));
                 for (_, mut members) in groups {
                     for (i, &k) in param.iter().enumerate() {
                         let k = if k.is_nan() || k < 1.0 {
@@ -740,8 +773,25 @@ impl Eval<'_> {
                             members[*j].values[i] = None;
                         }
                     }
+                    members.retain(|s| s.values.iter().any(Option::is_some));
+                    if n == 1 {
+                        // An instant query lists each group's series best first, as Prometheus does.
+                        let key = |s: &Series| s.values[0].unwrap_or(f64::NAN);
+                        members.sort_by(|x, y| {
+                            let (a, b) = (key(x), key(y));
+                            match (a.is_nan(), b.is_nan()) {
+                                (true, false) => std::cmp::Ordering::Greater,
+                                (false, true) => std::cmp::Ordering::Less,
+                                _ if op == T_TOPK => b.total_cmp(&a),
+                                _ => a.total_cmp(&b),
+                            }
+                        });
+                    } else {
+                        members.sort_by(|x, y| x.labels.cmp(&y.labels));
+                    }
                     out.extend(members);
                 }
+                return Ok(Value::Vector(out));
             }
             out.retain(|s| s.values.iter().any(Option::is_some));
             out.sort_by(|x, y| x.labels.cmp(&y.labels));
@@ -871,7 +921,10 @@ impl Eval<'_> {
                 vector_scalar(op, is_cmp, return_bool, vs, &s, true)
             }
             (Value::Vector(l), Value::Vector(r)) => {
-                self.vector_binary(b, op, is_cmp, is_set, return_bool, l, r)
+                match self.vector_binary(b, op, is_cmp, is_set, return_bool, l, r)? {
+                    Value::Vector(v) => Ok(Value::Vector(merge_same_labels(v)?)),
+                    v => Ok(v),
+                }
             }
             _ => bad(format!("binary operation on incompatible types: {b}")),
         }
@@ -1011,10 +1064,12 @@ impl Eval<'_> {
                 let Some((j, c)) = matches.next() else {
                     continue;
                 };
-                if matches.next().is_some() {
+                if let Some((j2, _)) = matches.next() {
                     return bad(format!(
-                        "found duplicate series for the match group {} on the {one_side} hand-side of the operation; many-to-many matching not allowed: matching labels must be unique on one side",
-                        render(&sig)
+                        "found duplicate series for the match group {} on the {one_side} hand-side of the operation: [{}, {}];many-to-many matching not allowed: matching labels must be unique on one side",
+                        render(&sig),
+                        render(&one[j].labels),
+                        render(&one[j2].labels)
                     ));
                 }
                 if !explicit {
@@ -1052,10 +1107,7 @@ impl Eval<'_> {
                     }
                 };
                 if out[k].values[i].replace(value).is_some() {
-                    return bad(format!(
-                        "vector cannot contain metrics with the same labelset {}",
-                        render(&out[k].labels)
-                    ));
+                    return bad("vector cannot contain metrics with the same labelset");
                 }
             }
         }
@@ -1063,21 +1115,68 @@ impl Eval<'_> {
     }
 }
 
+/// Merges series that have the same labels (after a function or operator dropped the metric name, series
+/// that differed only by it meet): one series when their steps do not overlap, as Prometheus builds its
+/// result step by step, and its "same labelset" error when they do. The order of first appearance is kept.
+pub(crate) fn merge_same_labels(series: Vec<Series>) -> Result<Vec<Series>> {
+    let mut index: HashMap<Labels, usize> = HashMap::with_capacity(series.len());
+    let mut out: Vec<Series> = Vec::with_capacity(series.len());
+    for s in series {
+        match index.get(&s.labels) {
+            None => {
+                index.insert(s.labels.clone(), out.len());
+                out.push(s);
+            }
+            Some(&k) => {
+                let into = &mut out[k];
+                for (a, b) in into.values.iter_mut().zip(s.values) {
+                    if let Some(b) = b
+                        && a.replace(b).is_some()
+                    {
+                        return bad(
+                            "vector cannot contain metrics with the same labelset".to_string()
+                        );
+                    }
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Neumaier's compensated addition, as Prometheus' `kahanSumInc`: returns the new sum and compensation.
+pub(crate) fn kahan_inc(inc: f64, sum: f64, c: f64) -> (f64, f64) {
+    let t = sum + inc;
+    let c = if t.is_infinite() {
+        0.0
+    } else if sum.abs() >= inc.abs() {
+        c + ((sum - t) + inc)
+    } else {
+        c + ((inc - t) + sum)
+    };
+    (t, c)
+}
+
 /// Per-step state of one group of a `sum`/`avg`/`min`/`max`/`count`/`group`/`stddev`/`stdvar`.
 struct Acc {
     /// Sum, minimum, maximum or (for stddev/stdvar) running mean.
     value: Vec<f64>,
     count: Vec<u32>,
-    /// Sum of squared deviations from the running mean (Welford), stddev/stdvar only.
+    /// Sum of squared deviations from the running mean (Welford), stddev/stdvar only; for sum and avg the
+    /// Kahan compensation of `value`.
     m2: Vec<f64>,
+    /// avg only: the running mean once the sum overflowed (Prometheus then switches to an incremental
+    /// mean), `None` before.
+    mean: Vec<Option<f64>>,
 }
 
 impl Acc {
-    fn new(n: usize, spread: bool) -> Self {
+    fn new(n: usize, _spread: bool) -> Self {
         Acc {
             value: vec![0.0; n],
             count: vec![0; n],
-            m2: if spread { vec![0.0; n] } else { Vec::new() },
+            m2: vec![0.0; n],
+            mean: vec![None; n],
         }
     }
 
@@ -1100,13 +1199,37 @@ impl Acc {
                 let delta = v - *acc;
                 *acc += delta / self.count[i] as f64;
                 self.m2[i] += delta * (v - *acc);
+            } else if op == T_AVG {
+                // As Prometheus: a compensated sum while it stays finite, then an incremental mean.
+                let n = self.count[i] as f64;
+                if first {
+                    *acc = v;
+                    continue;
+                }
+                if self.mean[i].is_none() {
+                    let (t, c) = kahan_inc(v, *acc, self.m2[i]);
+                    if !t.is_infinite() {
+                        (*acc, self.m2[i]) = (t, c);
+                        continue;
+                    }
+                    self.mean[i] = Some(*acc / (n - 1.0));
+                    self.m2[i] /= n - 1.0;
+                }
+                let q = (n - 1.0) / n;
+                let mean = self.mean[i].unwrap_or_default();
+                let (m, c) = kahan_inc(v / n, q * mean, q * self.m2[i]);
+                self.mean[i] = Some(m);
+                self.m2[i] = c;
+            } else if first {
+                *acc = v;
             } else {
-                *acc += v;
+                (*acc, self.m2[i]) = kahan_inc(v, *acc, self.m2[i]);
             }
         }
     }
 
-    /// Adds another worker's state of the same group (not for stddev/stdvar).
+    /// Adds another worker's state of the same group (not for stddev/stdvar, nor avg once it switched to
+    /// an incremental mean: an overflowing avg is finished on one worker's states at a time).
     fn merge(&mut self, op: TokenId, other: Acc) {
         for i in 0..self.count.len() {
             let (c, v) = (other.count[i], other.value[i]);
@@ -1116,6 +1239,27 @@ impl Acc {
             let acc = &mut self.value[i];
             if self.count[i] == 0 {
                 *acc = v;
+                self.m2[i] = other.m2[i];
+                self.mean[i] = other.mean[i];
+            } else if op == T_SUM || op == T_AVG {
+                if let (Some(a), Some(b)) = (self.mean[i], other.mean[i]) {
+                    let (na, nb) = (self.count[i] as f64, c as f64);
+                    self.mean[i] = Some(
+                        (a + self.m2[i]) * (na / (na + nb)) + (b + other.m2[i]) * (nb / (na + nb)),
+                    );
+                    self.m2[i] = 0.0;
+                } else if self.mean[i].is_none() && other.mean[i].is_none() {
+                    let (t, k) = kahan_inc(v, *acc, self.m2[i] + other.m2[i]);
+                    *acc = t;
+                    self.m2[i] = k;
+                } else {
+                    // one side overflowed: fold both into a mean
+                    let (na, nb) = (self.count[i] as f64, c as f64);
+                    let ma = self.mean[i].map_or((*acc + self.m2[i]) / na, |m| m + self.m2[i]);
+                    let mb = other.mean[i].map_or((v + other.m2[i]) / nb, |m| m + other.m2[i]);
+                    self.mean[i] = Some(ma * (na / (na + nb)) + mb * (nb / (na + nb)));
+                    self.m2[i] = 0.0;
+                }
             } else if op == T_MIN {
                 if v < *acc || acc.is_nan() {
                     *acc = v;
@@ -1138,9 +1282,13 @@ impl Acc {
                 (c > 0).then(|| match op {
                     x if x == T_COUNT => c as f64,
                     x if x == T_GROUP => 1.0,
-                    x if x == T_AVG => self.value[i] / c as f64,
+                    x if x == T_AVG => match self.mean[i] {
+                        Some(mean) => mean + self.m2[i],
+                        None => self.value[i] / c as f64 + self.m2[i] / c as f64,
+                    },
                     x if x == T_STDVAR => self.m2[i] / c as f64,
                     x if x == T_STDDEV => (self.m2[i] / c as f64).sqrt(),
+                    x if x == T_SUM => self.value[i] + self.m2[i],
                     _ => self.value[i],
                 })
             })

@@ -306,7 +306,7 @@ fn bad_queries_are_bad_data() {
         "sum(",
         "rate(temp)",
         "temp[5m] + 1",
-        "absent(temp)",
+        "no_such_function(temp)",
         "temp[5m:1m] + 1",
         r#"count_values("not-a-label", temp)"#,
         r#"label_replace(temp, "dst", "$1", "cluster", "(")"#,
