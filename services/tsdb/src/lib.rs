@@ -14,6 +14,7 @@ pub mod federate;
 pub mod http;
 pub mod promql;
 pub mod remote_write;
+pub mod rules;
 pub mod store;
 
 use std::path::PathBuf;
@@ -82,6 +83,17 @@ pub struct Config {
     pub auth: multipilot_runtime::auth::Config,
     /// The bearer token this instance sends to its `peers` (a viewer's token of theirs).
     pub peer_token: Option<multipilot_bus::connect::Secret>,
+    /// Prometheus rule files (recording and alerting rules; `*` and `?` allowed in the file name), checked
+    /// at start (a bad file stops the role) and reloaded on SIGHUP or `POST /-/reload`.
+    pub rule_files: Vec<PathBuf>,
+    /// How often a rule group without its own `interval` is evaluated.
+    #[serde(with = "humantime_serde")]
+    pub rule_evaluation_interval: Duration,
+    /// Base URL of an Alertmanager-compatible API (the alert router, `http://host:9470`) that firing and
+    /// resolved alerts are posted to (`POST /api/v2/alerts`); alerts are only evaluated when absent.
+    pub alertmanager_url: Option<String>,
+    /// The bearer token sent to `alertmanager_url` (an operator's token of the router's).
+    pub alertmanager_token: Option<multipilot_bus::connect::Secret>,
 }
 
 impl Default for Config {
@@ -112,6 +124,10 @@ impl Default for Config {
                 ..Default::default()
             },
             peer_token: None,
+            rule_files: Vec::new(),
+            rule_evaluation_interval: Duration::from_secs(60),
+            alertmanager_url: None,
+            alertmanager_token: None,
         }
     }
 }
@@ -128,6 +144,9 @@ pub enum Error {
     /// The store could not be opened.
     #[error("opening the store: {0}")]
     Store(#[from] store::Error),
+    /// A rule file is unreadable or invalid (named with its group and rule).
+    #[error("rules: {0}")]
+    Rules(#[from] rules::Error),
     /// The durable consumer could not be set up (retry once NATS is back).
     #[error("consumer {stream}/{durable}: {reason}")]
     Consumer {
@@ -162,7 +181,10 @@ impl Error {
     /// Whether starting again later may succeed (NATS or the disk were away) rather than needing a changed
     /// setting.
     pub fn is_retryable(&self) -> bool {
-        !matches!(self, Error::Invalid(_) | Error::Auth(_) | Error::Peers(_))
+        !matches!(
+            self,
+            Error::Invalid(_) | Error::Auth(_) | Error::Peers(_) | Error::Rules(_)
+        )
     }
 }
 
@@ -199,6 +221,14 @@ impl Config {
         }
         if self.peer_timeout.is_zero() {
             return bad("peer_timeout must be positive");
+        }
+        if self.rule_evaluation_interval.is_zero() {
+            return bad("rule_evaluation_interval must be positive");
+        }
+        if let Some(u) = &self.alertmanager_url
+            && !(u.starts_with("http://") || u.starts_with("https://"))
+        {
+            return bad("alertmanager_url must be an http(s) base URL");
         }
         if let Some(rw) = &self.remote_write
             && (!(rw.url.starts_with("http://") || rw.url.starts_with("https://"))
@@ -406,6 +436,8 @@ pub async fn prepare_consumer(
 /// checkpoints and applies retention in the background.
 pub async fn run(config: Config, ctx: Context) -> Result<(), Error> {
     config.validate()?;
+    // Bad rule files stop the role before it opens anything.
+    rules::load_files(&config.rule_files, config.rule_evaluation_interval)?;
     ctx.health.register("tsdb");
     let store = open_store(&config).await?;
     // A new or wiped data directory rebuilds what FLEET_METRICS still holds (its max_age) instead of
@@ -429,7 +461,33 @@ pub async fn run(config: Config, ctx: Context) -> Result<(), Error> {
             &config.auth,
         )?));
     }
-    let router = http::router(store.clone(), http_opts)?;
+    let tokens = http_opts.tokens.clone();
+    let mut router = http::router(store.clone(), http_opts)?;
+    let rules = if config.rule_files.is_empty() {
+        None
+    } else {
+        let engine = promql::Engine::new(store.clone(), config.lookback_delta);
+        let notifier = config.alertmanager_url.as_deref().map(|url| {
+            rules::Notifier::new(url, config.alertmanager_token.as_ref().map(|t| t.0.clone()))
+        });
+        let generator = format!("http://{}", config.listen.replace("0.0.0.0", "127.0.0.1"));
+        let manager = Arc::new(rules::Manager::new(
+            config.rule_files.clone(),
+            config.rule_evaluation_interval,
+            engine,
+            notifier,
+            generator,
+        )?);
+        let rules_router = rules::router(manager.clone());
+        router = router.merge(match tokens {
+            Some(tokens) => rules_router.route_layer(axum::middleware::from_fn_with_state(
+                tokens,
+                multipilot_runtime::auth::viewer_reads_operator_writes,
+            )),
+            None => rules_router,
+        });
+        Some(manager)
+    };
     let (addr, server) = multipilot_runtime::http::serve(&config.listen, router, local.clone())
         .await
         .map_err(|source| Error::Listen {
@@ -457,11 +515,15 @@ pub async fn run(config: Config, ctx: Context) -> Result<(), Error> {
         tracing::info!(url = %rw.url, "forwarding samples by remote write");
         ingest = ingest.with_remote_write(remote_write::spawn(rw.clone(), metrics, local.clone()));
     }
+    let rule_task = rules.map(|m| tokio::spawn(m.run(local.clone())));
     ctx.health.set("tsdb", true);
     let result = runner.run(&mut ingest, local.clone()).await;
     ctx.health.set("tsdb", false);
     local.cancel();
     let _ = maintenance.await;
+    if let Some(t) = rule_task {
+        let _ = t.await;
+    }
     let _ = server.await;
     store.commit().await?;
     store.checkpoint().await?;
