@@ -8,7 +8,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Result, bail, ensure};
+use anyhow::{Context as _, Result, bail, ensure};
 use multipilot_schemas::payload::Sample;
 use multipilot_tsdb::promql::{Engine, Value};
 use multipilot_tsdb::rules::{self, AlertState, Group, Kind};
@@ -341,4 +341,109 @@ fn missing_rule_file_is_named() {
     .map(|e| e.to_string())
     .unwrap_or_default();
     assert!(e.contains("/nonexistent/x.rules.yaml"), "{e}");
+}
+
+/// The shipped rules in the TSDB's own evaluator give what promtool's unit tests expect of them (a
+/// deployment short of replicas, GPUs exhausted through the recording rules, with `{{ $value }}` and
+/// `humanizePercentage` rendered as Prometheus renders them).
+#[test]
+fn shipped_fleet_rules_fire_in_the_evaluator_as_promtool_expects() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(Store::open(dir.path(), Options::default())?);
+    let ksm = [("job", "kube-state-metrics")];
+    for m in 0..=30 {
+        let t = BASE_MS + m * MIN;
+        let with = |extra: &[(&'static str, &'static str)]| -> Vec<(&str, &str)> {
+            ksm.iter().chain(extra).copied().collect()
+        };
+        let dep = [("namespace", "shop"), ("deployment", "web")];
+        let gpu_pod = [
+            ("namespace", "ml"),
+            ("pod", "train-0"),
+            ("container", "t"),
+            ("node", "g1"),
+            ("resource", "nvidia_com_gpu"),
+            ("unit", "integer"),
+        ];
+        store.append(
+            "c1",
+            &[
+                sample("kube_deployment_spec_replicas", &with(&dep), 3.0, t),
+                sample(
+                    "kube_deployment_status_replicas_available",
+                    &with(&dep),
+                    if m < 2 { 3.0 } else { 1.0 },
+                    t,
+                ),
+            ],
+        )?;
+        store.append(
+            "gpu1",
+            &[
+                sample(
+                    "kube_node_status_allocatable",
+                    &with(&[
+                        ("node", "g1"),
+                        ("resource", "nvidia_com_gpu"),
+                        ("unit", "integer"),
+                    ]),
+                    4.0,
+                    t,
+                ),
+                sample(
+                    "kube_pod_container_resource_requests",
+                    &with(&gpu_pod),
+                    4.0,
+                    t,
+                ),
+                sample(
+                    "kube_pod_status_phase",
+                    &with(&[
+                        ("namespace", "ml"),
+                        ("pod", "train-0"),
+                        ("phase", "Running"),
+                    ]),
+                    1.0,
+                    t,
+                ),
+            ],
+        )?;
+    }
+    let engine = Engine::new(store, Duration::from_secs(300));
+    let mut groups = rules::load_files(
+        &[repo_root().join("deploy/rules/fleet.rules.yaml")],
+        Duration::from_secs(60),
+    )?;
+    let mut sent = Vec::new();
+    for m in 0..=20 {
+        sent.clear();
+        for g in &mut groups {
+            sent.extend(g.eval(&engine, BASE_MS + m * MIN, "http://tsdb").alerts);
+            for r in &g.rules {
+                ensure!(r.last_error.is_none(), "{}: {:?}", r.name(), r.last_error);
+            }
+        }
+    }
+    let find = |name: &str| {
+        sent.iter()
+            .find(|a| a.labels.get("alertname").map(String::as_str) == Some(name))
+            .cloned()
+    };
+    let dep = find("DeploymentReplicasMismatch").context("DeploymentReplicasMismatch")?;
+    ensure!(
+        dep.annotations.get("description").map(String::as_str)
+            == Some("3 replicas wanted; fewer have been available for 15 minutes."),
+        "{:?}",
+        dep.annotations
+    );
+    ensure!(dep.labels.get("cluster").map(String::as_str) == Some("c1"));
+    let gpu = find("GPUsExhausted").context("GPUsExhausted")?;
+    ensure!(
+        gpu.annotations.get("summary").map(String::as_str)
+            == Some("GPUs in gpu1 are 100% requested"),
+        "{:?}",
+        gpu.annotations
+    );
+    ensure!(find("NodeNotReady").is_none());
+    Ok(())
 }
