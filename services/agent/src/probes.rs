@@ -308,9 +308,10 @@ async fn apiserver(ctx: &ClusterCtx, cfg: &Config) -> Outcome {
             Ok((code, body, _)) => failures.push(format!(
                 "{path}: HTTP {code} {}",
                 body.lines()
-                    .find(|l| l.starts_with("[-]"))
-                    .unwrap_or("")
-                    .trim()
+                    .filter(|l| l.starts_with("[-]"))
+                    .map(str::trim)
+                    .collect::<Vec<_>>()
+                    .join(" ")
             )),
             Err(e) => failures.push(format!("{path}: {e}")),
         }
@@ -318,6 +319,9 @@ async fn apiserver(ctx: &ClusterCtx, cfg: &Config) -> Outcome {
     }
     ctx.reachable
         .store(ok > 0, std::sync::atomic::Ordering::Relaxed);
+    // /readyz failing only on checks another probe owns (etcd) says nothing about the API server's own
+    // load: that probe reports it, and an overload incident would repeat it
+    failures.retain(|f| !(f.starts_with("/readyz: HTTP 500") && readyz_failure_owned_elsewhere(f)));
     let error_ratio = failures.len() as f64 / 3.0;
     let status = if ok == 0 {
         ProbeStatus::Unhealthy
@@ -346,6 +350,17 @@ async fn apiserver(ctx: &ClusterCtx, cfg: &Config) -> Outcome {
         o = o.obs("clock_skew_s", s);
     }
     o
+}
+
+/// Whether a `/readyz` failure (`/readyz: HTTP 500 [-]etcd failed: …`) names only checks another probe
+/// owns.
+fn readyz_failure_owned_elsewhere(failure: &str) -> bool {
+    let named: Vec<&str> = failure
+        .split("[-]")
+        .skip(1)
+        .filter_map(|c| c.split_whitespace().next())
+        .collect();
+    !named.is_empty() && named.iter().all(|c| c.starts_with("etcd"))
 }
 
 async fn etcd(ctx: &ClusterCtx) -> Outcome {
@@ -1013,6 +1028,17 @@ async fn deprecated(ctx: &ClusterCtx) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_readyz_failure_on_etcd_alone_is_the_etcd_probes_business() {
+        assert!(readyz_failure_owned_elsewhere(
+            "/readyz: HTTP 500 [-]etcd failed: reason withheld"
+        ));
+        assert!(!readyz_failure_owned_elsewhere(
+            "/readyz: HTTP 500 [-]poststarthook/rbac/bootstrap-roles failed: not finished"
+        ));
+        assert!(!readyz_failure_owned_elsewhere("/readyz: HTTP 500 "));
+    }
 
     #[test]
     fn a_failing_probe_is_rerun_at_the_confirm_interval_and_a_due_change_sooner() {

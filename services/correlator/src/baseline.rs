@@ -78,11 +78,16 @@ pub struct Baseline {
     /// Certificates.
     pub certificates: Certificates,
     /// Rules whose failure is an incident even when a cluster fails them from the start (by rule name:
-    /// `kubernetes-version`, `component/<name>`, `pss-labels`, `external-ips`, `cert-validity`). Every
+    /// `kubernetes-version`, `component:<name>`, `pss-labels`, `external-ips`, `cert-validity`). Every
     /// other rule a cluster fails when first judged is standing non-compliance: it is in the compliance
     /// report, and only a cluster that passed a rule and then fails it (drift) raises `baseline-drift`.
     #[serde(default)]
     pub critical: Vec<String>,
+    /// Rules a probe raises its own incident for (`external-ips` → `external-ip-exposure`, `cert-validity` →
+    /// `cert-expiring`): they stay in the compliance report and never raise `baseline-drift` too (one
+    /// problem, one incident).
+    #[serde(default)]
+    pub probe_covered: Vec<String>,
 }
 
 /// The default baseline.

@@ -1012,11 +1012,13 @@ impl Machine {
                 CheckStatus::Fail => {
                     let drifted = previous.get(&check.rule) == Some(&CheckStatus::Pass);
                     let critical = self.baseline.critical.contains(&check.rule);
-                    if !(drifted
-                        || critical
-                        || self.is_open(cluster, "baseline-drift", &check.rule))
+                    let covered = self.baseline.probe_covered.contains(&check.rule);
+                    if covered
+                        || !(drifted
+                            || critical
+                            || self.is_open(cluster, "baseline-drift", &check.rule))
                     {
-                        // standing non-compliance: the compliance report says it
+                        // standing non-compliance, or a probe's own incident: the compliance report says it
                         continue;
                     }
                     let summary = if !critical {

@@ -1015,3 +1015,40 @@ fn a_probe_without_findings_shows_what_it_saw_below_its_trend() {
         inc.evidence[0].why
     );
 }
+
+#[test]
+fn a_rule_a_probe_covers_stays_in_the_report_and_raises_no_second_incident() {
+    let mut m = machine();
+    m.apply(Input::Facts(&env("c1", t0(), 1, facts(31))));
+    // a Service with an external IP appears: the external-ips rule goes from pass to fail
+    let svc = ResourceState {
+        api_version: "v1".into(),
+        kind: "Service".into(),
+        namespace: Some("default".into()),
+        name: "exposed-debug".into(),
+        uid: "svc-1".into(),
+        ..sample()
+    };
+    let mut svc = svc;
+    svc.status
+        .detail
+        .insert("externalIPs".into(), "198.51.100.7".into());
+    let outs = m.apply(Input::State(&env(
+        "c1",
+        t0() + Duration::seconds(5),
+        2,
+        StateMsg::State(svc),
+    )));
+    let reports = compliance_reports(&outs, "c1");
+    assert!(
+        reports.iter().any(|r| r
+            .checks
+            .iter()
+            .any(|c| c.rule == "external-ips" && c.status == CheckStatus::Fail)),
+        "{reports:#?}"
+    );
+    assert!(
+        incidents(&outs).is_empty(),
+        "the external-ips probe raises external-ip-exposure; no baseline-drift as well"
+    );
+}
