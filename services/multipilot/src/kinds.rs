@@ -66,19 +66,15 @@ const fn kind(
 }
 
 const fn not_collected(
-    kind: &'static str,
+    name: &'static str,
     plural: &'static str,
     group: &'static str,
     short: &'static [&'static str],
     namespaced: bool,
 ) -> Kind {
     Kind {
-        kind,
-        plural,
-        group,
-        short,
-        namespaced,
         collected: false,
+        ..kind(name, plural, group, short, namespaced)
     }
 }
 

@@ -8,25 +8,17 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result};
 use multipilot_schemas::payload::Sample;
 use multipilot_tsdb::http;
 use multipilot_tsdb::store::{Options, Store};
 use serde_json::Value as Json;
 use tokio_util::sync::CancellationToken;
 
-const BASE_S: i64 = 1_750_000_000;
+mod common;
+use common::promtool;
 
-fn promtool() -> Result<String> {
-    let path = std::env::var("PROMTOOL_BIN").unwrap_or_else(|_| "promtool".into());
-    match Command::new(&path).arg("--version").output() {
-        Ok(o) if o.status.success() => Ok(path),
-        _ => bail!(
-            "promtool not found: install Debian's `prometheus` package (`apt-get install -y prometheus`, which \
-             ./scripts/test does) or point PROMTOOL_BIN at a promtool binary"
-        ),
-    }
-}
+const BASE_S: i64 = 1_750_000_000;
 
 /// Runs promtool off the test's thread (the server under test runs on it).
 async fn output(args: Vec<String>) -> Result<std::process::Output> {

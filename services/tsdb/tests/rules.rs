@@ -14,22 +14,14 @@ use multipilot_tsdb::promql::{Engine, Value};
 use multipilot_tsdb::rules::{self, AlertState, Group, Kind};
 use multipilot_tsdb::store::{Options, Store};
 
+mod common;
+use common::promtool;
+
 const BASE_MS: i64 = 1_750_000_000_000;
 const MIN: i64 = 60_000;
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn promtool() -> Result<String> {
-    let path = std::env::var("PROMTOOL_BIN").unwrap_or_else(|_| "promtool".into());
-    match Command::new(&path).arg("--version").output() {
-        Ok(o) if o.status.success() => Ok(path),
-        _ => bail!(
-            "promtool not found: install Debian's `prometheus` package (`apt-get install -y prometheus`, which \
-             ./scripts/test does) or point PROMTOOL_BIN at a promtool binary"
-        ),
-    }
 }
 
 fn run_promtool(args: &[&str]) -> Result<String> {
