@@ -484,7 +484,11 @@ impl Engine {
         let firing_ids: BTreeSet<String> = firing.iter().map(|a| a.id.clone()).collect();
         let resolved_ids: BTreeSet<String> = resolved.iter().map(|a| a.id.clone()).collect();
         let repeat = Duration::from_std(node.repeat_interval).unwrap_or(Duration::hours(4));
+        // as in Alertmanager, a group whose every alert is muted (silenced or inhibited) is not judged at
+        // all: its log entry stays as it was, so when the mute ends what was notified is not notified again
+        let all_muted = firing.is_empty() && resolved.is_empty();
         let needs = match entry {
+            _ if all_muted => false,
             None => !firing_ids.is_empty(),
             Some(e) if !firing_ids.is_subset(&e.firing) => true,
             Some(e) if firing_ids.is_empty() => !e.firing.is_empty(),

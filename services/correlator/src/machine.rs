@@ -176,6 +176,12 @@ pub fn incident_key(cluster: &str, kind: &str, target: &str) -> String {
     format!("{cluster}/{kind}/{target}")
 }
 
+/// Where an incident is kept once a newer one of its key (`cluster/kind/target`) has replaced it: resolved
+/// history, listed until housekeeping drops it.
+fn history_key(key: &str, id: &str) -> String {
+    format!("{key}#{id}")
+}
+
 impl Machine {
     /// A machine with no state.
     pub fn new(rules: Rules, baseline: Baseline, source: &str) -> Self {
@@ -354,11 +360,17 @@ impl Machine {
                 .incidents
                 .get(&key)
                 .is_none_or(|cur| (cur.opened_at, cur.revision) <= (inc.opened_at, inc.revision));
-            if newer {
-                self.dirty.incidents.insert(key.clone());
-                self.incidents.insert(key, inc);
-                restored += 1;
-            }
+            let key = if newer {
+                if self.incidents.get(&key).is_some_and(|cur| cur.id != inc.id) {
+                    self.retire(&key);
+                }
+                key
+            } else {
+                history_key(&key, &inc.id)
+            };
+            self.dirty.incidents.insert(key.clone());
+            self.incidents.insert(key, inc);
+            restored += 1;
         }
         restored
     }
@@ -524,6 +536,7 @@ impl Machine {
                 self.stats.late_ignored += 1;
             }
             _ => {
+                self.retire(&key);
                 let inc = Incident {
                     id: stable_id(&[cluster, kind, target, &at.to_rfc3339()]),
                     cluster: cluster.into(),
@@ -576,6 +589,17 @@ impl Machine {
                     .take_while(|(k, _)| k.starts_with(&prefix))
                     .any(|(_, i)| i.status != IncidentStatus::Resolved)
             })
+    }
+
+    /// Moves the incident at `key` (one that has resolved and is about to be succeeded by a new one) to its
+    /// history key, so `--all` and the console keep listing it for its week.
+    fn retire(&mut self, key: &str) {
+        if let Some(old) = self.incidents.remove(key) {
+            let to = history_key(key, &old.id);
+            self.dirty.incidents.insert(key.to_string());
+            self.dirty.incidents.insert(to.clone());
+            self.incidents.insert(to, old);
+        }
     }
 
     fn is_open(&self, cluster: &str, kind: &str, target: &str) -> bool {

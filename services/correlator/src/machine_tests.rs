@@ -214,6 +214,43 @@ fn a_silent_cluster_becomes_unreachable_and_heartbeats_bring_it_back() {
     let resolved = incidents(&m.apply(Input::Heartbeat(&hb3, back + Duration::seconds(5))));
     assert_eq!(resolved.len(), 1);
     assert_eq!(resolved[0].status, IncidentStatus::Resolved);
+
+    // silent again: a new incident, and the first one stays listed (resolved) beside it
+    let again = incidents(&m.apply(Input::Tick(back + Duration::seconds(30))));
+    assert_eq!(again.len(), 1);
+    assert_ne!(again[0].id, opened[0].id, "a recurrence is a new incident");
+    let listed = |m: &Machine| {
+        let mut v: Vec<(String, String)> = m
+            .current(true)
+            .into_iter()
+            .map(|i| (i.id, format!("{:?}", i.status)))
+            .collect();
+        v.sort();
+        v
+    };
+    let mut want = vec![
+        (opened[0].id.clone(), "Resolved".to_string()),
+        (again[0].id.clone(), "Open".to_string()),
+    ];
+    want.sort();
+    assert_eq!(listed(&m), want);
+    assert_eq!(m.current(false).len(), 1);
+    // both are persisted (the old one under its history key)
+    assert_eq!(m.take_changes().incidents.len(), 2);
+
+    // a wiped store restored from FLEET_INCIDENTS (latest revision of each id, any order) lists both,
+    // and the open one is the one a heartbeat resolves
+    let mut r = machine();
+    r.restore(vec![again[0].clone(), resolved[0].clone()], Vec::new());
+    assert_eq!(listed(&r), want);
+    let hb4 = env("c1", back + Duration::seconds(40), 4, heartbeat());
+    r.apply(Input::Heartbeat(&hb4, back + Duration::seconds(40)));
+    let hb5 = env("c1", back + Duration::seconds(45), 5, heartbeat());
+    let closed = incidents(&r.apply(Input::Heartbeat(&hb5, back + Duration::seconds(45))));
+    assert_eq!(closed.len(), 1);
+    assert_eq!(closed[0].id, again[0].id);
+    assert_eq!(r.current(false).len(), 0);
+    assert_eq!(r.current(true).len(), 2);
 }
 
 #[test]

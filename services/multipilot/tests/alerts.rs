@@ -218,6 +218,61 @@ async fn routes_groups_inhibits_and_silences() -> Result<()> {
         stable_id(&["c", "cluster-unreachable"])
     );
 
+    // --- a mute that ends re-sends nothing (Alertmanager's dedup): e's alert is notified, then e becomes
+    // unreachable (its alert inhibited through a few group intervals), then reachable again
+    r.incident("e", "node-not-ready", Warning, Open, 1, &[])
+        .await?;
+    let on_e = |rx: &Receiver| {
+        rx.got("/default")
+            .into_iter()
+            .filter(|g| g.body["groupLabels"]["cluster"] == "e")
+            .count()
+    };
+    eventually("e's notification", 30, async || {
+        (on_e(&rx) == 1).then_some(())
+    })
+    .await?;
+    r.incident("e", "cluster-unreachable", Critical, Open, 1, &[])
+        .await?;
+    eventually("e's alert inhibited", 30, async || {
+        let a = r.get("/api/v2/alerts").await.ok()?;
+        a.as_array()?
+            .iter()
+            .any(|a| {
+                a["labels"]["cluster"] == "e"
+                    && a["labels"]["alertname"] == "node-not-ready"
+                    && a["status"]["state"] == "suppressed"
+            })
+            .then_some(())
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(7)).await; // two group intervals while muted
+    r.incident("e", "cluster-unreachable", Critical, Resolved, 2, &[])
+        .await?;
+    eventually("e's alert active again", 30, async || {
+        let a = r.get("/api/v2/alerts").await.ok()?;
+        a.as_array()?
+            .iter()
+            .any(|a| {
+                a["labels"]["cluster"] == "e"
+                    && a["labels"]["alertname"] == "node-not-ready"
+                    && a["status"]["state"] == "active"
+            })
+            .then_some(())
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(7)).await; // two group intervals unmuted
+    assert_eq!(
+        on_e(&rx),
+        1,
+        "an alert already notified is not notified again when its inhibition ends: {:?}",
+        rx.got("/default")
+            .iter()
+            .filter(|g| g.body["groupLabels"]["cluster"] == "e")
+            .map(alerts_of)
+            .collect::<Vec<_>>()
+    );
+
     // --- silences through the CLI: d is silenced, then the silence expires and d is notified
     let id = r
         .cli(&[
