@@ -130,6 +130,11 @@ impl From<promql::Error> for ApiError {
     fn from(e: promql::Error) -> Self {
         match e {
             promql::Error::BadData(m) => ApiError::bad(m),
+            promql::Error::Execution(m) => ApiError {
+                status: StatusCode::UNPROCESSABLE_ENTITY,
+                kind: "execution",
+                message: m,
+            },
             e @ (promql::Error::Storage(_) | promql::Error::Internal(_)) => {
                 ApiError::internal(e.to_string())
             }

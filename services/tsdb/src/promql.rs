@@ -45,6 +45,10 @@ pub enum Error {
     /// The query does not parse, or uses something the engine does not evaluate (the client's fault).
     #[error("{0}")]
     BadData(String),
+    /// The query is valid but its evaluation hit a condition Prometheus refuses at run time (two series
+    /// with one labelset, many-to-many matching, …): `errorType: execution`, HTTP 422, as Prometheus.
+    #[error("{0}")]
+    Execution(String),
     /// Reading the store failed.
     #[error("storage: {0}")]
     Storage(#[from] store::Error),
@@ -58,6 +62,10 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 fn bad<T>(msg: impl Into<String>) -> Result<T> {
     Err(Error::BadData(msg.into()))
+}
+
+fn exec<T>(msg: impl Into<String>) -> Result<T> {
+    Err(Error::Execution(msg.into()))
 }
 
 /// One output series: labels and an optional value per step.
@@ -143,6 +151,16 @@ pub fn selector_matchers(vs: &VectorSelector) -> Vec<Vec<Matcher>> {
         set.extend(name.clone());
     }
     sets
+}
+
+/// Whether every series the selector can select has one and the same metric name: then dropping the name
+/// can't make two of them alike (labels are unique within a name), and a streamed aggregation needs no
+/// check for the "same labelset" error Prometheus raises when it can.
+fn one_name(vs: &VectorSelector) -> bool {
+    selector_matchers(vs).iter().all(|set| {
+        set.iter()
+            .any(|m| m.name == METRIC_NAME && matches!(m.op, MatchOp::Equal))
+    })
 }
 
 /// Parses a query. The parser is third-party code fed with user input: a panic inside it becomes a
@@ -609,7 +627,19 @@ impl Eval<'_> {
     /// materialising the rest).
     fn each_series(&self, expr: &Expr, f: &mut dyn FnMut(Series) -> Result<()>) -> Result<()> {
         if let Some(st) = self.streamed(expr) {
-            return self.map_selected(&st, f);
+            if st.keep_name || one_name(st.vs) {
+                return self.map_selected(&st, f);
+            }
+            // the name dropped over several names: two series may now be alike (Prometheus' error)
+            let mut all = Vec::new();
+            self.map_selected(&st, &mut |s| {
+                all.push(s);
+                Ok(())
+            })?;
+            for s in merge_same_labels(all)? {
+                f(s)?;
+            }
+            return Ok(());
         }
         match expr {
             Expr::Paren(p) => self.each_series(&p.expr, f),
@@ -842,7 +872,12 @@ impl Eval<'_> {
         }
         let spread = op == T_STDDEV || op == T_STDVAR;
         let mut groups: HashMap<Labels, Acc> = HashMap::new();
-        if !spread && let Some(st) = self.streamed(&a.expr) {
+        // a function that drops the name over several metric names may give two series one labelset:
+        // that is Prometheus' "same labelset" error, which only the series-by-series path can see
+        if !spread
+            && let Some(st) = self.streamed(&a.expr)
+            && (st.keep_name || one_name(st.vs))
+        {
             // `sum by (cluster) (rate(x[5m]))` and the like: the workers aggregate what they compute.
             let states = self.fold_selected(
                 &st,
@@ -1065,7 +1100,7 @@ impl Eval<'_> {
                     continue;
                 };
                 if let Some((j2, _)) = matches.next() {
-                    return bad(format!(
+                    return exec(format!(
                         "found duplicate series for the match group {} on the {one_side} hand-side of the operation: [{}, {}];many-to-many matching not allowed: matching labels must be unique on one side",
                         render(&sig),
                         render(&one[j].labels),
@@ -1077,7 +1112,7 @@ impl Eval<'_> {
                         .entry(sig.clone())
                         .or_insert_with(|| vec![false; n]);
                     if std::mem::replace(&mut seen[i], true) {
-                        return bad(format!(
+                        return exec(format!(
                             "multiple matches for labels {}: many-to-one matching must be explicit (group_left/group_right)",
                             render(&sig)
                         ));
@@ -1107,7 +1142,7 @@ impl Eval<'_> {
                     }
                 };
                 if out[k].values[i].replace(value).is_some() {
-                    return bad("vector cannot contain metrics with the same labelset");
+                    return exec("vector cannot contain metrics with the same labelset");
                 }
             }
         }
@@ -1133,9 +1168,7 @@ pub(crate) fn merge_same_labels(series: Vec<Series>) -> Result<Vec<Series>> {
                     if let Some(b) = b
                         && a.replace(b).is_some()
                     {
-                        return bad(
-                            "vector cannot contain metrics with the same labelset".to_string()
-                        );
+                        return exec("vector cannot contain metrics with the same labelset");
                     }
                 }
             }

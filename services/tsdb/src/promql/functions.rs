@@ -35,30 +35,6 @@ const RANGE_FUNCTIONS: [&str; 19] = [
     "predict_linear",
 ];
 
-/// The divisions `extrapolated` needs, kept from one step to the next: in regularly scraped data every
-/// window of a series spans the same time with the same number of samples, so they are computed once per
-/// series instead of once per step (a division costs as much as the rest of the step).
-#[derive(Debug, Default)]
-struct Recip {
-    /// (sampled ms, intervals, range ms) the values below are for; sampled is never 0 in use.
-    key: (i64, usize, i64),
-    inv_sampled: f64,
-    half_interval: f64,
-    per_second: f64,
-}
-
-impl Recip {
-    fn get(&mut self, sampled: i64, intervals: usize, range: i64) -> &Recip {
-        if self.key != (sampled, intervals, range) {
-            self.key = (sampled, intervals, range);
-            self.inv_sampled = 1.0 / sampled as f64;
-            self.half_interval = sampled as f64 / intervals as f64 / 2.0;
-            self.per_second = 1000.0 / range as f64;
-        }
-        self
-    }
-}
-
 fn math_fn(name: &str) -> Option<fn(f64) -> f64> {
     Some(match name {
         "abs" => f64::abs,
@@ -216,9 +192,9 @@ fn fold(s: &[(i64, f64)], f: fn(f64, f64) -> f64) -> Option<f64> {
 /// and extrapolated towards the range's edges (not further than half a sample interval, nor below zero for
 /// counters).
 ///
-/// This runs once per series and step (86M times for a day of 30,000 series at 30 s), so it works in
-/// milliseconds (the extrapolation factor is a ratio of durations) and takes its reciprocals from `recip`
-/// instead of dividing; the results agree with the textbook form to rounding.
+/// The arithmetic is Prometheus' own, operation for operation (durations in seconds, the factor divided,
+/// not multiplied by a reciprocal), so results agree to the last bit: `rate(x[40s]) - rate(x[1m] offset
+/// …)` over the same samples is exactly 0, as Prometheus answers it.
 fn extrapolated(
     s: &[(i64, f64)],
     range_start: i64,
@@ -226,7 +202,6 @@ fn extrapolated(
     is_counter: bool,
     is_rate: bool,
     has_reset: bool,
-    recip: &mut Recip,
 ) -> Option<f64> {
     if s.len() < 2 {
         return None;
@@ -243,35 +218,34 @@ fn extrapolated(
             prev = v;
         }
     }
-    // Samples lie in (range_start, range_end], so only the range itself can overflow (an absurd one).
-    let r = recip.get(
-        last_t - first_t,
-        s.len() - 1,
-        range_end.saturating_sub(range_start),
-    );
-    let intervals = (s.len() - 1) as f64;
-    let sampled = (last_t - first_t) as f64;
-    let mut to_start = first_t.saturating_sub(range_start) as f64;
-    let mut to_end = (range_end - last_t) as f64;
-    // `to ≥ 1.1 × average interval`, i.e. `to × intervals ≥ 1.1 × sampled`: more than a sample is missing
-    // at that edge, so extrapolate by half an interval only.
-    let threshold = sampled * 1.1;
-    if to_start * intervals >= threshold {
-        to_start = r.half_interval;
+    let mut to_start = first_t.saturating_sub(range_start) as f64 / 1000.0;
+    let mut to_end = range_end.saturating_sub(last_t) as f64 / 1000.0;
+    let sampled = (last_t - first_t) as f64 / 1000.0;
+    let average = sampled / (s.len() - 1) as f64;
+    // a sample missing at an edge: the series starts or ends within the range, so extrapolate by half an
+    // interval only
+    let threshold = average * 1.1;
+    if to_start >= threshold {
+        to_start = average / 2.0;
     }
-    // A counter is not extrapolated below zero: `sampled × first / result` is where it would reach zero.
-    if is_counter && result > 0.0 && first_v >= 0.0 && sampled * first_v < to_start * result {
-        to_start = sampled * (first_v / result);
+    if is_counter {
+        // a counter is not extrapolated below zero
+        let mut to_zero = to_start;
+        if result > 0.0 && first_v >= 0.0 {
+            to_zero = sampled * (first_v / result);
+        }
+        if to_zero < to_start {
+            to_start = to_zero;
+        }
     }
-    if to_end * intervals >= threshold {
-        to_end = r.half_interval;
+    if to_end >= threshold {
+        to_end = average / 2.0;
     }
-    let factor = (sampled + to_start + to_end) * r.inv_sampled;
-    Some(if is_rate {
-        result * factor * r.per_second
-    } else {
-        result * factor
-    })
+    let mut factor = (sampled + to_start + to_end) / sampled;
+    if is_rate {
+        factor /= range_end.saturating_sub(range_start) as f64 / 1000.0;
+    }
+    Some(result * factor)
 }
 
 /// Per-second rate from the last two samples (a decrease is a counter reset).
@@ -306,26 +280,26 @@ pub(super) fn range_compute_with(
     // Each function gets its own copy of the window loop (a generic), so the per-step function is inlined
     // into it: it runs once per series and step.
     let compute: Box<ComputeFn<'static>> = match name {
-        "idelta" => windowed(range, |s, _, _, _, _| {
+        "idelta" => windowed(range, |s, _, _, _| {
             let [.., (_, v0), (_, v1)] = s else {
                 return None;
             };
             Some(v1 - v0)
         }),
-        "present_over_time" => windowed(range, |s, _, _, _, _| (!s.is_empty()).then_some(1.0)),
-        "stdvar_over_time" => windowed(range, |s, _, _, _, _| variance(s)),
-        "stddev_over_time" => windowed(range, |s, _, _, _, _| variance(s).map(f64::sqrt)),
-        "changes" => windowed(range, |s, _, _, _, _| {
+        "present_over_time" => windowed(range, |s, _, _, _| (!s.is_empty()).then_some(1.0)),
+        "stdvar_over_time" => windowed(range, |s, _, _, _| variance(s)),
+        "stddev_over_time" => windowed(range, |s, _, _, _| variance(s).map(f64::sqrt)),
+        "changes" => windowed(range, |s, _, _, _| {
             (!s.is_empty()).then(|| {
                 s.windows(2)
                     .filter(|w| w[1].1 != w[0].1 && !(w[1].1.is_nan() && w[0].1.is_nan()))
                     .count() as f64
             })
         }),
-        "resets" => windowed(range, |s, _, _, _, _| {
+        "resets" => windowed(range, |s, _, _, _| {
             (!s.is_empty()).then(|| s.windows(2).filter(|w| w[1].1 < w[0].1).count() as f64)
         }),
-        "deriv" => windowed(range, |s, _, _, _, _| {
+        "deriv" => windowed(range, |s, _, _, _| {
             (s.len() >= 2).then(|| linear_regression(s, s[0].0).0)
         }),
         "predict_linear" => windowed_k(range, move |s, _, t, k| {
@@ -342,28 +316,28 @@ pub(super) fn range_compute_with(
             let mut values: Vec<f64> = s.iter().map(|x| x.1).collect();
             Some(super::quantile(param_at(k), &mut values))
         }),
-        "rate" => windowed(range, |s, start, end, r, c| {
-            extrapolated(s, start, end, true, true, r, c)
+        "rate" => windowed(range, |s, start, end, r| {
+            extrapolated(s, start, end, true, true, r)
         }),
-        "increase" => windowed(range, |s, start, end, r, c| {
-            extrapolated(s, start, end, true, false, r, c)
+        "increase" => windowed(range, |s, start, end, r| {
+            extrapolated(s, start, end, true, false, r)
         }),
-        "delta" => windowed(range, |s, start, end, _, c| {
-            extrapolated(s, start, end, false, false, false, c)
+        "delta" => windowed(range, |s, start, end, _| {
+            extrapolated(s, start, end, false, false, false)
         }),
-        "irate" => windowed(range, |s, _, _, _, _| irate(s)),
-        "avg_over_time" => windowed(range, |s, _, _, _, _| avg(s)),
-        "sum_over_time" => windowed(range, |s, _, _, _, _| (!s.is_empty()).then(|| sum(s))),
-        "count_over_time" => windowed(range, |s, _, _, _, _| {
+        "irate" => windowed(range, |s, _, _, _| irate(s)),
+        "avg_over_time" => windowed(range, |s, _, _, _| avg(s)),
+        "sum_over_time" => windowed(range, |s, _, _, _| (!s.is_empty()).then(|| sum(s))),
+        "count_over_time" => windowed(range, |s, _, _, _| {
             (!s.is_empty()).then_some(s.len() as f64)
         }),
-        "min_over_time" => windowed(range, |s, _, _, _, _| {
+        "min_over_time" => windowed(range, |s, _, _, _| {
             fold(s, |a, b| if b < a || a.is_nan() { b } else { a })
         }),
-        "max_over_time" => windowed(range, |s, _, _, _, _| {
+        "max_over_time" => windowed(range, |s, _, _, _| {
             fold(s, |a, b| if b > a || a.is_nan() { b } else { a })
         }),
-        "last_over_time" => windowed(range, |s, _, _, _, _| s.last().map(|x| x.1)),
+        "last_over_time" => windowed(range, |s, _, _, _| s.last().map(|x| x.1)),
         _ => return None,
     };
     Some((compute, name == "last_over_time"))
@@ -374,25 +348,23 @@ fn windowed_k<F>(range: i64, func: F) -> Box<ComputeFn<'static>>
 where
     F: Fn(&[(i64, f64)], i64, i64, usize) -> Option<f64> + Sync + 'static,
 {
-    windowed_impl(range, move |s, start, end, _, _, k| func(s, start, end, k))
+    windowed_impl(range, move |s, start, end, _, k| func(s, start, end, k))
 }
 
 /// The window loop of a range function `func` of (samples in one step's range, range start, range end,
-/// whether those samples hold a counter reset, the series' reciprocal cache). One pass over the samples:
+/// whether those samples hold a counter reset). One pass over the samples:
 /// the window slides forward with the (sorted) reference times.
 fn windowed<F>(range: i64, func: F) -> Box<ComputeFn<'static>>
 where
-    F: Fn(&[(i64, f64)], i64, i64, bool, &mut Recip) -> Option<f64> + Sync + 'static,
+    F: Fn(&[(i64, f64)], i64, i64, bool) -> Option<f64> + Sync + 'static,
 {
-    windowed_impl(range, move |s, start, end, r, c, _| {
-        func(s, start, end, r, c)
-    })
+    windowed_impl(range, move |s, start, end, r, _| func(s, start, end, r))
 }
 
 /// [`windowed`] whose function also gets the step's index.
 fn windowed_impl<F>(range: i64, func: F) -> Box<ComputeFn<'static>>
 where
-    F: Fn(&[(i64, f64)], i64, i64, bool, &mut Recip, usize) -> Option<f64> + Sync + 'static,
+    F: Fn(&[(i64, f64)], i64, i64, bool, usize) -> Option<f64> + Sync + 'static,
 {
     Box::new(
         move |refs: &[i64], samples: &[(i64, f64)], out: &mut Vec<Option<f64>>| {
@@ -414,7 +386,6 @@ where
                 resets.push(n);
             }
             let monotonic = refs.is_sorted();
-            let mut recip = Recip::default();
             let (mut lo, mut hi) = (0usize, 0usize);
             out.clear();
             out.extend(refs.iter().enumerate().map(|(k, &t)| {
@@ -433,7 +404,7 @@ where
                 }
                 let slice = &samples[lo..hi];
                 let has_reset = hi >= lo + 2 && resets[hi - 1] > resets[lo];
-                func(slice, start, t, has_reset, &mut recip, k)
+                func(slice, start, t, has_reset, k)
             }));
             out.iter().any(Option::is_some)
         },
@@ -777,7 +748,7 @@ impl Merge {
         let into = &mut self.out[k];
         for (a, b) in into.values.iter_mut().zip(s.values) {
             if b.is_some() && a.replace(b.unwrap_or_default()).is_some() {
-                return bad("vector cannot contain metrics with the same labelset");
+                return super::exec("vector cannot contain metrics with the same labelset");
             }
         }
         Ok(())
@@ -941,7 +912,7 @@ fn bucket_groups(ev: &Eval<'_>, v: &Expr) -> Result<HashMap<Labels, Vec<Bucket>>
             .or_insert_with(|| vec![false; n]);
         for (a, v) in at.iter_mut().zip(&s.values) {
             if v.is_some() && std::mem::replace(a, true) {
-                return bad("vector cannot contain metrics with the same labelset");
+                return super::exec("vector cannot contain metrics with the same labelset");
             }
         }
         s.labels.retain(|(k, _)| k != "le");
@@ -1092,8 +1063,7 @@ mod tests {
     fn rate_of_a_steady_counter_is_its_slope() {
         // 0, 30, 60 … every 30 s: one per second. Range (0, 300] at t=300 s holds samples 30..300 s.
         let s: Vec<(i64, f64)> = (1..=10).map(|i| (i * 30_000, i as f64 * 30.0)).collect();
-        let r =
-            extrapolated(&s, 0, 300_000, true, true, false, &mut Recip::default()).expect("rate");
+        let r = extrapolated(&s, 0, 300_000, true, true, false).expect("rate");
         // first sample at 30 s is within 1.1 × 30 s of the start: extrapolate the whole 30 s, but not below
         // zero: the counter reaches 0 exactly at 0 s, so 300 s of increase at 1/s.
         assert!((r - 1.0).abs() < 1e-12, "{r}");
@@ -1110,16 +1080,7 @@ mod tests {
         ];
         // Raw increase: 15 - 10 + 20 (reset) = 25 over 90 s sampled; to_start = 15 s, to_end = 15 s
         // (both below 1.1 × 30 s); zero point 90 × 10/25 = 36 s > 15 s. Factor (90 + 30) / 90.
-        let r = extrapolated(
-            &s,
-            45_000,
-            165_000,
-            true,
-            false,
-            true,
-            &mut Recip::default(),
-        )
-        .expect("increase");
+        let r = extrapolated(&s, 45_000, 165_000, true, false, true).expect("increase");
         assert!((r - 25.0 * 120.0 / 90.0).abs() < 1e-9, "{r}");
     }
 

@@ -314,14 +314,22 @@ fn bad_queries_are_bad_data() {
         r#"label_join(temp, "dst")"#,
         "histogram_quantile(0.5)",
         "max_over_time(temp[1y:1s])",
+    ] {
+        assert!(
+            matches!(e.instant(q, 600_000), Err(super::Error::BadData(_))),
+            "{q} should be rejected"
+        );
+    }
+    // valid queries whose evaluation Prometheus refuses: `execution` errors (HTTP 422), as there
+    for q in [
         // Two left series per cluster: group_right's "one" side must be unique.
         "req_total + on(cluster) group_right temp",
         // Both temp series lose their only distinguishing label.
         r#"label_replace(temp, "cluster", "", "cluster", ".*")"#,
     ] {
         assert!(
-            matches!(e.instant(q, 600_000), Err(super::Error::BadData(_))),
-            "{q} should be rejected"
+            matches!(e.instant(q, 600_000), Err(super::Error::Execution(_))),
+            "{q} should fail in evaluation"
         );
     }
     assert!(e.range("temp", 10, 0, 1).is_err());
