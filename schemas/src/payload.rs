@@ -539,13 +539,16 @@ pub struct Sample {
     pub name: String,
     /// Labels, `cluster` included.
     pub labels: BTreeMap<String, String>,
-    /// Value (may be NaN or ±Inf, as in the exposition format).
+    /// Value (may be NaN or ±Inf, as in the exposition format; the NaN with bits `0x7ff0000000000002` is
+    /// Prometheus' staleness marker: the series is gone).
     pub value: f64,
     /// Milliseconds since the epoch, in the cluster's clock.
     pub timestamp_ms: i64,
 }
 
-/// Samples of one scrape.
+/// Samples of one scrape, with the scrape's own series (`up`, `scrape_duration_seconds`,
+/// `scrape_samples_scraped`, `scrape_samples_post_metric_relabeling`, `scrape_series_added`) and
+/// staleness markers for the series gone since the target's previous scrape.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct MetricBatch {
     /// The scrape target's job name, e.g. `kube-state-metrics`.

@@ -180,6 +180,33 @@ async fn every_kind_lands_with_the_version_chosen_per_cluster() -> Result<()> {
                 .all(|s| s["labels"]["cluster"] == e.cluster.as_str())
         );
     }
+    // as Prometheus does, each scrape says how it went: `up` 1 and the samples it scraped, per target
+    for f in ["node-exporter", "kube-state-metrics-v1.35"] {
+        let own = |name: &str| -> Vec<f64> {
+            batches
+                .iter()
+                .filter(|(_, e)| {
+                    e.payload["instance"]
+                        .as_str()
+                        .is_some_and(|i| i.contains(&format!("fixture-{f}:")))
+                })
+                .flat_map(|(_, e)| e.payload["samples"].as_array().cloned().unwrap_or_default())
+                .filter(|s| s["name"] == name && s["labels"]["job"].is_string())
+                .filter_map(|s| s["value"].as_f64())
+                .collect()
+        };
+        assert!(
+            !own("up").is_empty() && own("up").iter().all(|v| *v == 1.0),
+            "{f}: up {:?}",
+            own("up")
+        );
+        assert!(
+            own("scrape_samples_scraped").iter().all(|v| *v > 10.0),
+            "{f}: scrape_samples_scraped {:?}",
+            own("scrape_samples_scraped")
+        );
+        assert!(!own("scrape_duration_seconds").is_empty());
+    }
     let apiserver = batches.iter().any(|(_, e)| e.payload["job"] == "apiserver");
     assert!(apiserver, "the API server's own metrics are scraped");
     h.stop_agent()?;
