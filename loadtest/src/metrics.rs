@@ -200,6 +200,51 @@ pub fn kube_state_metrics(c: &Cluster) -> String {
         }
     }
     out.push_str(&waiting);
+    // Requests as the API server defaults them: a resource with a limit and no request requests its limit
+    // (how a pod asking only `limits: {nvidia.com/gpu: 1}` holds a GPU).
+    for (name, help, requests) in [
+        (
+            "kube_pod_container_resource_requests",
+            "[STABLE] The number of requested request resource by a container. It is recommended to use the kube_pod_resource_requests metric exposed by kube-scheduler instead, as it is more precise.",
+            true,
+        ),
+        (
+            "kube_pod_container_resource_limits",
+            "[STABLE] The number of requested limit resource by a container. It is recommended to use the kube_pod_resource_limits metric exposed by kube-scheduler instead, as it is more precise.",
+            false,
+        ),
+    ] {
+        family(&mut out, name, "gauge", help);
+        for p in &pods {
+            for ctr in p
+                .pointer("/spec/containers")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
+                let res = |kind: &str| {
+                    ctr.pointer(&format!("/resources/{kind}"))
+                        .and_then(Value::as_object)
+                };
+                let mut amounts = res("limits").cloned().unwrap_or_default();
+                if requests && let Some(r) = res("requests") {
+                    amounts.extend(r.clone());
+                }
+                for (res, q) in &amounts {
+                    let (resource, unit, value) = quantity(res, q.as_str().unwrap_or("0"));
+                    let _ = writeln!(
+                        out,
+                        "{name}{{namespace=\"{}\",pod=\"{}\",uid=\"{}\",container=\"{}\",node=\"{}\",resource=\"{resource}\",unit=\"{unit}\"}} {value}",
+                        str_at(p, &["metadata", "namespace"]),
+                        str_at(p, &["metadata", "name"]),
+                        str_at(p, &["metadata", "uid"]),
+                        str_at(ctr, &["name"]),
+                        str_at(p, &["spec", "nodeName"]),
+                    );
+                }
+            }
+        }
+    }
     let deps = all(c, "apps", "deployments");
     for (name, ptr, help) in [
         (
