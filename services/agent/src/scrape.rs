@@ -52,10 +52,13 @@ impl Default for Config {
 /// Prometheus' staleness marker: a NaN with this exact bit pattern (`value.StaleNaN`).
 pub const STALE_NAN_BITS: u64 = 0x7ff0_0000_0000_0002;
 
+/// A series of a scrape: its name and labels.
+type SeriesKey = (String, BTreeMap<String, String>);
+
 /// The series each target gave in its last scrape (name and labels), so the next one can mark what is gone.
 #[derive(Debug, Default)]
 pub struct Targets {
-    last: HashMap<(String, String), Vec<(String, BTreeMap<String, String>)>>,
+    last: HashMap<(String, String), Vec<SeriesKey>>,
 }
 
 /// What one scrape of a target brought back.
