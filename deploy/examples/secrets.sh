@@ -9,7 +9,8 @@
 #
 # The generated material (passwords, CA key, tokens, signing key) stays in OUT/material/: keep it like any
 # other secret. Running `hub` again reuses it and adds what is missing (a new agent user's password, the
-# console's token for the TSDB). Needs openssl, xxd and kubectl (offline: --dry-run=client).
+# console's token for the TSDB, the TSDB's token for the alert router). Needs openssl, xxd and kubectl
+# (offline: --dry-run=client).
 # HUB_NAMESPACE and AGENT_NAMESPACE override the namespaces.
 set -euo pipefail
 umask 077
@@ -28,6 +29,19 @@ random() { echo "p$(openssl rand -hex 24)"; }
 secret() { # NAMESPACE NAME ARGS… > manifest
   local ns="$1" name="$2"; shift 2
   kubectl create secret generic "$name" --namespace "$ns" --dry-run=client -o yaml "$@"
+}
+
+add_token() { # TOKENS SUBJECT ROLE: appends an entry to TOKENS unless it has one for SUBJECT
+  grep -q "subject: $2," "$1" && return
+  [ -z "$(tail -c 1 "$1")" ] || echo >> "$1"
+  echo "- {token: \"$(random)\", subject: $2, role: $3}" >> "$1"
+}
+
+token_of() { # TOKENS SUBJECT > value: SUBJECT's token without a final newline (a Secret key's value)
+  local t
+  t="$(sed -n "s/.*token: \"\([^\"]*\)\", subject: $2,.*/\1/p" "$1" | head -n 1)"
+  [ -n "$t" ] || die "no token for the subject $2 in $1"
+  printf '%s' "$t"
 }
 
 hub() {
@@ -59,8 +73,9 @@ hub() {
       -extfile "$m/tls.ext" -out "$m/tls.crt" 2>/dev/null
   fi
 
-  # the bearer tokens of every HTTP API (console, TSDB, alert router): one per role for people, and last the
-  # console's own viewer token for the TSDB (an older tokens.yaml gets it added)
+  # the bearer tokens of every HTTP API (console, TSDB, alert router): one per role for people, then the
+  # console's own viewer token for the TSDB and the TSDB's operator token for the alert router, which takes
+  # the alerts of the TSDB's rules (an older tokens.yaml gets what it lacks added)
   if [ ! -f "$m/tokens.yaml" ]; then
     {
       echo "- {token: \"$(random)\", subject: viewer, role: viewer}"
@@ -68,14 +83,11 @@ hub() {
       echo "- {token: \"$(random)\", subject: releaser, role: releaser}"
     } > "$m/tokens.yaml"
   fi
-  if ! grep -q 'subject: console,' "$m/tokens.yaml"; then
-    [ -z "$(tail -c 1 "$m/tokens.yaml")" ] || echo >> "$m/tokens.yaml"
-    echo "- {token: \"$(random)\", subject: console, role: viewer}" >> "$m/tokens.yaml"
-  fi
-  # that token again, without a final newline: the Secret's key tsdb_token (console.tsdb_token, tsdb.peer_token)
-  sed -n 's/.*token: "\([^"]*\)", subject: console,.*/\1/p' "$m/tokens.yaml" | head -n 1 | tr -d '\n' \
-    > "$m/tsdb-token"
-  [ -s "$m/tsdb-token" ] || die "no token for the subject console in $m/tokens.yaml"
+  add_token "$m/tokens.yaml" console viewer
+  add_token "$m/tokens.yaml" tsdb-rules operator
+  # the Secret's key tsdb_token (console.tsdb_token, tsdb.peer_token) and alerts_token (tsdb.alertmanager_token)
+  token_of "$m/tokens.yaml" console > "$m/tsdb-token"
+  token_of "$m/tokens.yaml" tsdb-rules > "$m/alerts-token"
   # earlier versions' Secrets, replaced by multipilot-api-tokens: not applied again
   local old
   for old in multipilot-console-tokens multipilot-alerts-tokens; do
@@ -96,7 +108,8 @@ hub() {
   secret "$HUB_NS" nats-tls --from-file=ca.crt="$m/ca.crt" --from-file=tls.crt="$m/tls.crt" \
     --from-file=tls.key="$m/tls.key" > "$out/hub/nats-tls.yaml"
   secret "$HUB_NS" multipilot-api-tokens --from-file=tokens.yaml="$m/tokens.yaml" \
-    --from-file=tsdb_token="$m/tsdb-token" > "$out/hub/multipilot-api-tokens.yaml"
+    --from-file=tsdb_token="$m/tsdb-token" --from-file=alerts_token="$m/alerts-token" \
+    > "$out/hub/multipilot-api-tokens.yaml"
   secret "$HUB_NS" multipilot-release-signing --from-file=signing.key="$m/signing.key" \
     > "$out/hub/multipilot-release-signing.yaml"
   echo "hub Secrets in $out/hub/ (kubectl apply -f $out/hub/); API tokens (viewer, operator, releaser) in $m/tokens.yaml"

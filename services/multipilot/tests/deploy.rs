@@ -10,6 +10,12 @@
 //!   namespace per pod, volumes at their real paths, read-only roots, the service-account files): every pod
 //!   becomes ready on its own readiness probe, every Service's targetPort reaches a listener, and the path
 //!   agent → NATS → hub comes alive: the console answers through its Service with the onboarded cluster.
+//! - The fleet rules, in both hub layouts and in compose: the TSDB, asked through its Service with a viewer's
+//!   token, lists the shipped rule groups of `deploy/rules` (loaded from the mounted ConfigMap) and the
+//!   operator's own file added as the README says, every rule evaluated without error; the own rule's alert,
+//!   fired over the agent's metrics, reaches the alert router with the TSDB's token, rendered.
+//! - No workload keeps the bare name of a ConfigMap the render gave a hashed name (a reference kustomize did
+//!   not rewrite).
 //! - An agent overlay missing its Secret does not start, and says which Secret is missing.
 
 mod common;
@@ -151,6 +157,12 @@ async fn every_overlay_renders_and_the_oldest_and_newest_apiservers_accept_every
             "{} renders nothing",
             dir.display()
         );
+        let stale = unrewritten_config_map_refs(&rendered);
+        ensure!(
+            stale.is_empty(),
+            "{}: workloads mount ConfigMaps by their unhashed name: {stale:?}",
+            dir.display()
+        );
         let yaml = rendered.to_yaml()?;
         for ctx in ["oldest", "newest"] {
             // Namespaces first, for real (a dry-run can't create what the namespaced objects live in), then
@@ -203,6 +215,42 @@ async fn every_overlay_renders_and_the_oldest_and_newest_apiservers_accept_every
     }
     drop(sim.fleet);
     Ok(())
+}
+
+/// `(workload, ConfigMap)` for each ConfigMap a pod template mounts by a name the render only has with a
+/// generator's hash suffix: a reference kustomize did not rewrite (the pod would wait for a ConfigMap that
+/// never exists). A name the render lacks altogether belongs to another base and is not judged here.
+fn unrewritten_config_map_refs(rendered: &Manifests) -> Vec<(String, String)> {
+    let names: Vec<&str> = rendered
+        .of_kind("ConfigMap")
+        .filter_map(|c| c["metadata"]["name"].as_str())
+        .collect();
+    let hashed_only = |n: &str| {
+        !names.contains(&n)
+            && names.iter().any(|c| {
+                c.strip_prefix(n)
+                    .and_then(|rest| rest.strip_prefix('-'))
+                    .is_some_and(|h| h.len() == 10 && h.chars().all(|x| x.is_ascii_alphanumeric()))
+            })
+    };
+    let mut out = Vec::new();
+    for o in &rendered.objects {
+        let Some(volumes) = o["spec"]["template"]["spec"]["volumes"].as_array() else {
+            continue;
+        };
+        let workload = o["metadata"]["name"].as_str().unwrap_or_default();
+        for v in volumes {
+            let projected = v["projected"]["sources"].as_array().into_iter().flatten();
+            for cm in std::iter::once(&v["configMap"]).chain(projected.map(|s| &s["configMap"])) {
+                if let Some(n) = cm["name"].as_str()
+                    && hashed_only(n)
+                {
+                    out.push((workload.to_string(), n.to_string()));
+                }
+            }
+        }
+    }
+    out
 }
 
 /// `deploy/examples/secrets.sh`, as the README tells an operator to run it.
@@ -266,8 +314,9 @@ fn binaries() -> Result<BTreeMap<String, PathBuf>> {
 
 /// A hub example and one onboarded cluster, running on an emulated node: the README's steps in a copy of
 /// `deploy/` (the operator's repository): the hub's Secrets (the NATS certificate also names the address
-/// agents reach the bus by), then `multipilot cluster add`, which mints the agent's bus user and writes its
-/// Secret and overlay. Every pod becomes ready and every Service reaches a listener.
+/// agents reach the bus by), the operator's overlay `deploy/site/hub` on the example with a rule file of
+/// their own merged into the rules ConfigMap, then `multipilot cluster add`, which mints the agent's bus user
+/// and writes its Secret and overlay. Every pod becomes ready and every Service reaches a listener.
 struct Onboarded {
     node: Node,
     _live: tokio::sync::MutexGuard<'static, ()>,
@@ -317,7 +366,19 @@ async fn onboard(example: &str) -> Result<Onboarded> {
         "cluster add: {}",
         String::from_utf8_lossy(&added.stderr)
     );
-    let mut manifests = Manifests::render(&site.path().join("deploy/examples").join(example))?;
+    // the operator's overlay on the example, as the README's steps 2 and 6 write it
+    let hub = site.path().join("deploy/site/hub");
+    std::fs::create_dir_all(&hub)?;
+    std::fs::write(hub.join(OWN_RULES_FILE), OWN_RULES)?;
+    std::fs::write(
+        hub.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+             resources: [../../examples/{example}]\nconfigMapGenerator:\n  \
+             - {{name: multipilot-rules, behavior: merge, files: [{OWN_RULES_FILE}]}}\n"
+        ),
+    )?;
+    let mut manifests = Manifests::render(&hub)?;
     manifests.extend(secret_manifests(&out.join("hub"))?);
     manifests.extend(Manifests::render(
         &site.path().join("deploy/site/agents").join(CLUSTER),
@@ -434,6 +495,14 @@ async fn the_small_fleet_and_an_onboarded_agent_start_from_their_manifests_and_t
         capacity.text().await?
     );
     let alerts = node.service_addr("multipilot-hub", "multipilot-alerts", 9467)?;
+    // The fleet rules: loaded from the mounted ConfigMap, evaluated, their alerts taken by the router.
+    let rules = rules_evaluated(&http, &tsdb.to_string(), viewer)
+        .await
+        .with_context(|| format!("hub log:\n{}", tail(node, "multipilot-hub-0")))?;
+    own_alert_delivered(&http, &alerts.to_string(), viewer, &rules, CLUSTER)
+        .await
+        .with_context(|| format!("hub log:\n{}", tail(node, "multipilot-hub-0")))?;
+    no_refused_alerts(node, "multipilot-hub-0")?;
     let silence = serde_json::json!({
         "matchers": [{"name": "cluster", "value": CLUSTER, "isRegex": false}],
         "endsAt": "2099-01-01T00:00:00Z", "createdBy": "drill", "comment": "everything of one cluster"
@@ -516,6 +585,39 @@ async fn the_scaled_hub_starts_with_its_partitions_and_any_tsdb_answers_for_the_
             )
         })?;
     }
+    // Each partition evaluates the rules over the clusters it stores; the own rule's alert for the cluster
+    // reaches the router (the Service multipilot-alerts) from whichever partition holds it.
+    let mut rules = None;
+    for instance in ["multipilot-tsdb-p0", "multipilot-tsdb-p1"] {
+        let addr = node.service_addr("multipilot-hub", instance, 9466)?;
+        rules = Some(
+            rules_evaluated(&http, &addr.to_string(), viewer)
+                .await
+                .with_context(|| {
+                    format!("{instance} log:\n{}", tail(node, &format!("{instance}-0")))
+                })?,
+        );
+    }
+    let alerts = node.service_addr("multipilot-hub", "multipilot-alerts", 9467)?;
+    own_alert_delivered(
+        &http,
+        &alerts.to_string(),
+        viewer,
+        &rules.context("no TSDB instance")?,
+        CLUSTER,
+    )
+    .await
+    .with_context(|| {
+        format!(
+            "tsdb-p0 log:\n{}\ntsdb-p1 log:\n{}\nalerts log:\n{}",
+            tail(node, "multipilot-tsdb-p0-0"),
+            tail(node, "multipilot-tsdb-p1-0"),
+            tail(node, "multipilot-alerts-0")
+        )
+    })?;
+    for pod in ["multipilot-tsdb-p0-0", "multipilot-tsdb-p1-0"] {
+        no_refused_alerts(node, pod)?;
+    }
     Ok(())
 }
 
@@ -545,9 +647,16 @@ async fn compose_yaml_starts_and_its_console_shows_the_cluster() -> Result<()> {
     std::fs::write(
         project.path().join("deploy/compose/tokens.yaml"),
         format!(
-            "- {{token: {viewer}, subject: alice, role: viewer}}\n- {{token: {}, subject: console, role: viewer}}\n",
-            env["MULTIPILOT_CONSOLE_TSDB_TOKEN"]
+            "- {{token: {viewer}, subject: alice, role: viewer}}\n\
+             - {{token: {}, subject: console, role: viewer}}\n\
+             - {{token: {}, subject: tsdb-rules, role: operator}}\n",
+            env["MULTIPILOT_CONSOLE_TSDB_TOKEN"], env["MULTIPILOT_TSDB_ALERTS_TOKEN"]
         ),
+    )?;
+    // the operator's own rules next to the shipped ones, as deploy/compose/README.md says
+    std::fs::write(
+        project.path().join("deploy/rules").join(OWN_RULES_FILE),
+        OWN_RULES,
     )?;
     let images = BTreeMap::from([
         (
@@ -613,6 +722,198 @@ async fn compose_yaml_starts_and_its_console_shows_the_cluster() -> Result<()> {
             tail(&node, "agent-0pod")
         )
     })?;
+    // the fleet rules from the bind-mounted deploy/rules, their alerts to the `alerts` service
+    let pod_ip = |prefix: &str| {
+        node.pods()
+            .into_iter()
+            .find(|(p, _)| p.starts_with(prefix))
+            .map(|(_, ip)| ip)
+            .with_context(|| format!("no {prefix} pod"))
+    };
+    let (tsdb, alerts) = (pod_ip("tsdb-")?, pod_ip("alerts-")?);
+    let rules = rules_evaluated(&http, &format!("{tsdb}:9466"), &viewer)
+        .await
+        .with_context(|| format!("tsdb log:\n{}", tail(&node, "tsdb-0pod")))?;
+    own_alert_delivered(&http, &format!("{alerts}:9467"), &viewer, &rules, "prod-1")
+        .await
+        .with_context(|| {
+            format!(
+                "tsdb log:\n{}\nalerts log:\n{}",
+                tail(&node, "tsdb-0pod"),
+                tail(&node, "alerts-0pod")
+            )
+        })?;
+    no_refused_alerts(&node, "tsdb-0pod")?;
+    Ok(())
+}
+
+/// The operator's own rule file, added next to the shipped ones (README: Deploy on Kubernetes, step 6;
+/// deploy/compose/README.md): an alert per cluster with pods, firing at its first evaluation, so the drill
+/// sees the TSDB's rules reach the alert router over the agent's real metrics.
+const OWN_RULES_FILE: &str = "drill.rules.yaml";
+const OWN_RULES: &str = r#"groups:
+  - name: drill.own
+    interval: 5s
+    rules:
+      - alert: DrillClusterHasPods
+        expr: count by (cluster) (kube_pod_info) > 0
+        labels: {severity: info}
+        annotations:
+          summary: "{{ $labels.cluster }} runs {{ $value }} pods"
+"#;
+
+/// The rule groups `deploy/rules/*.rules.yaml` ships, by name.
+fn shipped_groups() -> Result<Vec<String>> {
+    let mut names = Vec::new();
+    for e in std::fs::read_dir(root().join("deploy/rules"))? {
+        let p = e?.path();
+        if !p.to_string_lossy().ends_with(".rules.yaml") {
+            continue;
+        }
+        let file: serde_json::Value = serde_yaml::from_str(&std::fs::read_to_string(&p)?)?;
+        for g in file["groups"].as_array().into_iter().flatten() {
+            names.push(g["name"].as_str().context("group name")?.to_string());
+        }
+    }
+    ensure!(!names.is_empty(), "deploy/rules ships no rule groups");
+    Ok(names)
+}
+
+/// `GET /api/v1/rules` of the TSDB at `addr` (host:port), as an operator asks it with a viewer's token: the
+/// groups of every shipped file and of the own file, read from `/etc/multipilot/rules` (the mounted
+/// ConfigMap, or compose's bind mount), each rule evaluated at least once and none failing. Returns the
+/// answer.
+async fn rules_evaluated(
+    http: &reqwest::Client,
+    addr: &str,
+    viewer: &str,
+) -> Result<serde_json::Value> {
+    let url = format!("http://{addr}/api/v1/rules");
+    let mut want = shipped_groups()?;
+    want.push("drill.own".into());
+    let mut last = serde_json::Value::Null;
+    let every = Duration::from_millis(500);
+    let found = common::eventually_every(&format!("rules at {addr}"), 90, every, async || {
+        let v = get_json(http, &url, viewer).await?;
+        last = v.clone();
+        let groups = v["data"]["groups"].as_array()?;
+        let all_there = want
+            .iter()
+            .all(|w| groups.iter().any(|g| g["name"] == w.as_str()));
+        let all_ok = groups
+            .iter()
+            .flat_map(|g| g["rules"].as_array().into_iter().flatten())
+            .all(|r| r["health"] == "ok");
+        (all_there && all_ok).then_some(v)
+    })
+    .await;
+    let v = found.with_context(|| format!("want groups {want:?}; last answer: {last}"))?;
+    // asked once it answers (a role restarting until the streams are provisioned refuses connections)
+    let refused = http.get(&url).send().await?.status();
+    ensure!(refused.as_u16() == 401, "rules without a token: {refused}");
+    for g in v["data"]["groups"].as_array().into_iter().flatten() {
+        let file = g["file"].as_str().unwrap_or_default();
+        ensure!(
+            file.starts_with("/etc/multipilot/rules/") && file.ends_with(".rules.yaml"),
+            "group {} from {file}, not from the mounted rules",
+            g["name"]
+        );
+    }
+    eprintln!(
+        "rules at {addr}: {}",
+        v["data"]["groups"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|g| format!(
+                "{} ({} rules, {})",
+                g["name"].as_str().unwrap_or_default(),
+                g["rules"].as_array().map_or(0, Vec::len),
+                g["file"].as_str().unwrap_or_default()
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(v)
+}
+
+/// The own rule's alert for `cluster` is listed by the alert router at `addr` (host:port), so the TSDB
+/// posted it with a token the router takes, and its summary is rendered; and every alert of a loaded
+/// rule the router holds has its annotations rendered (nothing half-made was taken).
+async fn own_alert_delivered(
+    http: &reqwest::Client,
+    addr: &str,
+    viewer: &str,
+    rules: &serde_json::Value,
+    cluster: &str,
+) -> Result<()> {
+    let url = format!("http://{addr}/api/v2/alerts");
+    let mut last = serde_json::Value::Null;
+    let every = Duration::from_millis(500);
+    let found = common::eventually_every(
+        &format!("the own alert at {addr}"),
+        120,
+        every,
+        async || {
+            let v: serde_json::Value = http
+                .get(&url)
+                .query(&[("filter", "alertname=\"DrillClusterHasPods\"")])
+                .bearer_auth(viewer)
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            last = v.clone();
+            v.as_array()?
+                .iter()
+                .find(|a| a["labels"]["cluster"] == cluster)
+                .cloned()
+        },
+    )
+    .await;
+    let alert = found.with_context(|| format!("last answer: {last}"))?;
+    let summary = alert["annotations"]["summary"].as_str().unwrap_or_default();
+    ensure!(
+        summary.starts_with(&format!("{cluster} runs ")) && summary.ends_with(" pods"),
+        "summary {summary:?}"
+    );
+    ensure!(
+        alert["labels"]["severity"] == "info",
+        "labels {}",
+        alert["labels"]
+    );
+    let names: Vec<&str> = rules["data"]["groups"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["rules"].as_array().into_iter().flatten())
+        .filter(|r| r["type"] == "alerting")
+        .filter_map(|r| r["name"].as_str())
+        .collect();
+    let all = get_json(http, &url, viewer)
+        .await
+        .context("the router's alerts")?;
+    for a in all.as_array().context("alerts list")? {
+        if names.contains(&a["labels"]["alertname"].as_str().unwrap_or_default()) {
+            let annotations = a["annotations"].to_string();
+            ensure!(!annotations.contains("{{"), "an unrendered alert: {a}");
+        }
+    }
+    eprintln!("router at {addr}: {} {summary:?}", alert["labels"]);
+    Ok(())
+}
+
+/// The TSDB in `pod` never had its alerts refused by the router (a missing or too weak token: 401/403).
+fn no_refused_alerts(node: &Node, pod: &str) -> Result<()> {
+    let log = node.log(pod);
+    let refused: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("alertmanager refused alerts"))
+        .take(3)
+        .collect();
+    ensure!(refused.is_empty(), "{pod}: {refused:?}");
     Ok(())
 }
 
