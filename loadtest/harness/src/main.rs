@@ -29,6 +29,9 @@ enum Scenario {
     Crash(Opts),
     /// Two correlators and two TSDBs on a 3-node JetStream cluster: shared load, a lost node, wiped stores.
     Scaleout(Opts),
+    /// Publishing and draining rates of the agent's publisher, the correlator and the TSDB, each against a
+    /// bare async-nats reference on the same server (ratios, as the machines are noisy).
+    Throughput(Opts),
 }
 
 fn main() -> std::process::ExitCode {
@@ -68,6 +71,7 @@ async fn run(cli: Cli) -> Result<bool> {
         Scenario::Faults(o) => ("faults", o),
         Scenario::Crash(o) => ("crash", o),
         Scenario::Scaleout(o) => ("scaleout", o),
+        Scenario::Throughput(o) => ("throughput", o),
     };
     let out = o.out.clone().unwrap_or_else(|| {
         PathBuf::from("target/loadtest")
@@ -84,6 +88,7 @@ async fn run(cli: Cli) -> Result<bool> {
             Scenario::Storm(o) => scenario::storm::run(o, work.path()).await,
             Scenario::Faults(o) => scenario::faults::run(o, work.path()).await,
             Scenario::Crash(o) => scenario::crash::run(o, work.path()).await,
+            Scenario::Throughput(o) => scenario::throughput::run(o, work.path()).await,
             Scenario::Scaleout(o) => scenario::scaleout::run(o, work.path()).await,
         }
     };

@@ -47,6 +47,11 @@ pub struct Config {
     /// How long one pull waits for messages.
     #[serde(with = "humantime_serde")]
     pub fetch_wait: Duration,
+    /// Longest a handled message waits for its batch's commit and ack: a pull still filling commits what it
+    /// has once its oldest message has waited this long (a backlog fills whole pulls sooner; a trickle
+    /// is not held for `fetch_wait`).
+    #[serde(with = "humantime_serde")]
+    pub commit_within: Duration,
     /// First redelivery delay after a retryable failure; doubles per delivery up to `retry_max`.
     #[serde(with = "humantime_serde")]
     pub retry_initial: Duration,
@@ -66,6 +71,7 @@ impl Default for Config {
             durable: String::new(),
             batch: 500,
             fetch_wait: Duration::from_secs(1),
+            commit_within: Duration::from_millis(100),
             retry_initial: Duration::from_millis(500),
             retry_max: Duration::from_secs(60),
             max_message_bytes: multipilot_schemas::codec::DEFAULT_MAX_BYTES,
@@ -280,10 +286,17 @@ impl Runner {
                 }
             };
             let mut to_ack = Vec::new();
+            // when the oldest message of `to_ack` must be committed by
+            let mut due: Option<tokio::time::Instant> = None;
             loop {
                 let next = tokio::select! {
                     _ = cancel.cancelled() => None,
                     n = batch.next() => n,
+                    _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => {
+                        self.settle(handler, std::mem::take(&mut to_ack)).await;
+                        due = None;
+                        continue;
+                    }
                 };
                 let Some(msg) = next else { break };
                 let msg = match msg {
@@ -295,37 +308,10 @@ impl Runner {
                 };
                 if let Some(m) = self.process(handler, msg).await {
                     to_ack.push(m);
+                    due.get_or_insert_with(|| tokio::time::Instant::now() + c.commit_within);
                 }
             }
-            if !to_ack.is_empty() {
-                match handler.commit().await {
-                    Ok(()) => {
-                        for m in &to_ack {
-                            if let Err(e) = m.ack().await {
-                                // The message will be redelivered after ack_wait; handlers are idempotent.
-                                tracing::warn!(durable = %c.durable, error = %e, "ack failed");
-                            }
-                        }
-                        for _ in &to_ack {
-                            self.metrics.consumed(&c.durable, "done");
-                        }
-                    }
-                    Err(e) => {
-                        if e.retryable {
-                            tracing::warn!(durable = %c.durable, reason = %e, count = to_ack.len(), "commit failed; redelivering the batch");
-                        } else {
-                            tracing::error!(durable = %c.durable, reason = %e, count = to_ack.len(), "commit failed and will not pass by itself (the role needs attention); redelivering the batch");
-                        }
-                        for m in &to_ack {
-                            let delivered = m.info().map(|i| i.delivered as u64).unwrap_or(1);
-                            let _ = m
-                                .ack_with(AckKind::Nak(Some(self.backoff(delivered))))
-                                .await;
-                            self.metrics.consumed(&c.durable, "retry");
-                        }
-                    }
-                }
-            }
+            self.settle(handler, to_ack).await;
             since_shrink += 1;
             if since_shrink >= 1000 {
                 self.limiter.shrink();
@@ -333,6 +319,45 @@ impl Runner {
             }
         }
         Ok(())
+    }
+
+    /// Commits the handler's work and acks `to_ack`, or naks them all for redelivery when the commit fails.
+    async fn settle<T: Payload, H: Handler<T>>(
+        &self,
+        handler: &mut H,
+        to_ack: Vec<jetstream::Message>,
+    ) {
+        if to_ack.is_empty() {
+            return;
+        }
+        let c = &self.config;
+        match handler.commit().await {
+            Ok(()) => {
+                for m in &to_ack {
+                    if let Err(e) = m.ack().await {
+                        // The message will be redelivered after ack_wait; handlers are idempotent.
+                        tracing::warn!(durable = %c.durable, error = %e, "ack failed");
+                    }
+                }
+                for _ in &to_ack {
+                    self.metrics.consumed(&c.durable, "done");
+                }
+            }
+            Err(e) => {
+                if e.retryable {
+                    tracing::warn!(durable = %c.durable, reason = %e, count = to_ack.len(), "commit failed; redelivering the batch");
+                } else {
+                    tracing::error!(durable = %c.durable, reason = %e, count = to_ack.len(), "commit failed and will not pass by itself (the role needs attention); redelivering the batch");
+                }
+                for m in &to_ack {
+                    let delivered = m.info().map(|i| i.delivered as u64).unwrap_or(1);
+                    let _ = m
+                        .ack_with(AckKind::Nak(Some(self.backoff(delivered))))
+                        .await;
+                    self.metrics.consumed(&c.durable, "retry");
+                }
+            }
+        }
     }
 
     /// Handles one message; returns it if it should be acked after the batch commits.

@@ -91,8 +91,8 @@ pub struct Dedup {
     /// How often a problem that keeps occurring is updated.
     refresh: Duration,
     by_cluster: BTreeMap<String, BTreeMap<String, Record>>,
-    /// `(cluster, Event uid)` → record id.
-    by_event: std::collections::HashMap<(String, String), String>,
+    /// cluster → Event uid → record id (nested, so a lookup needs no owned key).
+    by_event: std::collections::HashMap<String, std::collections::HashMap<String, String>>,
     /// `(cluster, id)` of records changed or removed since the last [`Dedup::take_changes`].
     dirty: BTreeSet<(String, String)>,
 }
@@ -121,9 +121,9 @@ impl Dedup {
 
     /// Puts back a record read from the store (not marked changed).
     pub fn restore(&mut self, r: Record) {
+        let uids = self.by_event.entry(r.cluster.clone()).or_default();
         for uid in &r.event_uids {
-            self.by_event
-                .insert((r.cluster.clone(), uid.clone()), r.id.clone());
+            uids.insert(uid.clone(), r.id.clone());
         }
         self.by_cluster
             .entry(r.cluster.clone())
@@ -142,25 +142,39 @@ impl Dedup {
     }
 
     /// Records an event; returns the record and whether (and why) it is passed on.
-    pub fn observe(&mut self, cluster: &str, e: &KubeEvent) -> (Record, Option<Pass>) {
-        let ns = e.involved.namespace.clone().unwrap_or_default();
-        let records = self.by_cluster.entry(cluster.to_string()).or_default();
+    pub fn observe(&mut self, cluster: &str, e: &KubeEvent) -> (&Record, Option<Pass>) {
+        if !self.by_cluster.contains_key(cluster) {
+            self.by_cluster.insert(cluster.to_string(), BTreeMap::new());
+        }
+        if !self.by_event.contains_key(cluster) {
+            self.by_event
+                .insert(cluster.to_string(), Default::default());
+        }
+        let records = self
+            .by_cluster
+            .get_mut(cluster)
+            .expect("the cluster's records were just made");
+        let uids = self
+            .by_event
+            .get_mut(cluster)
+            .expect("the cluster's uids were just made");
         let known = (!e.uid.is_empty())
-            .then(|| self.by_event.get(&(cluster.to_string(), e.uid.clone())))
+            .then(|| uids.get(e.uid.as_str()))
             .flatten()
             .filter(|id| records.contains_key(*id))
             .cloned();
         let id = known.unwrap_or_else(|| {
+            let ns = e.involved.namespace.as_deref().unwrap_or_default();
             fingerprint(
                 cluster,
                 &e.involved.kind,
-                &ns,
+                ns,
                 &e.involved.name,
                 &e.reason,
                 &e.message,
             )
         });
-        let (rec, pass) = match records.get_mut(&id) {
+        let pass = match records.get_mut(&id) {
             None => {
                 let r = Record {
                     id: id.clone(),
@@ -183,8 +197,8 @@ impl Dedup {
                     },
                     passed_at: Some(e.last_time),
                 };
-                records.insert(id.clone(), r.clone());
-                (r, Some(Pass::New))
+                records.insert(id.clone(), r);
+                Some(Pass::New)
             }
             Some(r) => {
                 r.count += 1;
@@ -210,18 +224,17 @@ impl Dedup {
                     r.event_uids.push(e.uid.clone());
                     if r.event_uids.len() > MAX_EVENT_UIDS {
                         let gone = r.event_uids.remove(0);
-                        self.by_event.remove(&(cluster.to_string(), gone));
+                        uids.remove(&gone);
                     }
                 }
-                (r.clone(), pass)
+                pass
             }
         };
-        if !e.uid.is_empty() {
-            self.by_event
-                .insert((cluster.to_string(), e.uid.clone()), id.clone());
+        if !e.uid.is_empty() && uids.get(e.uid.as_str()) != Some(&id) {
+            uids.insert(e.uid.clone(), id.clone());
         }
-        self.dirty.insert((cluster.to_string(), id));
-        (rec, pass)
+        self.dirty.insert((cluster.to_string(), id.clone()));
+        (&records[&id], pass)
     }
 
     /// Records of a cluster seen since `since` (for evidence), the most severe and then the most recent
@@ -251,8 +264,10 @@ impl Dedup {
                 let keep = r.last_seen >= before;
                 if !keep {
                     self.dirty.insert((cluster.clone(), id.clone()));
-                    for uid in &r.event_uids {
-                        self.by_event.remove(&(cluster.clone(), uid.clone()));
+                    if let Some(uids) = self.by_event.get_mut(cluster) {
+                        for uid in &r.event_uids {
+                            uids.remove(uid);
+                        }
                     }
                     n += 1;
                 }
@@ -260,6 +275,8 @@ impl Dedup {
             });
         }
         self.by_cluster.retain(|_, r| !r.is_empty());
+        let by_cluster = &self.by_cluster;
+        self.by_event.retain(|c, _| by_cluster.contains_key(c));
         n
     }
 
@@ -314,7 +331,7 @@ mod tests {
     #[test]
     fn a_problem_is_announced_once_then_updated_at_most_every_refresh_across_a_reopen() {
         let backoff = |d: &mut Dedup, pod: &str, sev: Severity, t: i64| {
-            d.observe(
+            let (r, p) = d.observe(
                 "c1",
                 &ev(
                     pod,
@@ -323,7 +340,8 @@ mod tests {
                     sev,
                     t,
                 ),
-            )
+            );
+            (r.clone(), p)
         };
         let mut d = Dedup::new();
         let mut passed = Vec::new();

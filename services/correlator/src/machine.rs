@@ -24,7 +24,7 @@ use crate::baseline::{self, Baseline, Inventory};
 use crate::dedup::{Dedup, Pass, Record};
 use crate::evidence::{self, obj_label, secs};
 use crate::rules::{Rules, render};
-use crate::state::{ChangeRec, ClusterState};
+use crate::state::{ChangeRec, ClusterState, StormWindow};
 
 /// A message to publish.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -78,6 +78,8 @@ pub enum Input<'a> {
 pub struct Changes {
     /// Cluster states (`None`: forgotten).
     pub clusters: Vec<(String, Option<ClusterState>)>,
+    /// Storm windows (`None`: the cluster is forgotten).
+    pub windows: Vec<(String, Option<StormWindow>)>,
     /// Spec hashes, keyed `cluster/kind/ns/name` (`None`: the object is gone).
     pub specs: Vec<(String, Option<String>)>,
     /// Incidents by key (`None`: forgotten).
@@ -92,6 +94,7 @@ impl Changes {
     /// Whether nothing changed.
     pub fn is_empty(&self) -> bool {
         self.clusters.is_empty()
+            && self.windows.is_empty()
             && self.specs.is_empty()
             && self.incidents.is_empty()
             && self.dedup.is_empty()
@@ -105,6 +108,8 @@ struct Dirty {
     specs: BTreeSet<(String, String)>,
     incidents: BTreeSet<String>,
     hwm: bool,
+    /// Clusters whose storm window changed since it was last written; with `true`, write it at once.
+    windows: BTreeMap<String, bool>,
 }
 
 /// Everything the machine holds, as the store reads it back.
@@ -112,6 +117,8 @@ struct Dirty {
 pub struct Snapshot {
     /// Cluster states.
     pub clusters: BTreeMap<String, ClusterState>,
+    /// Storm windows by cluster (put into `clusters` on restore).
+    pub windows: BTreeMap<String, StormWindow>,
     /// Spec hashes per cluster, keyed `kind/ns/name`.
     pub specs: BTreeMap<String, BTreeMap<String, String>>,
     /// Incidents by key.
@@ -145,6 +152,8 @@ pub struct Machine {
     /// Outputs of the step in progress.
     out: Vec<Out>,
     dirty: Dirty,
+    /// Per cluster, the newest warning time of its storm window when the window was last handed over.
+    windows_saved: BTreeMap<String, DateTime<Utc>>,
 }
 
 /// A condition found: what [`Machine::raise`] opens or updates an incident for.
@@ -194,11 +203,16 @@ impl Machine {
         for r in s.dedup {
             dedup.restore(r);
         }
+        let mut clusters = s.clusters;
+        for (name, w) in s.windows {
+            w.restore_into(clusters.entry(name).or_default());
+        }
         Machine {
             rules,
             baseline,
             source: source.to_string(),
-            clusters: s.clusters,
+            windows_saved: BTreeMap::new(),
+            clusters,
             specs: s.specs,
             incidents: s.incidents,
             hwm: s.hwm,
@@ -270,10 +284,46 @@ impl Machine {
         self.holding_judgement = true;
     }
 
-    /// What changed since the last call, for the store.
+    /// What changed since the last call, for the store. A storm window that keeps changing is handed over
+    /// at most every [`StormWindow::SAVE_EVERY`] of its cluster's time (see [`Machine::take_all_changes`]).
     pub fn take_changes(&mut self) -> Changes {
-        let d = std::mem::take(&mut self.dirty);
+        self.changes(false)
+    }
+
+    /// Everything that changed, storm windows included however recently they were written (at a stop).
+    pub fn take_all_changes(&mut self) -> Changes {
+        self.changes(true)
+    }
+
+    fn changes(&mut self, all: bool) -> Changes {
+        let mut d = std::mem::take(&mut self.dirty);
+        let mut windows = Vec::new();
+        for (name, now) in std::mem::take(&mut d.windows) {
+            let Some(c) = self.clusters.get(&name) else {
+                windows.push((name.clone(), None));
+                self.windows_saved.remove(&name);
+                continue;
+            };
+            let newest = c.warnings.back().map(|(t, _)| *t);
+            let due = all
+                || now
+                || match (self.windows_saved.get(&name), newest) {
+                    (Some(saved), Some(newest)) => {
+                        newest - *saved >= StormWindow::SAVE_EVERY || newest < *saved
+                    }
+                    _ => true,
+                };
+            if due {
+                if let Some(t) = newest {
+                    self.windows_saved.insert(name.clone(), t);
+                }
+                windows.push((name, Some(StormWindow::of(c))));
+            } else {
+                self.dirty.windows.insert(name, false);
+            }
+        }
         Changes {
+            windows,
             clusters: d
                 .clusters
                 .into_iter()
@@ -688,7 +738,7 @@ impl Machine {
             .collect();
         for cluster in quiet {
             if self.is_open(&cluster, &storm, "events") {
-                self.dirty.clusters.insert(cluster.clone());
+                self.dirty.windows.insert(cluster.clone(), true);
                 if let Some(c) = self.clusters.get_mut(&cluster) {
                     c.warnings.clear();
                 }
@@ -827,20 +877,26 @@ impl Machine {
     fn on_event(&mut self, env: &Envelope<KubeEvent>) {
         self.stats.events_in += 1;
         let e = &env.payload;
-        let (rec, pass) = self.dedup.observe(&env.cluster, e);
-        if let Some(pass) = pass {
-            self.stats.events_passed += 1;
-            if e.severity >= Severity::Warning && !self.replaying {
-                self.emit_digest(&rec, pass);
-            }
-        }
+        // only warnings are told, judged or evidence: lifecycle events (most of a fleet's) are not recorded
         if e.severity < Severity::Warning {
             return;
+        }
+        let (rec, pass) = self.dedup.observe(&env.cluster, e);
+        let digest = pass.filter(|_| !self.replaying).map(|p| (rec.clone(), p));
+        let window_key = format!("{}\u{0}{}", rec.reason, obj_label(&rec.object));
+        if pass.is_some() {
+            self.stats.events_passed += 1;
+        }
+        if let Some((rec, pass)) = digest {
+            self.emit_digest(&rec, pass);
         }
         let rule = self.rules.event_storm.clone();
         let cluster = env.cluster.clone();
         let at = e.last_time;
-        self.dirty.clusters.insert(cluster.clone());
+        if !self.clusters.contains_key(&cluster) {
+            self.dirty.clusters.insert(cluster.clone());
+        }
+        self.dirty.windows.entry(cluster.clone()).or_insert(false);
         let c = self.clusters.entry(cluster.clone()).or_default();
         c.warnings_seen += 1;
         // a cluster clock set back (a skew corrected) restarts the window; otherwise the window is kept in
@@ -852,10 +908,7 @@ impl Machine {
             c.warnings.clear();
         }
         let pos = c.warnings.partition_point(|(t, _)| *t <= at);
-        c.warnings.insert(
-            pos,
-            (at, format!("{}\u{0}{}", rec.reason, obj_label(&rec.object))),
-        );
+        c.warnings.insert(pos, (at, window_key));
         let newest = c.warnings.back().map_or(at, |(t, _)| *t);
         while c
             .warnings
@@ -865,7 +918,9 @@ impl Machine {
             c.warnings.pop_front();
         }
         let n = c.warnings.len() as u64;
-        if n > rule.warnings_per_minute {
+        // the summary (the commonest reason and object of the window) is only worked out for an opening
+        if n > rule.warnings_per_minute && !self.is_open(&cluster, &rule.kind, "events") {
+            let c = &self.clusters[&cluster];
             let mut top: BTreeMap<&str, usize> = BTreeMap::new();
             for (_, k) in &c.warnings {
                 *top.entry(k.as_str()).or_default() += 1;
@@ -886,19 +941,19 @@ impl Machine {
                 ("object", object),
             ]);
             let summary = render(&rule.summary, &vars);
-            if !self.is_open(&cluster, &rule.kind, "events") {
-                self.raise(Raise {
-                    cluster: &cluster,
-                    kind: &rule.kind,
-                    target: "events",
-                    severity: rule.severity,
-                    summary,
-                    at,
-                    ingest: None,
-                    cause: Cause::Cluster,
-                });
-            }
-        } else if n < rule.resolve_below_per_minute && self.is_open(&cluster, &rule.kind, "events")
+            self.raise(Raise {
+                cluster: &cluster,
+                kind: &rule.kind,
+                target: "events",
+                severity: rule.severity,
+                summary,
+                at,
+                ingest: None,
+                cause: Cause::Cluster,
+            });
+        } else if n <= rule.warnings_per_minute
+            && n < rule.resolve_below_per_minute
+            && self.is_open(&cluster, &rule.kind, "events")
         {
             self.resolve(&cluster, &rule.kind, "events", at);
         }

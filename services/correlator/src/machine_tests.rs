@@ -779,6 +779,7 @@ fn changes_name_only_what_changed_and_a_snapshot_restores_the_machine() {
     // what the store would hold, read back: the same incidents, and the high-water mark still skips
     let snapshot = Snapshot {
         clusters: m.clusters.clone(),
+        windows: BTreeMap::new(),
         specs: m.specs.clone(),
         incidents: m.incidents.clone(),
         dedup: Vec::new(),
@@ -957,25 +958,23 @@ fn a_baseline_drift_shows_what_the_check_found_and_the_offending_objects_not_eve
     );
 }
 
+/// The `i`th FailedMount warning of a burst on c1, on the PVC `object`.
+fn failed_mount(i: i64, object: &str, at: DateTime<Utc>) -> Envelope<KubeEvent> {
+    env(
+        "c1",
+        at,
+        i as u64,
+        KubeEvent {
+            uid: format!("burst-{i}"),
+            ..event(object, "FailedMount", "MountVolume.SetUp failed", at)
+        },
+    )
+}
+
 #[test]
 fn an_event_storm_opens_on_the_rate_and_ends_when_it_falls_or_stops_whatever_the_order() {
     let mut m = machine();
-    let warn = |i: i64, at: DateTime<Utc>| {
-        env(
-            "c1",
-            at,
-            i as u64,
-            KubeEvent {
-                uid: format!("burst-{i}"),
-                ..event(
-                    &format!("data-{}", i % 7),
-                    "FailedMount",
-                    "MountVolume.SetUp failed",
-                    at,
-                )
-            },
-        )
-    };
+    let warn = |i: i64, at: DateTime<Utc>| failed_mount(i, &format!("data-{}", i % 7), at);
     // 400 warnings within 20 s of cluster time, delivered out of order (a burst from several sources)
     let mut outs = Vec::new();
     for i in 0..400i64 {
@@ -1021,6 +1020,50 @@ fn an_event_storm_opens_on_the_rate_and_ends_when_it_falls_or_stops_whatever_the
             .collect::<Vec<_>>(),
         [("event-storm", IncidentStatus::Resolved)]
     );
+}
+
+#[test]
+fn the_storm_window_is_stored_apart_every_few_seconds_and_comes_back_from_the_store() {
+    let mut m = machine();
+    let warn = |i: i64, at: DateTime<Utc>| failed_mount(i, "data", at);
+    // 40 warnings over 20 s (no storm), a commit after each: the window goes to the store every 5 s of
+    // the cluster's time, and the cluster's state (which did not change) not at all after the first
+    let mut windows = Vec::new();
+    let mut cluster_writes = 0;
+    for i in 0..40i64 {
+        let at = t0() + Duration::milliseconds(i * 500);
+        m.apply(Input::Event(&warn(i, at)));
+        let c = m.take_changes();
+        cluster_writes += c.clusters.len();
+        windows.extend(c.windows.into_iter().filter_map(|(_, w)| w));
+    }
+    assert_eq!(
+        cluster_writes, 1,
+        "the cluster's state is written once, when it appears"
+    );
+    assert_eq!(
+        windows.iter().map(|w| w.seen).collect::<Vec<_>>(),
+        [1, 11, 21, 31],
+        "written at 0 s, 5 s, 10 s and 15 s of cluster time"
+    );
+    // at a stop everything goes, the last window included; read back, the machine has the whole window
+    let last = m.take_all_changes();
+    let w = last.windows[0].1.clone().expect("a window");
+    assert_eq!(w.seen, 40);
+    assert_eq!(w.warnings.len(), 40);
+    let snapshot = Snapshot {
+        clusters: m.clusters.clone(),
+        windows: BTreeMap::from([("c1".to_string(), w)]),
+        ..Default::default()
+    };
+    let again = Machine::restore_snapshot(
+        Rules::defaults(),
+        Baseline::defaults(),
+        "correlator-test",
+        snapshot,
+    );
+    assert_eq!(again.clusters["c1"].warnings, m.clusters["c1"].warnings);
+    assert_eq!(again.clusters["c1"].warnings_seen, 40);
 }
 
 #[test]

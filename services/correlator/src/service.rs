@@ -684,7 +684,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         store,
         ..
     } = core;
-    store.write(machine.take_changes(), &mut outbox)?;
+    store.write(machine.take_all_changes(), &mut outbox)?;
     let s = machine.stats();
     store.close().await?;
     tracing::info!(

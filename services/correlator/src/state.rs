@@ -71,12 +71,50 @@ pub struct ClusterState {
     pub inventory: Inventory,
     /// Latest compliance report.
     pub compliance: Option<ComplianceReport>,
-    /// Warning events of the last minute (cluster time, in time order), with `reason object`.
+    /// Warning events of the last minute (cluster time, in time order), with `reason object`. Stored apart
+    /// from the rest of the state, as a [`StormWindow`] (it changes with every warning; the rest rarely).
+    #[serde(default, skip_serializing)]
     pub warnings: VecDeque<(DateTime<Utc>, String)>,
-    /// Warning events seen so far.
-    #[serde(default)]
+    /// Warning events seen so far (stored with the window).
+    #[serde(default, skip_serializing)]
     pub warnings_seen: u64,
-    /// `warnings_seen` as of the hub time it last changed (a storm without warnings for a minute is over).
-    #[serde(default)]
+    /// `warnings_seen` as of the hub time it last changed (a storm without warnings for a minute is over;
+    /// stored with the window).
+    #[serde(default, skip_serializing)]
     pub warnings_checked: Option<(u64, DateTime<Utc>)>,
+}
+
+/// A cluster's event-storm window as the store keeps it: written at most every
+/// [`StormWindow::SAVE_EVERY`] of the cluster's time while warnings come (and at once when it is cleared or
+/// the correlator stops), not with every warning: a crash loses at most those seconds of the window, which
+/// only delays the judgement of a storm that was building.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StormWindow {
+    /// [`ClusterState::warnings`].
+    pub warnings: VecDeque<(DateTime<Utc>, String)>,
+    /// [`ClusterState::warnings_seen`].
+    pub seen: u64,
+    /// [`ClusterState::warnings_checked`].
+    pub checked: Option<(u64, DateTime<Utc>)>,
+}
+
+impl StormWindow {
+    /// How much of the cluster's time may pass between two writes of a changing window.
+    pub const SAVE_EVERY: chrono::Duration = chrono::Duration::seconds(5);
+
+    /// The window of a cluster's state.
+    pub fn of(c: &ClusterState) -> Self {
+        StormWindow {
+            warnings: c.warnings.clone(),
+            seen: c.warnings_seen,
+            checked: c.warnings_checked,
+        }
+    }
+
+    /// Puts the window back into a cluster's state.
+    pub fn restore_into(self, c: &mut ClusterState) {
+        c.warnings = self.warnings;
+        c.warnings_seen = self.seen;
+        c.warnings_checked = self.checked;
+    }
 }

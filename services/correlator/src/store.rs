@@ -24,6 +24,7 @@ const P_INCIDENT: u8 = b'i';
 const P_DEDUP: u8 = b'd';
 const P_OUTBOX: u8 = b'o';
 const P_META: u8 = b'm';
+const P_WINDOW: u8 = b'w';
 const K_HWM: &str = "hwm";
 /// Written once the store was set up (its absence on an empty store: new or wiped).
 const K_INITIALIZED: &str = "initialized";
@@ -200,6 +201,11 @@ impl Store {
                         s.clusters.insert(name, c);
                     }
                 }
+                P_WINDOW => {
+                    if let Some(w) = dec("storm window", &k, &v) {
+                        s.windows.insert(name, w);
+                    }
+                }
                 P_SPEC => {
                     if let (Some((cluster, object)), Some(hash)) =
                         (name.split_once('/'), dec::<String>("spec hash", &k, &v))
@@ -248,6 +254,13 @@ impl Store {
         };
         for (k, c) in changes.clusters {
             put(P_CLUSTER, &k, c.map(|c| enc("cluster", &c)).transpose()?);
+        }
+        for (k, w) in changes.windows {
+            put(
+                P_WINDOW,
+                &k,
+                w.map(|w| enc("storm window", &w)).transpose()?,
+            );
         }
         for (k, h) in changes.specs {
             put(P_SPEC, &k, h.map(|h| enc("spec hash", &h)).transpose()?);
@@ -450,6 +463,13 @@ mod tests {
         outbox.push(vec![out("a"), out("b")]);
         let changes = Changes {
             clusters: vec![("c1".into(), Some(ClusterState::default()))],
+            windows: vec![(
+                "c1".into(),
+                Some(crate::state::StormWindow {
+                    seen: 7,
+                    ..Default::default()
+                }),
+            )],
             specs: vec![("c1/Deployment/ns/web".into(), Some("h1".into()))],
             incidents: vec![],
             dedup: vec![
@@ -472,6 +492,7 @@ mod tests {
         assert!(!store.is_fresh().unwrap());
         let (s, outbox) = store.load().unwrap();
         assert_eq!(s.clusters.keys().collect::<Vec<_>>(), vec!["c1"]);
+        assert_eq!(s.windows["c1"].seen, 7);
         assert_eq!(s.specs["c1"]["Deployment/ns/web"], "h1");
         assert_eq!(s.dedup, vec![record("r1")]);
         assert_eq!(s.hwm["correlator-events"], 42);

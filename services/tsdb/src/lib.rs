@@ -89,7 +89,7 @@ pub struct Config {
     /// How often a rule group without its own `interval` is evaluated.
     #[serde(with = "humantime_serde")]
     pub rule_evaluation_interval: Duration,
-    /// Base URL of an Alertmanager-compatible API (the alert router, `http://host:9470`) that firing and
+    /// Base URL of an Alertmanager-compatible API (the alert router, `http://host:9467`) that firing and
     /// resolved alerts are posted to (`POST /api/v2/alerts`); alerts are only evaluated when absent.
     pub alertmanager_url: Option<String>,
     /// The bearer token sent to `alertmanager_url` (an operator's token of the router's).

@@ -6,6 +6,7 @@ pub mod faults;
 pub mod scaleout;
 pub mod steady;
 pub mod storm;
+pub mod throughput;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

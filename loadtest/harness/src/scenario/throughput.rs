@@ -1,0 +1,480 @@
+//! Throughput against a raw-NATS reference measured side by side on the same server (the machines here are
+//! noisy: absolute rates move by 2× between runs, ratios much less).
+//!
+//! - **Publishing**: the same N kubelet-style event envelopes published with bare async-nats (a window of
+//!   JetStream publishes in flight, each ack awaited) and with the agent's publisher
+//!   (`multipilot_bus::publish::Publisher`, Msg-Id per message, the same window).
+//! - **Correlator**: a bare async-nats pull consumer (batch 500, explicit ack of each message) drains the
+//!   events from FLEET_EVENTS; then `multipilot correlator` (fresh store) drains the same stream through its
+//!   durable, state persisted before every ack, as in production. Its rate is counted from the first
+//!   message delivered to it and, as an operator sees it, from its start.
+//! - **TSDB**: the same for scrapes (MetricBatch) on FLEET_METRICS and `multipilot tsdb`.
+//!
+//! Each role runs alone on the server with only its stream loaded; its CPU time per message and resident
+//! memory come from `/proc`.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use async_nats::jetstream::{self, consumer};
+use futures::StreamExt;
+use multipilot_bus::metrics::BusMetrics;
+use multipilot_bus::publish::{Completion, Outgoing, Publisher};
+use multipilot_bus::topology::Topology;
+use multipilot_schemas::payload::{MetricBatch, Sample};
+use multipilot_schemas::{Envelope, subject};
+use multipilot_testkit::{NatsServer, free_port};
+
+use super::Opts;
+use crate::proc::{Proc, usage};
+use crate::record::Recorder;
+use crate::report::Report;
+
+/// Messages in flight while publishing (the agent's default window).
+const WINDOW: usize = 256;
+/// Messages per pull of the raw reference consumer.
+const RAW_BATCH: usize = 500;
+
+/// Runs it.
+pub async fn run(o: &Opts, dir: &Path) -> Result<(Report, Recorder)> {
+    let events = o.pick(20_000usize, 100_000);
+    let scrapes = o.pick(2_000usize, 10_000);
+    let clusters = o.clusters.unwrap_or(24);
+    let mut r = Report::new(
+        "throughput",
+        o.short,
+        serde_json::json!({"events": events, "clusters": clusters, "scrapes": scrapes,
+            "samples_per_scrape": SAMPLES_PER_SCRAPE, "window": WINDOW, "raw_batch": RAW_BATCH}),
+    );
+    let rec = Recorder::new();
+    let bins = o.bins()?;
+    let server = NatsServer::start().await?;
+    let client = server.client().await?;
+    let js = jetstream::new(client.clone());
+    Topology::embedded().provision(&js).await?;
+
+    // --- publishing: raw windowed publish vs the agent's publisher, the same envelopes
+    let msgs = event_messages(events, clusters)?;
+    let raw_pub = raw_publish(&js, &msgs, "raw").await?;
+    js.get_stream("FLEET_EVENTS")
+        .await?
+        .purge()
+        .await
+        .context("purging")?;
+    let ours_pub = publisher_publish(&js, &msgs, "pub").await?;
+    r.figure(
+        "publish: raw async-nats (window 256, each ack awaited)",
+        format!("{raw_pub:.0} msgs/s"),
+    );
+    r.figure(
+        "publish: the agent's publisher (same window, Msg-Id)",
+        format!("{ours_pub:.0} msgs/s"),
+    );
+    let ratio = ours_pub / raw_pub;
+    r.goal(
+        "the agent's publisher reaches ≥ 80 % of a raw windowed JetStream publish",
+        ratio >= 0.8,
+        format!("{:.0} %", ratio * 100.0),
+    );
+
+    // --- the correlator against a raw pull on FLEET_EVENTS
+    let raw = raw_pull(&js, "FLEET_EVENTS", "bench-raw-events", events).await?;
+    let role = drain_role(
+        &bins.multipilot,
+        "correlator",
+        &server.url(),
+        dir,
+        "FLEET_EVENTS",
+        "correlator-events",
+    )
+    .await?;
+    report_consumer(&mut r, "correlator", "events", events, raw, &role, 0.30);
+
+    // --- the same with a warning storm: every event a warning (recorded, counted in the storm window,
+    // announced or updated), the correlator's most expensive input
+    js.get_stream("FLEET_EVENTS")
+        .await?
+        .purge()
+        .await
+        .context("purging")?;
+    let storm = warning_messages(events, clusters)?;
+    publish_all(
+        &js,
+        storm
+            .iter()
+            .enumerate()
+            .map(|(i, (subject, body))| event_outgoing(subject, format!("storm-{i}"), body))
+            .collect(),
+    )
+    .await?;
+    let raw = raw_pull(&js, "FLEET_EVENTS", "bench-raw-storm", events).await?;
+    let role = drain_role(
+        &bins.multipilot,
+        "correlator",
+        &server.url(),
+        &dir.join("storm"),
+        "FLEET_EVENTS",
+        "correlator-events",
+    )
+    .await?;
+    report_consumer(
+        &mut r,
+        "correlator (warnings only)",
+        "events",
+        events,
+        raw,
+        &role,
+        0.30,
+    );
+
+    // --- the TSDB against a raw pull on FLEET_METRICS
+    publish_all(&js, scrape_messages(scrapes, clusters)?).await?;
+    let raw = raw_pull(&js, "FLEET_METRICS", "bench-raw-metrics", scrapes).await?;
+    let role = drain_role(
+        &bins.multipilot,
+        "tsdb",
+        &server.url(),
+        dir,
+        "FLEET_METRICS",
+        "tsdb",
+    )
+    .await?;
+    report_consumer(&mut r, "tsdb", "scrapes", scrapes, raw, &role, 0.50);
+    r.note(format!(
+        "Events: the correlator's realistic fleet stream (`services/correlator/src/stream.rs`, real kubelet, \
+         controller-manager, scheduler … message shapes), spread over {clusters} clusters. Scrapes: \
+         {SAMPLES_PER_SCRAPE} samples each (node-exporter-like series). One nats-server (JetStream on file \
+         storage) on this machine; each role alone on it."
+    ));
+    Ok((r, rec))
+}
+
+/// What a role's drain measured.
+struct Drained {
+    /// Seconds from the process start to the last ack.
+    from_start: f64,
+    /// Seconds from the first message delivered to it to its last ack.
+    from_first: f64,
+    /// CPU seconds the process used.
+    cpu: f64,
+    /// Resident memory at the end, bytes.
+    rss: u64,
+}
+
+fn report_consumer(
+    r: &mut Report,
+    role: &str,
+    what: &str,
+    n: usize,
+    raw_s: f64,
+    d: &Drained,
+    target: f64,
+) {
+    let raw_rate = n as f64 / raw_s;
+    let rate = n as f64 / d.from_first;
+    r.figure(
+        format!("{role}: raw pull reference (batch {RAW_BATCH}, ack each)"),
+        format!("{raw_rate:.0} {what}/s"),
+    );
+    r.figure(
+        format!("{role}: draining {n} {what} (state persisted before acks)"),
+        format!(
+            "{rate:.0} {what}/s from the first delivery, {:.0} {what}/s from its start; {:.1} µs CPU per message; RSS {} MiB",
+            n as f64 / d.from_start,
+            d.cpu * 1e6 / n as f64,
+            d.rss / (1024 * 1024)
+        ),
+    );
+    let ratio = rate / raw_rate;
+    r.goal(
+        format!(
+            "{role} drains ≥ {:.0} % of the raw pull rate on the same stream",
+            target * 100.0
+        ),
+        ratio >= target,
+        format!("{:.0} % (from its start: {:.0} %)", ratio * 100.0, {
+            (n as f64 / d.from_start) / raw_rate * 100.0
+        }),
+    );
+}
+
+/// `n` event envelopes of the realistic stream, as (subject, body).
+fn event_messages(n: usize, clusters: usize) -> Result<Vec<(String, Vec<u8>)>> {
+    stream_messages(n, clusters, false)
+}
+
+/// `n` warning envelopes of the realistic stream (its lifecycle events left out).
+fn warning_messages(n: usize, clusters: usize) -> Result<Vec<(String, Vec<u8>)>> {
+    stream_messages(n, clusters, true)
+}
+
+fn stream_messages(n: usize, clusters: usize, warnings: bool) -> Result<Vec<(String, Vec<u8>)>> {
+    let mut stream = multipilot_correlator::stream::ShapeStream::new(7);
+    let now = chrono::Utc::now();
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let mut se = stream.next_event();
+        while warnings && se.event.severity < multipilot_schemas::payload::Severity::Warning {
+            se = stream.next_event();
+        }
+        // the stream knows 5 clusters: spread them over `clusters` by object, keeping each object on one
+        let spread = (se.event.involved.name.len() + i / 997) % clusters.div_ceil(5).max(1);
+        let cluster = format!("{}-{spread}", se.cluster);
+        let mut ev = se.event;
+        // recent, as a live fleet's (the correlator judges times against its clock)
+        let at = now - chrono::Duration::milliseconds((n - i) as i64);
+        ev.last_time = at;
+        ev.first_time = ev.first_time.map(|f| f.min(at));
+        let env = Envelope::new(
+            cluster.as_str(),
+            format!("agent/{cluster}"),
+            at,
+            i as u64,
+            ev,
+        );
+        let subject = subject::event(&cluster, &env.payload.involved.kind);
+        out.push((subject, multipilot_schemas::encode(&env)?));
+    }
+    Ok(out)
+}
+
+fn event_outgoing(subject: &str, msg_id: String, body: &[u8]) -> Outgoing {
+    use multipilot_schemas::Payload as _;
+    Outgoing::raw(
+        subject.to_string(),
+        msg_id,
+        &multipilot_schemas::payload::KubeEvent::schema_header(),
+        bytes::Bytes::copy_from_slice(body),
+    )
+}
+
+/// Samples per synthetic scrape.
+const SAMPLES_PER_SCRAPE: usize = 500;
+
+fn scrape_messages(n: usize, clusters: usize) -> Result<Vec<Outgoing>> {
+    let now = chrono::Utc::now().timestamp_millis();
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let cluster = format!("bench-{}", i % clusters);
+        let at = now - ((n - i) as i64) * 1000;
+        let samples = (0..SAMPLES_PER_SCRAPE)
+            .map(|k| Sample {
+                name: format!("node_metric_{}", k % 50),
+                labels: [
+                    ("cluster".to_string(), cluster.clone()),
+                    ("job".to_string(), "node".to_string()),
+                    ("instance".to_string(), format!("node-{}", k / 50)),
+                ]
+                .into_iter()
+                .collect(),
+                value: (i * k) as f64 * 0.5,
+                timestamp_ms: at,
+            })
+            .collect();
+        let batch = MetricBatch {
+            job: "node".into(),
+            instance: "bench".into(),
+            families: Vec::new(),
+            samples,
+            rejected_lines: 0,
+        };
+        let env = Envelope::new(
+            cluster.as_str(),
+            format!("agent/{cluster}"),
+            chrono::DateTime::from_timestamp_millis(at).unwrap_or_default(),
+            i as u64,
+            batch,
+        );
+        out.push(Outgoing::envelope(
+            subject::metrics(&cluster),
+            format!("m-{i}"),
+            &env,
+        )?);
+    }
+    Ok(out)
+}
+
+/// Bare async-nats: `WINDOW` publishes in flight, each ack awaited. Returns msgs/s.
+async fn raw_publish(
+    js: &jetstream::Context,
+    msgs: &[(String, Vec<u8>)],
+    tag: &str,
+) -> Result<f64> {
+    let started = Instant::now();
+    let mut inflight = futures::stream::FuturesOrdered::new();
+    for (i, (subject, body)) in msgs.iter().enumerate() {
+        // the same headers the publisher sends (content type, schema, Msg-Id)
+        let o = event_outgoing(subject, format!("{tag}-{i}"), body);
+        let ack = js
+            .publish_with_headers(o.subject, o.headers, o.payload)
+            .await?;
+        inflight.push_back(ack.into_future());
+        if inflight.len() >= WINDOW
+            && let Some(a) = inflight.next().await
+        {
+            a?;
+        }
+    }
+    while let Some(a) = inflight.next().await {
+        a?;
+    }
+    Ok(msgs.len() as f64 / started.elapsed().as_secs_f64())
+}
+
+/// The agent's publisher, the same window. Returns msgs/s.
+async fn publisher_publish(
+    js: &jetstream::Context,
+    msgs: &[(String, Vec<u8>)],
+    tag: &str,
+) -> Result<f64> {
+    let started = Instant::now();
+    let mut p = Publisher::new(js.clone(), WINDOW, BusMetrics::default());
+    let mut done = Vec::with_capacity(msgs.len());
+    for (i, (subject, body)) in msgs.iter().enumerate() {
+        let msg = event_outgoing(subject, format!("{tag}-{i}"), body);
+        done.extend(p.send(i, msg).await);
+    }
+    done.extend(p.flush().await);
+    let rate = msgs.len() as f64 / started.elapsed().as_secs_f64();
+    let stored = done
+        .iter()
+        .filter(|c| matches!(c, Completion::Stored { .. }))
+        .count();
+    if stored != msgs.len() {
+        bail!("the publisher stored {stored} of {}", msgs.len());
+    }
+    Ok(rate)
+}
+
+async fn publish_all(js: &jetstream::Context, msgs: Vec<Outgoing>) -> Result<()> {
+    let mut p = Publisher::new(js.clone(), WINDOW, BusMetrics::default());
+    let n = msgs.len();
+    let mut done = Vec::with_capacity(n);
+    for (i, msg) in msgs.into_iter().enumerate() {
+        done.extend(p.send(i, msg).await);
+    }
+    done.extend(p.flush().await);
+    let stored = done
+        .iter()
+        .filter(|c| matches!(c, Completion::Stored { .. }))
+        .count();
+    if stored != n {
+        bail!("stored {stored} of {n}");
+    }
+    Ok(())
+}
+
+/// A bare pull consumer (explicit ack, batch `RAW_BATCH`) reading `n` messages of `stream`; returns seconds.
+async fn raw_pull(js: &jetstream::Context, stream: &str, durable: &str, n: usize) -> Result<f64> {
+    let s = js.get_stream(stream).await?;
+    let c = s
+        .create_consumer(consumer::pull::Config {
+            durable_name: Some(durable.into()),
+            ack_policy: consumer::AckPolicy::Explicit,
+            ..Default::default()
+        })
+        .await?;
+    let started = Instant::now();
+    let mut got = 0;
+    while got < n {
+        let mut batch = c
+            .batch()
+            .max_messages(RAW_BATCH)
+            .expires(Duration::from_secs(1))
+            .messages()
+            .await?;
+        while let Some(m) = batch.next().await {
+            let m = m.map_err(|e| anyhow::anyhow!("{e}"))?;
+            m.ack().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+            got += 1;
+            // the pull would wait out its expiry for messages that will not come
+            if got >= n {
+                break;
+            }
+        }
+        if started.elapsed() > Duration::from_secs(600) {
+            bail!("the raw pull read {got} of {n} in 10 minutes");
+        }
+    }
+    let secs = started.elapsed().as_secs_f64();
+    s.delete_consumer(durable).await?;
+    Ok(secs)
+}
+
+/// Starts `multipilot <role>` on a fresh store and waits until its durable acked everything; stops it.
+async fn drain_role(
+    bin: &Path,
+    role: &str,
+    url: &str,
+    dir: &Path,
+    stream: &str,
+    durable: &str,
+) -> Result<Drained> {
+    let js = jetstream::new(async_nats::connect(url).await?);
+    let last = js
+        .get_stream(stream)
+        .await?
+        .info()
+        .await?
+        .state
+        .last_sequence;
+    std::fs::create_dir_all(dir)?;
+    let data = dir.join(format!("{role}-data"));
+    let mut p = Proc::new(
+        role,
+        bin,
+        vec![role.to_string()],
+        vec![
+            ("MULTIPILOT_NATS__URL".into(), url.into()),
+            (
+                "MULTIPILOT_HTTP__LISTEN".into(),
+                format!("127.0.0.1:{}", free_port()?),
+            ),
+            (
+                "MULTIPILOT_STORAGE__DATA_DIR".into(),
+                data.display().to_string(),
+            ),
+            ("MULTIPILOT_PROVISION__ENABLED".into(), "false".into()),
+            (
+                "MULTIPILOT_TSDB__LISTEN".into(),
+                format!("127.0.0.1:{}", free_port()?),
+            ),
+            ("MULTIPILOT_LOG__FORMAT".into(), "text".into()),
+        ],
+        dir.join(format!("{role}.log")),
+    );
+    let started = Instant::now();
+    p.start()?;
+    let pid = p.pid().context("pid")?;
+    let s = js.get_stream(stream).await?;
+    let mut first: Option<Instant> = None;
+    loop {
+        if !p.running() {
+            bail!("{role} exited: {}", p.log_tail(20));
+        }
+        if let Ok(info) = s.consumer_info(durable).await {
+            let floor = info.ack_floor.stream_sequence;
+            if info.delivered.stream_sequence > 0 && first.is_none() {
+                first = Some(Instant::now());
+            }
+            if floor >= last && info.num_ack_pending == 0 {
+                break;
+            }
+        }
+        if started.elapsed() > Duration::from_secs(900) {
+            bail!("{role} did not drain {stream} in 15 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let end = Instant::now();
+    let (cpu, rss) = usage(pid).unwrap_or_default();
+    p.terminate(Duration::from_secs(10));
+    let first = first.unwrap_or(started);
+    Ok(Drained {
+        from_start: (end - started).as_secs_f64(),
+        from_first: (end - first).as_secs_f64().max(1e-3),
+        cpu,
+        rss,
+    })
+}
