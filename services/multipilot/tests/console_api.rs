@@ -673,9 +673,15 @@ async fn overview_diff_compare_and_gpu_come_from_the_streams() -> Result<()> {
         c.send(subject::compliance(cluster), cluster, now, report)
             .await?;
     }
+    // both reports in: every rule judged on both clusters (one report alone already names both rules)
     let rules = multipilot_testkit::wait::eventually("the compliance view", 30, async || {
         let v = c.get("/api/v1/compliance").await.ok()?;
-        (v.as_array()?.len() == 2).then_some(v)
+        let judged = |r: &serde_json::Value| {
+            r["passing"].as_u64().unwrap_or(0)
+                + r["failing"].as_array().map_or(0, |f| f.len() as u64)
+        };
+        let rules = v.as_array()?;
+        (rules.len() == 2 && rules.iter().all(|r| judged(r) == 2)).then_some(v)
     })
     .await?;
     assert_eq!(rules[0]["rule"], "pss-labels", "{rules:#}");

@@ -643,7 +643,19 @@ impl Eval<'_> {
         }
         match expr {
             Expr::Paren(p) => self.each_series(&p.expr, f),
-            Expr::Call(c) => functions::call(self, c, f),
+            Expr::Call(c) => {
+                // as when the call is evaluated on its own: a function that drops the name may give two
+                // series one labelset (`max(timestamp({job!=""}))`), Prometheus' error
+                let mut all = Vec::new();
+                functions::call(self, c, &mut |s| {
+                    all.push(s);
+                    Ok(())
+                })?;
+                for s in merge_same_labels(all)? {
+                    f(s)?;
+                }
+                Ok(())
+            }
             _ => {
                 for s in self.eval_vector(expr)? {
                     f(s)?;

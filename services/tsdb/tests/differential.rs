@@ -530,6 +530,9 @@ const QUERIES: &[&str] = &[
     "rate(node_load1)",
     "sum by (cluster) (",
     "sum(count_over_time({__name__=~\"node_.+\"}[10m]))",
+    "max by (cluster) (timestamp({job!=\"\"}))",
+    "max(time() - max by (cluster, job, instance) (timestamp({job!=\"\"})))",
+    "sum by (cluster) (abs({__name__=~\"node_load1|node_memory_MemAvailable_bytes\"}))",
     "count_over_time({__name__=~\"node_.+\"}[10m])",
 ];
 
