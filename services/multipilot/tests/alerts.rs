@@ -95,6 +95,19 @@ inhibit_rules:
     )
 }
 
+/// Whether the router's API lists `cluster`'s `alertname` alert in `state` (`active`, `suppressed`).
+async fn alert_in_state(r: &Router, cluster: &str, alertname: &str, state: &str) -> Option<()> {
+    let a = r.get("/api/v2/alerts").await.ok()?;
+    a.as_array()?
+        .iter()
+        .any(|a| {
+            a["labels"]["cluster"] == cluster
+                && a["labels"]["alertname"] == alertname
+                && a["status"]["state"] == state
+        })
+        .then_some(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_groups_inhibits_and_silences() -> Result<()> {
     let rx = Receiver::start().await?;
@@ -235,30 +248,14 @@ async fn routes_groups_inhibits_and_silences() -> Result<()> {
     r.incident("e", "cluster-unreachable", Critical, Open, 1, &[])
         .await?;
     eventually("e's alert inhibited", 30, async || {
-        let a = r.get("/api/v2/alerts").await.ok()?;
-        a.as_array()?
-            .iter()
-            .any(|a| {
-                a["labels"]["cluster"] == "e"
-                    && a["labels"]["alertname"] == "node-not-ready"
-                    && a["status"]["state"] == "suppressed"
-            })
-            .then_some(())
+        alert_in_state(&r, "e", "node-not-ready", "suppressed").await
     })
     .await?;
     tokio::time::sleep(Duration::from_secs(7)).await; // two group intervals while muted
     r.incident("e", "cluster-unreachable", Critical, Resolved, 2, &[])
         .await?;
     eventually("e's alert active again", 30, async || {
-        let a = r.get("/api/v2/alerts").await.ok()?;
-        a.as_array()?
-            .iter()
-            .any(|a| {
-                a["labels"]["cluster"] == "e"
-                    && a["labels"]["alertname"] == "node-not-ready"
-                    && a["status"]["state"] == "active"
-            })
-            .then_some(())
+        alert_in_state(&r, "e", "node-not-ready", "active").await
     })
     .await?;
     tokio::time::sleep(Duration::from_secs(7)).await; // two group intervals unmuted
