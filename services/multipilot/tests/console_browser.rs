@@ -480,14 +480,15 @@ async fn the_console_page_shows_the_fleet_a_live_incident_and_a_cross_cluster_di
     eprintln!("screenshot of the diff: {}", shot.display());
 
     // 4. the compliance tab: each rule once, with the clusters failing it (the simulated fleet has team
-    // namespaces without a Pod Security level everywhere)
+    // namespaces without a Pod Security level everywhere). The correlator judges each cluster when its
+    // facts are in, so the tab may open before the last verdict: it refreshes itself while open.
     br.eval("document.querySelector('#tabs button[data-tab=\"compliance\"]').click(); true")
         .await?;
     let failing = br
         .wait_for(
-            "the pss-labels rule in the compliance tab",
+            "all six clusters under the pss-labels rule in the compliance tab",
             "(() => { const r = document.querySelector('#compliance-table tbody tr[data-rule=\"pss-labels\"]'); \
-             return r ? r.querySelectorAll('li').length : null; })()",
+             const n = r ? r.querySelectorAll('li').length : 0; return n >= 6 ? n : null; })()",
             60,
         )
         .await?;

@@ -9,7 +9,6 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use async_nats::jetstream::consumer;
 use chrono::{DateTime, Utc};
 use common::{Correlator, Proc};
 use multipilot_schemas::payload::*;
@@ -70,25 +69,6 @@ impl Correlator {
         };
         self.send(subject::heartbeat(cluster), cluster, cluster_time, hb)
             .await
-    }
-
-    /// Waits until the correlator has taken and acked everything of one of its consumers.
-    async fn drained(&self, stream: &str, durable: &str) -> Result<()> {
-        for _ in 0..100 {
-            let mut c = self
-                .js
-                .get_stream(stream)
-                .await?
-                .get_consumer::<consumer::pull::Config>(durable)
-                .await
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            let info = c.info().await?;
-            if info.num_pending == 0 && info.num_ack_pending == 0 {
-                return Ok(());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        anyhow::bail!("{durable} did not drain")
     }
 
     async fn wait_for<F: Fn(&[Incident]) -> bool>(
@@ -155,6 +135,9 @@ async fn failing_probe_opens_an_incident_with_evidence_and_resolves_without_reop
         deployment("aaaa1111"),
     )
     .await?;
+    // FLEET_STATE keeps one message per subject: the second state would replace the first before a busy
+    // correlator read it, and a change whose before nobody saw is no change
+    hub.drained("FLEET_STATE", "correlator-state").await?;
     hub.send(
         subject::state(c, "Deployment", Some("kube-system"), "coredns"),
         c,
@@ -415,6 +398,8 @@ async fn standing_non_compliance_is_reported_and_a_cluster_that_drifts_raises_an
     // old-1 upgraded into the range, then rolled back out of it: that is drift
     hub.send(subject::facts("old-1"), "old-1", now + secs(3), facts(31))
         .await?;
+    // one message per subject in FLEET_FACTS: the upgrade is read before the rollback replaces it
+    hub.drained("FLEET_FACTS", "correlator-facts").await?;
     hub.send(subject::facts("old-1"), "old-1", now + secs(4), facts(24))
         .await?;
     let all = hub

@@ -382,6 +382,9 @@ async fn wiped_correlator_keeps_its_incidents_open_and_their_revisions_continue(
     let t = Utc::now() - chrono::Duration::minutes(5);
     // compliant, then rolled back below the baseline: a drift incident (standing non-compliance is not one)
     hub.send(subject::facts(c), c, t, facts(31)).await?;
+    // FLEET_FACTS keeps one message per subject: the compliant facts are read before the rollback
+    // replaces them
+    hub.drained("FLEET_FACTS", "correlator-facts").await?;
     hub.send(
         subject::facts(c),
         c,

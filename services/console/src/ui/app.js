@@ -468,5 +468,11 @@ document.addEventListener('DOMContentLoaded', () => {
   $('#cap-range').addEventListener('change', loadCapacity);
   setInterval(() => { if (state.whoami) loadClusters(); }, 5000);
   setInterval(() => { if (state.whoami) renderIncidents(); }, 30000);
+  // the open report tab follows the fleet too (compliance verdicts and GPU state arrive per cluster)
+  setInterval(() => {
+    if (!state.whoami) return;
+    if (!$('#tab-compliance').hidden) loadCompliance();
+    if (!$('#tab-gpu').hidden) loadGpu();
+  }, 10000);
   start();
 });

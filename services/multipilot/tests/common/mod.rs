@@ -506,6 +506,28 @@ impl Correlator {
         Ok(())
     }
 
+    /// Waits until the correlator has taken and acked everything of one of its consumers (FLEET_STATE and
+    /// FLEET_FACTS keep one message per subject: a test that sends a value and then its successor waits
+    /// for this in between, or the successor may replace the value before the correlator read it).
+    pub async fn drained(&self, stream: &str, durable: &str) -> Result<()> {
+        // a deadline, not a timing assertion: generous for a busy machine
+        for _ in 0..300 {
+            let mut c = self
+                .js
+                .get_stream(stream)
+                .await?
+                .get_consumer::<consumer::pull::Config>(durable)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            let info = c.info().await?;
+            if info.num_pending == 0 && info.num_ack_pending == 0 {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        anyhow::bail!("{durable} did not drain")
+    }
+
     /// Every incident message so far, in stream order.
     pub async fn incidents(&self) -> Result<Vec<Incident>> {
         let s = self.js.get_stream("FLEET_INCIDENTS").await?;
