@@ -1131,11 +1131,15 @@ fn keep_server_fields(cur: &Value, new: &mut Value) {
 }
 
 /// RFC 7386 merge patch; with `strategic`, lists of named items merge by name (the strategic-merge rule
-/// for containers, env, ports, volumes).
+/// for containers, env, ports, volumes), an item with `$patch: delete` is removed, and the other directives
+/// (`$setElementOrder/…`, `$retainKeys`, as kubectl sends them) are not stored.
 fn merge_patch(target: &mut Value, patch: &Value, strategic: bool) {
     match (target, patch) {
         (Value::Object(t), Value::Object(p)) => {
             for (k, pv) in p {
+                if strategic && k.starts_with('$') {
+                    continue;
+                }
                 if pv.is_null() {
                     t.remove(k);
                 } else {
@@ -1153,6 +1157,10 @@ fn merge_patch(target: &mut Value, patch: &Value, strategic: bool) {
         {
             if let Value::Array(items) = t {
                 for pi in p {
+                    if pi.get("$patch").and_then(Value::as_str) == Some("delete") {
+                        items.retain(|i| i.get("name") != pi.get("name"));
+                        continue;
+                    }
                     match items.iter_mut().find(|i| i.get("name") == pi.get("name")) {
                         Some(existing) => merge_patch(existing, pi, true),
                         None => items.push(pi.clone()),

@@ -153,6 +153,7 @@ pub fn entries() -> Vec<Entry> {
                 finalizers: vec![],
                 deletion_timestamp: None,
                 creation_timestamp: Some(t(-86_400)),
+                field_managers: Vec::new(),
             },
         ),
         entry(

@@ -195,8 +195,29 @@ pub struct ResourceState {
     /// `metadata.creationTimestamp`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub creation_timestamp: Option<DateTime<Utc>>,
+    /// Who owns which fields (`metadata.managedFields`, as server-side apply records it): what tells a
+    /// field someone edited from one a controller (an HPA) took over. Never present for Secrets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub field_managers: Vec<FieldManager>,
 }
 payload!(ResourceState, "ResourceState", 1);
+
+/// One entry of an object's `metadata.managedFields`: a manager and the fields it owns.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct FieldManager {
+    /// The field manager, e.g. `multipilot`, `kubectl-edit`, `kube-controller-manager`.
+    pub manager: String,
+    /// `Apply` (server-side apply) or `Update` (any other write).
+    pub operation: String,
+    /// The subresource written through (`scale`, `status`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subresource: Option<String>,
+    /// The owned fields (leaves of `fieldsV1`), written as a field-level diff names them:
+    /// `.spec.replicas`, `.spec.template.spec.containers[web].image`, `.metadata.labels.app`. A list item
+    /// keyed by something other than `name` is written with its key, `.spec.ports[port=80,protocol=TCP]`.
+    #[serde(default)]
+    pub fields: Vec<String>,
+}
 
 /// An object was deleted. Published on the object's own state subject, so the last-value stream keeps the
 /// tombstone rather than a stale state.

@@ -307,14 +307,15 @@ pub fn heartbeat(ctx: &ClusterCtx) {
 
 /// Publishes an object's state if it changed since last published.
 fn on_object(ctx: &ClusterCtx, kind: &Chosen, mut obj: Value) -> ObjectKey {
-    // managedFields are never kept; their newest time is the object's change time
+    // managedFields are never kept: their newest time is the object's change time, and the state carries
+    // who owns which field (what tells an edit from a controller's write)
     let cluster_time = object_time(&obj).unwrap_or_else(Utc::now);
-    if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
-        m.remove("managedFields");
-    }
     let api = kind.api_version();
     let k = kind.spec.kind;
     let state = normalize::resource_state(api, k, &obj, !kind.spec.metadata_only);
+    if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
+        m.remove("managedFields");
+    }
     ctx.view.apply(api, k, &obj);
     let key = ObjectKey {
         namespace: state.namespace.clone(),

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use multipilot_schemas::payload::{
-    Condition, ObjectRef, OwnerRef, Replicas, ResourceState, StatusSnapshot,
+    Condition, FieldManager, ObjectRef, OwnerRef, Replicas, ResourceState, StatusSnapshot,
 };
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
@@ -176,6 +176,84 @@ pub fn resource_state(
         finalizers,
         deletion_timestamp: time(meta.get("deletionTimestamp")),
         creation_timestamp: time(meta.get("creationTimestamp")),
+        field_managers: if with_spec {
+            field_managers(&meta)
+        } else {
+            Vec::new()
+        },
+    }
+}
+
+/// `metadata.managedFields` as owners and the field paths they own (see [`FieldManager`]).
+pub fn field_managers(meta: &Value) -> Vec<FieldManager> {
+    let Some(list) = meta.get("managedFields").and_then(Value::as_array) else {
+        return Vec::new();
+    };
+    list.iter()
+        .filter_map(|e| {
+            let manager = e.get("manager").and_then(Value::as_str)?;
+            let mut fields = Vec::new();
+            if let Some(f) = e.get("fieldsV1") {
+                fields_v1(f, &mut String::new(), &mut fields);
+            }
+            Some(FieldManager {
+                manager: manager.to_string(),
+                operation: s(e, "/operation").to_string(),
+                subresource: e
+                    .get("subresource")
+                    .and_then(Value::as_str)
+                    .filter(|v| !v.is_empty())
+                    .map(str::to_string),
+                fields,
+            })
+        })
+        .collect()
+}
+
+/// The leaves of a `fieldsV1` tree: `f:<field>` is `.field`; `k:{"name":"web"}` is `[web]` (other keys
+/// `[port=80,protocol=TCP]`); `v:<value>` is `[value]`; `i:<n>` is `[n]`; `.` (the node itself) and empty
+/// maps end a path.
+fn fields_v1(node: &Value, path: &mut String, out: &mut Vec<String>) {
+    let Some(map) = node.as_object().filter(|m| m.keys().any(|k| k != ".")) else {
+        if !path.is_empty() {
+            out.push(path.clone());
+        }
+        return;
+    };
+    for (k, child) in map {
+        let len = path.len();
+        if let Some(f) = k.strip_prefix("f:") {
+            path.push('.');
+            path.push_str(f);
+        } else if let Some(key) = k.strip_prefix("k:") {
+            let item = match serde_json::from_str::<Map<String, Value>>(key) {
+                Ok(m) if m.len() == 1 && m.contains_key("name") => {
+                    m["name"].as_str().unwrap_or_default().to_string()
+                }
+                Ok(m) => m
+                    .iter()
+                    .map(|(k, v)| match v {
+                        Value::String(s) => format!("{k}={s}"),
+                        other => format!("{k}={other}"),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(","),
+                Err(_) => key.to_string(),
+            };
+            path.push_str(&format!("[{item}]"));
+        } else if let Some(v) = k.strip_prefix("v:") {
+            let v = serde_json::from_str::<Value>(v)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_else(|| v.to_string());
+            path.push_str(&format!("[{v}]"));
+        } else if let Some(i) = k.strip_prefix("i:") {
+            path.push_str(&format!("[{i}]"));
+        } else {
+            continue;
+        }
+        fields_v1(child, path, out);
+        path.truncate(len);
     }
 }
 
@@ -489,6 +567,79 @@ mod tests {
             assert!(st.status.phase.is_some(), "{}", st.name);
             assert!(!st.uid.is_empty());
         }
+    }
+
+    #[test]
+    fn managed_fields_name_each_owner_and_its_leaves() {
+        // as a 1.31 API server writes them after `kubectl apply --server-side`, an HPA scaling through
+        // /scale and a `kubectl edit` of the image
+        let obj = serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u1", "managedFields": [
+                {"manager": "multipilot", "operation": "Apply", "apiVersion": "apps/v1",
+                 "time": "2026-11-30T10:00:00Z", "fieldsType": "FieldsV1", "fieldsV1": {
+                    "f:metadata": {"f:labels": {"f:app": {}}},
+                    "f:spec": {"f:selector": {}, "f:template": {"f:metadata": {"f:labels": {"f:app": {}}},
+                        "f:spec": {"f:containers": {"k:{\"name\":\"web\"}": {".": {}, "f:name": {},
+                            "f:ports": {"k:{\"containerPort\":8080,\"protocol\":\"TCP\"}": {".": {},
+                                "f:containerPort": {}}}}}}}}}},
+                {"manager": "kube-controller-manager", "operation": "Update", "subresource": "scale",
+                 "apiVersion": "apps/v1", "fieldsType": "FieldsV1",
+                 "fieldsV1": {"f:spec": {"f:replicas": {}}}},
+                {"manager": "kubectl-edit", "operation": "Update", "apiVersion": "apps/v1",
+                 "fieldsType": "FieldsV1", "fieldsV1": {"f:spec": {"f:template": {"f:spec": {
+                    "f:containers": {"k:{\"name\":\"web\"}": {"f:image": {}}}}}}}}
+            ]},
+            "spec": {"replicas": 5}
+        });
+        let st = resource_state("apps/v1", "Deployment", &obj, true);
+        let got: Vec<(&str, &str, Option<&str>, Vec<&str>)> = st
+            .field_managers
+            .iter()
+            .map(|m| {
+                (
+                    m.manager.as_str(),
+                    m.operation.as_str(),
+                    m.subresource.as_deref(),
+                    m.fields.iter().map(String::as_str).collect(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (
+                    "multipilot",
+                    "Apply",
+                    None,
+                    vec![
+                        ".metadata.labels.app",
+                        ".spec.selector",
+                        ".spec.template.metadata.labels.app",
+                        ".spec.template.spec.containers[web].name",
+                        ".spec.template.spec.containers[web].ports[containerPort=8080,protocol=TCP].containerPort",
+                    ]
+                ),
+                (
+                    "kube-controller-manager",
+                    "Update",
+                    Some("scale"),
+                    vec![".spec.replicas"]
+                ),
+                (
+                    "kubectl-edit",
+                    "Update",
+                    None,
+                    vec![".spec.template.spec.containers[web].image"]
+                ),
+            ]
+        );
+        // ownership is not content: it neither enters the spec nor changes its hash
+        assert!(
+            st.spec
+                .as_ref()
+                .is_some_and(|s| s.get("metadata").is_none())
+        );
     }
 
     #[test]

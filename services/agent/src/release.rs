@@ -528,6 +528,17 @@ impl Executor {
                         };
                         done(oref, outcome, live, result)
                     }
+                    // the namespace is created by this same command (a dry-run creates nothing, so the
+                    // API server can't check what goes into it): it would be created after its namespace
+                    Err(kube::Error::Api(s))
+                        if dry
+                            && s.code == 404
+                            && live.is_none()
+                            && namespaced
+                            && creates_namespace(cmd, oref.namespace.as_deref()) =>
+                    {
+                        done(oref, ApplyOutcome::WouldCreate, None, Some(body))
+                    }
                     Err(e) => ObjectOutcome {
                         live,
                         ..fail(oref, kube_err(&e))
@@ -536,6 +547,16 @@ impl Executor {
             }
         }
     }
+}
+
+/// Whether a command carries the Namespace `ns` itself.
+fn creates_namespace(cmd: &ReleaseCommand, ns: Option<&str>) -> bool {
+    ns.is_some_and(|ns| {
+        cmd.objects.iter().any(|o| {
+            o.get("kind").and_then(Value::as_str) == Some("Namespace")
+                && o.pointer("/metadata/name").and_then(Value::as_str) == Some(ns)
+        })
+    })
 }
 
 /// A blocking flush on the blocking pool: sled 0.34.7's `flush_async` next to the outbox's own flushes and

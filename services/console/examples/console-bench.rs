@@ -114,6 +114,7 @@ fn state(
         finalizers: vec![],
         deletion_timestamp: None,
         creation_timestamp: Some(Utc::now()),
+        field_managers: Vec::new(),
     }
 }
 

@@ -56,6 +56,15 @@ enum Command {
         #[command(subcommand)]
         command: Option<release::Command>,
     },
+    /// The fleet repositories the release role follows, and each release's sync status per cluster
+    /// (Synced, OutOfSync, Progressing, Degraded) with the commit it runs and what drifted.
+    Gitops {
+        /// How long to wait for the release role's answer.
+        #[arg(long, global = true, default_value = "120s", value_parser = humantime::parse_duration)]
+        timeout: std::time::Duration,
+        #[command(subcommand)]
+        command: release::GitopsCommand,
+    },
     /// Run the console role (HTTP API and web UI).
     Console,
     /// Create or update every stream and durable consumer, then exit.
@@ -171,6 +180,7 @@ async fn run() -> Result<()> {
                 command: Some(_),
                 ..
             }
+            | Command::Gitops { .. }
     );
     let nats_command = matches!(
         cli.command,
@@ -182,6 +192,7 @@ async fn run() -> Result<()> {
                 command: Some(_),
                 ..
             }
+            | Command::Gitops { .. }
     );
     if nats_command
         && cli.config.is_none()
@@ -211,6 +222,10 @@ async fn run() -> Result<()> {
         } => {
             let client = multipilot_bus::connect::connect(&config.nats).await?;
             return release::run(&client, cmd, timeout).await;
+        }
+        Command::Gitops { command, timeout } => {
+            let client = multipilot_bus::connect::connect(&config.nats).await?;
+            return release::gitops(&client, command, timeout).await;
         }
         Command::Console => vec![Role::Console],
         Command::Provision => {

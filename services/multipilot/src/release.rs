@@ -103,35 +103,11 @@ pub fn read_spec(path: &Path) -> Result<(String, Source)> {
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let mut doc: serde_yaml::Value =
-        serde_yaml::from_str(&text).with_context(|| format!("{} is not YAML", path.display()))?;
-    let text = match doc
-        .as_mapping_mut()
-        .and_then(|m| m.remove("manifest_files"))
-    {
-        None => text,
-        Some(files) => {
-            let files: Vec<String> =
-                serde_yaml::from_value(files).context("manifest_files must be a list of paths")?;
-            let mut texts: Vec<String> = match doc.get("manifests") {
-                None => Vec::new(),
-                Some(serde_yaml::Value::String(s)) => vec![s.clone()],
-                Some(v) => serde_yaml::from_value(v.clone())
-                    .context("manifests must be a text or a list of texts")?,
-            };
-            for f in files {
-                let p = dir.join(&f);
-                texts.push(
-                    std::fs::read_to_string(&p)
-                        .with_context(|| format!("reading manifest file {}", p.display()))?,
-                );
-            }
-            if let Some(m) = doc.as_mapping_mut() {
-                m.insert("manifests".into(), serde_yaml::to_value(texts)?);
-            }
-            serde_yaml::to_string(&doc)?
-        }
-    };
+    let text = multipilot_release::spec::inline_manifest_files(&text, |f| {
+        let p = dir.join(f);
+        std::fs::read_to_string(&p).map_err(|e| format!("reading {}: {e}", p.display()))
+    })
+    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let commit = git(dir, &["rev-parse", "--short=12", "HEAD"]);
     let dirty = commit
         .as_ref()
@@ -143,6 +119,7 @@ pub fn read_spec(path: &Path) -> Result<(String, Source)> {
             path: Some(path.display().to_string()),
             commit,
             dirty,
+            repo: None,
         },
     ))
 }
@@ -563,4 +540,110 @@ pub fn print_plan(r: &Release) {
             "ready to apply".to_string()
         }
     );
+}
+
+/// `multipilot gitops …`.
+#[derive(Debug, Subcommand)]
+pub enum GitopsCommand {
+    /// Repositories (head, last commit taken, problems) and every release's status per cluster.
+    Status {
+        /// Only this release.
+        release: Option<String>,
+        /// Output format.
+        #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "json"])]
+        output: String,
+    },
+    /// Fetch every followed repository now and take a new commit, then show the status.
+    Sync {
+        /// Output format.
+        #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "json"])]
+        output: String,
+    },
+}
+
+/// Runs a gitops command.
+pub async fn gitops(
+    client: &async_nats::Client,
+    cmd: GitopsCommand,
+    timeout: Duration,
+) -> Result<()> {
+    let (verb, only, output) = match cmd {
+        GitopsCommand::Status { release, output } => ("gitops", release, output),
+        GitopsCommand::Sync { output } => ("sync", None, output),
+    };
+    let req = NameRequest {
+        release: None,
+        actor: actor(),
+    };
+    let reply = ok(multipilot_release::call(client, verb, &req, timeout).await?)?;
+    let mut report = reply.gitops.context("no status in the reply")?;
+    if let Some(name) = &only {
+        report.releases.retain(|r| &r.release == name);
+        if report.releases.is_empty() {
+            bail!("no release named {name}");
+        }
+    }
+    if output == "json" {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    if only.is_none() {
+        let rows = report
+            .repos
+            .iter()
+            .map(|r| {
+                vec![
+                    r.name.clone(),
+                    r.branch.clone(),
+                    r.head.clone().unwrap_or_else(|| "-".into()),
+                    r.synced.clone().unwrap_or_else(|| "-".into()),
+                    r.fetched_at
+                        .map(|t| format!("{}s ago", (chrono::Utc::now() - t).num_seconds().max(0)))
+                        .unwrap_or_else(|| "never".into()),
+                    format!("{}+{}", r.releases.len(), r.policies.len()),
+                    r.error.clone().unwrap_or_default(),
+                ]
+            })
+            .collect();
+        if report.repos.is_empty() {
+            println!("no fleet repository followed (release.gitops.repos)\n");
+        } else {
+            crate::fleet::table(
+                &[
+                    "REPO", "BRANCH", "HEAD", "SYNCED", "FETCHED", "SPECS", "PROBLEM",
+                ],
+                rows,
+            );
+            println!();
+        }
+    }
+    let mut rows = Vec::new();
+    for r in &report.releases {
+        for c in &r.clusters {
+            let drift: Vec<String> = c
+                .drift
+                .iter()
+                .map(|d| d.describe(&r.release, c.commit.as_deref()))
+                .collect();
+            rows.push(vec![
+                r.release.clone(),
+                c.cluster.clone(),
+                format!("{:?}", c.status),
+                c.revision
+                    .map(|v| v.to_string())
+                    .unwrap_or_else(|| "-".into()),
+                c.commit.clone().unwrap_or_else(|| "-".into()),
+                if drift.is_empty() {
+                    c.message.clone()
+                } else {
+                    drift.join("; ")
+                },
+            ]);
+        }
+    }
+    crate::fleet::table(
+        &["RELEASE", "CLUSTER", "STATUS", "REV", "COMMIT", "MESSAGE"],
+        rows,
+    );
+    Ok(())
 }

@@ -197,6 +197,7 @@ fn object(kind: &str, ns: Option<&str>, name: &str) -> ResourceState {
         finalizers: vec![],
         deletion_timestamp: None,
         creation_timestamp: None,
+        field_managers: Vec::new(),
     }
 }
 

@@ -200,6 +200,7 @@ fn statefulset(mutate: impl Fn(&mut Value)) -> Result<ResourceState> {
         finalizers: vec![],
         deletion_timestamp: None,
         creation_timestamp: None,
+        field_managers: Vec::new(),
     })
 }
 
@@ -222,6 +223,7 @@ fn object(kind: &str, ns: Option<&str>, name: &str, spec: Value) -> ResourceStat
         finalizers: vec![],
         deletion_timestamp: None,
         creation_timestamp: None,
+        field_managers: Vec::new(),
     }
 }
 

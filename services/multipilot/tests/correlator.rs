@@ -119,6 +119,7 @@ fn deployment(spec_hash: &str) -> ResourceState {
         finalizers: vec![],
         deletion_timestamp: None,
         creation_timestamp: None,
+        field_managers: Vec::new(),
     }
 }
 

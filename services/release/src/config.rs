@@ -38,6 +38,63 @@ pub struct Config {
     /// Replicas of the `MULTIPILOT_RELEASES` bucket, where releases, snapshots and history are written
     /// through (in the hub: `provision.replicas` unless set here).
     pub kv_replicas: usize,
+    /// Field managers that are controllers: a field a release set that one of these now owns is not drift
+    /// (an HPA's `kube-controller-manager` scaling `spec.replicas`).
+    pub drift_ignore_managers: Vec<String>,
+    /// Self-heal re-applies one object at most this many times within `heal_window`, then gives up.
+    pub heal_limit: u32,
+    /// See `heal_limit`.
+    #[serde(with = "humantime_serde")]
+    pub heal_window: Duration,
+    /// Fleet repositories the role follows.
+    pub gitops: GitOps,
+}
+
+/// Fleet repositories: Git as the source of the releases.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GitOps {
+    /// The repositories.
+    pub repos: Vec<Repo>,
+    /// The `git` program (the role runs `git clone --bare` and `git fetch`, so the credentials and
+    /// transports of the host's Git work: https with a credential helper, ssh with a key).
+    pub git: String,
+}
+
+impl Default for GitOps {
+    fn default() -> Self {
+        GitOps {
+            repos: Vec::new(),
+            git: "git".into(),
+        }
+    }
+}
+
+/// One fleet repository.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Repo {
+    /// A short name (`[a-z0-9-]`), used in the status and the work directory.
+    pub name: String,
+    /// What `git clone` takes: a path, `https://…`, `ssh://…`, `git@host:org/repo`.
+    pub url: String,
+    /// The branch followed.
+    #[serde(default = "main_branch")]
+    pub branch: String,
+    /// The directory in the repository holding `releases/` and `policies/` (default: its root).
+    #[serde(default)]
+    pub path: String,
+    /// How often to fetch (`multipilot gitops sync` fetches at once).
+    #[serde(default = "thirty_seconds", with = "humantime_serde")]
+    pub interval: Duration,
+}
+
+fn main_branch() -> String {
+    "main".into()
+}
+
+fn thirty_seconds() -> Duration {
+    Duration::from_secs(30)
 }
 
 impl Default for Config {
@@ -54,6 +111,18 @@ impl Default for Config {
             parallelism: 32,
             registry_wait: Duration::from_secs(10),
             kv_replicas: 1,
+            drift_ignore_managers: [
+                "kube-controller-manager",
+                "vpa-updater",
+                "vpa-recommender",
+                "cluster-autoscaler",
+                "keda-operator",
+            ]
+            .map(String::from)
+            .to_vec(),
+            heal_limit: 3,
+            heal_window: Duration::from_secs(600),
+            gitops: GitOps::default(),
         }
     }
 }
@@ -91,6 +160,36 @@ impl Config {
             self.command_validity >= self.command_timeout,
             "release.command_validity must be at least release.command_timeout"
         );
+        ensure!(
+            self.heal_limit >= 1,
+            "release.heal_limit must be at least 1"
+        );
+        let mut names = std::collections::BTreeSet::new();
+        for r in &self.gitops.repos {
+            ensure!(
+                !r.name.is_empty()
+                    && r.name
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-'),
+                "release.gitops.repos: name {:?} must be lower-case letters, digits and '-'",
+                r.name
+            );
+            ensure!(
+                names.insert(r.name.clone()),
+                "release.gitops.repos: {} is named twice",
+                r.name
+            );
+            ensure!(
+                !r.url.is_empty(),
+                "release.gitops.repos: {} has no url",
+                r.name
+            );
+            ensure!(
+                r.interval >= Duration::from_secs(1),
+                "release.gitops.repos: {}: interval must be at least 1s",
+                r.name
+            );
+        }
         Ok(())
     }
 

@@ -18,7 +18,9 @@
 
 pub mod config;
 pub mod diff;
+pub mod drift;
 pub mod exec;
+pub mod gitops;
 pub mod judge;
 pub mod model;
 pub mod orchestrate;
@@ -139,6 +141,9 @@ pub struct Service {
     instance: String,
     lock: tokio::sync::Mutex<()>,
     cancel: CancellationToken,
+    drift: tokio::sync::Mutex<drift::Drift>,
+    drift_wake: tokio::sync::Notify,
+    gitops: gitops::Follower,
 }
 
 impl std::fmt::Debug for Service {
@@ -194,6 +199,8 @@ impl Service {
         if let Err(e) = self.store.put(r).await {
             tracing::error!(release = %r.name, error = %e, "release not stored");
         }
+        // the drift judge works from the releases as stored (state, what each cluster runs)
+        self.releases_changed().await;
         let seq = r.events.to_string();
         let rev = r.revision.to_string();
         let cluster = if ev.clusters.len() == 1 {
@@ -301,7 +308,9 @@ impl Service {
             changed: Vec::new(),
             rollbacks: 0,
             error: None,
-            events: prev.map(|p| p.events).unwrap_or(0),
+            events: prev.as_ref().map(|p| p.events).unwrap_or(0),
+            deployed: prev.map(|p| p.deployed).unwrap_or_default(),
+            deployed_before: Default::default(),
         };
         r.batches = Self::fresh_batches(&r);
         let p = &r.plan;
@@ -346,6 +355,8 @@ impl Service {
         let ok = p.clean();
         self.record(&mut r, "plan", ok, actor, None, clusters, summary, detail)
             .await;
+        drop(_g);
+        self.releases_changed().await;
         Ok(r)
     }
 
@@ -393,6 +404,42 @@ impl Service {
         Ok(r)
     }
 
+    /// Approves, and resumes a release waiting for the `gate` approval once it is given.
+    async fn approve_and_resume(
+        self: &Arc<Self>,
+        name: &str,
+        approvals: &[String],
+        actor: &str,
+    ) -> Result<Release, String> {
+        let mut r = self.approve(name, approvals, actor).await?;
+        if r.state == State::WaitingApproval && r.approvals.contains_key(spec::GATE_APPROVAL) {
+            let _g = self.lock.lock().await;
+            r = self
+                .store
+                .get(name)
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("no release named {name}"))?;
+            if r.state != State::WaitingApproval {
+                return Ok(r);
+            }
+            r.state = State::Applying;
+            let waiting: Vec<String> = r
+                .batches
+                .iter()
+                .filter(|b| b.state != "done")
+                .flat_map(|b| b.clusters.clone())
+                .collect();
+            let s = format!("apply resumes: {}", waiting.join(", "));
+            self.record(&mut r, "apply", true, actor, None, waiting, s, json!({}))
+                .await;
+            tokio::spawn(
+                self.clone()
+                    .run_apply(name.to_string(), actor_or_system(actor)),
+            );
+        }
+        Ok(r)
+    }
+
     async fn apply(self: &Arc<Self>, req: ApplyRequest) -> Result<Release, String> {
         let name = match (&req.spec, &req.release) {
             (Some(text), _) => {
@@ -427,6 +474,17 @@ impl Service {
         if !req.approve.is_empty() {
             self.approve(&name, &req.approve, &req.actor).await?;
         }
+        self.start(&name, &req.actor).await
+    }
+
+    /// Starts applying a planned release: refused (and recorded) when its plan is not clean or an approval
+    /// is missing.
+    async fn start(self: &Arc<Self>, name: &str, actor: &str) -> Result<Release, String> {
+        let name = name.to_string();
+        let req = NameRequest {
+            release: Some(name.clone()),
+            actor: actor.to_string(),
+        };
         let _g = self.lock.lock().await;
         let mut r = self
             .store
@@ -476,6 +534,7 @@ impl Service {
         r.batches = Self::fresh_batches(&r);
         r.changed.clear();
         r.error = None;
+        r.deployed_before = r.deployed.clone();
         let clusters: Vec<String> = r.plan.clusters.iter().map(|c| c.cluster.clone()).collect();
         let s = format!(
             "apply starts: {} clusters in {} batches",
@@ -539,7 +598,10 @@ impl Service {
             "apply" => done(self.apply(req!(ApplyRequest)).await),
             "approve" => {
                 let q = req!(ApproveRequest);
-                done(self.approve(&q.release, &q.approvals, &q.actor).await)
+                done(
+                    self.approve_and_resume(&q.release, &q.approvals, &q.actor)
+                        .await,
+                )
             }
             "rollback" => {
                 let q = req!(NameRequest);
@@ -582,8 +644,22 @@ impl Service {
                     (Err(e), _) | (_, Err(e)) => Reply::error(e.to_string()),
                 }
             }
+            "gitops" | "sync" => {
+                if verb == "sync" {
+                    // the followers fetch now; the reply is the status before they are done
+                    self.wake_followers();
+                }
+                match self.report().await {
+                    Ok(report) => Reply {
+                        ok: true,
+                        gitops: Some(Box::new(report)),
+                        ..Default::default()
+                    },
+                    Err(e) => Reply::error(e),
+                }
+            }
             other => Reply::error(format!(
-                "unknown verb {other:?}: plan, apply, approve, rollback, status, history"
+                "unknown verb {other:?}: plan, apply, approve, rollback, status, history, gitops, sync"
             )),
         }
     }
@@ -684,10 +760,21 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         instance: ctx.instance.clone(),
         lock: tokio::sync::Mutex::new(()),
         cancel: ctx.cancel.clone(),
+        drift: Default::default(),
+        drift_wake: Default::default(),
+        gitops: gitops::Follower::default(),
     });
     svc.recover().await?;
     ctx.health.register("release");
     let follow = tokio::spawn(registry.follow(ctx.js.clone(), ctx.cancel.clone()));
+    let drift = tokio::spawn(svc.clone().follow_drift());
+    let repos: Vec<_> = svc
+        .config
+        .gitops
+        .repos
+        .iter()
+        .map(|r| tokio::spawn(svc.clone().follow_repo(r.clone())))
+        .collect();
     let mut sub = ctx
         .nats
         .subscribe(format!("{CTL_PREFIX}.*"))
@@ -722,6 +809,10 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         });
     }
     follow.abort();
+    drift.abort();
+    for r in repos {
+        r.abort();
+    }
     svc.store
         .flush()
         .await

@@ -34,6 +34,9 @@ pub enum State {
     RollbackFailed,
     /// The role restarted while applying or rolling back: the clusters listed as changed may be half-way.
     Interrupted,
+    /// The next batch holds a cluster of `sync.approval_selector`: it starts once the `gate` approval is
+    /// given; the batches before it are applied.
+    WaitingApproval,
 }
 
 impl State {
@@ -49,6 +52,7 @@ impl State {
             State::RolledBack => "rolled-back",
             State::RollbackFailed => "rollback-failed",
             State::Interrupted => "interrupted",
+            State::WaitingApproval => "waiting-approval",
         }
     }
 
@@ -70,6 +74,9 @@ pub struct Source {
     /// Whether that work tree had uncommitted changes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dirty: Option<bool>,
+    /// The fleet repository (`release.gitops.repos[].name`) the spec was read from, when the role follows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo: Option<String>,
 }
 
 impl Source {
@@ -251,6 +258,32 @@ pub struct Release {
     /// History entries so far.
     #[serde(default)]
     pub events: u64,
+    /// What each cluster runs of this release (carried across revisions): set when a batch is done,
+    /// put back when a rollback restores the cluster.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub deployed: BTreeMap<String, Deployed>,
+    /// `deployed` as it was when the current revision started applying (what a rollback puts back).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub deployed_before: BTreeMap<String, Deployed>,
+}
+
+/// The revision of a release a cluster runs, and the objects it applied there (what drift is judged
+/// against).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Deployed {
+    /// Revision.
+    pub revision: u64,
+    /// Its commit (`abc1234`, `-dirty` when the work tree was).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+    /// When its batch finished.
+    pub at: DateTime<Utc>,
+    /// The field manager it applied with.
+    #[serde(default)]
+    pub field_manager: String,
+    /// The objects applied (as rendered).
+    #[serde(default)]
+    pub objects: Vec<Value>,
 }
 
 impl Release {
@@ -379,6 +412,9 @@ pub struct Reply {
     /// History (history).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<ReleaseEvent>,
+    /// Fleet repositories and sync status (gitops, sync).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gitops: Option<Box<crate::gitops::Report>>,
 }
 
 impl Reply {

@@ -24,7 +24,8 @@ use serde_json::{Value, json};
 
 use crate::Service;
 use crate::exec::Command;
-use crate::model::{BatchProgress, ClusterPlan, Release, State, obj_name};
+use crate::model::{BatchProgress, ClusterPlan, Deployed, Release, State, obj_name};
+use crate::spec::{GATE_APPROVAL, Selector};
 
 /// The object as it can be applied again: status and server-set metadata removed.
 pub fn restorable(live: &Value) -> Value {
@@ -103,7 +104,8 @@ impl Service {
         r.plan.clusters.iter().find(|c| c.cluster == cluster)
     }
 
-    /// Applies a release (already in state `applying`), then rolls back on failure.
+    /// Applies a release (already in state `applying`) from its first batch not done, then rolls back on
+    /// failure. Stops (state `waiting-approval`) before a batch the `gate` approval holds.
     pub async fn run_apply(self: Arc<Self>, name: String, actor: String) {
         if let Err(e) = self.clone().apply_batches(&name, &actor).await {
             tracing::warn!(release = %name, error = %e, "release failed; rolling back");
@@ -139,8 +141,43 @@ impl Service {
         let soak = r.spec.soak.unwrap_or(self.config.default_soak);
         let health_timeout = r.spec.health_timeout.unwrap_or(self.config.health_timeout);
         let fm = self.field_manager(&r.spec);
+        let gate = match &r.spec.sync.approval_selector {
+            Some(text) => Some(Selector::parse(text).map_err(|e| e.to_string())?),
+            None => None,
+        };
         for (bi, batch) in r.plan.batches.iter().enumerate() {
             let index = bi as u32 + 1;
+            if r.batches
+                .iter()
+                .any(|b| b.index == index && b.state == "done")
+            {
+                continue;
+            }
+            if let Some(sel) = &gate
+                && self.gated(sel, batch)
+            {
+                let _g = self.lock.lock().await;
+                let mut cur = self.load(name)?;
+                if !cur.approvals.contains_key(GATE_APPROVAL) {
+                    cur.state = State::WaitingApproval;
+                    let s = format!(
+                        "batch {index} ({}) waits for approval: multipilot release approve {name} {GATE_APPROVAL}",
+                        batch.join(", ")
+                    );
+                    self.record(
+                        &mut cur,
+                        "waiting",
+                        true,
+                        actor,
+                        Some(index),
+                        batch.clone(),
+                        s,
+                        json!({"approval": GATE_APPROVAL, "selector": r.spec.sync.approval_selector}),
+                    )
+                    .await;
+                    return Ok(());
+                }
+            }
             let started = Utc::now();
             self.batch_state(name, index, "applying", None, Some(started), actor, None)
                 .await?;
@@ -241,6 +278,7 @@ impl Service {
                 )),
             )
             .await?;
+            self.mark_deployed(name, batch, &fm).await?;
         }
         let _g = self.lock.lock().await;
         let mut cur = self.load(name)?;
@@ -258,6 +296,53 @@ impl Service {
             json!({}),
         )
         .await;
+        Ok(())
+    }
+
+    /// Whether a batch holds a cluster the gate selector matches.
+    fn gated(&self, sel: &Selector, batch: &[String]) -> bool {
+        let reg = self.registry.snapshot();
+        batch.iter().any(|c| {
+            reg.get(c)
+                .is_some_and(|f| sel.matches(&crate::plan::selector_labels(c, f)))
+        })
+    }
+
+    /// Records that `batch`'s clusters run the release's current revision, with the objects applied there.
+    async fn mark_deployed(&self, name: &str, batch: &[String], fm: &str) -> Result<(), String> {
+        let _g = self.lock.lock().await;
+        let mut cur = self.load(name)?;
+        for c in batch {
+            let Some(plan) = Self::cluster_plan(&cur, c) else {
+                continue;
+            };
+            // as applied, with the namespace the agent resolved (what FLEET_STATE names it by)
+            let objects = plan
+                .objects
+                .iter()
+                .filter(|o| !o.delete && o.action != "blocked")
+                .map(|o| {
+                    let mut v = o.rendered.clone();
+                    if let (Some(ns), Some(meta)) = (
+                        &o.object.namespace,
+                        v.get_mut("metadata").and_then(Value::as_object_mut),
+                    ) {
+                        meta.entry("namespace").or_insert_with(|| json!(ns));
+                    }
+                    v
+                })
+                .collect();
+            let d = Deployed {
+                revision: cur.revision,
+                commit: cur.source.commit_label(),
+                at: Utc::now(),
+                field_manager: fm.to_string(),
+                objects,
+            };
+            cur.deployed.insert(c.clone(), d);
+        }
+        self.store.put(&cur).await.map_err(|e| e.to_string())?;
+        self.releases_changed().await;
         Ok(())
     }
 
@@ -706,6 +791,8 @@ impl Service {
                 json!({}),
             )
             .await;
+            drop(_g);
+            self.releases_changed().await;
         } else {
             cur.state = State::RollbackFailed;
             let e = errs.join("; ");
@@ -795,6 +882,13 @@ impl Service {
         let c = counts(&outcomes);
         let _g = self.lock.lock().await;
         let mut cur = self.load(&r.name)?;
+        if failure.is_none() {
+            // the cluster runs again what it ran before this revision
+            match cur.deployed_before.get(cluster).cloned() {
+                Some(d) => cur.deployed.insert(cluster.to_string(), d),
+                None => cur.deployed.remove(cluster),
+            };
+        }
         let summary = match &failure {
             None => format!("{cluster} restored: {}", count_text(&c)),
             Some(e) => format!("rollback of {cluster} failed: {e}"),

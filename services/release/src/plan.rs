@@ -76,7 +76,23 @@ pub fn targets(spec: &Spec, reg: &BTreeMap<String, ClusterFacts>) -> Result<Vec<
     Ok(out.into_iter().collect())
 }
 
-fn oref(obj: &Value) -> ObjectRef {
+/// The batches with the clusters `gated` holds moved behind all others (each batch split in two, order
+/// kept): what needs an approval goes last, so everything else converges without waiting for it.
+pub fn gated_last(batches: Vec<Vec<String>>, gated: impl Fn(&str) -> bool) -> Vec<Vec<String>> {
+    let (mut open, mut held) = (Vec::new(), Vec::new());
+    for b in batches {
+        let (g, o): (Vec<String>, Vec<String>) = b.into_iter().partition(|c| gated(c));
+        open.push(o);
+        held.push(g);
+    }
+    open.into_iter()
+        .chain(held)
+        .filter(|b| !b.is_empty())
+        .collect()
+}
+
+/// The object a rendered manifest names.
+pub fn oref(obj: &Value) -> ObjectRef {
     let s = |p: &str| obj.pointer(p).and_then(Value::as_str).map(str::to_string);
     ObjectRef {
         api_version: s("/apiVersion").unwrap_or_default(),
@@ -153,7 +169,14 @@ impl Service {
         self.registry.wait_loaded(self.config.registry_wait).await;
         let reg = self.registry.snapshot();
         let clusters = targets(spec, &reg)?;
-        let batches = spec.batches(&clusters).map_err(|e| e.to_string())?;
+        let mut batches = spec.batches(&clusters).map_err(|e| e.to_string())?;
+        if let Some(text) = &spec.sync.approval_selector {
+            let sel = Selector::parse(text).map_err(|e| e.to_string())?;
+            batches = gated_last(batches, |c| {
+                reg.get(c)
+                    .is_some_and(|f| sel.matches(&selector_labels(c, f)))
+            });
+        }
         let mut plans = Vec::new();
         for (i, batch) in batches.iter().enumerate() {
             for c in batch {
@@ -313,6 +336,29 @@ mod tests {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
         }
+    }
+
+    #[test]
+    fn gated_clusters_go_last_in_their_batch_order() {
+        let b = |v: &[&[&str]]| -> Vec<Vec<String>> {
+            v.iter()
+                .map(|x| x.iter().map(|s| s.to_string()).collect())
+                .collect()
+        };
+        let got = gated_last(
+            b(&[&["dev-1", "prod-1"], &["prod-2", "stage-1"], &["prod-3"]]),
+            |c| c.starts_with("prod"),
+        );
+        assert_eq!(
+            got,
+            b(&[
+                &["dev-1"],
+                &["stage-1"],
+                &["prod-1"],
+                &["prod-2"],
+                &["prod-3"]
+            ])
+        );
     }
 
     #[test]

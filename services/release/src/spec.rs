@@ -91,6 +91,57 @@ pub struct Spec {
     /// Objects the release deletes (snapshotted first; a rollback re-creates them).
     #[serde(default)]
     pub delete: Vec<DeleteRef>,
+    /// How the release follows its fleet repository and guards what it applied.
+    #[serde(default, skip_serializing_if = "Sync::is_default")]
+    pub sync: Sync,
+}
+
+/// The approval a gated batch waits for (`multipilot release approve <name> gate`).
+pub const GATE_APPROVAL: &str = "gate";
+
+/// Sync policy: what happens without a person, and what waits for one.
+///
+/// ```yaml
+/// sync:
+///   auto: true                 # from a fleet repository: apply each new commit (default true there)
+///   approval_selector: env=prod  # batches with a matching cluster wait for the `gate` approval
+///   self_heal: true            # re-apply what someone changed by hand (default false)
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Sync {
+    /// Apply a new commit of the fleet repository without being asked (a commit that needs a risk approval
+    /// still waits for it). Only for specs from a fleet repository.
+    #[serde(default = "yes")]
+    pub auto: bool,
+    /// Clusters matching this selector are applied last, each batch holding one only after the `gate`
+    /// approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval_selector: Option<String>,
+    /// Re-apply objects whose fields someone changed (drift), at most `heal_limit` times per object in
+    /// `heal_window`; then give up and say so.
+    #[serde(default)]
+    pub self_heal: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Default for Sync {
+    fn default() -> Self {
+        Sync {
+            auto: true,
+            approval_selector: None,
+            self_heal: false,
+        }
+    }
+}
+
+impl Sync {
+    fn is_default(&self) -> bool {
+        *self == Sync::default()
+    }
 }
 
 /// Template texts.
@@ -164,6 +215,40 @@ impl DeleteRef {
     }
 }
 
+/// Reads a spec's `manifest_files` (paths relative to the spec's directory, through `read`) into its
+/// `manifests`; a spec without them is returned as it is.
+pub fn inline_manifest_files(
+    text: &str,
+    read: impl Fn(&str) -> Result<String, String>,
+) -> Result<String, String> {
+    let mut doc: serde_yaml::Value =
+        serde_yaml::from_str(text).map_err(|e| format!("not YAML: {e}"))?;
+    let Some(files) = doc
+        .as_mapping_mut()
+        .and_then(|m| m.remove("manifest_files"))
+    else {
+        return Ok(text.to_string());
+    };
+    let files: Vec<String> = serde_yaml::from_value(files)
+        .map_err(|e| format!("manifest_files must be a list of paths: {e}"))?;
+    let mut texts: Vec<String> = match doc.get("manifests") {
+        None => Vec::new(),
+        Some(serde_yaml::Value::String(s)) => vec![s.clone()],
+        Some(v) => serde_yaml::from_value(v.clone())
+            .map_err(|e| format!("manifests must be a text or a list of texts: {e}"))?,
+    };
+    for f in files {
+        texts.push(read(&f).map_err(|e| format!("manifest file {f}: {e}"))?);
+    }
+    if let Some(m) = doc.as_mapping_mut() {
+        m.insert(
+            "manifests".into(),
+            serde_yaml::to_value(texts).map_err(|e| e.to_string())?,
+        );
+    }
+    serde_yaml::to_string(&doc).map_err(|e| e.to_string())
+}
+
 fn valid_name(n: &str) -> bool {
     !n.is_empty()
         && n.len() <= 63
@@ -210,6 +295,9 @@ impl Spec {
             ));
         }
         if let Some(sel) = &self.targets.selector {
+            Selector::parse(sel)?;
+        }
+        if let Some(sel) = &self.sync.approval_selector {
             Selector::parse(sel)?;
         }
         if self.batches.size == Some(0) {

@@ -42,6 +42,8 @@ fn release(name: &str, revision: u64, events: u64) -> Result<Release> {
         rollbacks: 0,
         error: None,
         events,
+        deployed: Default::default(),
+        deployed_before: Default::default(),
     })
 }
 

@@ -4,6 +4,8 @@
 // Every test file is its own crate and uses only part of this module.
 #![allow(dead_code)]
 
+pub mod system;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -1,0 +1,854 @@
+//! Release drift: what a release applied, against what the cluster now holds.
+//!
+//! - The live objects come from FLEET_STATE (an ephemeral ordered consumer: the last state of every
+//!   object, then live). Only objects some release plans or runs are kept.
+//! - An object drifts when a field the release set has another value now, or the object is gone. A field
+//!   the release never set is not drift (defaults, status, annotations others add); neither is a field
+//!   the release set that a controller now owns (`metadata.managedFields`, as the agent reports it:
+//!   `ResourceState::field_managers`), e.g. `spec.replicas` scaled by an HPA (`kube-controller-manager`).
+//!   Which managers count as controllers is `release.drift_ignore_managers`.
+//! - Each cluster's verdict goes to the correlator as the probe `release-drift` on
+//!   `fleet.probe.<cluster>.release-drift` (one finding per drifted object, naming its fields), which
+//!   opens and resolves the `release-drift` incident.
+//! - A release with `sync.self_heal` re-applies a drifted object (server-side apply, forcing back the
+//!   fields it owns), at most `heal_limit` times per object in `heal_window`; then it gives up, says so in
+//!   the finding, and records it.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer;
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use multipilot_schemas::payload::{
+    FieldManager, Finding, ObjectRef, ProbeResult, ProbeStatus, ReleaseAction, Severity,
+};
+use multipilot_schemas::streams::StateMsg;
+use multipilot_schemas::{Envelope, HEADER_CONTENT_TYPE, HEADER_SCHEMA, stable_id, subject};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::Service;
+use crate::diff;
+use crate::exec::Command;
+use crate::model::{Release, obj_name};
+
+/// The probe name (and the correlator's incident kind).
+pub const PROBE: &str = "release-drift";
+
+/// One field of an object that is not what the release applied.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FieldDrift {
+    /// `.spec.template.spec.containers[web].image`.
+    pub path: String,
+    /// What the release applied.
+    pub applied: Option<Value>,
+    /// What the cluster holds (absent: the field is gone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<Value>,
+    /// Who owns the field now (`kubectl-edit`, …), from `managedFields`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub managers: Vec<String>,
+}
+
+/// An object of a release that drifted on a cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DriftItem {
+    /// The object.
+    pub object: ObjectRef,
+    /// It was deleted.
+    #[serde(default)]
+    pub deleted: bool,
+    /// The fields that differ.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fields: Vec<FieldDrift>,
+    /// When the cluster changed it (the state's `cluster_time`).
+    pub since: DateTime<Utc>,
+    /// Self-heal gave up on it (something keeps undoing the release).
+    #[serde(default)]
+    pub gave_up: bool,
+}
+
+impl DriftItem {
+    /// One line for a person: `Deployment shop/web: .spec.replicas is 5, applied 3 (by kubectl-edit)`.
+    pub fn describe(&self, release: &str, commit: Option<&str>) -> String {
+        let what = format!("{} {}", self.object.kind, obj_name(&self.object));
+        let rel = match commit {
+            Some(c) => format!("release {release} at {c}"),
+            None => format!("release {release}"),
+        };
+        let mut s = if self.deleted {
+            format!("{what} was deleted ({rel} applied it)")
+        } else {
+            let fields: Vec<String> = self
+                .fields
+                .iter()
+                .take(3)
+                .map(|f| {
+                    let v = |v: &Option<Value>| match v {
+                        Some(Value::String(s)) => format!("{s:?}"),
+                        Some(v) => v.to_string(),
+                        None => "absent".into(),
+                    };
+                    let by = if f.managers.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" by {}", f.managers.join(", "))
+                    };
+                    format!(
+                        "{} is {}, {rel} applied {}{by}",
+                        f.path,
+                        v(&f.live),
+                        v(&f.applied)
+                    )
+                })
+                .collect();
+            let more = self.fields.len().saturating_sub(3);
+            format!(
+                "{what}: {}{}",
+                fields.join("; "),
+                if more > 0 {
+                    format!(" (+{more} more fields)")
+                } else {
+                    String::new()
+                }
+            )
+        };
+        if self.gave_up {
+            s.push_str(" — self-heal gave up: something keeps changing it back");
+        }
+        s
+    }
+}
+
+/// An object as the cluster holds it.
+#[derive(Debug, Clone)]
+struct Live {
+    /// `{metadata: {name, namespace, labels, annotations}, …spec}`: what a rendered object compares with.
+    object: Value,
+    managers: Vec<FieldManager>,
+    deleted: bool,
+    at: DateTime<Utc>,
+}
+
+/// `(cluster, kind, namespace, name)`.
+type Key = (String, String, String, String);
+
+fn key_of(cluster: &str, obj: &Value) -> Key {
+    let s = |p: &str| {
+        obj.pointer(p)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    (
+        cluster.to_string(),
+        s("/kind"),
+        s("/metadata/namespace"),
+        s("/metadata/name"),
+    )
+}
+
+/// Whether everything `want` sets is in `have` with the same value (maps and lists of maps recursively;
+/// what `have` has beyond `want`, such as defaults the API server added, does not matter).
+fn covers(want: &Value, have: &Value) -> bool {
+    match (want, have) {
+        (Value::Object(w), Value::Object(h)) => w
+            .iter()
+            .all(|(k, v)| h.get(k).is_some_and(|hv| covers(v, hv))),
+        (Value::Array(w), Value::Array(h)) => {
+            w.len() == h.len() && w.iter().zip(h).all(|(a, b)| covers(a, b))
+        }
+        _ => want == have,
+    }
+}
+
+/// Whether `path` and an owned field `f` overlap (one is the other or inside it).
+fn overlaps(path: &str, f: &str) -> bool {
+    let inside = |a: &str, b: &str| {
+        a == b || (a.starts_with(b) && matches!(a.as_bytes().get(b.len()), Some(b'.' | b'[')))
+    };
+    inside(path, f) || inside(f, path)
+}
+
+/// The fields of `intent` (a rendered object) the live object no longer holds. Fields a manager of
+/// `controllers` took over are not drift; `ours` is the release's own field manager.
+pub fn judge(
+    intent: &Value,
+    live: &Value,
+    managers: &[FieldManager],
+    ours: &str,
+    controllers: &[String],
+) -> Vec<FieldDrift> {
+    let mut want = diff::content(intent);
+    // identity is the key, not content
+    for k in ["apiVersion", "kind"] {
+        if let Some(o) = want.as_object_mut() {
+            o.remove(k);
+        }
+    }
+    diff::diff(Some(&want), live)
+        .into_iter()
+        .filter_map(|c| {
+            let applied = c.before?;
+            if let Some(now) = &c.after
+                && covers(&applied, now)
+            {
+                return None;
+            }
+            let owners: Vec<String> = managers
+                .iter()
+                .filter(|m| m.fields.iter().any(|f| overlaps(&c.path, f)))
+                .map(|m| m.manager.clone())
+                .collect::<BTreeSet<_>>()
+                .into_iter()
+                .collect();
+            let taken_by_controller = !owners.is_empty()
+                && owners
+                    .iter()
+                    .all(|o| o != ours && controllers.iter().any(|c| c == o));
+            if taken_by_controller {
+                return None;
+            }
+            Some(FieldDrift {
+                path: c.path,
+                applied: Some(applied),
+                live: c.after,
+                managers: owners.into_iter().filter(|o| o != ours).collect(),
+            })
+        })
+        .collect()
+}
+
+/// What the drift judge keeps.
+#[derive(Debug, Default)]
+pub struct Drift {
+    live: HashMap<Key, Live>,
+    watched: HashSet<Key>,
+    releases: BTreeMap<String, Release>,
+    dirty: BTreeSet<String>,
+    /// The last verdict published per cluster (its findings' messages), and the current items by release.
+    published: HashMap<String, Vec<String>>,
+    items: BTreeMap<(String, String), Vec<DriftItem>>,
+    heals: HashMap<(String, Key), VecDeque<DateTime<Utc>>>,
+    gave_up: HashSet<(String, Key)>,
+    round: u64,
+}
+
+impl Drift {
+    /// The drifted objects of `release` on `cluster`.
+    pub fn items(&self, release: &str, cluster: &str) -> Vec<DriftItem> {
+        self.items
+            .get(&(release.to_string(), cluster.to_string()))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Takes the releases as stored: which objects to watch, what to judge them against.
+    fn set_releases(&mut self, all: Vec<Release>) {
+        let mut watched = HashSet::new();
+        for r in &all {
+            for c in &r.plan.clusters {
+                for o in &c.objects {
+                    watched.insert((
+                        c.cluster.clone(),
+                        o.object.kind.clone(),
+                        o.object.namespace.clone().unwrap_or_default(),
+                        o.object.name.clone(),
+                    ));
+                }
+            }
+            for (c, d) in &r.deployed {
+                for o in &d.objects {
+                    watched.insert(key_of(c, o));
+                }
+            }
+        }
+        self.live.retain(|k, _| watched.contains(k));
+        self.watched = watched;
+        self.releases = all.into_iter().map(|r| (r.name.clone(), r)).collect();
+        self.dirty.extend(
+            self.releases
+                .values()
+                .flat_map(|r| r.deployed.keys().cloned()),
+        );
+        // clusters that had drift but no longer run a release are judged (healthy) too
+        self.dirty.extend(self.published.keys().cloned());
+    }
+
+    /// Takes one FLEET_STATE message.
+    fn take(&mut self, env: Envelope<StateMsg>) {
+        let cluster = env.cluster;
+        let (key, live) = match env.payload {
+            StateMsg::State(s) => {
+                let mut meta = serde_json::Map::new();
+                meta.insert("name".into(), json!(s.name));
+                if let Some(ns) = &s.namespace {
+                    meta.insert("namespace".into(), json!(ns));
+                }
+                if !s.labels.is_empty() {
+                    meta.insert("labels".into(), json!(s.labels));
+                }
+                if !s.annotations.is_empty() {
+                    meta.insert("annotations".into(), json!(s.annotations));
+                }
+                let mut object = s.spec.unwrap_or_else(|| json!({}));
+                if let Some(o) = object.as_object_mut() {
+                    o.insert("metadata".into(), Value::Object(meta));
+                }
+                (
+                    (
+                        cluster.clone(),
+                        s.kind,
+                        s.namespace.unwrap_or_default(),
+                        s.name,
+                    ),
+                    Live {
+                        object,
+                        managers: s.field_managers,
+                        deleted: false,
+                        at: env.cluster_time,
+                    },
+                )
+            }
+            StateMsg::Deleted(d) => (
+                (
+                    cluster.clone(),
+                    d.kind,
+                    d.namespace.unwrap_or_default(),
+                    d.name,
+                ),
+                Live {
+                    object: Value::Null,
+                    managers: Vec::new(),
+                    deleted: true,
+                    at: env.cluster_time,
+                },
+            ),
+            StateMsg::Resync(_) => return,
+        };
+        if self.watched.contains(&key) {
+            self.live.insert(key, live);
+            self.dirty.insert(cluster);
+        }
+    }
+
+    /// Judges the dirty clusters: the new items per (release, cluster), and what to heal.
+    fn judge_dirty(&mut self, controllers: &[String]) -> Vec<String> {
+        let clusters: Vec<String> = std::mem::take(&mut self.dirty).into_iter().collect();
+        for cluster in &clusters {
+            self.items.retain(|(_, c), _| c != cluster);
+            for r in self.releases.values() {
+                let Some(d) = r.deployed.get(cluster) else {
+                    continue;
+                };
+                // a cluster a running apply or rollback is changing is judged once that is done
+                if r.state.busy() && r.changed.contains(cluster) && d.revision != r.revision {
+                    continue;
+                }
+                let mut found = Vec::new();
+                for intent in &d.objects {
+                    let key = key_of(cluster, intent);
+                    let Some(live) = self.live.get(&key) else {
+                        continue;
+                    };
+                    let gave_up = self.gave_up.contains(&(r.name.clone(), key.clone()));
+                    if live.deleted {
+                        found.push(DriftItem {
+                            object: crate::plan::oref(intent),
+                            deleted: true,
+                            fields: Vec::new(),
+                            since: live.at,
+                            gave_up,
+                        });
+                        continue;
+                    }
+                    let fields = judge(
+                        intent,
+                        &live.object,
+                        &live.managers,
+                        &d.field_manager,
+                        controllers,
+                    );
+                    if !fields.is_empty() {
+                        found.push(DriftItem {
+                            object: crate::plan::oref(intent),
+                            deleted: false,
+                            fields,
+                            since: live.at,
+                            gave_up,
+                        });
+                    }
+                }
+                if !found.is_empty() {
+                    self.items.insert((r.name.clone(), cluster.clone()), found);
+                }
+            }
+        }
+        clusters
+    }
+
+    /// The probe result of a cluster, when it differs from the one published last.
+    fn verdict(&mut self, cluster: &str) -> Option<ProbeResult> {
+        let mut findings = Vec::new();
+        for ((release, c), items) in &self.items {
+            if c != cluster {
+                continue;
+            }
+            let commit = self
+                .releases
+                .get(release)
+                .and_then(|r| r.deployed.get(cluster))
+                .and_then(|d| d.commit.clone());
+            for it in items {
+                findings.push(Finding {
+                    severity: Severity::Warning,
+                    object: Some(it.object.clone()),
+                    message: it.describe(release, commit.as_deref()),
+                });
+            }
+        }
+        let messages: Vec<String> = findings.iter().map(|f| f.message.clone()).collect();
+        if self.published.get(cluster) == Some(&messages) {
+            return None;
+        }
+        // a first healthy verdict per cluster goes out too, so an incident left open before a restart resolves
+        self.published.insert(cluster.to_string(), messages);
+        let n = findings.len();
+        self.round = self.round.max(Utc::now().timestamp_millis() as u64) + 1;
+        Some(ProbeResult {
+            probe: PROBE.into(),
+            status: if n == 0 {
+                ProbeStatus::Healthy
+            } else {
+                ProbeStatus::Unhealthy
+            },
+            latency_ms: 0.0,
+            detail: if n == 0 {
+                "every object matches what its release applied".into()
+            } else {
+                format!("{n} object(s) differ from what their release applied")
+            },
+            round: self.round,
+            observations: BTreeMap::from([("drifted_objects".to_string(), n as f64)]),
+            findings,
+        })
+    }
+
+    /// Whether a heal of `key` by `release` may go now; records it. `None`: it may; `Some(n)`: it gave up
+    /// after `n` heals in the window (newly, so the caller records it once).
+    fn heal_allowed(
+        &mut self,
+        release: &str,
+        key: &Key,
+        limit: u32,
+        window: Duration,
+    ) -> Result<(), bool> {
+        let id = (release.to_string(), key.clone());
+        if self.gave_up.contains(&id) {
+            return Err(false);
+        }
+        let now = Utc::now();
+        let since =
+            now - chrono::Duration::from_std(window).unwrap_or(chrono::Duration::minutes(10));
+        let q = self.heals.entry(id.clone()).or_default();
+        while q.front().is_some_and(|t| *t < since) {
+            q.pop_front();
+        }
+        if q.len() as u32 >= limit {
+            self.gave_up.insert(id);
+            return Err(true);
+        }
+        q.push_back(now);
+        Ok(())
+    }
+}
+
+/// A heal to send.
+struct Heal {
+    release: String,
+    revision: u64,
+    cluster: String,
+    field_manager: String,
+    objects: Vec<Value>,
+    items: Vec<DriftItem>,
+}
+
+impl Service {
+    /// Follows FLEET_STATE and judges drift until the role stops.
+    pub async fn follow_drift(self: Arc<Self>) {
+        loop {
+            if let Err(e) = self.clone().follow_state_once().await {
+                tracing::warn!(error = %e, "following FLEET_STATE for release drift failed; retrying");
+            }
+            tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            }
+        }
+    }
+
+    /// Re-reads the releases into the drift judge (after a release was planned, applied or rolled back).
+    pub(crate) async fn releases_changed(&self) {
+        match self.store.all() {
+            Ok(all) => {
+                self.drift.lock().await.set_releases(all);
+                self.drift_wake.notify_one();
+            }
+            Err(e) => tracing::warn!(error = %e, "reading the releases for drift failed"),
+        }
+    }
+
+    async fn follow_state_once(self: Arc<Self>) -> Result<(), String> {
+        let fail = |e: &dyn std::fmt::Display| format!("following FLEET_STATE: {e}");
+        self.releases_changed().await;
+        let stream = self
+            .js
+            .get_stream("FLEET_STATE")
+            .await
+            .map_err(|e| fail(&e))?;
+        let c = stream
+            .create_consumer(consumer::pull::OrderedConfig {
+                filter_subject: "fleet.state.>".into(),
+                deliver_policy: consumer::DeliverPolicy::LastPerSubject,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| fail(&e))?;
+        let mut msgs = c.messages().await.map_err(|e| fail(&e))?;
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = self.cancel.cancelled() => return Ok(()),
+                _ = tick.tick() => self.judge_now().await,
+                _ = self.drift_wake.notified() => self.judge_now().await,
+                m = msgs.next() => {
+                    let Some(m) = m else { return Ok(()) };
+                    let m = m.map_err(|e| fail(&e))?;
+                    let h = |n: &str| m.headers.as_ref().and_then(|h| h.get(n)).map(|v| v.as_str().to_string());
+                    match multipilot_schemas::decode::<StateMsg>(
+                        h(HEADER_CONTENT_TYPE).as_deref(),
+                        h(HEADER_SCHEMA).as_deref(),
+                        &m.payload,
+                        multipilot_schemas::codec::DEFAULT_MAX_BYTES,
+                    ) {
+                        Ok(env) => self.drift.lock().await.take(env),
+                        Err(e) => tracing::debug!(subject = %m.subject, error = %e, "state skipped"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Judges what changed; publishes verdicts that differ from the last; heals what may be healed.
+    async fn judge_now(&self) {
+        let (verdicts, heals, gave_up) = {
+            let mut d = self.drift.lock().await;
+            if d.dirty.is_empty() {
+                return;
+            }
+            let clusters = d.judge_dirty(&self.config.drift_ignore_managers);
+            let mut heals = Vec::new();
+            let mut gave_up = Vec::new();
+            let items: Vec<((String, String), Vec<DriftItem>)> = d
+                .items
+                .iter()
+                .filter(|((_, c), _)| clusters.contains(c))
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            for ((release, cluster), found) in items {
+                let Some(r) = d.releases.get(&release).cloned() else {
+                    continue;
+                };
+                if !r.spec.sync.self_heal || r.state.busy() {
+                    continue;
+                }
+                let Some(dep) = r.deployed.get(&cluster).cloned() else {
+                    continue;
+                };
+                let mut heal = Heal {
+                    release: release.clone(),
+                    revision: dep.revision,
+                    cluster: cluster.clone(),
+                    field_manager: dep.field_manager.clone(),
+                    objects: Vec::new(),
+                    items: Vec::new(),
+                };
+                for it in found.iter().filter(|i| !i.gave_up) {
+                    let Some(intent) = dep
+                        .objects
+                        .iter()
+                        .find(|o| crate::plan::oref(o) == it.object)
+                    else {
+                        continue;
+                    };
+                    let key = key_of(&cluster, intent);
+                    match d.heal_allowed(
+                        &release,
+                        &key,
+                        self.config.heal_limit,
+                        self.config.heal_window,
+                    ) {
+                        Ok(()) => {
+                            heal.objects.push(intent.clone());
+                            heal.items.push(it.clone());
+                        }
+                        Err(newly) => {
+                            if newly {
+                                gave_up.push((release.clone(), cluster.clone(), it.clone()));
+                            }
+                        }
+                    }
+                }
+                if !heal.objects.is_empty() {
+                    heals.push(heal);
+                }
+            }
+            // items that just gave up say so in the verdict
+            for (release, cluster, it) in &gave_up {
+                if let Some(list) = d.items.get_mut(&(release.clone(), cluster.clone())) {
+                    for i in list.iter_mut().filter(|i| i.object == it.object) {
+                        i.gave_up = true;
+                    }
+                }
+            }
+            let verdicts: Vec<(String, ProbeResult)> = clusters
+                .iter()
+                .filter_map(|c| d.verdict(c).map(|v| (c.clone(), v)))
+                .collect();
+            (verdicts, heals, gave_up)
+        };
+        for (cluster, v) in verdicts {
+            self.publish_verdict(&cluster, v).await;
+        }
+        for (release, cluster, it) in gave_up {
+            self.record_heal(
+                &release,
+                &cluster,
+                false,
+                format!(
+                    "self-heal gave up on {cluster}: {} was changed back {} times within {}s",
+                    it.describe(&release, None),
+                    self.config.heal_limit,
+                    self.config.heal_window.as_secs()
+                ),
+                json!({"object": it.object, "fields": it.fields}),
+            )
+            .await;
+        }
+        for h in heals {
+            self.heal(h).await;
+        }
+    }
+
+    async fn publish_verdict(&self, cluster: &str, v: ProbeResult) {
+        let round = v.round;
+        let status = v.status;
+        let env = Envelope::new(cluster, self.instance.as_str(), Utc::now(), round, v);
+        let id = stable_id(&[PROBE, cluster, &round.to_string()]);
+        match multipilot_bus::publish::publish_one(
+            &self.js,
+            subject::probe(cluster, PROBE),
+            id,
+            &env,
+        )
+        .await
+        {
+            Ok(_) => tracing::info!(cluster, ?status, "release drift verdict published"),
+            Err(e) => {
+                tracing::warn!(cluster, error = %e, "release drift verdict not published; will retry");
+                let mut d = self.drift.lock().await;
+                d.published.remove(cluster);
+                d.dirty.insert(cluster.to_string());
+            }
+        }
+    }
+
+    async fn heal(&self, h: Heal) {
+        let cmd = Command {
+            id: format!(
+                "{}-r{}-{}-heal-{}",
+                h.release,
+                h.revision,
+                h.cluster,
+                Utc::now().timestamp_millis()
+            ),
+            release: h.release.clone(),
+            cluster: h.cluster.clone(),
+            action: ReleaseAction::Apply,
+            field_manager: h.field_manager.clone(),
+            // the release takes back the fields someone else took
+            force: true,
+            objects: h.objects,
+        };
+        let what: Vec<String> = h
+            .items
+            .iter()
+            .map(|i| format!("{} {}", i.object.kind, obj_name(&i.object)))
+            .collect();
+        let (ok, summary) = match self.sender.send(&cmd).await {
+            Ok(res) if res.ok => (
+                true,
+                format!("self-heal on {}: re-applied {}", h.cluster, what.join(", ")),
+            ),
+            Ok(res) => (
+                false,
+                format!(
+                    "self-heal on {} failed: {}",
+                    h.cluster,
+                    res.objects
+                        .iter()
+                        .filter_map(|o| o.error.clone())
+                        .chain(res.error)
+                        .collect::<Vec<_>>()
+                        .join("; ")
+                ),
+            ),
+            Err(e) => (false, format!("self-heal on {} failed: {e}", h.cluster)),
+        };
+        let detail = json!({"command": cmd.id, "drift": h.items});
+        self.record_heal(&h.release, &h.cluster, ok, summary, detail)
+            .await;
+    }
+
+    async fn record_heal(
+        &self,
+        release: &str,
+        cluster: &str,
+        ok: bool,
+        summary: String,
+        detail: Value,
+    ) {
+        let _g = self.lock.lock().await;
+        if let Ok(Some(mut r)) = self.store.get(release) {
+            self.record(
+                &mut r,
+                "heal",
+                ok,
+                "self-heal",
+                None,
+                vec![cluster.to_string()],
+                summary,
+                detail,
+            )
+            .await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn deployment(image: &str, replicas: i64) -> Value {
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "shop", "labels": {"app": "web"}},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "web"}},
+                "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [
+                    {"name": "web", "image": image, "ports": [{"containerPort": 8080}]}]}}}})
+    }
+
+    /// As the agent reports it: spec, plus metadata name/namespace/labels; the API server's defaults in.
+    fn live(image: &str, replicas: i64) -> Value {
+        json!({"metadata": {"name": "web", "namespace": "shop", "labels": {"app": "web"}},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "web"}},
+                "progressDeadlineSeconds": 600, "revisionHistoryLimit": 10,
+                "template": {"metadata": {"labels": {"app": "web"}}, "spec": {"containers": [
+                    {"name": "web", "image": image, "imagePullPolicy": "IfNotPresent",
+                     "ports": [{"containerPort": 8080, "protocol": "TCP"}],
+                     "terminationMessagePath": "/dev/termination-log"}],
+                    "restartPolicy": "Always", "dnsPolicy": "ClusterFirst"}}}})
+    }
+
+    fn m(manager: &str, fields: &[&str]) -> FieldManager {
+        FieldManager {
+            manager: manager.into(),
+            operation: "Update".into(),
+            subresource: None,
+            fields: fields.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn controllers() -> Vec<String> {
+        crate::Config::default().drift_ignore_managers
+    }
+
+    #[test]
+    fn defaults_the_api_server_added_are_not_drift() {
+        let got = judge(
+            &deployment("web:1.2", 3),
+            &live("web:1.2", 3),
+            &[m("multipilot", &[".spec.replicas"])],
+            "multipilot",
+            &controllers(),
+        );
+        assert!(got.is_empty(), "{got:?}");
+    }
+
+    #[test]
+    fn an_edited_field_is_drift_and_names_who_changed_it() {
+        let got = judge(
+            &deployment("web:1.2", 3),
+            &live("web:9.9", 3),
+            &[
+                m("multipilot", &[".spec.replicas"]),
+                m(
+                    "kubectl-edit",
+                    &[".spec.template.spec.containers[web].image"],
+                ),
+            ],
+            "multipilot",
+            &controllers(),
+        );
+        assert_eq!(
+            got,
+            vec![FieldDrift {
+                path: ".spec.template.spec.containers[web].image".into(),
+                applied: Some(json!("web:1.2")),
+                live: Some(json!("web:9.9")),
+                managers: vec!["kubectl-edit".into()],
+            }]
+        );
+    }
+
+    #[test]
+    fn replicas_an_hpa_took_over_are_not_drift_but_replicas_a_person_set_are() {
+        let hpa = m("kube-controller-manager", &[".spec.replicas"]);
+        let got = judge(
+            &deployment("web:1.2", 3),
+            &live("web:1.2", 7),
+            std::slice::from_ref(&hpa),
+            "multipilot",
+            &controllers(),
+        );
+        assert!(got.is_empty(), "{got:?}");
+        let person = m("kubectl-scale", &[".spec.replicas"]);
+        let got = judge(
+            &deployment("web:1.2", 3),
+            &live("web:1.2", 7),
+            &[person],
+            "multipilot",
+            &controllers(),
+        );
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].path, ".spec.replicas");
+    }
+
+    #[test]
+    fn a_removed_label_is_drift() {
+        let mut l = live("web:1.2", 3);
+        l["metadata"]["labels"] = json!({});
+        let got = judge(
+            &deployment("web:1.2", 3),
+            &l,
+            &[],
+            "multipilot",
+            &controllers(),
+        );
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].path, ".metadata.labels.app");
+        assert_eq!(got[0].live, None);
+    }
+}

@@ -1,0 +1,810 @@
+//! Fleet repositories: the release role follows Git branches and turns each new commit into plans and
+//! applies, and reports every release's sync status per cluster.
+//!
+//! Layout of a fleet repository (under the repository's `path`):
+//!
+//! ```text
+//! releases/<name>.yaml   one release spec each (the format of `multipilot release apply -f`;
+//!                        `manifest_files` are read from the same commit, relative to the spec)
+//! policies/<name>.yaml   policy bundles: release specs too (RBAC, quotas, network policies, Pod Security
+//!                        labels), rendered per cluster from its labels; reported as policies
+//! ```
+//!
+//! A commit is taken whole, in two waves: the policy bundles first (the namespaces, quotas and roles the
+//! releases rely on), then the releases. Every file must parse, and every spec a wave changes is planned
+//! (render, API-version gate, risks, dry-run on every target) before any of the wave is applied; if a file
+//! does not parse or a plan is not clean, nothing (more) of the commit is applied, and the problem is
+//! recorded on the release stream (`fleet.release.gitops-<repo>.sync`) and shown by
+//! `multipilot gitops status`. Otherwise each changed release with `sync.auto` (the default) starts
+//! applying in batches behind the health gates; batches holding a cluster of `sync.approval_selector` wait
+//! for the `gate` approval. A spec whose content did not change is not planned again. Removing a spec from
+//! the repository stops following it; it deletes nothing from the clusters.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use multipilot_schemas::payload::{AuditRecord, ReleaseEvent};
+use multipilot_schemas::{Envelope, Payload, stable_id, subject};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use tokio::sync::Mutex;
+
+use crate::Service;
+use crate::config::Repo;
+use crate::drift::DriftItem;
+use crate::model::{Release, Source, State};
+use crate::spec::Spec;
+
+/// What the role knows of one followed repository.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RepoStatus {
+    /// Name.
+    pub name: String,
+    /// URL.
+    pub url: String,
+    /// Branch.
+    pub branch: String,
+    /// The commit fetched last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head: Option<String>,
+    /// The last commit taken whole (planned, and handed to apply where allowed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synced: Option<String>,
+    /// When the branch was fetched last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fetched_at: Option<DateTime<Utc>>,
+    /// Why the last fetch or the head commit failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// The head commit, when it was refused. It is tried again with backoff (a plan may have failed on
+    /// something passing: an agent away, a cluster not registered yet), at once on `multipilot gitops sync`,
+    /// and a new commit is taken as soon as it is fetched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+    /// When a refused head commit is tried again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_at: Option<DateTime<Utc>>,
+    /// Times the head commit was refused.
+    #[serde(default)]
+    pub attempts: u32,
+    /// Releases in the head commit, with their file.
+    #[serde(default)]
+    pub releases: BTreeMap<String, String>,
+    /// Policy bundles in the head commit, with their file.
+    #[serde(default)]
+    pub policies: BTreeMap<String, String>,
+}
+
+/// The sync status of a release on one cluster, in Argo CD's words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Sync {
+    /// Runs what the repository says.
+    Synced,
+    /// Runs something else: a commit not applied yet (waiting, refused), or drift.
+    OutOfSync,
+    /// Being applied or rolled back.
+    Progressing,
+    /// Failed, rolled back, or self-heal gave up.
+    Degraded,
+}
+
+/// One cluster of a release.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClusterSync {
+    /// Cluster.
+    pub cluster: String,
+    /// Status.
+    pub status: Sync,
+    /// The release revision it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u64>,
+    /// The commit it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+    /// Why it is not synced.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub message: String,
+    /// What drifted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drift: Vec<DriftItem>,
+}
+
+/// A release's sync status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReleaseSync {
+    /// Release.
+    pub release: String,
+    /// The repository it comes from (none: applied by hand).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo: Option<String>,
+    /// Its file there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Whether it is a policy bundle.
+    #[serde(default)]
+    pub policy: bool,
+    /// The worst of its clusters.
+    pub status: Sync,
+    /// Revision and state of the latest plan.
+    pub revision: u64,
+    /// State.
+    pub state: State,
+    /// The commit of the latest plan.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+    /// Per cluster.
+    pub clusters: Vec<ClusterSync>,
+}
+
+/// The `gitops` reply: repositories and releases.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// Followed repositories.
+    pub repos: Vec<RepoStatus>,
+    /// Every release.
+    pub releases: Vec<ReleaseSync>,
+}
+
+/// The followers' shared state.
+#[derive(Debug, Default)]
+pub struct Follower {
+    repos: Mutex<BTreeMap<String, RepoStatus>>,
+    /// One sync at a time per role (the interval's and an operator's).
+    syncing: Mutex<()>,
+    wake: tokio::sync::Notify,
+}
+
+/// A spec read from a commit.
+struct Found {
+    file: String,
+    policy: bool,
+    text: String,
+    spec: Spec,
+}
+
+fn short(commit: &str) -> String {
+    commit.chars().take(12).collect()
+}
+
+impl Service {
+    /// Follows one repository until the role stops: at start, every `interval`, and when asked.
+    pub async fn follow_repo(self: Arc<Self>, repo: Repo) {
+        self.gitops.repos.lock().await.insert(
+            repo.name.clone(),
+            RepoStatus {
+                name: repo.name.clone(),
+                url: repo.url.clone(),
+                branch: repo.branch.clone(),
+                ..Default::default()
+            },
+        );
+        // the fleet registry first: plans need the clusters' facts
+        self.registry.wait_loaded(self.config.registry_wait).await;
+        let mut asked = false;
+        loop {
+            self.sync_repo(&repo, asked).await;
+            asked = tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                _ = tokio::time::sleep(repo.interval) => false,
+                _ = self.gitops.wake.notified() => true,
+            };
+        }
+    }
+
+    fn work_dir(&self, repo: &Repo) -> PathBuf {
+        Path::new(&self.config.data_dir)
+            .join("gitops")
+            .join(format!("{}.git", repo.name))
+    }
+
+    async fn git(&self, dir: Option<&Path>, args: &[&str]) -> Result<String, String> {
+        let mut cmd = tokio::process::Command::new(&self.config.gitops.git);
+        if let Some(d) = dir {
+            cmd.arg("-C").arg(d);
+        }
+        cmd.args(args)
+            .env("GIT_TERMINAL_PROMPT", "0")
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true);
+        let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
+            .await
+            .map_err(|_| format!("git {} took longer than 120s", args.join(" ")))?
+            .map_err(|e| format!("running {}: {e}", self.config.gitops.git))?;
+        if !out.status.success() {
+            return Err(format!(
+                "git {}: {}",
+                args.first().copied().unwrap_or_default(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Clones (bare) or fetches the branch; returns its commit.
+    async fn fetch(&self, repo: &Repo) -> Result<String, String> {
+        let dir = self.work_dir(repo);
+        let branch_ref = format!("refs/heads/{}", repo.branch);
+        if !dir.join("HEAD").exists() {
+            if let Some(parent) = dir.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+            }
+            let _ = std::fs::remove_dir_all(&dir);
+            let d = dir.to_string_lossy().into_owned();
+            self.git(
+                None,
+                &[
+                    "clone",
+                    "--quiet",
+                    "--bare",
+                    "--single-branch",
+                    "--branch",
+                    &repo.branch,
+                    &repo.url,
+                    &d,
+                ],
+            )
+            .await?;
+        } else {
+            let spec = format!("+{branch_ref}:{branch_ref}");
+            self.git(
+                Some(&dir),
+                &["fetch", "--quiet", "--prune", &repo.url, &spec],
+            )
+            .await?;
+        }
+        Ok(self
+            .git(Some(&dir), &["rev-parse", &branch_ref])
+            .await?
+            .trim()
+            .to_string())
+    }
+
+    /// A file of a commit.
+    async fn show(&self, dir: &Path, commit: &str, path: &str) -> Result<String, String> {
+        self.git(Some(dir), &["show", &format!("{commit}:{path}")])
+            .await
+    }
+
+    /// The specs of a commit, or every problem found reading them.
+    async fn read_commit(&self, repo: &Repo, commit: &str) -> Result<Vec<Found>, Vec<String>> {
+        let dir = self.work_dir(repo);
+        let base = repo.path.trim_matches('/');
+        let sub = |d: &str| {
+            if base.is_empty() {
+                d.to_string()
+            } else {
+                format!("{base}/{d}")
+            }
+        };
+        let (rel, pol) = (sub("releases"), sub("policies"));
+        let listed = self
+            .git(
+                Some(&dir),
+                &["ls-tree", "-r", "--name-only", commit, "--", &rel, &pol],
+            )
+            .await
+            .map_err(|e| vec![e])?;
+        let mut found = Vec::new();
+        let mut problems = Vec::new();
+        for file in listed.lines().filter(|f| {
+            (f.ends_with(".yaml") || f.ends_with(".yml"))
+                && (f.starts_with(&format!("{rel}/")) || f.starts_with(&format!("{pol}/")))
+                // manifest files live in sub-directories next to the specs
+                && Path::new(f).parent().is_some_and(|p| p == Path::new(&rel) || p == Path::new(&pol))
+        }) {
+            let text = match self.show(&dir, commit, file).await {
+                Ok(t) => t,
+                Err(e) => {
+                    problems.push(format!("{file}: {e}"));
+                    continue;
+                }
+            };
+            // manifest_files: read from the same commit, relative to the spec
+            let parent = Path::new(file)
+                .parent()
+                .map(|p| p.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let mut wanted = Vec::new();
+            if let Ok(doc) = serde_yaml::from_str::<serde_yaml::Value>(&text)
+                && let Some(list) = doc.get("manifest_files").and_then(|v| v.as_sequence())
+            {
+                wanted = list
+                    .iter()
+                    .filter_map(|v| v.as_str().map(str::to_string))
+                    .collect();
+            }
+            let mut files = BTreeMap::new();
+            for f in wanted {
+                let p = normalize(&format!("{parent}/{f}"));
+                files.insert(f, self.show(&dir, commit, &p).await);
+            }
+            let text = match crate::spec::inline_manifest_files(&text, |f| {
+                files
+                    .get(f)
+                    .cloned()
+                    .unwrap_or_else(|| Err("not in the commit".into()))
+            }) {
+                Ok(t) => t,
+                Err(e) => {
+                    problems.push(format!("{file}: {e}"));
+                    continue;
+                }
+            };
+            match Spec::parse(&text) {
+                Ok(spec) => found.push(Found {
+                    file: file.to_string(),
+                    policy: file.starts_with(&format!("{pol}/")),
+                    text,
+                    spec,
+                }),
+                Err(e) => problems.push(format!("{file}: {e}")),
+            }
+        }
+        let mut names: BTreeMap<&str, &str> = BTreeMap::new();
+        for f in &found {
+            if let Some(other) = names.insert(&f.spec.name, &f.file) {
+                problems.push(format!(
+                    "{} and {other} both define release {}",
+                    f.file, f.spec.name
+                ));
+            }
+        }
+        if problems.is_empty() {
+            Ok(found)
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// One round for one repository: fetch; take a new head commit whole.
+    pub(crate) async fn sync_repo(self: &Arc<Self>, repo: &Repo, asked: bool) {
+        let _one = self.gitops.syncing.lock().await;
+        let head = match self.fetch(repo).await {
+            Ok(h) => h,
+            Err(e) => {
+                tracing::warn!(repo = %repo.name, error = %e, "fetching the fleet repository failed");
+                self.set_repo(repo, |s| s.error = Some(e)).await;
+                return;
+            }
+        };
+        let label = short(&head);
+        let seen = self.gitops.repos.lock().await.get(&repo.name).cloned();
+        let now = Utc::now();
+        self.set_repo(repo, |s| {
+            s.fetched_at = Some(now);
+        })
+        .await;
+        // a commit taken before is looked at again each round: a cluster that joined the fleet (or whose
+        // labels changed) and now matches a release's selector gets it
+        if !asked
+            && let Some(s) = &seen
+            && s.refused.as_deref() == Some(label.as_str())
+            && s.retry_at.is_some_and(|t| now < t)
+        {
+            return;
+        }
+        if self.registry.snapshot().is_empty() {
+            // nothing to plan against yet (the agents are starting): not a refusal, the next round tries
+            self.set_repo(repo, |s| {
+                s.head = Some(label.clone());
+                s.error =
+                    Some("waiting for the fleet registry: no cluster has reported yet".into());
+            })
+            .await;
+            return;
+        }
+        let found = match self.read_commit(repo, &head).await {
+            Ok(f) => f,
+            Err(problems) => {
+                self.refuse(repo, &label, &problems).await;
+                return;
+            }
+        };
+        self.set_repo(repo, |s| {
+            s.head = Some(label.clone());
+            s.releases = found
+                .iter()
+                .filter(|f| !f.policy)
+                .map(|f| (f.spec.name.clone(), f.file.clone()))
+                .collect();
+            s.policies = found
+                .iter()
+                .filter(|f| f.policy)
+                .map(|f| (f.spec.name.clone(), f.file.clone()))
+                .collect();
+        })
+        .await;
+        // what changed, and what can't be planned now
+        let mut changed = Vec::new();
+        for f in found {
+            match self.store.get(&f.spec.name) {
+                Ok(Some(r)) if r.state.busy() => {
+                    tracing::info!(repo = %repo.name, release = %r.name, "busy: the commit is taken once it is done");
+                    self.set_repo(repo, |s| {
+                        s.error = Some(format!(
+                            "release {} is {}: waiting for it",
+                            r.name,
+                            r.state.name()
+                        ))
+                    })
+                    .await;
+                    return;
+                }
+                // taken before (applied, applying, waiting for the gate, or failed: a failed release is
+                // not retried until a commit changes it); a plan a refused commit left is planned again
+                Ok(Some(r))
+                    if r.spec == f.spec
+                        && !matches!(r.state, State::Planned | State::Blocked)
+                        && self.same_targets(&r) => {}
+                Ok(_) => changed.push(f),
+                Err(e) => {
+                    self.set_repo(repo, |s| s.error = Some(e.to_string())).await;
+                    return;
+                }
+            }
+        }
+        let actor = format!("gitops/{}", repo.name);
+        // two waves: the policy bundles (namespaces, quotas, RBAC the releases rely on), then the releases
+        let (policies, releases): (Vec<Found>, Vec<Found>) =
+            changed.into_iter().partition(|f| f.policy);
+        let mut applied_before = Vec::new();
+        for (wave, files) in [("policies", policies), ("releases", releases)] {
+            if files.is_empty() {
+                continue;
+            }
+            let planned = match self.plan_wave(repo, &label, &files, &actor).await {
+                Ok(p) => p,
+                Err(mut problems) => {
+                    if !applied_before.is_empty() {
+                        problems.push(format!(
+                            "the policy bundles of this commit were applied before: {}",
+                            applied_before.join(", ")
+                        ));
+                    }
+                    self.refuse(repo, &label, &problems).await;
+                    return;
+                }
+            };
+            for r in &planned {
+                if !r.spec.sync.auto {
+                    continue;
+                }
+                match self.start(&r.name, &actor).await {
+                    Ok(_) => applied_before.push(r.name.clone()),
+                    // recorded on the release's history by `start` (a missing approval waits for a person)
+                    Err(e) => {
+                        tracing::info!(repo = %repo.name, release = %r.name, reason = %e, "not applied")
+                    }
+                }
+            }
+            if wave == "policies" {
+                self.wait_applied(&applied_before).await;
+            }
+        }
+        if seen.as_ref().and_then(|s| s.synced.as_deref()) != Some(label.as_str()) {
+            tracing::info!(repo = %repo.name, commit = %label, "fleet repository commit taken");
+        }
+        self.set_repo(repo, |s| {
+            s.synced = Some(label.clone());
+            s.error = None;
+            s.refused = None;
+            s.retry_at = None;
+            s.attempts = 0;
+        })
+        .await;
+    }
+
+    /// Whether a release's plan covers the clusters its targets select now.
+    fn same_targets(&self, r: &Release) -> bool {
+        let mut planned: Vec<&str> = r.plan.clusters.iter().map(|c| c.cluster.as_str()).collect();
+        planned.sort_unstable();
+        match crate::plan::targets(&r.spec, &self.registry.snapshot()) {
+            Ok(now) => now.iter().map(String::as_str).eq(planned),
+            // nothing matches now (clusters away): keep what runs
+            Err(_) => true,
+        }
+    }
+
+    /// Plans one wave's specs; every plan must be clean.
+    async fn plan_wave(
+        &self,
+        repo: &Repo,
+        label: &str,
+        files: &[Found],
+        actor: &str,
+    ) -> Result<Vec<Release>, Vec<String>> {
+        let mut planned = Vec::new();
+        let mut problems = Vec::new();
+        for f in files {
+            let source = Source {
+                path: Some(f.file.clone()),
+                commit: Some(label.to_string()),
+                dirty: None,
+                repo: Some(repo.name.clone()),
+            };
+            match self.plan_new(&f.text, source, actor).await {
+                Ok(r) if r.plan.clean() => planned.push(r),
+                Ok(r) => problems.extend(
+                    r.plan
+                        .problems()
+                        .into_iter()
+                        .map(|p| format!("{} ({}): {p}", f.file, r.name)),
+                ),
+                Err(e) => problems.push(format!("{}: {e}", f.file)),
+            }
+        }
+        if problems.is_empty() {
+            Ok(planned)
+        } else {
+            Err(problems)
+        }
+    }
+
+    /// Waits until none of `names` is applying any more (the role's stop ends the wait).
+    async fn wait_applied(&self, names: &[String]) {
+        loop {
+            let busy = names.iter().any(|n| {
+                self.store
+                    .get(n)
+                    .ok()
+                    .flatten()
+                    .is_some_and(|r| r.state.busy())
+            });
+            if !busy {
+                return;
+            }
+            tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+            }
+        }
+    }
+
+    async fn set_repo(&self, repo: &Repo, f: impl FnOnce(&mut RepoStatus)) {
+        let mut all = self.gitops.repos.lock().await;
+        let s = all.entry(repo.name.clone()).or_insert_with(|| RepoStatus {
+            name: repo.name.clone(),
+            url: repo.url.clone(),
+            branch: repo.branch.clone(),
+            ..Default::default()
+        });
+        f(s);
+    }
+
+    /// A commit that can't be taken: nothing of it is applied; the problem goes on the release stream.
+    async fn refuse(&self, repo: &Repo, commit: &str, problems: &[String]) {
+        let summary = format!(
+            "commit {commit} of {} refused, nothing applied: {}",
+            repo.name,
+            problems.join("; ")
+        );
+        tracing::warn!(repo = %repo.name, commit, problems = ?problems, "fleet repository commit refused");
+        let base =
+            chrono::Duration::from_std(repo.interval).unwrap_or(chrono::Duration::seconds(30));
+        self.set_repo(repo, |s| {
+            if s.refused.as_deref() != Some(commit) {
+                s.attempts = 0;
+            }
+            s.attempts += 1;
+            let backoff = (base * 2i32.pow(s.attempts.min(10))).min(chrono::Duration::minutes(10));
+            s.retry_at = Some(Utc::now() + backoff);
+            s.head = Some(commit.to_string());
+            s.refused = Some(commit.to_string());
+            s.error = Some(summary.clone());
+        })
+        .await;
+        let at = Utc::now();
+        let ev = ReleaseEvent {
+            release: repo.name.clone(),
+            revision: 0,
+            what: "sync".into(),
+            state: "refused".into(),
+            actor: format!("gitops/{}", repo.name),
+            batch: None,
+            clusters: Vec::new(),
+            ok: false,
+            summary: summary.clone(),
+            detail: json!({"repo": repo.name, "url": repo.url, "branch": repo.branch,
+                "commit": commit, "problems": problems}),
+            commit: Some(commit.to_string()),
+            at,
+        };
+        let env = |schema: &str, version: u32| Envelope {
+            schema: schema.into(),
+            version,
+            cluster: String::new(),
+            source: self.instance.clone(),
+            cluster_time: at,
+            agent_time: at,
+            seq: 0,
+            payload: (),
+        };
+        let e1 = env(ReleaseEvent::SCHEMA, ReleaseEvent::VERSION).map(|_| ev.clone());
+        if let Err(e) = multipilot_bus::publish::publish_one(
+            &self.js,
+            subject::release(&format!("gitops-{}", repo.name), "sync"),
+            stable_id(&["gitops-refused", &repo.name, commit, &problems.join("\n")]),
+            &e1,
+        )
+        .await
+        {
+            tracing::warn!(repo = %repo.name, error = %e, "sync event not published");
+        }
+        let audit = AuditRecord {
+            id: stable_id(&[
+                "gitops-refused-audit",
+                &repo.name,
+                commit,
+                &problems.join("\n"),
+            ]),
+            actor: ev.actor.clone(),
+            role: "release".into(),
+            action: "release.sync".into(),
+            target: format!("{}@{commit}", repo.name),
+            outcome: "failed".into(),
+            detail: ev.detail.clone(),
+            commit: Some(commit.to_string()),
+        };
+        let e2 = env(AuditRecord::SCHEMA, AuditRecord::VERSION).map(|_| audit.clone());
+        if let Err(e) = multipilot_bus::publish::publish_one(
+            &self.js,
+            subject::audit("release", "release-sync"),
+            audit.id.clone(),
+            &e2,
+        )
+        .await
+        {
+            tracing::warn!(repo = %repo.name, error = %e, "sync audit record not published");
+        }
+    }
+
+    /// Repositories and every release's sync status.
+    pub async fn report(&self) -> Result<Report, String> {
+        let repos: Vec<RepoStatus> = self.gitops.repos.lock().await.values().cloned().collect();
+        let all = self.store.all().map_err(|e| e.to_string())?;
+        let drift = self.drift.lock().await;
+        let mut releases = Vec::new();
+        for r in all {
+            let head = r
+                .source
+                .repo
+                .as_ref()
+                .and_then(|name| repos.iter().find(|s| &s.name == name));
+            // a newer commit of its repository that was refused, or not taken yet
+            let behind = head.and_then(|s| match (&s.refused, &s.error) {
+                (Some(h), Some(e)) if r.source.commit.as_ref() != Some(h) => {
+                    Some(format!("commit {h} not applied: {e}"))
+                }
+                _ => None,
+            });
+            let mut clusters: Vec<String> =
+                r.plan.clusters.iter().map(|c| c.cluster.clone()).collect();
+            for c in r.deployed.keys() {
+                if !clusters.contains(c) {
+                    clusters.push(c.clone());
+                }
+            }
+            let per: Vec<ClusterSync> = clusters
+                .into_iter()
+                .map(|c| {
+                    let items = drift.items(&r.name, &c);
+                    cluster_sync(&r, &c, items, behind.as_deref())
+                })
+                .collect();
+            releases.push(ReleaseSync {
+                release: r.name.clone(),
+                repo: r.source.repo.clone(),
+                path: r.source.path.clone(),
+                policy: head.is_some_and(|s| s.policies.contains_key(&r.name)),
+                status: per.iter().map(|c| c.status).max().unwrap_or(Sync::Synced),
+                revision: r.revision,
+                state: r.state,
+                commit: r.source.commit_label(),
+                clusters: per,
+            });
+        }
+        Ok(Report { repos, releases })
+    }
+
+    /// Wakes the followers (`multipilot gitops sync`).
+    pub fn wake_followers(&self) {
+        self.gitops.wake.notify_waiters();
+    }
+}
+
+/// One cluster's sync status for a release.
+fn cluster_sync(
+    r: &Release,
+    cluster: &str,
+    drift: Vec<DriftItem>,
+    behind: Option<&str>,
+) -> ClusterSync {
+    let dep = r.deployed.get(cluster);
+    let batch = r
+        .batches
+        .iter()
+        .find(|b| b.clusters.iter().any(|c| c == cluster));
+    let batch_done = batch.is_some_and(|b| b.state == "done");
+    let at_revision = dep.is_some_and(|d| d.revision == r.revision);
+    let (status, message) =
+        if r.state.busy() && !batch_done && r.changed.iter().any(|c| c == cluster) {
+            (
+                Sync::Progressing,
+                format!("{} (revision {})", r.state.name(), r.revision),
+            )
+        } else if r.state.busy() && !batch_done {
+            (
+                Sync::Progressing,
+                format!("batch {} pending", batch.map(|b| b.index).unwrap_or(0)),
+            )
+        } else if matches!(
+            r.state,
+            State::Failed | State::RollbackFailed | State::Interrupted | State::RolledBack
+        ) && r.changed.iter().any(|c| c == cluster)
+        {
+            (
+                Sync::Degraded,
+                r.error
+                    .clone()
+                    .unwrap_or_else(|| format!("revision {} {}", r.revision, r.state.name())),
+            )
+        } else if drift.iter().any(|d| d.gave_up) {
+            (
+                Sync::Degraded,
+                "self-heal gave up on drifted objects".to_string(),
+            )
+        } else if !drift.is_empty() {
+            (
+                Sync::OutOfSync,
+                format!(
+                    "{} object(s) drifted from what the release applied",
+                    drift.len()
+                ),
+            )
+        } else if let Some(b) = behind {
+            (Sync::OutOfSync, b.to_string())
+        } else if !at_revision {
+            let why = match r.state {
+                State::WaitingApproval => format!(
+                    "waiting for approval: multipilot release approve {} {}",
+                    r.name,
+                    crate::spec::GATE_APPROVAL
+                ),
+                State::Blocked => "the plan is blocked".to_string(),
+                State::Planned => match r.missing_approvals() {
+                    m if !m.is_empty() => format!("needs approval: {}", m.join(", ")),
+                    _ => "planned, not applied".to_string(),
+                },
+                _ => format!("revision {} not applied here", r.revision),
+            };
+            (Sync::OutOfSync, why)
+        } else {
+            (Sync::Synced, String::new())
+        };
+    ClusterSync {
+        cluster: cluster.to_string(),
+        status,
+        revision: dep.map(|d| d.revision),
+        commit: dep.and_then(|d| d.commit.clone()),
+        message,
+        drift,
+    }
+}
+
+/// `a/./b/../c` → `a/c` (paths inside a commit).
+fn normalize(p: &str) -> String {
+    let mut out: Vec<&str> = Vec::new();
+    for part in p.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    out.join("/")
+}
