@@ -109,6 +109,18 @@ impl Baseline {
     }
 }
 
+/// The probe the release role publishes its verdict on a cluster's policy bundles with.
+pub const POLICY_PROBE: &str = "policy-drift";
+
+/// The release role's latest verdict on the policy bundles a cluster runs.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PolicyVerdict {
+    /// Every object of every bundle present and as applied.
+    pub ok: bool,
+    /// What is missing or changed, with the object.
+    pub findings: Vec<(String, Option<ObjectRef>)>,
+}
+
 /// What the correlator knows of a cluster for the baseline.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Inventory {
@@ -118,6 +130,9 @@ pub struct Inventory {
     pub namespaces: BTreeMap<String, Option<String>>,
     /// Services with externalIPs: `ns/name` → addresses.
     pub external_ips: BTreeMap<String, Vec<String>>,
+    /// The policy bundles' verdict (`policy-drift`), once the release role delivers bundles here.
+    #[serde(default)]
+    pub policy: Option<PolicyVerdict>,
 }
 
 fn ver(v: &str) -> Vec<u64> {
@@ -331,6 +346,28 @@ pub fn evaluate(
         },
         bad_ips,
     ));
+    // present where the release role delivers policy bundles (a fleet repository's `policies/`)
+    if let Some(p) = &inv.policy {
+        checks.push(check(
+            "policy-bundles",
+            p.ok,
+            if p.ok {
+                "every policy bundle object is present and as applied".into()
+            } else {
+                let first = p.findings.first().map(|(m, _)| m.as_str()).unwrap_or("");
+                format!(
+                    "{} policy object{} missing or changed: {first}",
+                    p.findings.len(),
+                    if p.findings.len() == 1 { "" } else { "s" }
+                )
+            },
+            p.findings
+                .iter()
+                .filter_map(|(_, o)| o.clone())
+                .take(50)
+                .collect(),
+        ));
+    }
     ComplianceReport {
         cluster: cluster.into(),
         baseline: b.name.clone(),

@@ -825,6 +825,20 @@ impl Machine {
             track.good = 0;
             track.failing_since.get_or_insert(at);
         }
+        // the release role's verdict on the policy bundles a cluster runs is part of its compliance
+        let policy_changed = p.probe == crate::baseline::POLICY_PROBE && {
+            let verdict = crate::baseline::PolicyVerdict {
+                ok: p.status == ProbeStatus::Healthy,
+                findings: p
+                    .findings
+                    .iter()
+                    .map(|f| (f.message.clone(), f.object.clone()))
+                    .collect(),
+            };
+            let changed = c.inventory.policy.as_ref() != Some(&verdict);
+            c.inventory.policy = Some(verdict);
+            changed
+        };
         let mut actions = Vec::new();
         for r in &rules {
             let failing = r.on.contains(&p.status);
@@ -870,6 +884,9 @@ impl Machine {
             } else if good >= r.resolve_after && self.is_open(&cluster, &r.kind, &p.probe) {
                 self.resolve(&cluster, &r.kind, &p.probe, at);
             }
+        }
+        if policy_changed {
+            self.judge(&cluster, at);
         }
     }
 

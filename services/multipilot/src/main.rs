@@ -129,6 +129,21 @@ enum Command {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    // `multipilot gitops status | head`: a closed pipe ends the output quietly, as for other Unix tools
+    // (Rust ignores SIGPIPE and `println!` then panics; `unsafe` to restore the signal is forbidden here)
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default_hook(info);
+    }));
     match run().await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -120,6 +120,7 @@ pub fn read_spec(path: &Path) -> Result<(String, Source)> {
             commit,
             dirty,
             repo: None,
+            policy: false,
         },
     ))
 }

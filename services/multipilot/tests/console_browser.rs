@@ -1,8 +1,9 @@
 //! End to end through a browser: `./scripts/up` on scratch ports and data starts the whole system (nats,
 //! the hub with every role, the fleet simulator, the agent); headless Chromium, driven over the DevTools
 //! protocol, opens the console and must see the simulated clusters, an incident caused by a fault injected
-//! into the simulator appearing without a reload (then acknowledged from the page), and a cross-cluster diff
-//! showing the field that differs between two clusters.
+//! into the simulator appearing without a reload (then acknowledged from the page), a cross-cluster diff
+//! showing the field that differs between two clusters, and the GitOps tab with the demo fleet repository's
+//! policy bundle synced everywhere.
 //!
 //! It uses the binaries next to this test's `multipilot` (`cargo build --bins` or `./scripts/test` builds
 //! them). Skipped, with a message, only when no Chromium is installed (`./scripts/test` installs Debian's).
@@ -358,6 +359,26 @@ async fn the_console_page_shows_the_fleet_a_live_incident_and_a_cross_cluster_di
         failing,
         json!(6),
         "every simulated cluster fails pss-labels"
+    );
+    // 5. the GitOps tab: the demo fleet repository `./scripts/up` follows, its policy bundle synced on every
+    // cluster with the commit it runs
+    br.eval("document.querySelector('#tabs button[data-tab=\"gitops\"]').click(); true")
+        .await?;
+    let synced = br
+        .wait_for(
+            "policy-rbac synced on all six clusters in the GitOps tab",
+            "(() => { const rows = [...document.querySelectorAll('#gitops-table tbody tr[data-release=\"policy-rbac\"][data-status=\"Synced\"]')]; \
+             return rows.length === 6 ? rows.map(r => r.children[4].textContent) : null; })()",
+            120,
+        )
+        .await?;
+    let commits: Vec<String> = serde_json::from_value(synced)?;
+    let head = br
+        .eval("document.querySelector('#gitops-repos tbody tr[data-repo=\"fleet\"] td.mono').textContent")
+        .await?;
+    assert!(
+        commits.iter().all(|c| head == c.as_str()),
+        "{commits:?} vs head {head}"
     );
     drop(br);
     drop(sys);

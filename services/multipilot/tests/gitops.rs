@@ -9,7 +9,9 @@
 //!   refused whole (reported on FLEET_RELEASE) and change nothing; the next good commit is taken.
 //! - `kubectl set image` on one cluster raises `release-drift` naming the field within 30 s; self-heal puts
 //!   the image back and the incident resolves. Replicas written by `kube-controller-manager` (as an HPA
-//!   does) are not drift. A policy object deleted by hand is drift too, and comes back.
+//!   does) are not drift. A policy object deleted by hand (self-heal turned off by a commit) is
+//!   `policy-drift` and fails the cluster's `policy-bundles` compliance check; the commit turning self-heal
+//!   back on restores it.
 
 mod common;
 
@@ -22,7 +24,7 @@ use async_nats::jetstream::{self, consumer};
 use common::system::System;
 use futures::StreamExt;
 use multipilot_schemas::Envelope;
-use multipilot_schemas::payload::{Incident, ReleaseEvent};
+use multipilot_schemas::payload::{Incident, IncidentStatus, ReleaseEvent};
 use serde_json::Value;
 
 fn git(dir: &Path, args: &[&str]) -> Result<()> {
@@ -132,6 +134,18 @@ impl Ops<'_> {
             "-o",
             "json",
         ])?)?)
+    }
+
+    /// The `policy-bundles` check of a cluster's compliance report.
+    fn policy_check(&self, cluster: &str) -> Result<Option<Value>> {
+        let reports: Value =
+            serde_json::from_str(&self.cli(&["compliance", "--by-cluster", "-o", "json"])?)?;
+        Ok(reports
+            .as_array()
+            .and_then(|l| l.iter().find(|r| r["cluster"] == cluster))
+            .and_then(|r| r["checks"].as_array())
+            .and_then(|l| l.iter().find(|c| c["rule"] == "policy-bundles"))
+            .cloned())
     }
 
     fn kubectl(&self, context: &str, args: &[&str]) -> Result<String> {
@@ -436,7 +450,7 @@ async fn a_fleet_repository_converges_the_fleet_refuses_bad_commits_and_heals_dr
             .any(|i| {
                 i.kind == "release-drift"
                     && i.cluster == edited
-                    && i.status == multipilot_schemas::payload::IncidentStatus::Resolved
+                    && i.status == IncidentStatus::Resolved
             })
             .then_some(()))
     })
@@ -491,7 +505,24 @@ async fn a_fleet_repository_converges_the_fleet_refuses_bad_commits_and_heals_dr
         "{cs:?}"
     );
 
-    // 6. a policy object deleted by hand is drift, and comes back
+    // 6. a policy object deleted by hand is drift and fails the cluster's compliance; self-heal (off for
+    // this, then on again by a commit) brings it back and the cluster is compliant again
+    let policy_file = repo.join("policies/namespaces.yaml");
+    let policy_text = std::fs::read_to_string(&policy_file)?;
+    std::fs::write(
+        &policy_file,
+        policy_text.replace("self_heal: true", "self_heal: false"),
+    )?;
+    let no_heal = commit(repo, "policies: no self-heal")?;
+    ops.cli(&["gitops", "sync"])?;
+    ops.until("the policy bundle at the new commit", 120, || {
+        let cs = ops.clusters("policy-namespaces")?;
+        Ok(cs
+            .iter()
+            .all(|(_, s, c)| s == "Synced" && *c == no_heal)
+            .then_some(()))
+    })
+    .await?;
     ops.kubectl(
         "dev-aps-6",
         &["-n", "hello", "delete", "networkpolicy", "default-deny"],
@@ -499,14 +530,45 @@ async fn a_fleet_repository_converges_the_fleet_refuses_bad_commits_and_heals_dr
     let inc = ops
         .until("drift for the deleted policy", 60, || {
             Ok(ops.incidents()?.into_iter().find(|i| {
-                i.kind == "release-drift"
+                i.kind == "policy-drift"
                     && i.cluster == "dev-aps-6"
-                    && i.summary.contains("default-deny")
+                    && i.status != IncidentStatus::Resolved
             }))
         })
         .await?;
-    assert!(inc.summary.contains("was deleted"), "{}", inc.summary);
-    ops.until("the network policy back", 60, || {
+    assert!(
+        inc.summary
+            .contains("NetworkPolicy hello/default-deny was deleted"),
+        "{}",
+        inc.summary
+    );
+    let check = ops
+        .until(
+            "policy-bundles failing in the compliance report",
+            60,
+            || {
+                Ok(ops
+                    .policy_check("dev-aps-6")?
+                    .filter(|c| c["status"] == "fail"))
+            },
+        )
+        .await?;
+    assert!(
+        check["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("default-deny"),
+        "{check}"
+    );
+    assert_eq!(
+        ops.policy_check("dev-euw4-3")?.map(|c| c["status"].clone()),
+        Some(Value::from("pass")),
+        "the other clusters keep their policies"
+    );
+    std::fs::write(&policy_file, policy_text)?;
+    let healing = commit(repo, "policies: self-heal again")?;
+    ops.cli(&["gitops", "sync"])?;
+    ops.until("the network policy back", 120, || {
         Ok(ops
             .kubectl(
                 "dev-aps-6",
@@ -522,6 +584,32 @@ async fn a_fleet_repository_converges_the_fleet_refuses_bad_commits_and_heals_dr
             )
             .ok()
             .filter(|s| !s.is_empty()))
+    })
+    .await?;
+    ops.until("compliant again", 60, || {
+        Ok(ops
+            .policy_check("dev-aps-6")?
+            .filter(|c| c["status"] == "pass"))
+    })
+    .await?;
+    ops.until("the policy drift resolved", 60, || {
+        Ok(ops
+            .incidents()?
+            .iter()
+            .any(|i| {
+                i.kind == "policy-drift"
+                    && i.cluster == "dev-aps-6"
+                    && i.status == IncidentStatus::Resolved
+            })
+            .then_some(()))
+    })
+    .await?;
+    ops.until("the policy bundle synced at the healing commit", 120, || {
+        let cs = ops.clusters("policy-namespaces")?;
+        Ok(cs
+            .iter()
+            .all(|(_, s, c)| s == "Synced" && *c == healing)
+            .then_some(()))
     })
     .await?;
     drop(sys);

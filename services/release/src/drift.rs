@@ -34,8 +34,14 @@ use crate::diff;
 use crate::exec::Command;
 use crate::model::{Release, obj_name};
 
-/// The probe name (and the correlator's incident kind).
+/// The probe name (and the correlator's incident kind) for releases.
 pub const PROBE: &str = "release-drift";
+/// The probe name for policy bundles (and the `policy-bundles` check of the compliance report).
+pub const POLICY_PROBE: &str = "policy-drift";
+
+fn probe_of(policy: bool) -> &'static str {
+    if policy { POLICY_PROBE } else { PROBE }
+}
 
 /// One field of an object that is not what the release applied.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -229,7 +235,7 @@ pub struct Drift {
     releases: BTreeMap<String, Release>,
     dirty: BTreeSet<String>,
     /// The last verdict published per cluster (its findings' messages), and the current items by release.
-    published: HashMap<String, Vec<String>>,
+    published: HashMap<(String, bool), Vec<String>>,
     items: BTreeMap<(String, String), Vec<DriftItem>>,
     heals: HashMap<(String, Key), VecDeque<DateTime<Utc>>>,
     gave_up: HashSet<(String, Key)>,
@@ -274,7 +280,8 @@ impl Drift {
                 .flat_map(|r| r.deployed.keys().cloned()),
         );
         // clusters that had drift but no longer run a release are judged (healthy) too
-        self.dirty.extend(self.published.keys().cloned());
+        self.dirty
+            .extend(self.published.keys().map(|(c, _)| c.clone()));
     }
 
     /// Takes one FLEET_STATE message.
@@ -389,11 +396,25 @@ impl Drift {
         clusters
     }
 
-    /// The probe result of a cluster, when it differs from the one published last.
-    fn verdict(&mut self, cluster: &str) -> Option<ProbeResult> {
+    /// The verdict on a cluster's releases (or, with `policy`, its policy bundles), when it differs from
+    /// the one published last. None either for a cluster that runs none and was never judged.
+    fn verdict(&mut self, cluster: &str, policy: bool) -> Option<ProbeResult> {
+        let runs = self
+            .releases
+            .values()
+            .any(|r| r.source.policy == policy && r.deployed.contains_key(cluster));
+        let key = (cluster.to_string(), policy);
+        if !runs && !self.published.contains_key(&key) {
+            return None;
+        }
         let mut findings = Vec::new();
         for ((release, c), items) in &self.items {
-            if c != cluster {
+            if c != cluster
+                || self
+                    .releases
+                    .get(release)
+                    .is_none_or(|r| r.source.policy != policy)
+            {
                 continue;
             }
             let commit = self
@@ -410,15 +431,16 @@ impl Drift {
             }
         }
         let messages: Vec<String> = findings.iter().map(|f| f.message.clone()).collect();
-        if self.published.get(cluster) == Some(&messages) {
+        if self.published.get(&key) == Some(&messages) {
             return None;
         }
         // a first healthy verdict per cluster goes out too, so an incident left open before a restart resolves
-        self.published.insert(cluster.to_string(), messages);
+        self.published.insert(key, messages);
         let n = findings.len();
         self.round = self.round.max(Utc::now().timestamp_millis() as u64) + 1;
+        let what = if policy { "policy bundle" } else { "release" };
         Some(ProbeResult {
-            probe: PROBE.into(),
+            probe: probe_of(policy).into(),
             status: if n == 0 {
                 ProbeStatus::Healthy
             } else {
@@ -426,9 +448,9 @@ impl Drift {
             },
             latency_ms: 0.0,
             detail: if n == 0 {
-                "every object matches what its release applied".into()
+                format!("every object matches what its {what} applied")
             } else {
-                format!("{n} object(s) differ from what their release applied")
+                format!("{n} object(s) differ from what their {what} applied")
             },
             round: self.round,
             observations: BTreeMap::from([("drifted_objects".to_string(), n as f64)]),
@@ -616,7 +638,8 @@ impl Service {
             }
             let verdicts: Vec<(String, ProbeResult)> = clusters
                 .iter()
-                .filter_map(|c| d.verdict(c).map(|v| (c.clone(), v)))
+                .flat_map(|c| [(c, false), (c, true)])
+                .filter_map(|(c, policy)| d.verdict(c, policy).map(|v| (c.clone(), v)))
                 .collect();
             (verdicts, heals, gave_up)
         };
@@ -646,21 +669,23 @@ impl Service {
     async fn publish_verdict(&self, cluster: &str, v: ProbeResult) {
         let round = v.round;
         let status = v.status;
+        let probe = v.probe.clone();
         let env = Envelope::new(cluster, self.instance.as_str(), Utc::now(), round, v);
-        let id = stable_id(&[PROBE, cluster, &round.to_string()]);
+        let id = stable_id(&[&probe, cluster, &round.to_string()]);
         match multipilot_bus::publish::publish_one(
             &self.js,
-            subject::probe(cluster, PROBE),
+            subject::probe(cluster, &probe),
             id,
             &env,
         )
         .await
         {
-            Ok(_) => tracing::info!(cluster, ?status, "release drift verdict published"),
+            Ok(_) => tracing::info!(cluster, probe, ?status, "drift verdict published"),
             Err(e) => {
-                tracing::warn!(cluster, error = %e, "release drift verdict not published; will retry");
+                tracing::warn!(cluster, probe, error = %e, "drift verdict not published; will retry");
                 let mut d = self.drift.lock().await;
-                d.published.remove(cluster);
+                d.published
+                    .remove(&(cluster.to_string(), probe == POLICY_PROBE));
                 d.dirty.insert(cluster.to_string());
             }
         }

@@ -524,6 +524,7 @@ impl Service {
                 commit: Some(label.to_string()),
                 dirty: None,
                 repo: Some(repo.name.clone()),
+                policy: f.policy,
             };
             match self.plan_new(&f.text, source, actor).await {
                 Ok(r) if r.plan.clean() => planned.push(r),
@@ -673,13 +674,31 @@ impl Service {
                 .repo
                 .as_ref()
                 .and_then(|name| repos.iter().find(|s| &s.name == name));
-            // a newer commit of its repository that was refused, or not taken yet
-            let behind = head.and_then(|s| match (&s.refused, &s.error) {
-                (Some(h), Some(e)) if r.source.commit.as_ref() != Some(h) => {
-                    Some(format!("commit {h} not applied: {e}"))
-                }
-                _ => None,
+            // no longer in its repository's head commit (known once the repository was read)
+            let removed = head.is_some_and(|s| {
+                s.head.is_some()
+                    && (!s.releases.is_empty() || !s.policies.is_empty())
+                    && !s.releases.contains_key(&r.name)
+                    && !s.policies.contains_key(&r.name)
             });
+            if removed && r.deployed.is_empty() {
+                // a plan a refused commit left behind, never applied anywhere: nothing to report
+                continue;
+            }
+            // a newer commit of its repository that was refused, or not taken yet
+            let behind = if removed {
+                Some(
+                    "removed from the repository: still runs what it applied (nothing is deleted)"
+                        .to_string(),
+                )
+            } else {
+                head.and_then(|s| match (&s.refused, &s.error) {
+                    (Some(h), Some(e)) if r.source.commit.as_ref() != Some(h) => {
+                        Some(format!("commit {h} not applied: {e}"))
+                    }
+                    _ => None,
+                })
+            };
             let mut clusters: Vec<String> =
                 r.plan.clusters.iter().map(|c| c.cluster.clone()).collect();
             for c in r.deployed.keys() {
@@ -698,7 +717,7 @@ impl Service {
                 release: r.name.clone(),
                 repo: r.source.repo.clone(),
                 path: r.source.path.clone(),
-                policy: head.is_some_and(|s| s.policies.contains_key(&r.name)),
+                policy: r.source.policy,
                 status: per.iter().map(|c| c.status).max().unwrap_or(Sync::Synced),
                 revision: r.revision,
                 state: r.state,

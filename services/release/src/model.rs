@@ -77,6 +77,10 @@ pub struct Source {
     /// The fleet repository (`release.gitops.repos[].name`) the spec was read from, when the role follows it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub repo: Option<String>,
+    /// A policy bundle (from the repository's `policies/`): its drift is the `policy-drift` probe, which
+    /// the compliance report's `policy-bundles` check reads.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub policy: bool,
 }
 
 impl Source {

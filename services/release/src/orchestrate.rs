@@ -125,6 +125,11 @@ impl Service {
                     json!({"error": e}),
                 )
                 .await;
+                // the rollback follows at once: nobody waiting for the release sees it ended in between
+                r.state = State::RollingBack;
+                if let Err(e) = self.store.put(&r).await {
+                    tracing::error!(release = %name, error = %e, "release not stored");
+                }
             }
             drop(_guard);
             self.run_rollback(name, "system".into()).await;

@@ -139,6 +139,7 @@ pub fn router(app: App) -> Router {
         .route("/api/v1/compare", get(compare))
         .route("/api/v1/gpu", get(gpu))
         .route("/api/v1/releases", get(releases))
+        .route("/api/v1/gitops", get(gitops))
         .route("/api/v1/capacity", get(capacity))
         .route("/api/v1/compliance", get(compliance_view))
         .fallback(|| async { ApiError::not_found("no such API route") })

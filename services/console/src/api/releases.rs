@@ -1,4 +1,4 @@
-//! Releases as the release role published them.
+//! Releases as the release role published them, and the sync status it reports for fleet repositories.
 
 use super::*;
 
@@ -22,4 +22,38 @@ pub(super) async fn releases(State(app): State<App>) -> ApiResult<Value> {
         .collect();
     list.sort_by(|a, b| b["last_change"].as_str().cmp(&a["last_change"].as_str()));
     Ok(axum::Json(json!({"releases": list})))
+}
+
+/// The release role's `gitops` answer (followed repositories, every release's sync status per cluster),
+/// passed on as it is: asked over `fleet.releasectl.gitops`, a read-only verb.
+pub(super) async fn gitops(State(app): State<App>) -> ApiResult<Value> {
+    let req = async_nats::Request::new()
+        .payload("{}".into())
+        .timeout(Some(Duration::from_secs(10)));
+    let msg = app
+        .nats
+        .send_request("fleet.releasectl.gitops", req)
+        .await
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("the release role did not answer: {e}"),
+            )
+        })?;
+    let reply: Value = serde_json::from_slice(&msg.payload).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            format!("the release role's answer: {e}"),
+        )
+    })?;
+    if reply["ok"] != Value::Bool(true) {
+        return Err(ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            reply["error"]
+                .as_str()
+                .unwrap_or("the release role failed")
+                .to_string(),
+        ));
+    }
+    Ok(axum::Json(reply["gitops"].clone()))
 }

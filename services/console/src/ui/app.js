@@ -67,6 +67,7 @@ function showTab(name) {
   if (name === 'gpu') loadGpu();
   if (name === 'compliance') loadCompliance();
   if (name === 'releases') loadReleases();
+  if (name === 'gitops') loadGitops();
   if (name === 'capacity') loadCapacity();
   if (name === 'compare') fillClusterSelects();
 }
@@ -365,6 +366,32 @@ async function loadReleases() {
       el('td', { class: 'mono' }, JSON.stringify(x.payload).slice(0, 240)))))))));
 }
 
+// ------------------------------------------------------------------------------------------------ gitops
+const SYNC_CLASS = { Synced: 'health-healthy', OutOfSync: 'health-degraded', Progressing: 'health-unknown', Degraded: 'health-unhealthy' };
+
+async function loadGitops() {
+  let r;
+  try { r = await api('/api/v1/gitops'); } catch (e) { if (e.message !== 'unauthorized') banner('gitops: ' + e.message); return; }
+  $('#gitops-repos tbody').replaceChildren(...(r.repos.length ? r.repos.map((x) => el('tr', { dataRepo: x.name },
+    el('td', {}, x.name), el('td', {}, x.branch), el('td', { class: 'mono' }, x.head || '-'),
+    el('td', { class: 'mono' }, x.synced || '-'), el('td', {}, x.fetched_at ? ago(x.fetched_at) + ' ago' : 'never'),
+    el('td', { class: x.error ? 'health-unhealthy' : '' }, x.error || '')))
+    : [el('tr', {}, el('td', { colspan: 6, class: 'muted' }, 'No fleet repository followed (release.gitops.repos).'))]));
+  const rows = [];
+  for (const rel of r.releases) {
+    for (const c of rel.clusters) {
+      const drift = (c.drift || []).map((d) => d.object.kind + ' ' + (d.object.namespace ? d.object.namespace + '/' : '') + d.object.name
+        + (d.deleted ? ' deleted' : ': ' + d.fields.map((f) => f.path + ' = ' + JSON.stringify(f.live) + ' (applied ' + JSON.stringify(f.applied) + (f.managers.length ? ', by ' + f.managers.join(', ') : '') + ')').join('; ')));
+      rows.push(el('tr', { dataRelease: rel.release, dataCluster: c.cluster, dataStatus: c.status },
+        el('td', {}, rel.release, rel.policy ? el('span', { class: 'muted' }, ' (policy)') : null),
+        el('td', {}, c.cluster), el('td', { class: SYNC_CLASS[c.status] || '' }, c.status),
+        el('td', {}, c.revision ?? '-'), el('td', { class: 'mono' }, c.commit || '-'),
+        el('td', {}, drift.length ? drift.join(' | ') : c.message || '')));
+    }
+  }
+  $('#gitops-table tbody').replaceChildren(...rows);
+}
+
 // ------------------------------------------------------------------------------------------------ capacity
 const CHARTS = [
   ['CPU (cores)', ['cpu_used', 'cpu_allocatable']],
@@ -468,11 +495,12 @@ document.addEventListener('DOMContentLoaded', () => {
   $('#cap-range').addEventListener('change', loadCapacity);
   setInterval(() => { if (state.whoami) loadClusters(); }, 5000);
   setInterval(() => { if (state.whoami) renderIncidents(); }, 30000);
-  // the open report tab follows the fleet too (compliance verdicts and GPU state arrive per cluster)
+  // the open report tab follows the fleet too (compliance verdicts, GPU state and sync status change)
   setInterval(() => {
     if (!state.whoami) return;
     if (!$('#tab-compliance').hidden) loadCompliance();
     if (!$('#tab-gpu').hidden) loadGpu();
+    if (!$('#tab-gitops').hidden) loadGitops();
   }, 10000);
   start();
 });
