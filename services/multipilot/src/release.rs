@@ -374,6 +374,10 @@ async fn follow(
             }
             return match r.state {
                 State::Succeeded | State::RolledBack if r.error.is_none() => Ok(()),
+                State::WaitingApproval => bail!(
+                    "release {name} is applied up to the gated batches, which wait for: multipilot release approve {name} {}",
+                    multipilot_release::spec::GATE_APPROVAL
+                ),
                 s => bail!(
                     "release {name} ended {}{}",
                     s.name(),

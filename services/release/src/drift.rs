@@ -238,7 +238,11 @@ pub struct Drift {
     published: HashMap<(String, bool), Vec<String>>,
     items: BTreeMap<(String, String), Vec<DriftItem>>,
     heals: HashMap<(String, Key), VecDeque<DateTime<Utc>>>,
-    gave_up: HashSet<(String, Key)>,
+    /// Objects self-heal gave up on, and when (it tries again after `heal_window`).
+    gave_up: HashMap<(String, Key), DateTime<Utc>>,
+    /// The drift each object was last healed from (until it is judged clean): one heal per drift, however
+    /// many states (status updates) come before the heal's own.
+    healed: HashMap<(String, Key), String>,
     round: u64,
 }
 
@@ -360,7 +364,7 @@ impl Drift {
                     let Some(live) = self.live.get(&key) else {
                         continue;
                     };
-                    let gave_up = self.gave_up.contains(&(r.name.clone(), key.clone()));
+                    let gave_up = self.gave_up.contains_key(&(r.name.clone(), key.clone()));
                     if live.deleted {
                         found.push(DriftItem {
                             object: crate::plan::oref(intent),
@@ -378,7 +382,10 @@ impl Drift {
                         &d.field_manager,
                         controllers,
                     );
-                    if !fields.is_empty() {
+                    if fields.is_empty() {
+                        // clean again: the next drift is a new one
+                        self.healed.remove(&(r.name.clone(), key));
+                    } else {
                         found.push(DriftItem {
                             object: crate::plan::oref(intent),
                             deleted: false,
@@ -458,32 +465,41 @@ impl Drift {
         })
     }
 
-    /// Whether a heal of `key` by `release` may go now; records it. `None`: it may; `Some(n)`: it gave up
-    /// after `n` heals in the window (newly, so the caller records it once).
+    /// Whether a heal of `key` by `release` for the drift `signature` may go now; records it. `Ok(false)`:
+    /// not now (this drift was healed already, its result not seen yet); `Err(newly)`: gave up after `limit`
+    /// heals in the window (`newly`: just now, so the caller records it once).
     fn heal_allowed(
         &mut self,
         release: &str,
         key: &Key,
+        signature: &str,
         limit: u32,
         window: Duration,
-    ) -> Result<(), bool> {
+    ) -> Result<bool, bool> {
         let id = (release.to_string(), key.clone());
-        if self.gave_up.contains(&id) {
-            return Err(false);
-        }
         let now = Utc::now();
-        let since =
-            now - chrono::Duration::from_std(window).unwrap_or(chrono::Duration::minutes(10));
+        let window = chrono::Duration::from_std(window).unwrap_or(chrono::Duration::minutes(10));
+        match self.gave_up.get(&id) {
+            Some(t) if now - *t < window => return Err(false),
+            Some(_) => {
+                self.gave_up.remove(&id);
+            }
+            None => {}
+        }
+        if self.healed.get(&id).is_some_and(|s| s == signature) {
+            return Ok(false);
+        }
         let q = self.heals.entry(id.clone()).or_default();
-        while q.front().is_some_and(|t| *t < since) {
+        while q.front().is_some_and(|t| *t < now - window) {
             q.pop_front();
         }
         if q.len() as u32 >= limit {
-            self.gave_up.insert(id);
+            self.gave_up.insert(id, now);
             return Err(true);
         }
         q.push_back(now);
-        Ok(())
+        self.healed.insert(id, signature.to_string());
+        Ok(true)
     }
 }
 
@@ -607,16 +623,20 @@ impl Service {
                         continue;
                     };
                     let key = key_of(&cluster, intent);
+                    let signature =
+                        serde_json::to_string(&(it.deleted, &it.fields)).unwrap_or_default();
                     match d.heal_allowed(
                         &release,
                         &key,
+                        &signature,
                         self.config.heal_limit,
                         self.config.heal_window,
                     ) {
-                        Ok(()) => {
+                        Ok(true) => {
                             heal.objects.push(intent.clone());
                             heal.items.push(it.clone());
                         }
+                        Ok(false) => {}
                         Err(newly) => {
                             if newly {
                                 gave_up.push((release.clone(), cluster.clone(), it.clone()));
@@ -798,6 +818,29 @@ mod tests {
 
     fn controllers() -> Vec<String> {
         crate::Config::default().drift_ignore_managers
+    }
+
+    #[test]
+    fn one_heal_per_drift_and_a_limit_per_window() {
+        let mut d = Drift::default();
+        let key: Key = ("c".into(), "Deployment".into(), "ns".into(), "web".into());
+        let window = Duration::from_secs(600);
+        assert_eq!(d.heal_allowed("r", &key, "a", 2, window), Ok(true));
+        // the same drift again (a status update before the heal's result): no second heal
+        assert_eq!(d.heal_allowed("r", &key, "a", 2, window), Ok(false));
+        // undone again after the heal: another one
+        assert_eq!(d.heal_allowed("r", &key, "b", 2, window), Ok(true));
+        assert_eq!(
+            d.heal_allowed("r", &key, "c", 2, window),
+            Err(true),
+            "gives up, once"
+        );
+        assert_eq!(d.heal_allowed("r", &key, "d", 2, window), Err(false));
+        // after the window it tries again
+        assert_eq!(
+            d.heal_allowed("r", &key, "e", 2, Duration::from_millis(0)),
+            Ok(true)
+        );
     }
 
     #[test]
