@@ -166,7 +166,49 @@ fn covers(want: &Value, have: &Value) -> bool {
         (Value::Array(w), Value::Array(h)) => {
             w.len() == h.len() && w.iter().zip(h).all(|(a, b)| covers(a, b))
         }
-        _ => want == have,
+        _ => want == have || same_quantity(want, have),
+    }
+}
+
+/// A Kubernetes quantity's value (`500m`, `0.5`, `1Gi`, `2e3`, or a plain number).
+fn quantity(v: &Value) -> Option<f64> {
+    match v {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => {
+            let s = s.trim();
+            let split = s
+                .find(|c: char| c.is_ascii_alphabetic() && c != 'e' && c != 'E')
+                .unwrap_or(s.len());
+            let (num, suffix) = s.split_at(split);
+            let mult = match suffix {
+                "" => 1.0,
+                "m" => 1e-3,
+                "k" => 1e3,
+                "M" => 1e6,
+                "G" => 1e9,
+                "T" => 1e12,
+                "P" => 1e15,
+                "E" => 1e18,
+                "Ki" => 1024.0,
+                "Mi" => 1024f64.powi(2),
+                "Gi" => 1024f64.powi(3),
+                "Ti" => 1024f64.powi(4),
+                "Pi" => 1024f64.powi(5),
+                "Ei" => 1024f64.powi(6),
+                _ => return None,
+            };
+            num.parse::<f64>().ok().map(|n| n * mult)
+        }
+        _ => None,
+    }
+}
+
+/// The API server writes quantities in its canonical form (`cpu: 0.5` comes back as `500m`, `memory: 1024Mi`
+/// as `1Gi`): the same amount is no drift.
+fn same_quantity(want: &Value, have: &Value) -> bool {
+    match (quantity(want), quantity(have)) {
+        (Some(a), Some(b)) => (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0),
+        _ => false,
     }
 }
 
@@ -902,6 +944,25 @@ mod tests {
         );
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].path, ".spec.replicas");
+    }
+
+    #[test]
+    fn quantities_the_api_server_rewrote_are_not_drift() {
+        let mut intent = deployment("web:1.2", 3);
+        intent["spec"]["template"]["spec"]["containers"][0]["resources"] =
+            json!({"requests": {"cpu": 0.5, "memory": "1024Mi"}, "limits": {"cpu": "1"}});
+        let mut l = live("web:1.2", 3);
+        l["spec"]["template"]["spec"]["containers"][0]["resources"] =
+            json!({"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "1"}});
+        assert!(judge(&intent, &l, &[], "multipilot", &controllers()).is_empty());
+        l["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] =
+            json!("600m");
+        let got = judge(&intent, &l, &[], "multipilot", &controllers());
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(
+            got[0].path,
+            ".spec.template.spec.containers[web].resources.requests.cpu"
+        );
     }
 
     #[test]
