@@ -142,7 +142,9 @@ async fn a_wiped_store_gets_its_releases_snapshots_and_history_back() -> Result<
     // a restored store is not blank: opening it again restores nothing, and writes go on replicating
     s2.add_event(3, &event("web-1", "rollback"))?;
     s2.put(&release("web-1", 1, 3)?).await?;
-    drop(s2);
+    // closed, not dropped: sled releases its lock on the directory from a background thread, and opening the
+    // same directory at once raced with that (a CI failure on a busy machine: "could not acquire lock")
+    s2.close(second.path()).await?;
     let (s3, restored) = open(second.path(), &js).await?;
     assert_eq!(restored, Restored::default());
     assert_eq!(s3.history("web-1")?.len(), 3);

@@ -9,6 +9,9 @@
 //!   durable, state persisted before every ack, as in production. Its rate is counted from the first
 //!   message delivered to it and, as an operator sees it, from its start.
 //! - **TSDB**: the same for scrapes (MetricBatch) on FLEET_METRICS and `multipilot tsdb`.
+//! - **Alert router**: the same for incident changes (open, acknowledged, resolved revisions of incidents
+//!   over the clusters, as the correlator publishes them) on FLEET_INCIDENTS and `multipilot alerts` (its
+//!   default routing: grouped notifications published on FLEET_ALERTS).
 //!
 //! Each role runs alone on the server with only its stream loaded; its CPU time per message and resident
 //! memory come from `/proc`.
@@ -141,6 +144,29 @@ pub async fn run(o: &Opts, dir: &Path) -> Result<(Report, Recorder)> {
     )
     .await?;
     report_consumer(&mut r, "tsdb", "scrapes", scrapes, raw, &role, 0.50);
+
+    // --- the alert router against a raw pull on FLEET_INCIDENTS (its durable reads incidents and digests)
+    let changes = o.pick(5_000usize, 30_000);
+    publish_all(&js, incident_messages(changes, clusters)?).await?;
+    let raw = raw_pull(&js, "FLEET_INCIDENTS", "bench-raw-incidents", changes).await?;
+    let role = drain_role(
+        &bins.multipilot,
+        "alerts",
+        &server.url(),
+        dir,
+        "FLEET_INCIDENTS",
+        "alerts",
+    )
+    .await?;
+    report_consumer(
+        &mut r,
+        "alert router",
+        "incident changes",
+        changes,
+        raw,
+        &role,
+        0.50,
+    );
     r.note(format!(
         "Events: the correlator's realistic fleet stream (`services/correlator/src/stream.rs`, real kubelet, \
          controller-manager, scheduler … message shapes), spread over {clusters} clusters. Scrapes: \
@@ -247,6 +273,64 @@ fn event_outgoing(subject: &str, msg_id: String, body: &[u8]) -> Outgoing {
         &multipilot_schemas::payload::KubeEvent::schema_header(),
         bytes::Bytes::copy_from_slice(body),
     )
+}
+
+/// `n` incident changes: incidents of a few kinds over the clusters, each opened, acknowledged and
+/// resolved (three revisions), interleaved as a busy fleet's are.
+fn incident_messages(n: usize, clusters: usize) -> Result<Vec<Outgoing>> {
+    use multipilot_schemas::payload::{Incident, IncidentStatus, Severity};
+    const KINDS: [(&str, Severity); 5] = [
+        ("node-not-ready", Severity::Warning),
+        ("dns-failure", Severity::Critical),
+        ("cert-expiring", Severity::Warning),
+        ("event-storm", Severity::Warning),
+        ("apiserver-overload", Severity::Critical),
+    ];
+    let now = chrono::Utc::now();
+    let mut out = Vec::with_capacity(n);
+    for i in 0..n {
+        let (incident, revision) = (i / 3, (i % 3) as u64 + 1);
+        let cluster = format!("bench-{}", incident % clusters);
+        let (kind, severity) = KINDS[(incident / clusters) % KINDS.len()];
+        let id = format!("{cluster}-{kind}-{incident}");
+        let at = now - chrono::Duration::milliseconds((n - i) as i64);
+        let status = match revision {
+            1 => IncidentStatus::Open,
+            2 => IncidentStatus::Acknowledged,
+            _ => IncidentStatus::Resolved,
+        };
+        let inc = Incident {
+            id: id.clone(),
+            cluster: cluster.clone(),
+            kind: kind.into(),
+            severity,
+            status,
+            summary: format!("{kind} on {cluster}: round {incident}"),
+            opened_at: at - chrono::Duration::seconds(30),
+            updated_at: at,
+            resolved_at: (status == IncidentStatus::Resolved).then_some(at),
+            ingest_time: Some(at),
+            evidence: Vec::new(),
+            labels: [
+                ("cluster".to_string(), cluster.clone()),
+                (
+                    "env".to_string(),
+                    ["prod", "staging", "dev"][incident % 3].to_string(),
+                ),
+            ]
+            .into_iter()
+            .collect(),
+            revision,
+            acknowledged_by: (revision >= 2).then(|| "bench".to_string()),
+        };
+        let env = Envelope::new(cluster.as_str(), "correlator/bench", at, revision, inc);
+        out.push(Outgoing::envelope(
+            subject::incident(&cluster, kind),
+            format!("{id}-{revision}"),
+            &env,
+        )?);
+    }
+    Ok(out)
 }
 
 /// Samples per synthetic scrape.
@@ -438,6 +522,10 @@ async fn drain_role(
             ("MULTIPILOT_PROVISION__ENABLED".into(), "false".into()),
             (
                 "MULTIPILOT_TSDB__LISTEN".into(),
+                format!("127.0.0.1:{}", free_port()?),
+            ),
+            (
+                "MULTIPILOT_ALERTS__LISTEN".into(),
                 format!("127.0.0.1:{}", free_port()?),
             ),
             ("MULTIPILOT_LOG__FORMAT".into(), "text".into()),
