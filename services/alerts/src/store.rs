@@ -489,12 +489,17 @@ impl Store {
         let queue = (a.posted && self.replica.is_some())
             .then(|| multipilot_bus::kv::key(KIND_ALERT, &[&a.id]))
             .transpose()?;
+        let Some(queue) = queue else {
+            // nothing to queue with it (an incident's alert): one insert is atomic by itself, and a sled
+            // transaction would seal and write its log buffer for every alert (72 % of the router's time
+            // draining incidents went to those writes)
+            self.alerts.insert(a.id.as_bytes(), v)?;
+            return Ok(());
+        };
         (&self.alerts, &self.outbox)
             .transaction(|(at, ot)| {
                 at.insert(a.id.as_bytes(), v.as_slice())?;
-                if let Some(k) = &queue {
-                    ot.insert(k.as_bytes(), v.as_slice())?;
-                }
+                ot.insert(queue.as_bytes(), v.as_slice())?;
                 Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
             })
             .map_err(tx_error)
@@ -506,12 +511,14 @@ impl Store {
         let queue = (a.posted && self.replica.is_some())
             .then(|| multipilot_bus::kv::key(KIND_ALERT, &[&a.id]))
             .transpose()?;
+        let Some(queue) = queue else {
+            self.alerts.remove(a.id.as_bytes())?;
+            return Ok(());
+        };
         (&self.alerts, &self.outbox)
             .transaction(|(at, ot)| {
                 at.remove(a.id.as_bytes())?;
-                if let Some(k) = &queue {
-                    ot.insert(k.as_bytes(), b"".as_slice())?;
-                }
+                ot.insert(queue.as_bytes(), b"".as_slice())?;
                 Ok::<(), sled::transaction::ConflictableTransactionError<()>>(())
             })
             .map_err(tx_error)
