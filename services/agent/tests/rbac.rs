@@ -123,3 +123,37 @@ fn release_write_access_is_limited_to_workload_kinds() {
     }
     assert!(!verbs_for(&rules, "apps", "deployments").is_empty());
 }
+
+#[test]
+fn policy_write_access_is_a_separate_component_without_secrets_or_wildcards() {
+    let rules = cluster_role(
+        "agent/components/policy-executor/rbac.yaml",
+        "multipilot-agent-policy",
+    );
+    for r in &rules {
+        for x in &r.resources {
+            assert!(
+                !["secrets", "*", "pods/exec", "nodes"].contains(&x.as_str()),
+                "policy role may not touch {x}"
+            );
+        }
+        assert!(
+            !r.api_groups.iter().any(|g| g == "*")
+                && !r.verbs.iter().any(|v| v == "*" || v == "impersonate"),
+            "{:?}",
+            r.verbs
+        );
+    }
+    // what the demo fleet repository's policy bundles apply
+    for (group, resource) in [
+        ("", "resourcequotas"),
+        ("", "limitranges"),
+        ("rbac.authorization.k8s.io", "clusterroles"),
+        ("rbac.authorization.k8s.io", "clusterrolebindings"),
+    ] {
+        assert!(
+            verbs_for(&rules, group, resource).contains("patch"),
+            "{resource}"
+        );
+    }
+}

@@ -352,7 +352,7 @@ pub fn evaluate(
             "policy-bundles",
             p.ok,
             if p.ok {
-                "every policy bundle object is present and as applied".into()
+                "every policy bundle object the agent watches is present and as applied".into()
             } else {
                 let first = p.findings.first().map(|(m, _)| m.as_str()).unwrap_or("");
                 format!(

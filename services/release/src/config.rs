@@ -180,9 +180,15 @@ impl Config {
                 r.name
             );
             ensure!(
-                !r.url.is_empty(),
-                "release.gitops.repos: {} has no url",
+                !r.url.is_empty() && !r.url.starts_with('-'),
+                "release.gitops.repos: {} needs a url (a path or URL, not starting with '-')",
                 r.name
+            );
+            ensure!(
+                !r.branch.is_empty() && !r.branch.starts_with('-'),
+                "release.gitops.repos: {}: branch {:?} is not a branch name",
+                r.name,
+                r.branch
             );
             ensure!(
                 r.interval >= Duration::from_secs(1),

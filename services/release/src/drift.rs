@@ -32,7 +32,7 @@ use serde_json::{Value, json};
 use crate::Service;
 use crate::diff;
 use crate::exec::Command;
-use crate::model::{Release, obj_name};
+use crate::model::{Release, State, obj_name};
 
 /// The probe name (and the correlator's incident kind) for releases.
 pub const PROBE: &str = "release-drift";
@@ -136,6 +136,8 @@ struct Live {
     managers: Vec<FieldManager>,
     deleted: bool,
     at: DateTime<Utc>,
+    /// The agent reports only metadata for this kind (Secrets): only labels and annotations are judged.
+    metadata_only: bool,
 }
 
 /// `(cluster, kind, namespace, name)`.
@@ -158,16 +160,38 @@ fn key_of(cluster: &str, obj: &Value) -> Key {
 
 /// Whether everything `want` sets is in `have` with the same value (maps and lists of maps recursively;
 /// what `have` has beyond `want`, such as defaults the API server added, does not matter).
-fn covers(want: &Value, have: &Value) -> bool {
+/// With `quantities`, values are compared as resource quantities where they parse as such.
+fn covers(want: &Value, have: &Value, quantities: bool) -> bool {
     match (want, have) {
         (Value::Object(w), Value::Object(h)) => w
             .iter()
-            .all(|(k, v)| h.get(k).is_some_and(|hv| covers(v, hv))),
+            .all(|(k, v)| h.get(k).is_some_and(|hv| covers(v, hv, quantities))),
         (Value::Array(w), Value::Array(h)) => {
-            w.len() == h.len() && w.iter().zip(h).all(|(a, b)| covers(a, b))
+            w.len() == h.len() && w.iter().zip(h).all(|(a, b)| covers(a, b, quantities))
         }
-        _ => want == have || same_quantity(want, have),
+        _ => want == have || (quantities && same_quantity(want, have)),
     }
+}
+
+/// Whether a field holds a resource quantity (requests, limits, quota, LimitRange defaults, storage).
+fn quantity_path(path: &str) -> bool {
+    path.ends_with(".resources")
+        || path.ends_with(".limits")
+        || path.ends_with(".hard")
+        || [
+            ".resources.",
+            ".hard.",
+            ".limits[",
+            ".default.",
+            ".defaultRequest.",
+            ".max.",
+            ".min.",
+            ".maxLimitRequestRatio.",
+            ".capacity.",
+            ".overhead.",
+        ]
+        .iter()
+        .any(|p| path.contains(p))
 }
 
 /// A Kubernetes quantity's value (`500m`, `0.5`, `1Gi`, `2e3`, or a plain number).
@@ -241,7 +265,7 @@ pub fn judge(
         .filter_map(|c| {
             let applied = c.before?;
             if let Some(now) = &c.after
-                && covers(&applied, now)
+                && covers(&applied, now, quantity_path(&c.path))
             {
                 return None;
             }
@@ -319,6 +343,12 @@ impl Drift {
         }
         self.live.retain(|k, _| watched.contains(k));
         self.watched = watched;
+        // what self-heal remembers of releases and objects that are gone
+        let known =
+            |(r, k): &(String, Key)| self.watched.contains(k) && all.iter().any(|x| &x.name == r);
+        self.heals.retain(|id, _| known(id));
+        self.gave_up.retain(|id, _| known(id));
+        self.healed.retain(|id, _| known(id));
         self.releases = all.into_iter().map(|r| (r.name.clone(), r)).collect();
         self.dirty.extend(
             self.releases
@@ -346,6 +376,7 @@ impl Drift {
                 if !s.annotations.is_empty() {
                     meta.insert("annotations".into(), json!(s.annotations));
                 }
+                let metadata_only = s.spec.is_none();
                 let mut object = s.spec.unwrap_or_else(|| json!({}));
                 if let Some(o) = object.as_object_mut() {
                     o.insert("metadata".into(), Value::Object(meta));
@@ -362,6 +393,7 @@ impl Drift {
                         managers: s.field_managers,
                         deleted: false,
                         at: env.cluster_time,
+                        metadata_only,
                     },
                 )
             }
@@ -377,6 +409,7 @@ impl Drift {
                     managers: Vec::new(),
                     deleted: true,
                     at: env.cluster_time,
+                    metadata_only: false,
                 },
             ),
             StateMsg::Resync(_) => return,
@@ -406,7 +439,8 @@ impl Drift {
                     let Some(live) = self.live.get(&key) else {
                         continue;
                     };
-                    let gave_up = self.gave_up.contains_key(&(r.name.clone(), key.clone()));
+                    let gave_up = r.spec.sync.self_heal
+                        && self.gave_up.contains_key(&(r.name.clone(), key.clone()));
                     if live.deleted {
                         found.push(DriftItem {
                             object: crate::plan::oref(intent),
@@ -417,13 +451,16 @@ impl Drift {
                         });
                         continue;
                     }
-                    let fields = judge(
+                    let mut fields = judge(
                         intent,
                         &live.object,
                         &live.managers,
                         &d.field_manager,
                         controllers,
                     );
+                    if live.metadata_only {
+                        fields.retain(|f| f.path.starts_with(".metadata."));
+                    }
                     if fields.is_empty() {
                         // clean again: the next drift is a new one
                         self.healed.remove(&(r.name.clone(), key));
@@ -571,9 +608,11 @@ impl Service {
 
     /// Re-reads the releases into the drift judge (after a release was planned, applied or rolled back).
     pub(crate) async fn releases_changed(&self) {
+        // read under the judge's lock, so a slower reader never installs an older copy over a newer one
+        let mut d = self.drift.lock().await;
         match self.store.all() {
             Ok(all) => {
-                self.drift.lock().await.set_releases(all);
+                d.set_releases(all);
                 self.drift_wake.notify_one();
             }
             Err(e) => tracing::warn!(error = %e, "reading the releases for drift failed"),
@@ -642,7 +681,19 @@ impl Service {
                 let Some(r) = d.releases.get(&release).cloned() else {
                     continue;
                 };
-                if !r.spec.sync.self_heal || r.state.busy() {
+                // only a release at rest heals: not one applying or rolling back, nor one that failed,
+                // was interrupted or whose rollback failed (healing would force an old revision over
+                // half-changed clusters)
+                if !r.spec.sync.self_heal
+                    || !matches!(
+                        r.state,
+                        State::Succeeded
+                            | State::WaitingApproval
+                            | State::RolledBack
+                            | State::Planned
+                            | State::Blocked
+                    )
+                {
                     continue;
                 }
                 let Some(dep) = r.deployed.get(&cluster).cloned() else {
@@ -795,6 +846,14 @@ impl Service {
             ),
             Err(e) => (false, format!("self-heal on {} failed: {e}", h.cluster)),
         };
+        if !ok {
+            // a failed heal is tried again on the next judgement (it counts against the limit)
+            let mut d = self.drift.lock().await;
+            for o in &cmd.objects {
+                d.healed.remove(&(h.release.clone(), key_of(&h.cluster, o)));
+            }
+            d.dirty.insert(h.cluster.clone());
+        }
         let detail = json!({"command": cmd.id, "drift": h.items});
         self.record_heal(&h.release, &h.cluster, ok, summary, detail)
             .await;
@@ -963,6 +1022,25 @@ mod tests {
             got[0].path,
             ".spec.template.spec.containers[web].resources.requests.cpu"
         );
+        // only quantities: a label "1.10" edited to "1.1" is drift, though both parse as numbers
+        let mut intent = deployment("web:1.2", 3);
+        intent["metadata"]["labels"]["version"] = json!("1.10");
+        let mut l = live("web:1.2", 3);
+        l["metadata"]["labels"]["version"] = json!("1.1");
+        let got = judge(&intent, &l, &[], "multipilot", &controllers());
+        assert_eq!(got.len(), 1, "{got:?}");
+        assert_eq!(got[0].path, ".metadata.labels.version");
+    }
+
+    #[test]
+    fn a_limitrange_rewritten_by_the_api_server_is_not_drift() {
+        let intent = json!({"apiVersion": "v1", "kind": "LimitRange",
+            "metadata": {"name": "team-defaults", "namespace": "hello"},
+            "spec": {"limits": [{"type": "Container", "default": {"cpu": "0.5", "memory": "512Mi"}}]}});
+        let live = json!({"metadata": {"name": "team-defaults", "namespace": "hello"},
+            "spec": {"limits": [{"type": "Container", "default": {"cpu": "500m", "memory": "512Mi"},
+                "defaultRequest": {"cpu": "500m", "memory": "512Mi"}}]}});
+        assert!(judge(&intent, &live, &[], "multipilot", &controllers()).is_empty());
     }
 
     #[test]

@@ -435,10 +435,14 @@ impl Service {
                 }
                 // taken before (applied, applying, waiting for the gate, or failed: a failed release is
                 // not retried until a commit changes it); a plan a refused commit left is planned again
+                // a plan made for this very commit (waiting for a person: sync.auto off, a risk approval)
+                // is not made again every round; one a refused commit left is, with the next commit
                 Ok(Some(r))
                     if r.spec == f.spec
-                        && !matches!(r.state, State::Planned | State::Blocked)
-                        && self.same_targets(&r) => {}
+                        && self.same_targets(&r)
+                        && (!matches!(r.state, State::Planned | State::Blocked)
+                            || (r.state == State::Planned
+                                && r.source.commit.as_deref() == Some(label.as_str()))) => {}
                 Ok(_) => changed.push(f),
                 Err(e) => {
                     self.set_repo(repo, |s| s.error = Some(e.to_string())).await;
@@ -481,7 +485,16 @@ impl Service {
                 }
             }
             if wave == "policies" {
-                self.wait_applied(&applied_before).await;
+                // the releases rely on the policies: they go only once every policy of the commit is applied
+                if let Err(why) = self.wait_applied(&applied_before).await {
+                    self.refuse(
+                        repo,
+                        &label,
+                        &[format!("the releases of this commit wait: {why}")],
+                    )
+                    .await;
+                    return;
+                }
             }
         }
         if seen.as_ref().and_then(|s| s.synced.as_deref()) != Some(label.as_str()) {
@@ -544,21 +557,26 @@ impl Service {
         }
     }
 
-    /// Waits until none of `names` is applying any more (the role's stop ends the wait).
-    async fn wait_applied(&self, names: &[String]) {
+    /// Waits until every one of `names` is applied; why not, when one failed, waits for a person, or the
+    /// role stops.
+    async fn wait_applied(&self, names: &[String]) -> Result<(), String> {
         loop {
-            let busy = names.iter().any(|n| {
-                self.store
-                    .get(n)
-                    .ok()
-                    .flatten()
-                    .is_some_and(|r| r.state.busy())
-            });
+            let mut busy = false;
+            for n in names {
+                let Some(r) = self.store.get(n).ok().flatten() else {
+                    continue;
+                };
+                match r.state {
+                    State::Succeeded => {}
+                    s if s.busy() => busy = true,
+                    s => return Err(format!("policy bundle {n} is {}", s.name())),
+                }
+            }
             if !busy {
-                return;
+                return Ok(());
             }
             tokio::select! {
-                _ = self.cancel.cancelled() => return,
+                _ = self.cancel.cancelled() => return Err("the release role is stopping".into()),
                 _ = tokio::time::sleep(Duration::from_millis(500)) => {}
             }
         }

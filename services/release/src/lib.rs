@@ -289,6 +289,12 @@ impl Service {
         {
             return Err(format!("release {} started meanwhile", p.name));
         }
+        // approvals given to a plan re-made in place for the same spec still hold
+        let kept_approvals = prev
+            .as_ref()
+            .filter(|p| p.revision == revision && p.spec == spec)
+            .map(|p| p.approvals.clone())
+            .unwrap_or_default();
         let mut r = Release {
             name: spec.name.clone(),
             revision,
@@ -303,7 +309,7 @@ impl Service {
             created_at: now,
             updated_at: now,
             plan,
-            approvals: Default::default(),
+            approvals: kept_approvals,
             batches: Vec::new(),
             changed: Vec::new(),
             rollbacks: 0,
@@ -491,6 +497,13 @@ impl Service {
             .get(&name)
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("no release named {name}"))?;
+        if !matches!(r.state, State::Planned | State::Blocked) {
+            return Err(format!(
+                "release {name} is {} (revision {}): plan it again to apply it",
+                r.state.name(),
+                r.revision
+            ));
+        }
         if !r.plan.clean() {
             let problems = r.plan.problems();
             let s = format!(
@@ -567,6 +580,10 @@ impl Service {
                     r.revision
                 ));
             }
+            // busy from here: an approval arriving now can't resume an apply next to the rollback
+            let mut r = r;
+            r.state = State::RollingBack;
+            self.store.put(&r).await.map_err(|e| e.to_string())?;
             r
         };
         let this = self.clone();

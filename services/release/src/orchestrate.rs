@@ -111,7 +111,8 @@ impl Service {
             tracing::warn!(release = %name, error = %e, "release failed; rolling back");
             let _guard = self.lock.lock().await;
             if let Ok(Some(mut r)) = self.store.get(&name) {
-                r.state = State::Failed;
+                // failed, and rolling back at once: nobody waiting for the release sees it ended in between
+                r.state = State::RollingBack;
                 r.error = Some(e.clone());
                 let changed = r.changed.clone();
                 self.record(
@@ -125,11 +126,6 @@ impl Service {
                     json!({"error": e}),
                 )
                 .await;
-                // the rollback follows at once: nobody waiting for the release sees it ended in between
-                r.state = State::RollingBack;
-                if let Err(e) = self.store.put(&r).await {
-                    tracing::error!(release = %name, error = %e, "release not stored");
-                }
             }
             drop(_guard);
             self.run_rollback(name, "system".into()).await;
@@ -214,6 +210,8 @@ impl Service {
                     }
                 }
                 self.store.put(&cur).await.map_err(|e| e.to_string())?;
+                // the drift judge must know these clusters are changing before their new states arrive
+                self.releases_changed().await;
             }
             // 3. apply
             let futs: Vec<_> = batch
@@ -307,9 +305,10 @@ impl Service {
     /// Whether a batch holds a cluster the gate selector matches.
     fn gated(&self, sel: &Selector, batch: &[String]) -> bool {
         let reg = self.registry.snapshot();
+        // a cluster the registry no longer knows is held too: the gate never opens by forgetting
         batch.iter().any(|c| {
             reg.get(c)
-                .is_some_and(|f| sel.matches(&crate::plan::selector_labels(c, f)))
+                .is_none_or(|f| sel.matches(&crate::plan::selector_labels(c, f)))
         })
     }
 
@@ -429,6 +428,7 @@ impl Service {
             _ => {
                 r.updated_at = Utc::now();
                 self.store.put(&r).await.map_err(|e| e.to_string())?;
+                self.releases_changed().await;
             }
         }
         Ok(())
