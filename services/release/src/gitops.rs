@@ -766,61 +766,57 @@ fn cluster_sync(
         .find(|b| b.clusters.iter().any(|c| c == cluster));
     let batch_done = batch.is_some_and(|b| b.state == "done");
     let at_revision = dep.is_some_and(|d| d.revision == r.revision);
-    let (status, message) =
-        if r.state.busy() && !batch_done && r.changed.iter().any(|c| c == cluster) {
-            (
-                Sync::Progressing,
-                format!("{} (revision {})", r.state.name(), r.revision),
-            )
-        } else if r.state.busy() && !batch_done {
-            (
-                Sync::Progressing,
-                format!("batch {} pending", batch.map(|b| b.index).unwrap_or(0)),
-            )
-        } else if matches!(
-            r.state,
-            State::Failed | State::RollbackFailed | State::Interrupted | State::RolledBack
-        ) && r.changed.iter().any(|c| c == cluster)
-        {
-            (
-                Sync::Degraded,
-                r.error
-                    .clone()
-                    .unwrap_or_else(|| format!("revision {} {}", r.revision, r.state.name())),
-            )
-        } else if drift.iter().any(|d| d.gave_up) {
-            (
-                Sync::Degraded,
-                "self-heal gave up on drifted objects".to_string(),
-            )
-        } else if !drift.is_empty() {
-            (
-                Sync::OutOfSync,
-                format!(
-                    "{} object(s) drifted from what the release applied",
-                    drift.len()
-                ),
-            )
-        } else if let Some(b) = behind {
-            (Sync::OutOfSync, b.to_string())
-        } else if !at_revision {
-            let why = match r.state {
-                State::WaitingApproval => format!(
-                    "waiting for approval: multipilot release approve {} {}",
-                    r.name,
-                    crate::spec::GATE_APPROVAL
-                ),
-                State::Blocked => "the plan is blocked".to_string(),
-                State::Planned => match r.missing_approvals() {
-                    m if !m.is_empty() => format!("needs approval: {}", m.join(", ")),
-                    _ => "planned, not applied".to_string(),
-                },
-                _ => format!("revision {} not applied here", r.revision),
-            };
-            (Sync::OutOfSync, why)
+    let (status, message) = if r.state.busy() && !batch_done {
+        let why = if r.changed.iter().any(|c| c == cluster) {
+            format!("{} (revision {})", r.state.name(), r.revision)
         } else {
-            (Sync::Synced, String::new())
+            format!("batch {} pending", batch.map(|b| b.index).unwrap_or(0))
         };
+        (Sync::Progressing, why)
+    } else if matches!(
+        r.state,
+        State::Failed | State::RollbackFailed | State::Interrupted | State::RolledBack
+    ) && r.changed.iter().any(|c| c == cluster)
+    {
+        (
+            Sync::Degraded,
+            r.error
+                .clone()
+                .unwrap_or_else(|| format!("revision {} {}", r.revision, r.state.name())),
+        )
+    } else if drift.iter().any(|d| d.gave_up) {
+        (
+            Sync::Degraded,
+            "self-heal gave up on drifted objects".to_string(),
+        )
+    } else if !drift.is_empty() {
+        (
+            Sync::OutOfSync,
+            format!(
+                "{} object(s) drifted from what the release applied",
+                drift.len()
+            ),
+        )
+    } else if let Some(b) = behind {
+        (Sync::OutOfSync, b.to_string())
+    } else if !at_revision {
+        let why = match r.state {
+            State::WaitingApproval => format!(
+                "waiting for approval: multipilot release approve {} {}",
+                r.name,
+                crate::spec::GATE_APPROVAL
+            ),
+            State::Blocked => "the plan is blocked".to_string(),
+            State::Planned => match r.missing_approvals() {
+                m if !m.is_empty() => format!("needs approval: {}", m.join(", ")),
+                _ => "planned, not applied".to_string(),
+            },
+            _ => format!("revision {} not applied here", r.revision),
+        };
+        (Sync::OutOfSync, why)
+    } else {
+        (Sync::Synced, String::new())
+    };
     ClusterSync {
         cluster: cluster.to_string(),
         status,

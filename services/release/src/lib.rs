@@ -359,10 +359,9 @@ impl Service {
             "required_approvals": p.required_approvals, "spec_path": r.source.path});
         let clusters: Vec<String> = p.clusters.iter().map(|c| c.cluster.clone()).collect();
         let ok = p.clean();
+        // `record` also hands the new plan to the drift judge
         self.record(&mut r, "plan", ok, actor, None, clusters, summary, detail)
             .await;
-        drop(_g);
-        self.releases_changed().await;
         Ok(r)
     }
 

@@ -796,8 +796,6 @@ impl Service {
                 json!({}),
             )
             .await;
-            drop(_g);
-            self.releases_changed().await;
         } else {
             cur.state = State::RollbackFailed;
             let e = errs.join("; ");
