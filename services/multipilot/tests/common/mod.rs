@@ -284,8 +284,31 @@ impl Router {
         self.dir.path().join("data")
     }
 
-    /// Starts the process and waits until its API answers.
+    /// Starts the process and waits until its API answers. The API's port was free when picked, but the
+    /// hub's own listener (port 0) may be handed the same one first: then another port is tried.
     pub async fn spawn(&mut self) -> Result<()> {
+        const TAKEN: &str = "Address already in use";
+        for _ in 0..3 {
+            let taken_before = self.log().matches(TAKEN).count();
+            if self
+                .spawn_once(|log| log.matches(TAKEN).count() > taken_before)
+                .await?
+            {
+                return Ok(());
+            }
+            self.child = None;
+            self.api_port = free_port()?;
+            self.api = format!("http://127.0.0.1:{}", self.api_port);
+        }
+        bail!(
+            "the alert router found no free port for its API\n{}",
+            self.log()
+        )
+    }
+
+    /// One start: `Ok(true)` once the API answers, `Ok(false)` when `port_taken` says the log shows the
+    /// API's port was taken.
+    async fn spawn_once(&mut self, port_taken: impl Fn(&str) -> bool) -> Result<bool> {
         let mut cmd = role(
             "alerts",
             &self.nats.url(),
@@ -313,7 +336,10 @@ impl Router {
                 // answering: listed, or refused for want of a token when its auth is on
                 && (r.status().is_success() || r.status().as_u16() == 401)
             {
-                return Ok(());
+                return Ok(true);
+            }
+            if port_taken(&self.log()) {
+                return Ok(false);
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
