@@ -17,6 +17,9 @@ apt_install() {
 
 ensure_rust() {
   command -v cargo >/dev/null || die "cargo not found: install the Rust toolchain (rustup) first"
+  # a C compiler and make: ring's and jemalloc's native parts are built with them
+  command -v cc >/dev/null 2>&1 || { log "installing gcc"; apt_install gcc libc6-dev; }
+  command -v make >/dev/null 2>&1 || { log "installing make"; apt_install make; }
   if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
     log "installing rustfmt and clippy"
     rustup component add rustfmt clippy >/dev/null
