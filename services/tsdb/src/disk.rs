@@ -347,14 +347,22 @@ impl Disk {
         heads: Vec<(SeriesId, Option<Vec<u8>>)>,
         generation: u64,
     ) -> Result<()> {
-        let mut batch = sled::Batch::default();
-        for (id, bytes) in heads {
-            match bytes {
-                Some(b) => batch.insert(&id.to_be_bytes(), b),
-                None => batch.remove(&id.to_be_bytes()),
+        // In batches of a few thousand: one sled batch of every head (100k series) reserved its whole log
+        // in memory at once (the TSDB's RSS went 295 -> 824 MiB at each checkpoint of the steady drill).
+        // The snapshot needs no atomicity: `wal_from` moves only after all of it is durable, and replaying
+        // the older generation over newer heads finds its samples stored already.
+        let mut heads = heads.into_iter().peekable();
+        while heads.peek().is_some() {
+            let mut batch = sled::Batch::default();
+            for (id, bytes) in heads.by_ref().take(4096) {
+                match bytes {
+                    Some(b) => batch.insert(&id.to_be_bytes(), b),
+                    None => batch.remove(&id.to_be_bytes()),
+                }
             }
+            self.heads.apply_batch(batch)?;
+            tokio::task::yield_now().await;
         }
-        self.heads.apply_batch(batch)?;
         self.db.flush_async().await?;
         self.meta.insert("wal_from", &generation.to_be_bytes())?;
         self.db.flush_async().await?;

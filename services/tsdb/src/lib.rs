@@ -56,7 +56,8 @@ pub struct Config {
     pub retention_interval: Duration,
     /// Samples per sealed chunk.
     pub chunk_samples: usize,
-    /// sled page cache in bytes.
+    /// sled page cache in bytes (default 64 MiB: recent chunks and the index pages; older chunks are read
+    /// through the OS page cache).
     pub cache_bytes: u64,
     /// How far back an instant selector looks for a sample (PromQL's lookback delta).
     #[serde(with = "humantime_serde")]
@@ -112,7 +113,7 @@ impl Default for Config {
             checkpoint_interval: Duration::from_secs(300),
             retention_interval: Duration::from_secs(3600),
             chunk_samples: 120,
-            cache_bytes: 256 << 20,
+            cache_bytes: 64 << 20,
             lookback_delta: Duration::from_secs(300),
             remote_write: None,
             partitions: 1,

@@ -13,8 +13,8 @@
 //!   (series, timestamp) is stored already is a duplicate and dropped: the first value wins.
 //! - **Retention**: [`Store::apply_retention`] drops whole day partitions and forgets series without data.
 
-use std::collections::{BTreeMap, HashMap};
-use std::hash::{DefaultHasher, Hash, Hasher};
+use std::collections::BTreeMap;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::path::Path;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
@@ -120,8 +120,8 @@ struct Series {
 
 #[derive(Debug, Default)]
 struct Head {
-    series: HashMap<SeriesId, Series>,
-    by_hash: HashMap<u64, Vec<SeriesId>>,
+    series: foldhash::HashMap<SeriesId, Series>,
+    by_hash: foldhash::HashMap<u64, Vec<SeriesId>>,
     postings: BTreeMap<String, BTreeMap<String, Vec<SeriesId>>>,
     next_id: SeriesId,
     pending: Vec<(SeriesId, i64, f64)>,
@@ -135,8 +135,11 @@ pub struct Store {
     opts: Options,
 }
 
+/// A series' label hash (in memory only: the index is rebuilt at open). foldhash, not SipHash: no
+/// attacker picks the keys' collisions here (a collision costs a label comparison, not correctness), and
+/// hashing every sample's labels was a tenth of the ingest time.
 fn hash_pairs<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)>) -> u64 {
-    let mut h = DefaultHasher::new();
+    let mut h = foldhash::fast::FixedState::with_seed(0x6d75_6c74_6970_696c).build_hasher();
     for (k, v) in pairs {
         k.hash(&mut h);
         v.hash(&mut h);
@@ -151,6 +154,18 @@ fn sample_pairs<'a>(
     cluster: Option<(&'a str, &'a str)>,
 ) -> Vec<(&'a str, &'a str)> {
     let mut out = Vec::with_capacity(labels.len() + 2);
+    fill_pairs(&mut out, name, labels, cluster);
+    out
+}
+
+/// [`sample_pairs`] into `out` (cleared first): the ingest path reuses one buffer for every sample.
+fn fill_pairs<'a>(
+    out: &mut Vec<(&'a str, &'a str)>,
+    name: &'a str,
+    labels: &'a BTreeMap<String, String>,
+    cluster: Option<(&'a str, &'a str)>,
+) {
+    out.clear();
     out.push((METRIC_NAME, name));
     out.extend(cluster);
     out.extend(
@@ -159,8 +174,10 @@ fn sample_pairs<'a>(
             .filter(|(k, v)| k.as_str() != METRIC_NAME && !v.is_empty())
             .map(|(k, v)| (k.as_str(), v.as_str())),
     );
-    out.sort_unstable_by(|a, b| a.0.cmp(b.0));
-    out
+    // the labels come sorted (a BTreeMap): only `__name__` and `cluster` may be out of place
+    if !out.is_sorted_by(|a, b| a.0 <= b.0) {
+        out.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    }
 }
 
 /// The labels a sample is stored under: its labels (empty values dropped), `__name__`, and `cluster` from
@@ -277,6 +294,7 @@ impl Store {
                 .saturating_sub(r.as_millis().min(i64::MAX as u128) as i64)
         });
         let mut head = self.write();
+        let mut pairs = Vec::with_capacity(16);
         for s in samples {
             // A label bomb (thousands of labels, or megabyte values) is refused sample by sample: one bad
             // series can't bloat the index, and its valid neighbours are stored.
@@ -296,7 +314,7 @@ impl Store {
             }
             let extra = (!cluster.is_empty() && !s.labels.contains_key("cluster"))
                 .then_some(("cluster", cluster));
-            let pairs = sample_pairs(&s.name, &s.labels, extra);
+            fill_pairs(&mut pairs, &s.name, &s.labels, extra);
             let hash = hash_pairs(pairs.iter().copied());
             let found = head.by_hash.get(&hash).and_then(|ids| {
                 ids.iter().copied().find(|id| {
