@@ -67,6 +67,9 @@ pub struct Engine {
     retain_resolved: Duration,
     nflog_retention: Duration,
     replaying: bool,
+    /// Alerts changed since the last [`Engine::save`] (an incident's alert is written once per consumed
+    /// batch, however many revisions of it the batch held).
+    unsaved: BTreeSet<String>,
     /// Counters.
     pub stats: Stats,
 }
@@ -220,6 +223,7 @@ impl Engine {
             retain_resolved: Duration::from_std(retain_resolved).unwrap_or(Duration::hours(1)),
             nflog_retention: Duration::hours(120),
             replaying: false,
+            unsaved: BTreeSet::new(),
             stats: Stats::default(),
         };
         let alerts: Vec<Alert> = e.alerts.values().cloned().collect();
@@ -343,9 +347,26 @@ impl Engine {
             self.stats.stale_ignored += 1;
             return Ok(());
         }
-        self.store.put_alert(&alert)?;
+        if alert.posted {
+            // posted through the API: written (and queued for its bucket) before the post is answered
+            self.store.put_alert(&alert)?;
+        } else {
+            self.unsaved.insert(alert.id.clone());
+        }
         self.place(&alert, now);
         self.alerts.insert(alert.id.clone(), alert);
+        Ok(())
+    }
+
+    /// Writes the alerts changed since the last save (not yet flushed: the caller flushes the store
+    /// before it acks what it consumed). What could not be written stays to be saved next time.
+    pub fn save(&mut self) -> Result<(), Error> {
+        while let Some(id) = self.unsaved.first().cloned() {
+            if let Some(a) = self.alerts.get(&id) {
+                self.store.put_alert(a)?;
+            }
+            self.unsaved.remove(&id);
+        }
         Ok(())
     }
 
@@ -643,19 +664,22 @@ impl Engine {
     }
 
     fn gc(&mut self, now: DateTime<Utc>) -> Result<(), Error> {
-        let grouped: BTreeSet<&String> = self.groups.values().flat_map(|g| &g.alerts).collect();
-        let old: Vec<String> = self
+        // long resolved first (cheap, and usually none): the set of grouped alerts is built only then (it
+        // was most of the router's CPU when built every tick)
+        let mut old: Vec<String> = self
             .alerts
             .values()
-            .filter(|a| {
-                a.ends_at.is_some_and(|t| t + self.retain_resolved < now)
-                    && !grouped.contains(&a.id)
-            })
+            .filter(|a| a.ends_at.is_some_and(|t| t + self.retain_resolved < now))
             .map(|a| a.id.clone())
             .collect();
+        if !old.is_empty() {
+            let grouped: BTreeSet<&String> = self.groups.values().flat_map(|g| &g.alerts).collect();
+            old.retain(|id| !grouped.contains(id));
+        }
         for id in old {
             if let Some(a) = self.alerts.remove(&id) {
                 self.store.remove_alert(&a)?;
+                self.unsaved.remove(&id);
             }
         }
         // log entries of groups long gone: the bucket drops them after the same max age

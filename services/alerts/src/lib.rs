@@ -130,7 +130,11 @@ impl Handler<Input> for H {
     }
 
     async fn commit(&mut self) -> Result<(), CommitError> {
-        let store = self.engine.lock().await.store.clone();
+        let store = {
+            let mut e = self.engine.lock().await;
+            e.save().map_err(CommitError::retryable)?;
+            e.store.clone()
+        };
         store.flush().await.map_err(CommitError::retryable)
     }
 }
