@@ -25,7 +25,7 @@ use multipilot_schemas::{Envelope, HEADER_SCHEMA, Payload, codec::DEFAULT_MAX_BY
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-use crate::store::{IncidentView, ReleaseRecord, Store};
+use crate::store::{IncidentView, ReleaseRecord, StateSummary, Store};
 use crate::telemetry::Metrics;
 
 /// One stream the console follows.
@@ -132,10 +132,19 @@ fn apply(
 ) -> Result<(), (&'static str, String)> {
     match feed {
         Feed::State => {
+            // an object's state is read as the console's summary of it (its spec is never decoded)
+            if multipilot_bus::jetstream::header(m, HEADER_SCHEMA)
+                .is_some_and(|h| h.split('/').next() == Some(StateSummary::SCHEMA))
+            {
+                let env = decode::<StateSummary>(m)?;
+                let mut st = shared.store.write().unwrap_or_else(|e| e.into_inner());
+                st.apply_state(&env.cluster, &env.payload, seq);
+                return Ok(());
+            }
             let env = decode::<StateMsg>(m)?;
             let mut st = shared.store.write().unwrap_or_else(|e| e.into_inner());
             match &env.payload {
-                StateMsg::State(s) => st.apply_state(&env.cluster, s, seq),
+                StateMsg::State(s) => st.apply_state(&env.cluster, &StateSummary::from(s), seq),
                 StateMsg::Deleted(d) => st.apply_deleted(&env.cluster, d, seq),
                 StateMsg::Resync(r) => st.apply_resync(&env.cluster, r, seq),
             }

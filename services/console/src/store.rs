@@ -181,7 +181,7 @@ impl Store {
     }
 
     /// An object's state, stored at `seq` in FLEET_STATE.
-    pub fn apply_state(&mut self, cluster: &str, s: &ResourceState, seq: u64) {
+    pub fn apply_state(&mut self, cluster: &str, s: &StateSummary, seq: u64) {
         let key = ObjKey {
             kind: self.intern(&s.kind),
             namespace: self.intern(ns_of(&s.namespace)),
@@ -199,7 +199,7 @@ impl Store {
             labels,
             ready: s.status.ready,
             phase: s.status.phase.as_deref().map(Into::into),
-            replicas: s.status.replicas.as_ref().map(|r| (r.desired, r.ready)),
+            replicas: s.status.replicas.map(|r| (r.desired, r.ready)),
             seq,
         };
         let c = self.cluster(cluster);
@@ -359,5 +359,91 @@ impl Store {
     /// How many objects are stored.
     pub fn object_count(&self) -> usize {
         self.clusters.values().map(|c| c.objects.len()).sum()
+    }
+}
+
+/// What the console keeps of an object's state: a `ResourceState` message decoded without its spec,
+/// status details and managed fields (skipped while decoding, never allocated: they were most of the
+/// console's ingest time).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema)]
+pub struct StateSummary {
+    /// `group/version`.
+    pub api_version: String,
+    /// Kind.
+    pub kind: String,
+    /// Namespace.
+    #[serde(default)]
+    pub namespace: Option<String>,
+    /// Name.
+    pub name: String,
+    /// UID (required, as in `ResourceState`: a message without one is refused, not applied).
+    pub uid: String,
+    /// resourceVersion (required likewise).
+    pub resource_version: String,
+    /// Spec hash.
+    pub spec_hash: String,
+    /// Metadata hash.
+    pub metadata_hash: String,
+    /// Labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Readiness, phase and replica counts.
+    #[serde(default)]
+    pub status: StatusSummary,
+}
+
+/// The part of a status the console shows.
+#[derive(
+    Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+pub struct StatusSummary {
+    /// Phase.
+    #[serde(default)]
+    pub phase: Option<String>,
+    /// Ready by its kind's rule.
+    #[serde(default)]
+    pub ready: Option<bool>,
+    /// Replica counts.
+    #[serde(default)]
+    pub replicas: Option<ReplicaCounts>,
+}
+
+/// Desired and ready replicas.
+#[derive(
+    Debug, Clone, Copy, PartialEq, serde::Serialize, serde::Deserialize, schemars::JsonSchema,
+)]
+pub struct ReplicaCounts {
+    /// Desired.
+    pub desired: i64,
+    /// Ready.
+    pub ready: i64,
+}
+
+impl multipilot_schemas::Payload for StateSummary {
+    const SCHEMA: &'static str = <ResourceState as multipilot_schemas::Payload>::SCHEMA;
+    const VERSION: u32 = <ResourceState as multipilot_schemas::Payload>::VERSION;
+}
+
+impl From<&ResourceState> for StateSummary {
+    fn from(s: &ResourceState) -> Self {
+        StateSummary {
+            api_version: s.api_version.clone(),
+            kind: s.kind.clone(),
+            namespace: s.namespace.clone(),
+            name: s.name.clone(),
+            uid: s.uid.clone(),
+            resource_version: s.resource_version.clone(),
+            spec_hash: s.spec_hash.clone(),
+            metadata_hash: s.metadata_hash.clone(),
+            labels: s.labels.clone(),
+            status: StatusSummary {
+                phase: s.status.phase.clone(),
+                ready: s.status.ready,
+                replicas: s.status.replicas.as_ref().map(|r| ReplicaCounts {
+                    desired: r.desired,
+                    ready: r.ready,
+                }),
+            },
+        }
     }
 }
