@@ -2,6 +2,7 @@
 //! create/update/patch (server-side apply included)/delete, `dryRun`, finalizers, Tables for kubectl,
 //! and the service/pod proxy used to scrape metrics.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
 use rand::Rng;
 use serde_json::{Value, json};
-use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
 use crate::apply;
 use crate::cluster::Cluster;
@@ -241,7 +242,7 @@ async fn route(
                 .get(&target.key(), target.ns_str(), name)
                 .ok_or_else(|| ApiError::not_found(group, target.res.plural, name))?;
             let body = if wants_metadata(headers) {
-                partial(&obj)
+                Cow::Owned(partial(&obj))
             } else {
                 present(&target.res, &obj)
             };
@@ -534,15 +535,18 @@ fn partial(obj: &Value) -> Value {
     json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]})
 }
 
-/// The object as this group/version serves it.
-fn present(res: &ApiResource, obj: &Value) -> Value {
-    let mut v = obj.clone();
+/// The object as this group/version serves it (borrowed when stored in that version).
+fn present<'a>(res: &ApiResource, obj: &'a Value) -> Cow<'a, Value> {
+    let api_version = res.api_version();
     if res.group == "events.k8s.io" {
-        v = event_to_events_api(obj, &res.api_version());
+        Cow::Owned(event_to_events_api(obj, &api_version))
+    } else if str_at(obj, &["apiVersion"]) == api_version {
+        Cow::Borrowed(obj)
     } else {
-        v["apiVersion"] = json!(res.api_version());
+        let mut v = obj.clone();
+        v["apiVersion"] = json!(api_version);
+        Cow::Owned(v)
     }
-    v
 }
 
 /// core/v1 Event → events.k8s.io Event (the same stored object, as the apiserver converts it).
@@ -623,7 +627,7 @@ fn list(c: &Cluster, t: &Target, q: &Query, headers: &HeaderMap) -> Result<Respo
             &json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "items": items}),
         ));
     }
-    let items: Vec<Value> = page.items.iter().map(|o| present(&t.res, o)).collect();
+    let items: Vec<Cow<'_, Value>> = page.items.iter().map(|o| present(&t.res, o)).collect();
     Ok(json_response(
         StatusCode::OK,
         &json!({
@@ -741,12 +745,19 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
         }
     };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(256);
-    let line = |kind: &str, obj: &Value| {
-        let mut s = json!({"type": kind, "object": obj}).to_string();
-        s.push('\n');
+    /// One watch event, serialised straight from the stored object (no copy of it).
+    #[derive(serde::Serialize)]
+    struct Line<'a> {
+        #[serde(rename = "type")]
+        kind: &'a str,
+        object: &'a Value,
+    }
+    let line = |kind: &str, object: &Value| {
+        let mut s = serde_json::to_vec(&Line { kind, object }).unwrap_or_default();
+        s.push(b'\n');
         Bytes::from(s)
     };
-    let started = c.store.watch_from(from);
+    let started = c.store.watch_from(&key, from);
     let (backlog, mut sub) = match started {
         Ok(x) => x,
         Err(e) => {
@@ -757,13 +768,13 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
             ])));
         }
     };
-    let shown = move |res: &ApiResource, o: &Value| {
+    fn shown<'a>(meta_only: bool, res: &ApiResource, o: &'a Value) -> Cow<'a, Value> {
         if meta_only {
-            partial(o)
+            Cow::Owned(partial(o))
         } else {
             present(res, o)
         }
-    };
+    }
     let mut epoch = c.watch_epoch.subscribe();
     epoch.borrow_and_update();
     let c2 = c.clone();
@@ -783,12 +794,12 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
         let send = async |b: Bytes| tx.send(Ok(b)).await.is_ok();
         let mut alive = true;
         for o in &initial {
-            alive = alive && send(line("ADDED", &shown(&res, o))).await;
+            alive = alive && send(line("ADDED", &shown(meta_only, &res, o))).await;
         }
         for ch in backlog {
             last_rv = ch.rv;
             if alive && matches(&ch) {
-                alive = send(line(ch.kind.as_str(), &shown(&res, &ch.object))).await;
+                alive = send(line(ch.kind.as_str(), &shown(meta_only, &res, &ch.object))).await;
             }
         }
         let deadline = tokio::time::sleep(timeout);
@@ -801,15 +812,43 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
                 _ = epoch.changed() => break,
                 _ = tx.closed() => break,
                 _ = tick.tick(), if bookmarks => {
-                    let bm = json!({"kind": res.kind, "apiVersion": res.api_version(), "metadata": {"resourceVersion": last_rv.max(c2.store.resource_version()).to_string(), "annotations": {"k8s.io/initial-events-end": "true"}}});
-                    alive = send(line("BOOKMARK", &bm)).await;
+                    // Every change up to `now` is in the channel already (sent under the store's lock): they
+                    // go out first, so a client resuming from the bookmark skips none of them.
+                    let now = c2.store.resource_version();
+                    loop {
+                        match sub.try_recv() {
+                            Ok(ch) => {
+                                if ch.rv <= last_rv { continue; }
+                                last_rv = ch.rv;
+                                if matches(&ch) {
+                                    alive = send(line(ch.kind.as_str(), &shown(meta_only, &res, &ch.object))).await;
+                                    if !alive { break; }
+                                }
+                            }
+                            Err(TryRecvError::Empty) => break,
+                            Err(TryRecvError::Lagged(_)) => {
+                                let e = ApiError::expired("watch fell behind; resource version too old");
+                                let _ = send(line("ERROR", &e.to_status())).await;
+                                alive = false;
+                                break;
+                            }
+                            Err(TryRecvError::Closed) => {
+                                alive = false;
+                                break;
+                            }
+                        }
+                    }
+                    if alive {
+                        let bm = json!({"kind": res.kind, "apiVersion": res.api_version(), "metadata": {"resourceVersion": last_rv.max(now).to_string(), "annotations": {"k8s.io/initial-events-end": "true"}}});
+                        alive = send(line("BOOKMARK", &bm)).await;
+                    }
                 }
                 got = sub.recv() => match got {
                     Ok(ch) => {
                         if ch.rv <= last_rv { continue; }
                         last_rv = ch.rv;
                         if matches(&ch) {
-                            alive = send(line(ch.kind.as_str(), &shown(&res, &ch.object))).await;
+                            alive = send(line(ch.kind.as_str(), &shown(meta_only, &res, &ch.object))).await;
                         }
                     }
                     Err(RecvError::Lagged(_)) => {

@@ -146,6 +146,8 @@ pub struct Cluster {
     pub addr: OnceLock<SocketAddr>,
     rng: Mutex<StdRng>,
     uid_counter: AtomicU64,
+    /// The kubelet's event aggregator state (see [`crate::world::event`]).
+    event_aggregates: Mutex<crate::world::EventAggregates>,
 }
 
 impl Cluster {
@@ -169,6 +171,7 @@ impl Cluster {
             addr: OnceLock::new(),
             rng: Mutex::new(StdRng::seed_from_u64(settings.seed)),
             uid_counter: AtomicU64::new(0),
+            event_aggregates: Mutex::default(),
             settings,
         }))
     }
@@ -212,6 +215,13 @@ impl Cluster {
     pub fn set_skew(&self, seconds: i64) {
         self.skew.store(seconds, Ordering::Relaxed);
         self.faults_mut().clock_skew_s = seconds;
+    }
+
+    /// The kubelet's event aggregator state.
+    pub(crate) fn event_aggregates(&self) -> MutexGuard<'_, crate::world::EventAggregates> {
+        self.event_aggregates
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 
     /// The cluster's seeded random generator.

@@ -76,13 +76,15 @@ struct Inner {
     history: VecDeque<(std::time::Instant, Arc<Change>)>,
     /// Changes at or below this resourceVersion are no longer in the history.
     compacted: u64,
+    /// Per resource, the watchers' channel (as the apiserver keeps one watch cache per resource: a
+    /// watcher wakes only for changes of its resource).
+    watchers: HashMap<ResKey, broadcast::Sender<Arc<Change>>>,
 }
 
 /// The store. Cheap to share (`Arc`).
 #[derive(Debug)]
 pub struct Store {
     inner: Mutex<Inner>,
-    tx: broadcast::Sender<Arc<Change>>,
     history_limit: usize,
     history_age: std::time::Duration,
 }
@@ -129,12 +131,8 @@ impl Store {
 
     /// A store keeping at most `history_limit` changes, none older than `age`.
     pub fn with_compaction(history_limit: usize, age: std::time::Duration) -> Self {
-        // Every slot keeps a version of an object alive until it is overwritten: 1,024 changes are ~50 s of
-        // a busy cluster for a slow watcher (which then gets 410 and relists), and bound the memory.
-        let (tx, _) = broadcast::channel(1024);
         Store {
             inner: Mutex::new(Inner::default()),
-            tx,
             history_limit: history_limit.max(16),
             history_age: age,
         }
@@ -177,6 +175,17 @@ impl Store {
             .get(res)?
             .get(&(ns.to_string(), name.to_string()))
             .cloned()
+    }
+
+    /// The `i % count`-th object of a resource (key order), without copying the others: how the
+    /// simulation picks a random pod 50 times a second per cluster.
+    pub fn nth(&self, res: &ResKey, i: usize) -> Option<Arc<Value>> {
+        let inner = self.lock();
+        let map = inner.objects.get(res)?;
+        if map.is_empty() {
+            return None;
+        }
+        map.values().nth(i % map.len()).cloned()
     }
 
     /// All objects of a resource (optionally one namespace).
@@ -230,7 +239,9 @@ impl Store {
             }
         }
         // Sent under the lock so a watcher that subscribed under the lock sees no gap and no repeat.
-        let _ = self.tx.send(change);
+        if let Some(tx) = inner.watchers.get(res) {
+            let _ = tx.send(change);
+        }
         obj
     }
 
@@ -269,7 +280,7 @@ impl Store {
                 Some(EventType::Added),
             )),
             (Some(old), Some(new)) => {
-                if without_rv(&old) == without_rv(&new) {
+                if equal_but_rv(&old, &new) {
                     return Ok((old, None));
                 }
                 Ok((
@@ -346,10 +357,14 @@ impl Store {
         })
     }
 
-    /// Starts a watch after `from` (exclusive): the retained changes since then and a receiver for the
-    /// rest, with no gap between them. `410 Expired` when `from` is older than the history.
-    pub fn watch_from(&self, from: u64) -> Result<(Vec<Arc<Change>>, Subscription), ApiError> {
-        let inner = self.lock();
+    /// Starts a watch of `res` after `from` (exclusive): its retained changes since then and a receiver for
+    /// its next ones, with no gap between them. `410 Expired` when `from` is older than the history.
+    pub fn watch_from(
+        &self,
+        res: &ResKey,
+        from: u64,
+    ) -> Result<(Vec<Arc<Change>>, Subscription), ApiError> {
+        let mut inner = self.lock();
         if from < inner.compacted {
             return Err(ApiError::expired(&format!(
                 "too old resource version: {from} ({})",
@@ -359,10 +374,17 @@ impl Store {
         let backlog = inner
             .history
             .iter()
-            .filter(|(_, c)| c.rv > from)
+            .filter(|(_, c)| c.rv > from && c.res == *res)
             .map(|(_, c)| c.clone())
             .collect();
-        Ok((backlog, self.tx.subscribe()))
+        // Every slot keeps a version of an object alive until it is overwritten: 1,024 changes of one
+        // resource are ~50 s of a busy cluster's events for a slow watcher (which then gets 410 and
+        // relists), and bound the memory.
+        let tx = inner
+            .watchers
+            .entry(res.clone())
+            .or_insert_with(|| broadcast::channel(1024).0);
+        Ok((backlog, tx.subscribe()))
     }
 
     /// Forgets the watch history (as an etcd compaction does): every resume from an older
@@ -377,12 +399,35 @@ impl Store {
     }
 }
 
-fn without_rv(v: &Value) -> Value {
-    let mut v = v.clone();
-    if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
-        meta.remove("resourceVersion");
-    }
-    v
+/// Whether two versions of an object are the same but for `metadata.resourceVersion` (compared in place:
+/// every write asks).
+fn equal_but_rv(a: &Value, b: &Value) -> bool {
+    let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+        return a == b;
+    };
+    let meta_equal = |x: Option<&Value>, y: Option<&Value>| match (
+        x.and_then(Value::as_object),
+        y.and_then(Value::as_object),
+    ) {
+        (Some(x), Some(y)) => {
+            let count = |m: &serde_json::Map<String, Value>| {
+                m.len() - usize::from(m.contains_key("resourceVersion"))
+            };
+            count(x) == count(y)
+                && x.iter()
+                    .filter(|(k, _)| k.as_str() != "resourceVersion")
+                    .all(|(k, v)| y.get(k) == Some(v))
+        }
+        _ => x == y,
+    };
+    a.len() == b.len()
+        && a.iter().all(|(k, v)| {
+            if k == "metadata" {
+                meta_equal(Some(v), b.get(k))
+            } else {
+                b.get(k) == Some(v)
+            }
+        })
 }
 
 fn encode_continue(rv: u64, last: &ObjKey) -> String {
@@ -587,11 +632,11 @@ mod tests {
         for i in 0..40 {
             s.create(&res, cm("a", &format!("cm-{i}"))).unwrap();
         }
-        assert_eq!(s.watch_from(2).unwrap_err().code, 410);
-        let (backlog, _) = s.watch_from(35).unwrap();
+        assert_eq!(s.watch_from(&res, 2).unwrap_err().code, 410);
+        let (backlog, _) = s.watch_from(&res, 35).unwrap();
         assert_eq!(backlog.len(), 5);
         s.compact();
-        assert_eq!(s.watch_from(35).unwrap_err().code, 410);
+        assert_eq!(s.watch_from(&res, 35).unwrap_err().code, 410);
     }
 
     #[test]

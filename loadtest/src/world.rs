@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
 use rand::Rng;
 use rand::seq::IndexedRandom;
 use serde_json::{Value, json};
@@ -1020,18 +1021,81 @@ fn team_namespace(
     );
 }
 
-/// Records an event about `obj` (a repeat of the same reason on the same object bumps the count and
-/// the series, as the kubelet's event correlator does).
+/// Distinct messages of similar events (same object, type, reason, source) after which client-go's
+/// `EventAggregator` combines them.
+const AGGREGATE_MAX_EVENTS: usize = 10;
+/// How long the aggregator remembers similar events (client-go's `maxIntervalInSeconds`).
+const AGGREGATE_INTERVAL: chrono::Duration = chrono::Duration::minutes(10);
+
+/// Per similar-event key: the distinct messages seen and when the last one came (client-go's
+/// `aggregateRecord`).
+#[derive(Debug, Default)]
+pub struct EventAggregates(
+    std::collections::HashMap<String, (std::collections::HashSet<String>, DateTime<Utc>)>,
+);
+
+impl EventAggregates {
+    /// Forgets keys quiet for longer than the aggregation interval (client-go keeps an LRU of them).
+    fn prune(&mut self, now: DateTime<Utc>) {
+        self.0
+            .retain(|_, (_, last)| now - *last <= AGGREGATE_INTERVAL);
+    }
+}
+
+/// Records an event about `obj` as a kubelet's event correlator does:
+/// - a repeat of the same reason and message on the same object bumps the count and the series;
+/// - the 10th distinct message of similar events (same object, type, reason and source) within 10 minutes
+///   and every one after it goes into one event, "(combined from similar events): <message>", whose count
+///   grows (client-go's `EventAggregator`), so a chatty object can't fill the API server with events.
 pub fn event(c: &Cluster, obj: &Value, ty: &str, reason: &str, message: &str, component: &str) {
     let ns = match str_at(obj, &["metadata", "namespace"]) {
         "" => "default",
         ns => ns,
     };
     let obj_name = str_at(obj, &["metadata", "name"]);
-    let key = format!(
-        "{obj_name}.{:x}",
-        crate::hash64(&format!("{reason}/{message}")) & 0xffff_ffff_ffff
+    let similar = format!(
+        "{component}/{}/{ns}/{obj_name}/{}/{ty}/{reason}",
+        str_at(obj, &["kind"]),
+        str_at(obj, &["metadata", "uid"])
     );
+    let combined = {
+        let now = c.now();
+        let mut aggregates = c.event_aggregates();
+        let (messages, last) = aggregates
+            .0
+            .entry(similar.clone())
+            .or_insert_with(|| (Default::default(), now));
+        if now - *last > AGGREGATE_INTERVAL {
+            messages.clear();
+        }
+        *last = now;
+        messages.insert(message.to_string());
+        if messages.len() < AGGREGATE_MAX_EVENTS {
+            None
+        } else {
+            // the set stays at its bound: client-go pops an arbitrary member
+            if let Some(any) = messages.iter().next().cloned() {
+                messages.remove(&any);
+            }
+            Some(format!("(combined from similar events): {message}"))
+        }
+    };
+    let (key, message) = match &combined {
+        Some(m) => (
+            format!(
+                "{obj_name}.{:x}",
+                crate::hash64(&similar) & 0xffff_ffff_ffff
+            ),
+            m.as_str(),
+        ),
+        None => (
+            format!(
+                "{obj_name}.{:x}",
+                crate::hash64(&format!("{reason}/{message}")) & 0xffff_ffff_ffff
+            ),
+            message,
+        ),
+    };
     let now = c.now_str();
     let micro = c.now_micro();
     let res = rk("", "events");
@@ -1039,6 +1103,7 @@ pub fn event(c: &Cluster, obj: &Value, ty: &str, reason: &str, message: &str, co
         change(c, "", "events", ns, &key, |e| {
             let count = e["count"].as_i64().unwrap_or(1) + 1;
             e["count"] = json!(count);
+            e["message"] = json!(message);
             e["lastTimestamp"] = json!(now);
             if e.get("series").is_some_and(|s| !s.is_null()) || count > 2 {
                 e["series"] = json!({"count": count, "lastObservedTime": micro});
@@ -1089,7 +1154,11 @@ pub async fn run(c: Arc<Cluster>, cancel: CancellationToken) {
             _ = rollouts.tick() => reconcile(&c),
             _ = churn.tick(), if c.settings.churn > 0.0 => churn_once(&c),
             _ = events.tick(), if c.settings.events_per_second > 0.0 => event_once(&c),
-            _ = expire.tick() => expire_events(&c, chrono::Duration::hours(1)),
+            _ = expire.tick() => {
+                expire_events(&c, chrono::Duration::hours(1));
+                let now = c.now();
+                c.event_aggregates().prune(now);
+            }
         }
     }
 }
@@ -1239,8 +1308,8 @@ fn expire_events(c: &Cluster, ttl: chrono::Duration) {
 
 /// One event about a random pod: mostly new occurrences, some repeats (count and series grow).
 fn event_once(c: &Cluster) {
-    let pods = c.store.all(&rk("", "pods"), None);
-    let Some(pod) = pods.choose(&mut *c.rng()).cloned() else {
+    let i = c.rng().random::<u32>() as usize;
+    let Some(pod) = c.store.nth(&rk("", "pods"), i) else {
         return;
     };
     let n: u32 = c.rng().random_range(0..1000);

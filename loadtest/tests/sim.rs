@@ -638,3 +638,61 @@ async fn kubectl_works_unchanged() -> Result<()> {
     assert!(!ok && out.contains("batch/v1beta1"), "{out}");
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn similar_events_are_combined_as_the_kubelet_does() -> Result<()> {
+    let sim = start(&["1.33"], 40, 0.0).await?;
+    let cluster = sim.fleet.clusters[0].clone();
+    let c = client(&sim.kubeconfig, &name(&sim, 0)).await?;
+    let pod = cluster
+        .store
+        .nth(&multipilot_sim::store::ResKey::new("", "pods"), 0)
+        .context("a pod")?;
+    let pod_name = pod["metadata"]["name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let ns = pod["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    // 25 occurrences of one reason with 25 different messages on one pod
+    for i in 0..25 {
+        world::event(
+            &cluster,
+            &pod,
+            "Normal",
+            "Pulled",
+            &format!("Container image pulled in {i}ms"),
+            "kubelet",
+        );
+    }
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(c, &ns);
+    let mine: Vec<_> = events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.involved_object.name.as_deref() == Some(&pod_name)
+                && e.reason.as_deref() == Some("Pulled")
+        })
+        .collect();
+    // the first 9 distinct messages stand alone; the rest went into one combined event counting them
+    assert_eq!(mine.len(), 10, "{mine:#?}");
+    let combined: Vec<_> = mine
+        .iter()
+        .filter(|e| {
+            e.message
+                .as_deref()
+                .is_some_and(|m| m.starts_with("(combined from similar events): "))
+        })
+        .collect();
+    assert_eq!(combined.len(), 1);
+    assert_eq!(combined[0].count, Some(16));
+    assert_eq!(
+        combined[0].message.as_deref(),
+        Some("(combined from similar events): Container image pulled in 24ms")
+    );
+    Ok(())
+}
