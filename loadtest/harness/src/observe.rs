@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use multipilot_schemas::Envelope;
-use multipilot_schemas::payload::{Heartbeat, Incident, Notification};
+use multipilot_schemas::payload::{EventDigest, Heartbeat, Incident, Notification};
 use tokio_util_free::Token;
 
 use crate::record::Recorder;
@@ -73,6 +73,10 @@ pub struct Seen {
     pub notifications: Vec<(Instant, String)>,
     /// TSDB lag samples: seconds from a sample's timestamp to the moment a query first returned it.
     pub sample_lags: Vec<f64>,
+    /// Event → digest lags, seconds from the newest event's time (cluster clock) to the moment a subscriber
+    /// got the digest: (when seen, lag, whether that time was to the microsecond). core/v1 Events carry
+    /// whole seconds unless they repeat (`series.lastObservedTime`), so a coarse lag is up to 1 s high.
+    pub digest_lags: Vec<(Instant, f64, bool)>,
 }
 
 /// The observer of one run.
@@ -142,6 +146,22 @@ impl Observer {
                                 wall: Utc::now(),
                                 incident: env.payload,
                             });
+                    }
+                }
+            }));
+        }
+        {
+            let mut sub = sys.client.subscribe("fleet.digest.>").await?;
+            let seen = seen.clone();
+            tasks.push(tokio::spawn(async move {
+                while let Some(m) = sub.next().await {
+                    if let Ok(env) = rmp_serde::from_slice::<Envelope<EventDigest>>(&m.payload) {
+                        let last = env.payload.last_seen;
+                        let lag = (Utc::now() - last).num_microseconds().unwrap_or(0) as f64 / 1e6;
+                        seen.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .digest_lags
+                            .push((Instant::now(), lag, last.timestamp_subsec_nanos() != 0));
                     }
                 }
             }));

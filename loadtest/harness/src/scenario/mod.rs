@@ -56,12 +56,21 @@ pub struct Opts {
     /// Rounds (crash drill: kills of each role).
     #[arg(long)]
     pub rounds: Option<usize>,
+    /// Runs only these parts (throughput: publish, correlator, storm, tsdb, alerts, console), e.g. to
+    /// profile one role.
+    #[arg(long, value_delimiter = ',')]
+    pub only: Vec<String>,
 }
 
 impl Opts {
     /// `short` or `full` value.
     pub fn pick<T>(&self, short: T, full: T) -> T {
         if self.short { short } else { full }
+    }
+
+    /// Whether the part `name` of the scenario runs (every part unless `--only` names some).
+    pub fn runs(&self, name: &str) -> bool {
+        self.only.is_empty() || self.only.iter().any(|o| o == name)
     }
 
     /// The binaries.

@@ -82,6 +82,31 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
         inc.line("s"),
     );
     r.figure("lag cluster_time → sample queryable", samples.line("s"));
+    let (precise, coarse): (Vec<(std::time::Instant, f64, bool)>, Vec<_>) = obs.with(|s| {
+        s.digest_lags
+            .iter()
+            .copied()
+            .filter(|(at, ..)| {
+                let t = at.duration_since(rec.start()).as_secs_f64();
+                t >= load_from && t <= load_to
+            })
+            .partition(|(.., precise)| *precise)
+    });
+    let precise = Summary::of(&precise.iter().map(|d| d.1).collect::<Vec<_>>());
+    let coarse = Summary::of(&coarse.iter().map(|d| d.1).collect::<Vec<_>>());
+    r.figure(
+        "lag event → digest (events timed to the microsecond: repeats' series.lastObservedTime)",
+        precise.line("s"),
+    );
+    r.figure(
+        "lag event → digest (events timed to the second: up to 1 s high)",
+        coarse.line("s"),
+    );
+    r.goal(
+        "event → digest p99 < 1 s",
+        precise.count > 0 && precise.p99 < 1.0,
+        format!("p99 {:.2} s over {} digests", precise.p99, precise.count),
+    );
     r.plot(
         "lags",
         "End-to-end lags",
@@ -92,6 +117,33 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
         ],
     );
     report_flow(&mut r, &rec, load_from, load_to);
+    // flat: no backlog grows over the load window (least-squares slope, msgs/s)
+    let mut growing = Vec::new();
+    let mut slopes = Vec::new();
+    for (name, series) in rec.series_with_prefix("backlog/") {
+        let inside: Vec<(f64, f64)> = series
+            .points
+            .iter()
+            .copied()
+            .filter(|(t, _)| *t >= load_from && *t <= load_to)
+            .collect();
+        let slope = slope(&inside);
+        let name = name.trim_start_matches("backlog/").to_string();
+        slopes.push(format!("{name} {slope:+.1}/s"));
+        if slope > 1.0 {
+            growing.push(name);
+        }
+    }
+    r.figure("backlog growth over the load window", slopes.join(", "));
+    r.goal(
+        "every backlog stays flat over the load window (grows < 1 msg/s)",
+        growing.is_empty(),
+        if growing.is_empty() {
+            "none grows".to_string()
+        } else {
+            format!("growing: {}", growing.join(", "))
+        },
+    );
 
     // invariants
     // every injection held for the whole `hold` must have become an incident (the last one may have been
@@ -158,10 +210,75 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
         dlq == 0,
         format!("{dlq} dead letters"),
     );
+    let series_count = sys
+        .query(&tsdb, "count({__name__=~\".+\"})")
+        .await
+        .ok()
+        .and_then(|v| v.first()?["value"][1].as_str()?.parse::<f64>().ok())
+        .unwrap_or(0.0);
     obs.stop().await;
     report_processes(&mut r, &rec);
+    let rss_max = |proc: &str| {
+        rec.series(&format!("rss/{proc}"))
+            .map(|s| s.points.iter().map(|p| p.1).fold(0.0, f64::max))
+            .unwrap_or(0.0)
+    };
+    let cpu_mean = |proc: &str| {
+        rec.series(&format!("cpu/{proc}"))
+            .map(|s| Summary::of(&s.points.iter().map(|p| p.1).collect::<Vec<_>>()).mean)
+            .unwrap_or(0.0)
+    };
+    let hub: f64 = ["correlator", "tsdb", "alerts"]
+        .iter()
+        .map(|p| rss_max(p))
+        .sum();
+    r.goal(
+        "hub roles (correlator, TSDB, alert router) together ≤ 300 MiB RSS",
+        hub > 0.0 && hub <= 300.0,
+        format!(
+            "{hub:.0} MiB (sum of each one's max: correlator {:.0}, TSDB {:.0}, alert router {:.0})",
+            rss_max("correlator"),
+            rss_max("tsdb"),
+            rss_max("alerts")
+        ),
+    );
+    if series_count > 0.0 {
+        let tsdb_rss = rec
+            .series("rss/tsdb")
+            .and_then(|s| s.points.last().map(|p| p.1))
+            .unwrap_or(0.0);
+        r.figure(
+            "TSDB memory per active series (RSS at the end, sled cache included)",
+            format!(
+                "{:.2} KiB ({series_count:.0} series, {tsdb_rss:.0} MiB); Prometheus 2.x: ~2 KiB per series for \
+                 the head's index alone (Robust Perception: 1M series ≈ 2 GiB), samples on top",
+                tsdb_rss * 1024.0 / series_count
+            ),
+        );
+    }
+    let (sim_rss, sim_cpu) = (rss_max("sim"), cpu_mean("sim"));
+    r.goal(
+        "the simulator stays ≤ 1 GiB RSS and ≤ 0.2 core",
+        sim_rss > 0.0 && sim_rss <= 1024.0 && sim_cpu <= 20.0,
+        format!("RSS max {sim_rss:.0} MiB, CPU mean {sim_cpu:.0} %"),
+    );
     r.note("Lags: an incident's lag runs from its opened_at (the cluster_time of the probe result that opened it: the one that completed the rule's streak of failing rounds) to the moment a subscriber on fleet.incident.> received it. The time from the fault to the incident, streak included, is the separate 'fault injected →' figure. A sample's lag runs from its timestamp (scrape time, cluster clock) to the first TSDB query that returned it; the TSDB is polled every 250 ms, so figures are up to 0.25 s high.");
     r.note("Throughput: stored = JetStream's last sequence per stream (from /jsz); processed = each role's multipilot_bus_consumed_total{outcome=\"done\"}; both sampled every second.");
     sys.stop();
     Ok((r, rec))
+}
+
+/// Least-squares slope of (t, v) points (0 for fewer than two).
+fn slope(points: &[(f64, f64)]) -> f64 {
+    let n = points.len() as f64;
+    if points.len() < 2 {
+        return 0.0;
+    }
+    let (mt, mv) = (
+        points.iter().map(|p| p.0).sum::<f64>() / n,
+        points.iter().map(|p| p.1).sum::<f64>() / n,
+    );
+    let cov: f64 = points.iter().map(|p| (p.0 - mt) * (p.1 - mv)).sum();
+    let var: f64 = points.iter().map(|p| (p.0 - mt).powi(2)).sum();
+    if var == 0.0 { 0.0 } else { cov / var }
 }

@@ -9,6 +9,9 @@
 //!   durable, state persisted before every ack, as in production. Its rate is counted from the first
 //!   message delivered to it and, as an operator sees it, from its start.
 //! - **TSDB**: the same for scrapes (MetricBatch) on FLEET_METRICS and `multipilot tsdb`.
+//! - **Console**: a bare ordered consumer (no acks, last message per subject, as the console reads) on
+//!   FLEET_STATE, then `multipilot console` reading the same object states into its picture of the fleet
+//!   (counted by its `multipilot_console_applied_total{feed="state"}`).
 //! - **Alert router**: the same for incident changes (open, acknowledged, resolved revisions of incidents
 //!   over the clusters, as the correlator publishes them) on FLEET_INCIDENTS and `multipilot alerts` (its
 //!   default routing: grouped notifications published on FLEET_ALERTS).
@@ -57,123 +60,180 @@ pub async fn run(o: &Opts, dir: &Path) -> Result<(Report, Recorder)> {
     let js = jetstream::new(client.clone());
     Topology::embedded().provision(&js).await?;
 
-    // --- publishing: raw windowed publish vs the agent's publisher, the same envelopes
-    let msgs = event_messages(events, clusters)?;
-    let raw_pub = raw_publish(&js, &msgs, "raw").await?;
-    js.get_stream("FLEET_EVENTS")
-        .await?
-        .purge()
-        .await
-        .context("purging")?;
-    let ours_pub = publisher_publish(&js, &msgs, "pub").await?;
-    r.figure(
-        "publish: raw async-nats (window 256, each ack awaited)",
-        format!("{raw_pub:.0} msgs/s"),
-    );
-    r.figure(
-        "publish: the agent's publisher (same window, Msg-Id)",
-        format!("{ours_pub:.0} msgs/s"),
-    );
-    let ratio = ours_pub / raw_pub;
-    r.goal(
-        "the agent's publisher reaches ≥ 80 % of a raw windowed JetStream publish",
-        ratio >= 0.8,
-        format!("{:.0} %", ratio * 100.0),
-    );
+    if o.runs("publish") {
+        // --- publishing: raw windowed publish vs the agent's publisher, the same envelopes
+        let msgs = event_messages(events, clusters)?;
+        let raw_pub = raw_publish(&js, &msgs, "raw").await?;
+        js.get_stream("FLEET_EVENTS")
+            .await?
+            .purge()
+            .await
+            .context("purging")?;
+        let ours_pub = publisher_publish(&js, &msgs, "pub").await?;
+        r.figure(
+            "publish: raw async-nats (window 256, each ack awaited)",
+            format!("{raw_pub:.0} msgs/s"),
+        );
+        r.figure(
+            "publish: the agent's publisher (same window, Msg-Id)",
+            format!("{ours_pub:.0} msgs/s"),
+        );
+        let ratio = ours_pub / raw_pub;
+        r.goal(
+            "the agent's publisher reaches ≥ 80 % of a raw windowed JetStream publish",
+            ratio >= 0.8,
+            format!("{:.0} %", ratio * 100.0),
+        );
+    }
 
-    // --- the correlator against a raw pull on FLEET_EVENTS
-    let raw = raw_pull(&js, "FLEET_EVENTS", "bench-raw-events", events).await?;
-    let role = drain_role(
-        &bins.multipilot,
-        "correlator",
-        &server.url(),
-        dir,
-        "FLEET_EVENTS",
-        "correlator-events",
-    )
-    .await?;
-    report_consumer(&mut r, "correlator", "events", events, raw, &role, 0.30);
+    if o.runs("correlator") {
+        if !o.runs("publish") {
+            publish_events(&js, &event_messages(events, clusters)?, "ev").await?;
+        }
+        // --- the correlator against a raw pull on FLEET_EVENTS
+        Durable {
+            role: "correlator",
+            label: "correlator",
+            what: "events",
+            stream: "FLEET_EVENTS",
+            durable: "correlator-events",
+            target: 0.30,
+        }
+        .compare(&mut r, &js, &bins.multipilot, &server.url(), dir, events)
+        .await?;
+    }
 
-    // --- the same with a warning storm: every event a warning (recorded, counted in the storm window,
-    // announced or updated), the correlator's most expensive input
-    js.get_stream("FLEET_EVENTS")
-        .await?
-        .purge()
-        .await
-        .context("purging")?;
-    let storm = warning_messages(events, clusters)?;
-    publish_all(
-        &js,
-        storm
-            .iter()
-            .enumerate()
-            .map(|(i, (subject, body))| event_outgoing(subject, format!("storm-{i}"), body))
-            .collect(),
-    )
-    .await?;
-    let raw = raw_pull(&js, "FLEET_EVENTS", "bench-raw-storm", events).await?;
-    let role = drain_role(
-        &bins.multipilot,
-        "correlator",
-        &server.url(),
-        &dir.join("storm"),
-        "FLEET_EVENTS",
-        "correlator-events",
-    )
-    .await?;
-    report_consumer(
-        &mut r,
-        "correlator (warnings only)",
-        "events",
-        events,
-        raw,
-        &role,
-        0.30,
-    );
+    if o.runs("storm") {
+        // --- the same with a warning storm: every event a warning (recorded, counted in the storm window,
+        // announced or updated), the correlator's most expensive input
+        js.get_stream("FLEET_EVENTS")
+            .await?
+            .purge()
+            .await
+            .context("purging")?;
+        publish_events(&js, &warning_messages(events, clusters)?, "storm").await?;
+        Durable {
+            role: "correlator",
+            label: "correlator (warnings only)",
+            what: "events",
+            stream: "FLEET_EVENTS",
+            durable: "correlator-events",
+            target: 0.30,
+        }
+        .compare(
+            &mut r,
+            &js,
+            &bins.multipilot,
+            &server.url(),
+            &dir.join("storm"),
+            events,
+        )
+        .await?;
+    }
 
-    // --- the TSDB against a raw pull on FLEET_METRICS
-    publish_all(&js, scrape_messages(scrapes, clusters)?).await?;
-    let raw = raw_pull(&js, "FLEET_METRICS", "bench-raw-metrics", scrapes).await?;
-    let role = drain_role(
-        &bins.multipilot,
-        "tsdb",
-        &server.url(),
-        dir,
-        "FLEET_METRICS",
-        "tsdb",
-    )
-    .await?;
-    report_consumer(&mut r, "tsdb", "scrapes", scrapes, raw, &role, 0.50);
+    if o.runs("tsdb") {
+        // --- the TSDB against a raw pull on FLEET_METRICS
+        publish_all(&js, scrape_messages(scrapes, clusters)?).await?;
+        Durable {
+            role: "tsdb",
+            label: "tsdb",
+            what: "scrapes",
+            stream: "FLEET_METRICS",
+            durable: "tsdb",
+            target: 0.50,
+        }
+        .compare(&mut r, &js, &bins.multipilot, &server.url(), dir, scrapes)
+        .await?;
+    }
 
-    // --- the alert router against a raw pull on FLEET_INCIDENTS (its durable reads incidents and digests)
-    let changes = o.pick(5_000usize, 30_000);
-    publish_all(&js, incident_messages(changes, clusters)?).await?;
-    let raw = raw_pull(&js, "FLEET_INCIDENTS", "bench-raw-incidents", changes).await?;
-    let role = drain_role(
-        &bins.multipilot,
-        "alerts",
-        &server.url(),
-        dir,
-        "FLEET_INCIDENTS",
-        "alerts",
-    )
-    .await?;
-    report_consumer(
-        &mut r,
-        "alert router",
-        "incident changes",
-        changes,
-        raw,
-        &role,
-        0.50,
-    );
+    if o.runs("alerts") {
+        // --- the alert router against a raw pull on FLEET_INCIDENTS (its durable reads incidents and digests)
+        let changes = o.pick(5_000usize, 30_000);
+        publish_all(&js, incident_messages(changes, clusters)?).await?;
+        Durable {
+            role: "alerts",
+            label: "alert router",
+            what: "incident changes",
+            stream: "FLEET_INCIDENTS",
+            durable: "alerts",
+            target: 0.50,
+        }
+        .compare(&mut r, &js, &bins.multipilot, &server.url(), dir, changes)
+        .await?;
+    }
+
+    if o.runs("console") {
+        // --- the console's ingest against a raw ordered consumer on FLEET_STATE (it reads with ordered,
+        // ack-less consumers, the last state of every object first)
+        let states = o.pick(5_000usize, 30_000);
+        // only its stream loaded: the console also follows FLEET_INCIDENTS (the alert router's input)
+        js.get_stream("FLEET_INCIDENTS")
+            .await?
+            .purge()
+            .await
+            .context("purging")?;
+        publish_all(&js, state_messages(states, clusters)?).await?;
+        let raw = raw_ordered(&js, "FLEET_STATE", "fleet.state.>", states).await?;
+        let role = drain_console(&bins.multipilot, &server.url(), dir, states).await?;
+        report_consumer(
+            &mut r,
+            "console (state feed)",
+            "object states",
+            states,
+            raw,
+            &role,
+            0.50,
+            Reads::Ordered,
+        );
+    }
+
     r.note(format!(
         "Events: the correlator's realistic fleet stream (`services/correlator/src/stream.rs`, real kubelet, \
          controller-manager, scheduler … message shapes), spread over {clusters} clusters. Scrapes: \
-         {SAMPLES_PER_SCRAPE} samples each (node-exporter-like series). One nats-server (JetStream on file \
+         {SAMPLES_PER_SCRAPE} samples each (node-exporter-like series). Object states: Deployments with \
+         spec, status conditions, labels and managed fields, one subject each. The console has no durable: its \
+         reference is a bare ordered consumer (no acks) on the same subjects. One nats-server (JetStream on file \
          storage) on this machine; each role alone on it."
     ));
     Ok((r, rec))
+}
+
+/// A role's durable consumer, compared with a raw pull on its stream.
+struct Durable<'a> {
+    role: &'a str,
+    label: &'a str,
+    what: &'a str,
+    stream: &'a str,
+    durable: &'a str,
+    target: f64,
+}
+
+impl Durable<'_> {
+    /// A raw pull reads the `n` messages of the stream, then the role drains them; reported in `r`.
+    async fn compare(
+        &self,
+        r: &mut Report,
+        js: &jetstream::Context,
+        bin: &Path,
+        url: &str,
+        dir: &Path,
+        n: usize,
+    ) -> Result<()> {
+        let raw_durable = format!("bench-raw-{}", self.durable);
+        let raw = raw_pull(js, self.stream, &raw_durable, n).await?;
+        let role = drain_role(bin, self.role, url, dir, self.stream, self.durable).await?;
+        report_consumer(
+            r,
+            self.label,
+            self.what,
+            n,
+            raw,
+            &role,
+            self.target,
+            Reads::Durable,
+        );
+        Ok(())
+    }
 }
 
 /// What a role's drain measured.
@@ -188,6 +248,14 @@ struct Drained {
     rss: u64,
 }
 
+/// How a consumer reads: a durable acking after its state is persisted, or an ordered reader (no acks).
+#[derive(Clone, Copy)]
+enum Reads {
+    Durable,
+    Ordered,
+}
+
+#[allow(clippy::too_many_arguments)]
 fn report_consumer(
     r: &mut Report,
     role: &str,
@@ -196,15 +264,26 @@ fn report_consumer(
     raw_s: f64,
     d: &Drained,
     target: f64,
+    reads: Reads,
 ) {
     let raw_rate = n as f64 / raw_s;
     let rate = n as f64 / d.from_first;
+    let (reference, how) = match reads {
+        Reads::Durable => (
+            format!("raw pull reference (batch {RAW_BATCH}, ack each)"),
+            "state persisted before acks",
+        ),
+        Reads::Ordered => (
+            "raw ordered consumer reference (no acks)".to_string(),
+            "applied to its picture of the fleet",
+        ),
+    };
     r.figure(
-        format!("{role}: raw pull reference (batch {RAW_BATCH}, ack each)"),
+        format!("{role}: {reference}"),
         format!("{raw_rate:.0} {what}/s"),
     );
     r.figure(
-        format!("{role}: draining {n} {what} (state persisted before acks)"),
+        format!("{role}: reading {n} {what} ({how})"),
         format!(
             "{rate:.0} {what}/s from the first delivery, {:.0} {what}/s from its start; {:.1} µs CPU per message; RSS {} MiB",
             n as f64 / d.from_start,
@@ -431,6 +510,20 @@ async fn publisher_publish(
     Ok(rate)
 }
 
+/// Stores event envelopes (subject, body) with Msg-Ids `<tag>-<i>`.
+async fn publish_events(
+    js: &jetstream::Context,
+    msgs: &[(String, Vec<u8>)],
+    tag: &str,
+) -> Result<()> {
+    let out = msgs
+        .iter()
+        .enumerate()
+        .map(|(i, (subject, body))| event_outgoing(subject, format!("{tag}-{i}"), body))
+        .collect();
+    publish_all(js, out).await
+}
+
 async fn publish_all(js: &jetstream::Context, msgs: Vec<Outgoing>) -> Result<()> {
     let mut p = Publisher::new(js.clone(), WINDOW, BusMetrics::default());
     let n = msgs.len();
@@ -447,6 +540,163 @@ async fn publish_all(js: &jetstream::Context, msgs: Vec<Outgoing>) -> Result<()>
         bail!("stored {stored} of {n}");
     }
     Ok(())
+}
+
+/// `n` Deployment states over the clusters, one subject (object) each.
+fn state_messages(n: usize, clusters: usize) -> Result<Vec<Outgoing>> {
+    use multipilot_schemas::payload::{FieldManager, ResourceState};
+    let mut out = Vec::with_capacity(n);
+    let now = chrono::Utc::now();
+    for i in 0..n {
+        let cluster = format!("bench-{}", i % clusters);
+        let ns = format!("team-{}", (i / clusters) % 40);
+        let name = format!("app-{i}");
+        let spec = serde_json::json!({
+            "replicas": 3,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [{
+                "name": "app", "image": format!("registry.example.com/team/app:1.{}.0", i % 7),
+                "ports": [{"containerPort": 8080}],
+                "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}}
+            }]}}
+        });
+        let status = serde_json::json!({
+            "ready": true,
+            "replicas": {"desired": 3, "updated": 3, "ready": 3, "available": 3, "observed_generation": 4},
+            "conditions": [
+                {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"},
+                {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"}
+            ]
+        });
+        let state = ResourceState {
+            api_version: "apps/v1".into(),
+            kind: "Deployment".into(),
+            namespace: Some(ns.clone()),
+            name: name.clone(),
+            uid: format!("00000000-0000-4000-8000-{i:012}"),
+            resource_version: format!("{}", 1000 + i),
+            generation: Some(4),
+            spec_hash: format!("{:016x}", i.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+            metadata_hash: format!("{:016x}", i),
+            spec: Some(spec),
+            status: serde_json::from_value(status)?,
+            labels: [
+                ("app".to_string(), name.clone()),
+                ("team".to_string(), ns.clone()),
+            ]
+            .into_iter()
+            .collect(),
+            annotations: [(
+                "deployment.kubernetes.io/revision".to_string(),
+                "4".to_string(),
+            )]
+            .into_iter()
+            .collect(),
+            owner_refs: vec![],
+            finalizers: vec![],
+            deletion_timestamp: None,
+            creation_timestamp: Some(now),
+            field_managers: vec![FieldManager {
+                manager: "kubectl-client-side-apply".into(),
+                operation: "Update".into(),
+                subresource: None,
+                fields: vec![
+                    ".spec.replicas".into(),
+                    ".spec.template.spec.containers[app].image".into(),
+                ],
+            }],
+        };
+        let env = Envelope::new(
+            cluster.as_str(),
+            format!("agent/{cluster}"),
+            now,
+            i as u64,
+            state,
+        );
+        out.push(Outgoing::envelope(
+            subject::state(&cluster, "Deployment", Some(&ns), &name),
+            format!("s-{i}"),
+            &env,
+        )?);
+    }
+    Ok(out)
+}
+
+/// A bare ordered consumer (no acks) reading the last message of every subject matching `filter`, `n` of
+/// them; returns seconds.
+async fn raw_ordered(js: &jetstream::Context, stream: &str, filter: &str, n: usize) -> Result<f64> {
+    let s = js.get_stream(stream).await?;
+    let started = Instant::now();
+    let mut msgs = s
+        .create_consumer(consumer::pull::OrderedConfig {
+            filter_subject: filter.into(),
+            deliver_policy: consumer::DeliverPolicy::LastPerSubject,
+            ..Default::default()
+        })
+        .await?
+        .messages()
+        .await?;
+    let mut got = 0;
+    while got < n {
+        match tokio::time::timeout(Duration::from_secs(30), msgs.next()).await {
+            Ok(Some(m)) => {
+                m.map_err(|e| anyhow::anyhow!("{e}"))?;
+                got += 1;
+            }
+            Ok(None) | Err(_) => bail!("the ordered consumer read {got} of {n}"),
+        }
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// Starts `multipilot console` and waits until it applied `n` object states (its
+/// `multipilot_console_applied_total{feed="state"}`); stops it.
+async fn drain_console(bin: &Path, url: &str, dir: &Path, n: usize) -> Result<Drained> {
+    std::fs::create_dir_all(dir)?;
+    let http = free_port()?;
+    let p = Proc::new(
+        "console",
+        bin,
+        vec!["console".to_string()],
+        vec![
+            ("MULTIPILOT_NATS__URL".into(), url.into()),
+            (
+                "MULTIPILOT_HTTP__LISTEN".into(),
+                format!("127.0.0.1:{http}"),
+            ),
+            (
+                "MULTIPILOT_CONSOLE__LISTEN".into(),
+                format!("127.0.0.1:{}", free_port()?),
+            ),
+            (
+                "MULTIPILOT_STORAGE__DATA_DIR".into(),
+                dir.join("console-data").display().to_string(),
+            ),
+            ("MULTIPILOT_PROVISION__ENABLED".into(), "false".into()),
+            ("MULTIPILOT_LOG__FORMAT".into(), "text".into()),
+        ],
+        dir.join("console.log"),
+    );
+    let metrics = format!("http://127.0.0.1:{http}/metrics");
+    let http_client = reqwest::Client::new();
+    drain(p, "console", Duration::from_secs(600), async || {
+        let text = http_client
+            .get(&metrics)
+            .send()
+            .await
+            .ok()?
+            .text()
+            .await
+            .ok()?;
+        let applied = text
+            .lines()
+            .find(|l| l.starts_with("multipilot_console_applied_total{feed=\"state\"}"))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0) as usize;
+        Some((applied > 0, applied >= n))
+    })
+    .await
 }
 
 /// A bare pull consumer (explicit ack, batch `RAW_BATCH`) reading `n` messages of `stream`; returns seconds.
@@ -505,7 +755,7 @@ async fn drain_role(
         .last_sequence;
     std::fs::create_dir_all(dir)?;
     let data = dir.join(format!("{role}-data"));
-    let mut p = Proc::new(
+    let p = Proc::new(
         role,
         bin,
         vec![role.to_string()],
@@ -532,26 +782,43 @@ async fn drain_role(
         ],
         dir.join(format!("{role}.log")),
     );
+    let s = js.get_stream(stream).await?;
+    drain(p, role, Duration::from_secs(900), async || {
+        let info = s.consumer_info(durable).await.ok()?;
+        Some((
+            info.delivered.stream_sequence > 0,
+            info.ack_floor.stream_sequence >= last && info.num_ack_pending == 0,
+        ))
+    })
+    .await
+}
+
+/// Starts `p` and polls `progress` (whether it started reading, whether it is done) every 20 ms until done;
+/// stops it and returns what it took.
+async fn drain(
+    mut p: Proc,
+    role: &str,
+    limit: Duration,
+    mut progress: impl AsyncFnMut() -> Option<(bool, bool)>,
+) -> Result<Drained> {
     let started = Instant::now();
     p.start()?;
     let pid = p.pid().context("pid")?;
-    let s = js.get_stream(stream).await?;
     let mut first: Option<Instant> = None;
     loop {
         if !p.running() {
             bail!("{role} exited: {}", p.log_tail(20));
         }
-        if let Ok(info) = s.consumer_info(durable).await {
-            let floor = info.ack_floor.stream_sequence;
-            if info.delivered.stream_sequence > 0 && first.is_none() {
+        if let Some((reading, done)) = progress().await {
+            if reading && first.is_none() {
                 first = Some(Instant::now());
             }
-            if floor >= last && info.num_ack_pending == 0 {
+            if done {
                 break;
             }
         }
-        if started.elapsed() > Duration::from_secs(900) {
-            bail!("{role} did not drain {stream} in 15 minutes");
+        if started.elapsed() > limit {
+            bail!("{role} did not finish in {} s", limit.as_secs());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
