@@ -39,7 +39,7 @@ add_token() { # TOKENS SUBJECT ROLE: appends an entry to TOKENS unless it has on
 
 token_of() { # TOKENS SUBJECT > value: SUBJECT's token without a final newline (a Secret key's value)
   local t
-  t="$(sed -n "s/.*token: \"\([^\"]*\)\", subject: $2,.*/\1/p" "$1" | head -n 1)"
+  t="$(sed -n "s/.*token: \"\([^\"]*\)\", subject: $2,.*/\1/p" "$1" | sed -n 1p)"
   [ -n "$t" ] || die "no token for the subject $2 in $1"
   printf '%s' "$t"
 }
