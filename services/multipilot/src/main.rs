@@ -159,6 +159,9 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
+/// How long an operator command tries to reach NATS when `nats.give_up_after` is not set.
+const OPERATOR_GIVE_UP: std::time::Duration = std::time::Duration::from_secs(10);
+
 async fn run() -> Result<()> {
     let cli = Cli::parse();
     // commands about the CLI itself need no hub config
@@ -175,6 +178,9 @@ async fn run() -> Result<()> {
             return fleet::run("", None, fleet::Command::ApiResources).await;
         }
         _ => {}
+    }
+    for (name, meant) in cfg::misspelled_env::<Config>("MULTIPILOT_") {
+        eprintln!("multipilot: warning: {name} is ignored; settings are named {meant}");
     }
     let mut config: Config = cfg::load(cli.config.as_deref(), "MULTIPILOT_", &["agent__"])?;
     config.validate()?;
@@ -215,6 +221,11 @@ async fn run() -> Result<()> {
             }
             | Command::Gitops { .. }
     );
+    if nats_command && config.nats.give_up_after.is_zero() {
+        // a person is waiting: say the hub is unreachable (as kubectl does) instead of retrying forever;
+        // the roles keep the configured default (retry until NATS answers)
+        config.nats.give_up_after = OPERATOR_GIVE_UP;
+    }
     if nats_command
         && cli.config.is_none()
         && std::env::var_os("MULTIPILOT_NATS__URL").is_none()

@@ -51,6 +51,42 @@ where
         .map_err(|e| Error::Invalid(e.to_string()))
 }
 
+/// Environment variables that look meant for `C` but are ignored because they have one underscore where
+/// the section and key need two (`MULTIPILOT_NATS_URL` for `MULTIPILOT_NATS__URL`): each with the name it
+/// should have, so a typo is told instead of silently doing nothing.
+pub fn misspelled_env<C>(prefix: &str) -> Vec<(String, String)>
+where
+    C: Serialize + Default,
+{
+    let Ok(serde_json::Value::Object(sections)) = serde_json::to_value(C::default()) else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for (name, _) in std::env::vars_os().filter_map(|(k, v)| Some((k.into_string().ok()?, v))) {
+        let Some(rest) = name.strip_prefix(prefix) else {
+            continue;
+        };
+        if rest.contains("__") {
+            continue;
+        }
+        let lower = rest.to_ascii_lowercase();
+        for (section, keys) in &sections {
+            let Some(key) = lower
+                .strip_prefix(section.as_str())
+                .and_then(|k| k.strip_prefix('_'))
+            else {
+                continue;
+            };
+            if keys.as_object().is_some_and(|k| k.contains_key(key)) {
+                let meant = format!("{prefix}{}__{}", section, key).to_ascii_uppercase();
+                found.push((name.clone(), meant));
+            }
+        }
+    }
+    found.sort();
+    found
+}
+
 /// The effective configuration as YAML, for `--print-config` (credentials show as `***`).
 pub fn render<C: Serialize>(config: &C) -> String {
     serde_yaml::to_string(config).unwrap_or_else(|e| format!("# cannot render config: {e}\n"))
@@ -73,6 +109,24 @@ mod tests {
     struct Cfg {
         nats: Inner,
         other: Inner,
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's own Jail signature
+    fn a_single_underscore_between_section_and_key_is_pointed_out() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env("TESTMQ_NATS_URL", "nats://typo:4222");
+            jail.set_env("TESTMQ_NATS__LIMIT", "3");
+            jail.set_env("TESTMQ_PROFILE", "not a setting");
+            assert_eq!(
+                misspelled_env::<Cfg>("TESTMQ_"),
+                vec![(
+                    "TESTMQ_NATS_URL".to_string(),
+                    "TESTMQ_NATS__URL".to_string()
+                )]
+            );
+            Ok(())
+        });
     }
 
     // figment::Jail isolates the environment and working directory per closure.
