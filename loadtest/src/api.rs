@@ -584,22 +584,40 @@ fn event_to_events_api(e: &Value, api_version: &str) -> Value {
     out
 }
 
-fn selector_filter(q: &Query) -> Result<impl Fn(&Value) -> bool + use<>, ApiError> {
-    let labels = LabelSelector::parse(q.get("labelSelector").map_or("", String::as_str))?;
-    let fields = FieldSelector::parse(q.get("fieldSelector").map_or("", String::as_str))?;
-    Ok(move |o: &Value| {
-        labels.matches(o.pointer("/metadata/labels").and_then(Value::as_object))
-            && fields.matches(o)
-    })
+/// A request's label and field selectors.
+struct Selectors {
+    labels: LabelSelector,
+    fields: FieldSelector,
+}
+
+impl Selectors {
+    fn parse(q: &Query) -> Result<Self, ApiError> {
+        Ok(Selectors {
+            labels: LabelSelector::parse(q.get("labelSelector").map_or("", String::as_str))?,
+            fields: FieldSelector::parse(q.get("fieldSelector").map_or("", String::as_str))?,
+        })
+    }
+
+    fn matches(&self, o: &Value) -> bool {
+        self.labels
+            .matches(o.pointer("/metadata/labels").and_then(Value::as_object))
+            && self.fields.matches(o)
+    }
+
+    /// As a list's filter: none when the request selects everything.
+    fn filter(&self) -> Option<impl Fn(&Value) -> bool + '_> {
+        (!self.labels.is_empty() || !self.fields.is_empty()).then_some(|o: &Value| self.matches(o))
+    }
 }
 
 fn list(c: &Cluster, t: &Target, q: &Query, headers: &HeaderMap) -> Result<Response, ApiError> {
-    let filter = selector_filter(q)?;
+    let selectors = Selectors::parse(q)?;
+    let filter = selectors.filter();
     let limit = q.get("limit").and_then(|l| l.parse().ok());
     let page = c.store.list(
         &t.key(),
         t.ns.as_deref().filter(|_| t.res.namespaced),
-        &filter,
+        filter.as_ref().map(|f| f as &dyn Fn(&Value) -> bool),
         limit,
         q.get("continue")
             .map(String::as_str)
@@ -608,7 +626,9 @@ fn list(c: &Cluster, t: &Target, q: &Query, headers: &HeaderMap) -> Result<Respo
     let mut meta = json!({"resourceVersion": page.rv.to_string()});
     if let Some(token) = &page.continue_token {
         meta["continue"] = json!(token);
-        meta["remainingItemCount"] = json!(page.remaining);
+        if let Some(remaining) = page.remaining {
+            meta["remainingItemCount"] = json!(remaining);
+        }
     }
     let wants_table = headers
         .get(header::ACCEPT)
@@ -720,7 +740,7 @@ fn human_age(d: chrono::Duration) -> String {
 }
 
 fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Response, ApiError> {
-    let filter = selector_filter(q)?;
+    let selectors = Selectors::parse(q)?;
     let key = t.key();
     let ns = t.ns.clone().filter(|_| t.res.namespaced);
     let res = t.res.clone();
@@ -734,7 +754,9 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
     let (initial, from) = match rv_param {
         "" | "0" => {
             // "Any" resourceVersion: synthetic ADDED events for the current state, then changes.
-            let page = c.store.list(&key, ns.as_deref(), &filter, None, None)?;
+            let filter = selectors.filter();
+            let filter = filter.as_ref().map(|f| f as &dyn Fn(&Value) -> bool);
+            let page = c.store.list(&key, ns.as_deref(), filter, None, None)?;
             (page.items, page.rv)
         }
         rv => {
@@ -788,7 +810,7 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
                 && ns
                     .as_deref()
                     .is_none_or(|n| str_at(&ch.object, &["metadata", "namespace"]) == n)
-                && filter(&ch.object)
+                && selectors.matches(&ch.object)
         };
         let mut last_rv = from;
         let send = async |b: Bytes| tx.send(Ok(b)).await.is_ok();

@@ -1291,17 +1291,20 @@ fn reconcile(c: &Cluster) {
 
 /// Deletes events not seen for `ttl` (the apiserver's `--event-ttl`, 1 h by default).
 fn expire_events(c: &Cluster, ttl: chrono::Duration) {
+    /// The one field the sweep reads (events are kept as JSON: only this is decoded).
+    #[derive(serde::Deserialize)]
+    struct Seen {
+        #[serde(rename = "lastTimestamp", default)]
+        last: Option<String>,
+    }
     let cutoff = c.now() - ttl;
-    for e in c.store.all(&rk("", "events"), None) {
-        let last = chrono::DateTime::parse_from_rfc3339(str_at(&e, &["lastTimestamp"]));
-        if last.is_ok_and(|t| t < cutoff) {
-            remove(
-                c,
-                "",
-                "events",
-                str_at(&e, &["metadata", "namespace"]),
-                str_at(&e, &["metadata", "name"]),
-            );
+    for ((ns, name), seen) in c.store.scan::<Seen>(&rk("", "events")) {
+        let last = seen
+            .last
+            .as_deref()
+            .map(chrono::DateTime::parse_from_rfc3339);
+        if last.is_some_and(|t| t.is_ok_and(|t| t < cutoff)) {
+            remove(c, "", "events", &ns, &name);
         }
     }
 }
