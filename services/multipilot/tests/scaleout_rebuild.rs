@@ -382,9 +382,15 @@ async fn wiped_correlator_keeps_its_incidents_open_and_their_revisions_continue(
     let t = Utc::now() - chrono::Duration::minutes(5);
     // compliant, then rolled back below the baseline: a drift incident (standing non-compliance is not one)
     hub.send(subject::facts(c), c, t, facts(31)).await?;
-    // FLEET_FACTS keeps one message per subject: the compliant facts are read before the rollback
-    // replaces them
-    hub.drained("FLEET_FACTS", "correlator-facts").await?;
+    // FLEET_FACTS keeps one message per subject: the compliant facts are judged before the rollback
+    // replaces them. Judged, not only read: a fresh correlator holds its judgement until its inventory
+    // replay caught up (up to half a second after the start), and facts read meanwhile are not compared.
+    let logs = [hub.log_path()];
+    wait_for("the compliant facts judged", &logs, || async {
+        let reports = hub.compliance().await.ok()?;
+        reports.iter().any(|r| r.cluster == c).then_some(())
+    })
+    .await?;
     hub.send(
         subject::facts(c),
         c,
@@ -393,7 +399,6 @@ async fn wiped_correlator_keeps_its_incidents_open_and_their_revisions_continue(
     )
     .await?;
     hub.etcd_rounds(c, ProbeStatus::Unhealthy, 1..=6, t).await?;
-    let logs = [hub.log_path()];
     let before = wait_for("etcd and drift incidents", &logs, || async {
         let cur = hub.current().await.ok()?;
         (cur.iter().any(|i| i.kind == "etcd-unhealthy")
