@@ -114,8 +114,6 @@ struct Series {
     ooo: BTreeMap<i64, f64>,
     /// Newest timestamp stored in order (`i64::MIN` when none).
     max_t: i64,
-    /// Changed since the last checkpoint.
-    dirty: bool,
 }
 
 #[derive(Debug, Default)]
@@ -366,7 +364,6 @@ impl Store {
             }
             s.head.append(t, v);
             s.max_t = t;
-            s.dirty = true;
             AppendStats {
                 appended: 1,
                 ..Default::default()
@@ -443,9 +440,11 @@ impl Store {
     /// then drops the older generations. Ingestion waits only for the in-memory part.
     pub async fn checkpoint(&self) -> Result<()> {
         let span = self.max_span_ms();
-        let (snapshot, generation) = {
+        let (heads, generation) = {
             let mut head = self.write();
-            let mut snapshot = Vec::new();
+            // every head, written as it is read: the file is whole, so no earlier checkpoint is needed
+            let generation = self.disk.rotate_wal()?;
+            let mut heads = self.disk.begin_heads(generation)?;
             for (id, s) in head.series.iter_mut() {
                 if !s.ooo.is_empty() {
                     let mut c = Chunk::new();
@@ -463,18 +462,12 @@ impl Store {
                         self.disk.write_chunk(*id, c.bytes())?;
                     }
                 }
-                if s.dirty {
-                    let mut bytes = s.max_t.to_be_bytes().to_vec();
-                    bytes.extend_from_slice(s.head.bytes());
-                    snapshot.push((*id, Some(bytes)));
-                    s.dirty = false;
-                }
+                heads.add(*id, s.max_t, s.head.bytes())?;
             }
-            (snapshot, self.disk.rotate_wal()?)
+            (heads, generation)
         };
-        let saved = snapshot.len();
-        self.disk.finish_checkpoint(snapshot, generation).await?;
-        tracing::debug!(saved, generation, "checkpoint done");
+        self.disk.finish_checkpoint(heads, generation).await?;
+        tracing::debug!(generation, "checkpoint done");
         Ok(())
     }
 
@@ -644,7 +637,6 @@ impl Head {
                 head: Chunk::new(),
                 ooo: BTreeMap::new(),
                 max_t: i64::MIN,
-                dirty: false,
             },
         );
     }
