@@ -319,9 +319,9 @@ async fn apiserver(ctx: &ClusterCtx, cfg: &Config) -> Outcome {
     }
     ctx.reachable
         .store(ok > 0, std::sync::atomic::Ordering::Relaxed);
-    // /readyz failing only on checks another probe owns (etcd) says nothing about the API server's own
-    // load: that probe reports it, and an overload incident would repeat it
-    failures.retain(|f| !(f.starts_with("/readyz: HTTP 500") && readyz_failure_owned_elsewhere(f)));
+    // /readyz or /livez failing only on checks another probe owns (etcd: both include it) says nothing
+    // about the API server's own load: that probe reports it, and an overload incident would repeat it
+    failures.retain(|f| !health_failure_owned_elsewhere(f));
     let error_ratio = failures.len() as f64 / 3.0;
     let status = if ok == 0 {
         ProbeStatus::Unhealthy
@@ -352,9 +352,12 @@ async fn apiserver(ctx: &ClusterCtx, cfg: &Config) -> Outcome {
     o
 }
 
-/// Whether a `/readyz` failure (`/readyz: HTTP 500 [-]etcd failed: …`) names only checks another probe
-/// owns.
-fn readyz_failure_owned_elsewhere(failure: &str) -> bool {
+/// Whether a `/readyz` or `/livez` failure (`/readyz: HTTP 500 [-]etcd failed: …`) names only checks
+/// another probe owns.
+fn health_failure_owned_elsewhere(failure: &str) -> bool {
+    if !(failure.starts_with("/readyz: HTTP 500") || failure.starts_with("/livez: HTTP 500")) {
+        return false;
+    }
     let named: Vec<&str> = failure
         .split("[-]")
         .skip(1)
@@ -1030,14 +1033,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_readyz_failure_on_etcd_alone_is_the_etcd_probes_business() {
-        assert!(readyz_failure_owned_elsewhere(
-            "/readyz: HTTP 500 [-]etcd failed: reason withheld"
+    fn a_health_failure_on_etcd_alone_is_the_etcd_probes_business() {
+        for path in ["/readyz", "/livez"] {
+            assert!(health_failure_owned_elsewhere(&format!(
+                "{path}: HTTP 500 [-]etcd failed: reason withheld"
+            )));
+            assert!(!health_failure_owned_elsewhere(&format!(
+                "{path}: HTTP 500 [-]poststarthook/rbac/bootstrap-roles failed: not finished"
+            )));
+            assert!(!health_failure_owned_elsewhere(&format!(
+                "{path}: HTTP 500 "
+            )));
+        }
+        assert!(!health_failure_owned_elsewhere(
+            "/version: HTTP 500 [-]etcd failed: reason withheld"
         ));
-        assert!(!readyz_failure_owned_elsewhere(
-            "/readyz: HTTP 500 [-]poststarthook/rbac/bootstrap-roles failed: not finished"
-        ));
-        assert!(!readyz_failure_owned_elsewhere("/readyz: HTTP 500 "));
     }
 
     #[test]
