@@ -115,7 +115,7 @@ pub enum Error {
         source: std::io::Error,
     },
     /// Gave up after `give_up_after`.
-    #[error("could not connect to NATS at {url} within {after:?}: {last}")]
+    #[error("could not connect to NATS at {url} within {:.0} s: {last}", after.as_secs_f64())]
     GaveUp {
         /// Where.
         url: String,
@@ -250,7 +250,12 @@ pub async fn connect(config: &Config) -> Result<async_nats::Client, Error> {
                         last: e.to_string(),
                     });
                 }
-                tracing::warn!(url = %config.url, error = %e, retry_in = ?delay, "nats not reachable yet");
+                if config.give_up_after.is_zero() {
+                    tracing::warn!(url = %config.url, error = %e, retry_in = ?delay, "nats not reachable yet");
+                } else {
+                    // someone waits for the verdict (an operator command): one error at the end says it
+                    tracing::debug!(url = %config.url, error = %e, retry_in = ?delay, "nats not reachable yet");
+                }
                 tokio::time::sleep(delay).await;
                 delay = (delay * 2).min(Duration::from_secs(5));
             }

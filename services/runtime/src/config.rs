@@ -58,7 +58,8 @@ pub fn misspelled_env<C>(prefix: &str) -> Vec<(String, String)>
 where
     C: Serialize + Default,
 {
-    let Ok(serde_json::Value::Object(sections)) = serde_json::to_value(C::default()) else {
+    // YAML, as `render`: it takes every config (JSON refuses maps with non-string keys)
+    let Ok(serde_yaml::Value::Mapping(sections)) = serde_yaml::to_value(C::default()) else {
         return Vec::new();
     };
     let mut found = Vec::new();
@@ -71,13 +72,16 @@ where
         }
         let lower = rest.to_ascii_lowercase();
         for (section, keys) in &sections {
+            let Some(section) = section.as_str() else {
+                continue;
+            };
             let Some(key) = lower
-                .strip_prefix(section.as_str())
+                .strip_prefix(section)
                 .and_then(|k| k.strip_prefix('_'))
             else {
                 continue;
             };
-            if keys.as_object().is_some_and(|k| k.contains_key(key)) {
+            if keys.as_mapping().is_some_and(|k| k.contains_key(key)) {
                 let meant = format!("{prefix}{}__{}", section, key).to_ascii_uppercase();
                 found.push((name.clone(), meant));
             }
