@@ -1144,7 +1144,11 @@ pub async fn run(c: Arc<Cluster>, cancel: CancellationToken) {
     };
     let mut events = tokio::time::interval(events_every);
     events.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-    let mut expire = tokio::time::interval(Duration::from_secs(30));
+    // The TTL sweep reads every event: once a minute is plenty for a one-hour TTL, and each cluster's
+    // sweep starts at its own offset so a fleet's sweeps don't come at once.
+    let sweep_every = Duration::from_secs(60);
+    let offset = Duration::from_millis(c.rng().random_range(0..sweep_every.as_millis() as u64));
+    let mut expire = tokio::time::interval_at(tokio::time::Instant::now() + offset, sweep_every);
     let mut churn = tokio::time::interval(churn_every);
     churn.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
