@@ -216,6 +216,14 @@ impl Store {
             .map(Slot::value)
     }
 
+    /// Whether an object exists (without reading it: an event kept as JSON is not parsed).
+    pub fn contains(&self, res: &ResKey, ns: &str, name: &str) -> bool {
+        self.lock()
+            .objects
+            .get(res)
+            .is_some_and(|m| m.contains_key(&(ns.to_string(), name.to_string())))
+    }
+
     /// Each object of a resource decoded as `T` (only the fields `T` names are read), with its
     /// (namespace, name): how a sweep over many events reads their timestamps.
     pub fn scan<T: serde::de::DeserializeOwned>(&self, res: &ResKey) -> Vec<(ObjKey, T)> {

@@ -803,7 +803,7 @@ fn endpoints(c: &Cluster, ns: &str, name: &str, ready: bool) {
         json!([])
     };
     let obj = json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": meta(ns, name, json!({"k8s-app": "kube-dns"})), "subsets": subsets});
-    if c.store.get(&rk("", "endpoints"), ns, name).is_some() {
+    if c.store.contains(&rk("", "endpoints"), ns, name) {
         change(c, "", "endpoints", ns, name, |e| {
             e["subsets"] = obj["subsets"].clone()
         });
@@ -1099,7 +1099,7 @@ pub fn event(c: &Cluster, obj: &Value, ty: &str, reason: &str, message: &str, co
     let now = c.now_str();
     let micro = c.now_micro();
     let res = rk("", "events");
-    if c.store.get(&res, ns, &key).is_some() {
+    if c.store.contains(&res, ns, &key) {
         change(c, "", "events", ns, &key, |e| {
             let count = e["count"].as_i64().unwrap_or(1) + 1;
             e["count"] = json!(count);
@@ -1811,7 +1811,7 @@ pub fn set_fault(
             if on {
                 let mut cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta(ns, name, json!({})), "data": {"k": "v"}});
                 cm["metadata"]["finalizers"] = json!(["example.com/legacy-cleanup"]);
-                if c.store.get(&rk("", "configmaps"), ns, name).is_none() {
+                if !c.store.contains(&rk("", "configmaps"), ns, name) {
                     put(c, "", "configmaps", cm);
                 }
                 let started = (c.now()
