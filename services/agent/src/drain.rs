@@ -2,10 +2,12 @@
 //! every cluster of the process), with a random pause after a reconnect so a fleet of agents coming back
 //! together doesn't arrive at once. A message leaves the outbox only when JetStream confirms it.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::connection::State;
+use async_nats::jetstream::stream::DirectGetErrorKind;
 use governor::DefaultDirectRateLimiter;
 use multipilot_bus::metrics::BusMetrics;
 use multipilot_bus::publish::{Completion, Outgoing, Publisher};
@@ -51,6 +53,11 @@ pub async fn run(
     let mut backoff = Duration::from_millis(200);
     let cluster = outbox.cluster().to_string();
     let mut grace_deadline: Option<tokio::time::Instant> = None;
+    // Seqs whose last send was not confirmed: that send may have been stored (a lost ack).
+    let mut unconfirmed: HashSet<u64> = HashSet::new();
+    // The subjects of messages in flight that may be stored already (sent unconfirmed before, or waiting
+    // in the outbox when this process started), to tell a duplicate of themselves from one of another seq.
+    let mut maybe_stored: HashMap<u64, String> = HashMap::new();
     loop {
         if cancel.is_cancelled() && grace_deadline.is_none() {
             grace_deadline = Some(tokio::time::Instant::now() + Duration::from_secs(5));
@@ -97,6 +104,9 @@ pub async fn run(
         let mut completions = Vec::new();
         for (class, seq, item) in batch {
             limiter.until_ready().await;
+            if outbox.carried_over(seq) || unconfirmed.contains(&seq) {
+                maybe_stored.insert(seq, item.subject.clone());
+            }
             let msg = Outgoing::raw(item.subject, item.msg_id, &item.schema, item.body.into());
             completions.extend(publisher.send((class, seq), msg).await);
         }
@@ -110,12 +120,19 @@ pub async fn run(
                     stream,
                     sequence,
                 } => {
-                    // A duplicate is usually this very message re-sent after a lost ack (nothing missing);
-                    // only one stored under another seq leaves a gap in the sequence, and is counted.
+                    // A duplicate is this very message re-sent after a lost ack (nothing missing), or
+                    // the same content stored under another seq, which leaves a gap in the sequence and is
+                    // counted. A message never sent before can only be the latter; for one that may be
+                    // stored already, the stored message says which.
+                    unconfirmed.remove(&seq);
+                    let maybe = maybe_stored.remove(&seq);
                     let other_seq = duplicate
-                        && stored_seq(&js, &stream, sequence)
-                            .await
-                            .is_some_and(|s| s != seq);
+                        && match maybe {
+                            None => true,
+                            Some(subject) => stored_seq(&js, &stream, &subject, sequence)
+                                .await
+                                .is_some_and(|s| s != seq),
+                        };
                     let removed = if other_seq {
                         outbox.remove_duplicate(class, seq)
                     } else {
@@ -125,7 +142,12 @@ pub async fn run(
                         tracing::error!(%cluster, error = %e, "cannot remove a confirmed message from the outbox");
                     }
                 }
-                Completion::Failed { error, .. } => {
+                Completion::Failed {
+                    key: (_, seq),
+                    error,
+                } => {
+                    unconfirmed.insert(seq);
+                    maybe_stored.remove(&seq);
                     failed += 1;
                     if failed == 1 {
                         tracing::warn!(%cluster, %error, "publish not confirmed; will retry");
@@ -144,18 +166,34 @@ pub async fn run(
     }
 }
 
-/// The envelope `seq` of a stored message.
+/// The envelope `seq` of the message stored at `sequence` under `subject`, if it is still the last one
+/// there. Read with a direct get scoped by subject (`$JS.API.DIRECT.GET.<stream>.<subject>`): an agent's
+/// user may read back its own subjects and nothing else, and that request can only return the last
+/// message of a subject. With partitions (deploy/nats/partitions.conf) the stored subject has one more
+/// token. `None` when the stored message is no longer the last of its subject: the caller then takes it
+/// for this very message (a newer one on the subject came after it, as after a lost ack and a retry).
 async fn stored_seq(
     js: &async_nats::jetstream::Context,
     stream: &str,
+    subject: &str,
     sequence: u64,
 ) -> Option<u64> {
     #[derive(serde::Deserialize)]
     struct SeqOnly {
         seq: u64,
     }
-    let stream = js.get_stream(stream).await.ok()?;
-    let msg = stream.get_raw_message(sequence).await.ok()?;
+    let stream = js.get_stream_no_info(stream).await.ok()?;
+    let msg = match stream.direct_get_last_for_subject(subject).await {
+        Ok(m) => m,
+        Err(e) if e.kind() == DirectGetErrorKind::NotFound => stream
+            .direct_get_last_for_subject(format!("{subject}.*"))
+            .await
+            .ok()?,
+        Err(_) => return None,
+    };
+    if msg.sequence != sequence {
+        return None;
+    }
     rmp_serde::from_slice::<SeqOnly>(&msg.payload)
         .ok()
         .map(|s| s.seq)

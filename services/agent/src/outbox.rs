@@ -445,6 +445,12 @@ impl Outbox {
         let _ = tokio::time::timeout(timeout, self.inner.notify.notified()).await;
     }
 
+    /// Whether `seq` was waiting in the outbox when it was opened: a process before this one may have sent
+    /// it, and JetStream stored it, without its removal being recorded.
+    pub fn carried_over(&self, seq: u64) -> bool {
+        seq <= self.inner.attempted_floor
+    }
+
     fn attempted(&self, seq: u64) -> bool {
         seq <= self.inner.attempted_floor
             || self

@@ -417,8 +417,12 @@ async fn every_role_works_under_its_own_user_and_an_agent_speaks_only_for_its_cl
             .is_none(),
         "agent-prod-1 read another client's reply"
     );
-    // it can't read the streams through a consumer
-    let stream = ajs.get_stream("FLEET_STATE").await?;
+    // it can't ask about a stream, nor read it through a consumer
+    assert!(
+        ajs.get_stream("FLEET_STATE").await.is_err(),
+        "agent-prod-1 read FLEET_STATE's stream info"
+    );
+    let stream = ajs.get_stream_no_info("FLEET_STATE").await?;
     let created = stream
         .create_consumer(jetstream::consumer::pull::Config::default())
         .await;
@@ -580,6 +584,703 @@ async fn an_onboarded_cluster_speaks_only_for_itself_and_is_refused_once_removed
     assert!(
         !matches!(refused, Ok(Ok(_))),
         "a removed cluster's agent could still connect"
+    );
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The permission matrix: what every user of the shipped accounts file, and an agent user minted by
+// `multipilot cluster add`, must be able to do ([`specs`]), checked against a real nats-server running that
+// file over a generated set of everything else it must not (other clusters' subjects, every `$JS.API`
+// family on every stream, other users' inboxes, the roles' request subjects). Any surprise, either way,
+// fails. The README's security section shows [`matrix`], rendered from the same specs.
+
+/// How a role reads a stream.
+#[derive(Clone)]
+enum Read {
+    /// Durable or ephemeral consumers of any name, acked.
+    Any,
+    /// Ephemeral ordered consumers only (no acks, no durables): a replay.
+    Ordered,
+    /// Only the named durables.
+    Durables(Vec<String>),
+}
+
+/// What one user must be able to do; everything else it must not.
+struct Spec {
+    user: String,
+    /// Its reply inbox prefix (`nats.inbox_prefix`).
+    inbox: String,
+    /// Subjects it publishes.
+    publish: Vec<String>,
+    /// Request subjects it answers.
+    answers: Vec<String>,
+    /// Other subjects it subscribes to.
+    subscribe: Vec<String>,
+    /// Streams it reads.
+    reads: Vec<(String, Read)>,
+    /// Direct gets (stream + last-by-subject) it may make.
+    direct_get: Vec<String>,
+    /// The KV buckets it owns (creates, reads, writes).
+    kv: Vec<String>,
+    /// Other JetStream API requests.
+    api: Vec<String>,
+    /// No restriction (`admin`).
+    all: bool,
+}
+
+fn s(v: &[&str]) -> Vec<String> {
+    v.iter().map(|x| x.to_string()).collect()
+}
+
+fn spec(user: &str, inbox: &str) -> Spec {
+    Spec {
+        user: user.into(),
+        inbox: inbox.into(),
+        publish: vec![],
+        answers: vec![],
+        subscribe: vec![],
+        reads: vec![],
+        direct_get: vec![],
+        kv: vec![],
+        api: vec![],
+        all: false,
+    }
+}
+
+fn agent_spec(c: &str) -> Spec {
+    Spec {
+        publish: [
+            "state.{c}.>",
+            "resync.{c}.>",
+            "facts.{c}",
+            "hb.{c}",
+            "probe.{c}.>",
+            "event.{c}.>",
+            "metrics.{c}",
+            "facts.{c}.*",
+            "hb.{c}.*",
+            "metrics.{c}.*",
+        ]
+        .iter()
+        .map(|p| format!("fleet.{}", p.replace("{c}", c)))
+        .collect(),
+        subscribe: vec![format!("fleet.cmd.{c}.>")],
+        direct_get: [
+            ("FLEET_STATE", "state.{c}.>"),
+            ("FLEET_STATE", "resync.{c}.>"),
+            ("FLEET_FACTS", "facts.{c}"),
+            ("FLEET_FACTS", "facts.{c}.*"),
+            ("FLEET_HEALTH", "hb.{c}"),
+            ("FLEET_HEALTH", "hb.{c}.*"),
+            ("FLEET_HEALTH", "probe.{c}.>"),
+            ("FLEET_EVENTS", "event.{c}.>"),
+            ("FLEET_METRICS", "metrics.{c}"),
+            ("FLEET_METRICS", "metrics.{c}.*"),
+        ]
+        .iter()
+        .map(|(st, p)| format!("{st}.fleet.{}", p.replace("{c}", c)))
+        .collect(),
+        ..spec(&format!("agent-{c}"), &format!("_INBOX_{c}"))
+    }
+}
+
+fn specs(minted: &str) -> Vec<Spec> {
+    let durables = |v: &[&str]| Read::Durables(s(v));
+    vec![
+        agent_spec("prod-1"),
+        agent_spec(minted),
+        Spec {
+            publish: s(&[
+                "fleet.incident.>",
+                "fleet.digest.>",
+                "fleet.compliance.>",
+                "fleet.audit.console.incident-*",
+                "fleet.dlq.>",
+            ]),
+            answers: s(&[
+                "fleet.query.incidents",
+                "fleet.query.compliance",
+                "fleet.ctl.incident",
+            ]),
+            reads: vec![
+                ("FLEET_EVENTS".into(), Read::Any),
+                ("FLEET_HEALTH".into(), Read::Any),
+                ("FLEET_STATE".into(), Read::Any),
+                ("FLEET_FACTS".into(), Read::Any),
+                ("FLEET_INCIDENTS".into(), Read::Ordered),
+            ],
+            api: s(&["$JS.API.INFO"]),
+            ..spec("correlator", "_INBOX_correlator")
+        },
+        Spec {
+            publish: s(&["fleet.dlq.>"]),
+            reads: vec![(
+                "FLEET_METRICS".into(),
+                durables(&["tsdb", "tsdb-p0-of-2", "tsdb-p1-of-2"]),
+            )],
+            api: s(&["$JS.API.INFO"]),
+            ..spec("tsdb", "_INBOX_tsdb")
+        },
+        Spec {
+            publish: s(&["fleet.alert.>", "fleet.audit.alerts.>", "fleet.dlq.>"]),
+            reads: vec![("FLEET_INCIDENTS".into(), durables(&["alerts"]))],
+            kv: s(&[
+                "MULTIPILOT_SILENCES",
+                "MULTIPILOT_NFLOG",
+                "MULTIPILOT_ALERTS",
+            ]),
+            api: s(&["$JS.API.INFO"]),
+            ..spec("alerts", "_INBOX_alerts")
+        },
+        Spec {
+            publish: s(&[
+                "fleet.cmd.*.release",
+                "fleet.release.>",
+                "fleet.audit.release.>",
+                "fleet.query.incidents",
+                "fleet.probe.*.release-drift",
+                "fleet.probe.*.policy-drift",
+            ]),
+            answers: s(&["fleet.releasectl.>"]),
+            reads: vec![
+                ("FLEET_STATE".into(), Read::Ordered),
+                ("FLEET_FACTS".into(), Read::Ordered),
+                ("FLEET_INCIDENTS".into(), Read::Ordered),
+                ("FLEET_RELEASE".into(), Read::Ordered),
+            ],
+            kv: s(&["MULTIPILOT_RELEASES"]),
+            api: s(&["$JS.API.INFO"]),
+            ..spec("release", "_INBOX_release")
+        },
+        Spec {
+            publish: s(&[
+                "fleet.ctl.incident",
+                "fleet.query.>",
+                "fleet.releasectl.gitops",
+            ]),
+            reads: vec![
+                ("FLEET_STATE".into(), Read::Any),
+                ("FLEET_FACTS".into(), Read::Any),
+                ("FLEET_HEALTH".into(), Read::Any),
+                ("FLEET_INCIDENTS".into(), Read::Any),
+                ("FLEET_RELEASE".into(), Read::Any),
+            ],
+            // the resources page reads a stored object by sequence
+            api: s(&["$JS.API.INFO", "$JS.API.STREAM.MSG.GET.FLEET_STATE"]),
+            direct_get: s(&["FLEET_STATE"]),
+            ..spec("console", "_INBOX_console")
+        },
+        Spec {
+            publish: s(&["fleet.query.>", "fleet.releasectl.>"]),
+            subscribe: s(&["fleet.incident.>", "fleet.release.>", "fleet.alert.>"]),
+            api: s(&[
+                "$JS.API.INFO",
+                "$JS.API.STREAM.NAMES",
+                "$JS.API.STREAM.LIST",
+                "$JS.API.STREAM.INFO.*",
+                "$JS.API.CONSUMER.NAMES.*",
+                "$JS.API.CONSUMER.LIST.*",
+            ]),
+            ..spec("operator", "_INBOX_operator")
+        },
+        Spec {
+            all: true,
+            ..spec("admin", "_INBOX")
+        },
+    ]
+}
+
+/// A publish or a subscription.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Op {
+    Pub(String),
+    Sub(String),
+}
+
+impl Spec {
+    /// The patterns of what it may publish and subscribe to.
+    fn patterns(&self) -> (Vec<String>, Vec<String>) {
+        let mut p = self.publish.clone();
+        p.extend(self.api.iter().cloned());
+        for (st, how) in &self.reads {
+            p.push(format!("$JS.API.STREAM.INFO.{st}"));
+            let names = match how {
+                Read::Durables(n) => n.clone(),
+                _ => vec!["*".into()],
+            };
+            for n in &names {
+                for f in ["CONSUMER.INFO", "CONSUMER.MSG.NEXT", "CONSUMER.DELETE"] {
+                    p.push(format!("$JS.API.{f}.{st}.{n}"));
+                }
+                if !matches!(how, Read::Ordered) {
+                    p.push(format!("$JS.API.CONSUMER.DURABLE.CREATE.{st}.{n}"));
+                    p.push(format!("$JS.ACK.{st}.{n}.>"));
+                }
+                if n == "*" {
+                    p.push(format!("$JS.API.CONSUMER.CREATE.{st}"));
+                    p.push(format!("$JS.API.CONSUMER.CREATE.{st}.>"));
+                    p.push(format!("$JS.FC.{st}.>"));
+                } else {
+                    p.push(format!("$JS.API.CONSUMER.CREATE.{st}.{n}"));
+                    p.push(format!("$JS.API.CONSUMER.CREATE.{st}.{n}.>"));
+                }
+            }
+        }
+        for d in &self.direct_get {
+            p.push(format!("$JS.API.DIRECT.GET.{d}"));
+        }
+        for b in &self.kv {
+            let st = format!("KV_{b}");
+            for f in [
+                "STREAM.INFO",
+                "STREAM.CREATE",
+                "STREAM.UPDATE",
+                "DIRECT.GET",
+                "STREAM.MSG.GET",
+            ] {
+                p.push(format!("$JS.API.{f}.{st}"));
+            }
+            p.push(format!("$JS.API.DIRECT.GET.{st}.>"));
+            p.push(format!("$KV.{b}.>"));
+            for f in ["CONSUMER.INFO", "CONSUMER.DELETE"] {
+                p.push(format!("$JS.API.{f}.{st}.*"));
+            }
+            p.push(format!("$JS.API.CONSUMER.CREATE.{st}"));
+            p.push(format!("$JS.API.CONSUMER.CREATE.{st}.>"));
+            p.push(format!("$JS.FC.{st}.>"));
+        }
+        let mut sub = self.answers.clone();
+        sub.extend(self.subscribe.iter().cloned());
+        sub.push(format!("{}.>", self.inbox));
+        (p, sub)
+    }
+
+    fn allows(&self, op: &Op) -> bool {
+        if self.all {
+            return true;
+        }
+        let (p, sub) = self.patterns();
+        match op {
+            Op::Pub(x) => p.iter().any(|pat| covers(pat, x)),
+            Op::Sub(x) => sub.iter().any(|pat| covers(pat, x)),
+        }
+    }
+}
+
+/// Whether every subject `subject` can match is matched by `pattern` (NATS wildcards `*` and `>`).
+fn covers(pattern: &str, subject: &str) -> bool {
+    let (p, s): (Vec<&str>, Vec<&str>) =
+        (pattern.split('.').collect(), subject.split('.').collect());
+    for (i, pt) in p.iter().enumerate() {
+        match (*pt, s.get(i)) {
+            (">", Some(_)) => return true,
+            (_, None) => return false,
+            ("*", Some(&st)) if st != ">" => {}
+            (lit, Some(&st)) if lit == st && lit != "*" && lit != ">" => {}
+            _ => return false,
+        }
+    }
+    p.len() == s.len()
+}
+
+const STREAMS: [&str; 14] = [
+    "FLEET_STATE",
+    "FLEET_FACTS",
+    "FLEET_HEALTH",
+    "FLEET_EVENTS",
+    "FLEET_METRICS",
+    "FLEET_INCIDENTS",
+    "FLEET_ALERTS",
+    "FLEET_RELEASE",
+    "FLEET_AUDIT",
+    "FLEET_DLQ",
+    "KV_MULTIPILOT_SILENCES",
+    "KV_MULTIPILOT_NFLOG",
+    "KV_MULTIPILOT_ALERTS",
+    "KV_MULTIPILOT_RELEASES",
+];
+
+/// Everything tried for every user: what some user must be able to do and much that nobody may.
+fn candidates(users: &[Spec], clusters: &[&str]) -> Vec<Op> {
+    let mut pubs: Vec<String> = Vec::new();
+    let mut subs: Vec<String> = s(&["fleet.>", ">", "$JS.API.>", "_INBOX.>", "$KV.>"]);
+    for c in clusters {
+        for x in [
+            "state.{c}.Deployment.shop.web",
+            "resync.{c}.Deployment.1",
+            "facts.{c}",
+            "hb.{c}",
+            "probe.{c}.etcd",
+            "probe.{c}.release-drift",
+            "probe.{c}.policy-drift",
+            "event.{c}.Pod",
+            "metrics.{c}",
+            "facts.{c}.1",
+            "cmd.{c}.release",
+            "cmd.{c}.drain",
+            "incident.{c}.dns-failure",
+            "digest.{c}.Pod",
+            "compliance.{c}",
+        ] {
+            pubs.push(format!("fleet.{}", x.replace("{c}", c)));
+        }
+        for x in [
+            "cmd.{c}.>",
+            "cmd.{c}.release",
+            "state.{c}.>",
+            "event.{c}.>",
+            "hb.{c}",
+        ] {
+            subs.push(format!("fleet.{}", x.replace("{c}", c)));
+        }
+        // direct gets of each cluster's subjects, the partitioned form and a wildcard across clusters
+        for (st, x) in [
+            ("FLEET_STATE", "state.{c}.Deployment.shop.web"),
+            ("FLEET_STATE", "state.{c}.>"),
+            ("FLEET_STATE", "resync.{c}.Deployment.1"),
+            ("FLEET_FACTS", "facts.{c}"),
+            ("FLEET_FACTS", "facts.{c}.*"),
+            ("FLEET_HEALTH", "hb.{c}"),
+            ("FLEET_HEALTH", "probe.{c}.etcd"),
+            ("FLEET_EVENTS", "event.{c}.Pod"),
+            ("FLEET_METRICS", "metrics.{c}"),
+        ] {
+            pubs.push(format!(
+                "$JS.API.DIRECT.GET.{st}.fleet.{}",
+                x.replace("{c}", c)
+            ));
+        }
+    }
+    for x in [
+        "alert.default",
+        "audit.release.apply",
+        "audit.console.incident-ack",
+        "audit.console.login",
+        "audit.alerts.silence",
+        "release.web.plan",
+        "dlq.correlator",
+        "query.incidents",
+        "query.compliance",
+        "query.clusters",
+        "ctl.incident",
+        "releasectl.gitops",
+        "releasectl.apply",
+        "state.*.Deployment.shop.web",
+    ] {
+        pubs.push(format!("fleet.{x}"));
+    }
+    for x in [
+        "query.incidents",
+        "query.compliance",
+        "ctl.incident",
+        "releasectl.>",
+        "releasectl.gitops",
+        "incident.>",
+        "digest.>",
+        "release.>",
+        "alert.>",
+        "audit.>",
+    ] {
+        subs.push(format!("fleet.{x}"));
+    }
+    for u in users {
+        subs.push(format!("{}.>", u.inbox));
+        pubs.push(format!("{}.x", u.inbox));
+    }
+    for x in [
+        "INFO",
+        "STREAM.NAMES",
+        "STREAM.LIST",
+        "ACCOUNT.PURGE.FLEET",
+        "META.LEADER.STEPDOWN",
+        "SERVER.REMOVE",
+        "STREAM.TEMPLATE.NAMES",
+    ] {
+        pubs.push(format!("$JS.API.{x}"));
+    }
+    pubs.push("$JS.API.DIRECT.GET.FLEET_STATE.fleet.*.>".into());
+    let topology = Topology::embedded();
+    for st in STREAMS {
+        for f in [
+            "STREAM.INFO",
+            "STREAM.CREATE",
+            "STREAM.UPDATE",
+            "STREAM.DELETE",
+            "STREAM.PURGE",
+            "STREAM.MSG.GET",
+            "STREAM.MSG.DELETE",
+            "STREAM.SNAPSHOT",
+            "STREAM.RESTORE",
+            "DIRECT.GET",
+            "CONSUMER.CREATE",
+            "CONSUMER.NAMES",
+            "CONSUMER.LIST",
+        ] {
+            pubs.push(format!("$JS.API.{f}.{st}"));
+        }
+        let mut names = vec!["x".to_string()];
+        names.extend(
+            topology
+                .consumers
+                .iter()
+                .filter(|c| c.stream == st)
+                .map(|c| c.durable.clone()),
+        );
+        if st == "FLEET_METRICS" {
+            names.extend(s(&["tsdb-p0-of-2", "tsdb-p1-of-2"]));
+        }
+        for n in names {
+            for f in [
+                "CONSUMER.CREATE",
+                "CONSUMER.DURABLE.CREATE",
+                "CONSUMER.DELETE",
+                "CONSUMER.INFO",
+                "CONSUMER.MSG.NEXT",
+                "CONSUMER.PAUSE",
+            ] {
+                pubs.push(format!("$JS.API.{f}.{st}.{n}"));
+            }
+            pubs.push(format!("$JS.API.CONSUMER.CREATE.{st}.{n}.fleet.x"));
+            pubs.push(format!("$JS.ACK.{st}.{n}.1.1.1.1.0"));
+            pubs.push(format!("$JS.FC.{st}.{n}.1"));
+        }
+        if let Some(b) = st.strip_prefix("KV_") {
+            pubs.push(format!("$KV.{b}.key"));
+            pubs.push(format!("$JS.API.DIRECT.GET.{st}.$KV.{b}.key"));
+        }
+    }
+    // a candidate every spec names is tried too, so the allowed side is always exercised
+    for u in users {
+        let (p, sub) = u.patterns();
+        pubs.extend(
+            p.iter()
+                .map(|x| x.replace(".>", ".x").replace(".*", ".x"))
+                .filter(|x| !x.contains('*') && !x.contains('>')),
+        );
+        subs.extend(sub);
+    }
+    let mut ops: Vec<Op> = pubs
+        .into_iter()
+        .map(Op::Pub)
+        .chain(subs.into_iter().map(Op::Sub))
+        .collect();
+    ops.sort();
+    ops.dedup();
+    ops
+}
+
+/// Destructive requests the admin is not sent (they would succeed, and the test would lose its streams).
+fn destructive(op: &Op) -> bool {
+    matches!(op, Op::Pub(x) if ["DELETE", "PURGE", "RESTORE", "SNAPSHOT", "STEPDOWN", "REMOVE", "UPDATE", "CREATE", "$KV.", "$JS.ACK."]
+        .iter()
+        .any(|w| x.contains(w)))
+}
+
+/// The README's matrix, rendered from the specs.
+fn matrix<'a>(users: impl IntoIterator<Item = &'a Spec>) -> String {
+    let list = |v: &[String]| {
+        if v.is_empty() {
+            "—".to_string()
+        } else {
+            v.iter()
+                .map(|x| format!("`{x}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    };
+    let mut out = String::from(
+        "| user | publishes | reads streams (consumers) | other JetStream requests | subscribes to |\n|---|---|---|---|---|\n",
+    );
+    for u in users {
+        if u.all {
+            out.push_str(&format!(
+                "| `{}` | everything (provisioning) | everything | everything | everything |\n",
+                u.user
+            ));
+            continue;
+        }
+        let reads: Vec<String> = u
+            .reads
+            .iter()
+            .map(|(st, how)| match how {
+                Read::Any => format!("{st} (any)"),
+                Read::Ordered => format!("{st} (ordered replay)"),
+                Read::Durables(n) => format!("{st} ({})", n.join(", ")),
+            })
+            .collect();
+        let mut api = u.api.clone();
+        api.extend(u.direct_get.iter().map(|d| format!("DIRECT.GET.{d}")));
+        api.extend(u.kv.iter().map(|b| format!("KV {b}")));
+        let mut sub = u.answers.clone();
+        sub.extend(u.subscribe.iter().cloned());
+        sub.push(format!("{}.>", u.inbox));
+        out.push_str(&format!(
+            "| `{}` | {} | {} | {} | {} |\n",
+            u.user.replace("prod-1", "<cluster>"),
+            list(&u.publish).replace("prod-1", "<cluster>"),
+            if reads.is_empty() {
+                "—".into()
+            } else {
+                reads.join(", ")
+            },
+            list(&api).replace("prod-1", "<cluster>"),
+            list(&sub).replace("prod-1", "<cluster>"),
+        ));
+    }
+    out
+}
+
+#[test]
+fn covers_is_nats_subset_matching() {
+    assert!(covers("fleet.>", "fleet.a.b"));
+    assert!(!covers("fleet.>", "fleet"));
+    assert!(covers("fleet.*.x", "fleet.a.x"));
+    assert!(covers("fleet.*.x", "fleet.*.x"));
+    assert!(!covers("fleet.a.x", "fleet.*.x"));
+    assert!(!covers("fleet.*", "fleet.>"));
+    assert!(!covers("fleet.a", "fleet.a.b"));
+    assert!(covers(
+        "$JS.API.DIRECT.GET.S.fleet.facts.c.*",
+        "$JS.API.DIRECT.GET.S.fleet.facts.c.*"
+    ));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_user_can_do_exactly_what_the_permission_matrix_says() -> Result<()> {
+    // a copy of the shipped file with one more cluster onboarded as an operator would
+    let dir = tempfile::tempdir()?;
+    for file in ["accounts.conf", "fleet-mappings.conf"] {
+        std::fs::copy(root().join("deploy/nats").join(file), dir.path().join(file))?;
+    }
+    std::fs::create_dir_all(dir.path().join("secrets/material"))?;
+    std::fs::write(
+        dir.path().join("secrets/material/ca.crt"),
+        "-----BEGIN CERTIFICATE-----\n",
+    )?;
+    let out = cluster_cmd(
+        &[
+            "add",
+            "beta-2",
+            "--overlay-dir",
+            dir.path().join("agents").to_str().unwrap_or_default(),
+        ],
+        dir.path(),
+    )?;
+    anyhow::ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let secret: serde_json::Value = serde_yaml::from_str(&std::fs::read_to_string(
+        dir.path()
+            .join("secrets/agent-beta-2/multipilot-agent-nats.yaml"),
+    )?)?;
+    let minted_password = secret["stringData"]["password"]
+        .as_str()
+        .context("password")?
+        .to_string();
+    let accounts = accounts_from(&dir.path().join("accounts.conf"))?;
+    let nats = NatsServer::start_with(|_| format!("{accounts}\nno_auth_user: admin\n")).await?;
+    let admin = nats.client().await?;
+    Topology::embedded()
+        .provision(&jetstream::new(admin.clone()))
+        .await?;
+
+    let users = specs("beta-2");
+    let ops = candidates(&users, &["prod-1", "beta-2"]);
+    let log = nats
+        .store_dir()
+        .parent()
+        .context("log dir")?
+        .join("nats.log");
+    let violation = regex::Regex::new(
+        r#"/user:([^"]+)" - (Publish|Subscription) Violation - (?:User "[^"]*", )?Subject "([^"]+)""#,
+    )?;
+    let mut surprises = Vec::new();
+    let mut tried = 0usize;
+    for u in &users {
+        let pw = if u.user == "agent-beta-2" {
+            minted_password.clone()
+        } else {
+            password(&u.user)
+        };
+        let client = async_nats::ConnectOptions::new()
+            .user_and_password(u.user.clone(), pw)
+            .custom_inbox_prefix(u.inbox.clone())
+            .connect(nats.url())
+            .await
+            .with_context(|| format!("{} connects", u.user))?;
+        let mine: Vec<&Op> = ops
+            .iter()
+            .filter(|op| !(u.all && destructive(op)))
+            .collect();
+        let mut subs = Vec::new();
+        for op in &mine {
+            match op {
+                Op::Pub(x) => client.publish(x.clone(), "".into()).await?,
+                Op::Sub(x) => subs.push(client.subscribe(x.clone()).await?),
+            }
+        }
+        tried += mine.len();
+        // a publish nobody may make, last: once the server logged it, it has judged everything before it
+        let sentinel = format!("sentinel.{}", u.user);
+        client.publish(sentinel.clone(), "".into()).await?;
+        client.flush().await?;
+        let denied: std::collections::BTreeSet<Op> = if u.all {
+            Default::default()
+        } else {
+            eventually(
+                &format!("{}'s sentinel in the server log", u.user),
+                20,
+                async || {
+                    let text = std::fs::read_to_string(&log).ok()?;
+                    let mine: std::collections::BTreeSet<Op> = violation
+                        .captures_iter(&text)
+                        .filter(|c| c[1] == u.user)
+                        .map(|c| {
+                            if &c[2] == "Publish" {
+                                Op::Pub(c[3].to_string())
+                            } else {
+                                Op::Sub(c[3].to_string())
+                            }
+                        })
+                        .collect();
+                    mine.contains(&Op::Pub(sentinel.clone())).then_some(mine)
+                },
+            )
+            .await?
+        };
+        for op in mine {
+            let (want, got) = (u.allows(op), !denied.contains(op));
+            if want != got {
+                surprises.push(format!(
+                    "{}: {op:?} is {} but should be {}",
+                    u.user,
+                    if got { "allowed" } else { "denied" },
+                    if want { "allowed" } else { "denied" }
+                ));
+            }
+        }
+        drop(subs);
+    }
+    assert!(
+        surprises.is_empty(),
+        "{} surprises in {tried} tries:\n{}",
+        surprises.len(),
+        surprises.join("\n")
+    );
+    // the README shows this very matrix
+    let readme = std::fs::read_to_string(root().join("README.md"))?;
+    // (one agent row: the minted user is the shipped one with another name)
+    let want = matrix(users.iter().filter(|u| u.user != "agent-beta-2"));
+    assert!(
+        readme.contains(&want),
+        "the README's security section does not show the permission matrix; it should read:\n{want}"
+    );
+    eprintln!(
+        "{tried} publishes and subscriptions tried across {} users",
+        users.len()
     );
     Ok(())
 }
