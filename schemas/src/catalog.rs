@@ -338,6 +338,62 @@ pub fn entries() -> Vec<Entry> {
                 ]),
                 revision: 2,
                 acknowledged_by: None,
+                blast_radius: None,
+            },
+        ),
+        entry(
+            subject::fleet_incident("dns-failure"),
+            FleetIncident {
+                id: "fi-7c1e".into(),
+                kind: "dns-failure".into(),
+                severity: Severity::Critical,
+                status: IncidentStatus::Open,
+                summary: "dns-failure on 3 of 6 clusters (prod-eu-1, prod-us-2, staging-eu-5): 3 of 3 failing run cni calico v3.27.3, 0 of 3 healthy do"
+                    .into(),
+                opened_at: t(4),
+                updated_at: t(40),
+                resolved_at: None,
+                fleet_size: 6,
+                members: ["prod-eu-1", "prod-us-2", "staging-eu-5"]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, c)| FleetMember {
+                        cluster: (*c).into(),
+                        incident_id: format!("inc-{i}"),
+                        severity: Severity::Critical,
+                        status: IncidentStatus::Open,
+                        summary: format!("cluster DNS of {c} failing: 0 of 2 CoreDNS pods ready"),
+                        opened_at: t(i as i64),
+                        joined_at: t(4 + 18 * i as i64),
+                        left_at: None,
+                        left_because: String::new(),
+                    })
+                    .collect(),
+                shared: vec![SharedAttribute {
+                    attribute: "cni".into(),
+                    value: "calico v3.27.3".into(),
+                    failing: 3,
+                    failing_total: 3,
+                    healthy: 0,
+                    healthy_total: 3,
+                    support: "3 of 3 failing run cni calico v3.27.3; 0 of 3 healthy do".into(),
+                }],
+                suspects: vec![Suspect {
+                    verdict: SuspectVerdict::Common,
+                    object: obj("Deployment", Some("shop"), "checkout"),
+                    failing: 2,
+                    failing_total: 3,
+                    healthy: 2,
+                    healthy_total: 3,
+                    last_changed: t(-60),
+                    summary: "Deployment shop/checkout changed on 2 of 3 failing and 2 of 3 healthy clusters: ordinary churn, not a suspect".into(),
+                }],
+                labels: map([
+                    ("kind", "dns-failure"),
+                    ("scope", "fleet"),
+                    ("severity", "critical"),
+                ]),
+                revision: 3,
             },
         ),
         entry(

@@ -10,6 +10,12 @@ use crate::payload::Incident;
 /// Subject answering the current incidents (request [`IncidentsQuery`], reply a JSON array of
 /// [`Incident`]).
 pub const QUERY_INCIDENTS: &str = "fleet.query.incidents";
+/// Subject answering the fleet incidents (request [`IncidentsQuery`], reply a JSON array of
+/// [`crate::payload::FleetIncident`]).
+pub const QUERY_FLEET_INCIDENTS: &str = "fleet.query.fleet-incidents";
+/// Subject answering what a cluster's loss would take down (request [`BlastRadiusQuery`], reply a JSON
+/// array of [`crate::payload::BlastRadius`]: one item from the instance that knows the cluster).
+pub const QUERY_BLAST_RADIUS: &str = "fleet.query.blast-radius";
 /// Subject answering the current compliance reports (request `{}`, reply a JSON array of
 /// [`crate::payload::ComplianceReport`]).
 pub const QUERY_COMPLIANCE: &str = "fleet.query.compliance";
@@ -24,6 +30,13 @@ pub const HEADER_PARTITIONS: &str = "Multipilot-Partitions";
 pub struct IncidentsQuery {
     /// Resolved incidents of the last week too, not only open and acknowledged ones.
     pub all: bool,
+}
+
+/// The request on [`QUERY_BLAST_RADIUS`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BlastRadiusQuery {
+    /// The cluster.
+    pub cluster: String,
 }
 
 /// What a person does to an incident.

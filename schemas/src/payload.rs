@@ -702,8 +702,167 @@ pub struct Incident {
     /// Who acknowledged it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub acknowledged_by: Option<String>,
+    /// What the cluster takes down, from its last known state: on incidents that make a whole cluster
+    /// unusable (`cluster-unreachable`, `apiserver-down`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blast_radius: Option<BlastRadius>,
 }
 payload!(Incident, "Incident", 1);
+
+/// What a cluster runs and what of it runs nowhere else, from its last known state: what its loss takes
+/// down. On `cluster-unreachable` and `apiserver-down` incidents, and answered on
+/// `fleet.query.blast-radius` before anything breaks.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BlastRadius {
+    /// The cluster.
+    pub cluster: String,
+    /// When the state it is judged on was last heard from the cluster (its last heartbeat).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub as_of: Option<DateTime<Utc>>,
+    /// Namespaces with workloads (system namespaces, `kube-*`, left out).
+    pub namespaces: Vec<String>,
+    /// Workloads (Deployments, StatefulSets, DaemonSets, CronJobs) outside system namespaces.
+    pub workloads: u32,
+    /// Of those, how many also run on another cluster (same kind, namespace and name).
+    pub elsewhere: u32,
+    /// The workloads that run on no other cluster (`Deployment shop/checkout`), at most 50.
+    pub only_here: Vec<String>,
+    /// How many run on no other cluster.
+    pub only_here_total: u32,
+    /// Services outside system namespaces.
+    pub services: u32,
+    /// Services exposed on external IPs (`ns/name`).
+    #[serde(default)]
+    pub exposed: Vec<String>,
+    /// GPUs the cluster holds.
+    pub gpus: u32,
+    /// Of those, allocated to pods.
+    pub gpus_allocated: u32,
+    /// One line for a person.
+    pub summary: String,
+}
+
+/// One failure across clusters: the cluster incidents of one kind that opened within the correlator's fleet
+/// window (two or more clusters), linked as members, with what the failing clusters share that the healthy
+/// ones don't and the changes that reached them. Announced once (the alert router notifies this instead of
+/// each member); members join and leave; it resolves when its last member resolves. Subject
+/// `fleet.fleet-incident.<kind>`; keep the latest `revision` per `id`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FleetIncident {
+    /// Stable id (kind + when it opened).
+    pub id: String,
+    /// The members' incident kind, e.g. `dns-failure`.
+    pub kind: String,
+    /// The highest severity of its open members.
+    pub severity: Severity,
+    /// Open while any member is open; resolved when the last one resolved or left.
+    pub status: IncidentStatus,
+    /// One line a person can act on: how many clusters of the fleet, what they share, the first suspect.
+    pub summary: String,
+    /// When it opened (hub time: when the second member was seen).
+    pub opened_at: DateTime<Utc>,
+    /// Last change.
+    pub updated_at: DateTime<Utc>,
+    /// When it resolved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_at: Option<DateTime<Utc>>,
+    /// Clusters the correlator knew when this revision was judged (failing and healthy).
+    pub fleet_size: u32,
+    /// The cluster incidents it links, in the order they joined.
+    pub members: Vec<FleetMember>,
+    /// Attributes ranked by how well they separate the failing clusters from the healthy ones.
+    #[serde(default)]
+    pub shared: Vec<SharedAttribute>,
+    /// Changes seen on the failing clusters shortly before they failed, suspects first; a change seen as
+    /// often on healthy clusters is listed as such (`verdict: common`), not as a suspect.
+    #[serde(default)]
+    pub suspects: Vec<Suspect>,
+    /// Labels for routing: `kind`, `severity`, `scope: fleet`, and the label values all members share.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Increases with every change.
+    pub revision: u64,
+}
+payload!(FleetIncident, "FleetIncident", 1);
+
+/// A cluster incident linked into a [`FleetIncident`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FleetMember {
+    /// Its cluster.
+    pub cluster: String,
+    /// The cluster incident's id.
+    pub incident_id: String,
+    /// Its severity.
+    pub severity: Severity,
+    /// Its status (`resolved` once it resolved or left).
+    pub status: IncidentStatus,
+    /// Its summary.
+    pub summary: String,
+    /// When the cluster incident opened (its cluster's clock).
+    pub opened_at: DateTime<Utc>,
+    /// When it joined (hub time).
+    pub joined_at: DateTime<Utc>,
+    /// When it resolved or left.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub left_at: Option<DateTime<Utc>>,
+    /// Why it left without resolving (its cluster went silent, was removed), if so.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub left_because: String,
+}
+
+/// An attribute value and how many failing and healthy clusters have it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SharedAttribute {
+    /// What: `kubernetes-version`, `cni`, `ingress-controller`, `coredns`, `gpu-device-plugin`, `label:<key>`.
+    pub attribute: String,
+    /// The value, e.g. `calico v3.27.3`.
+    pub value: String,
+    /// Failing clusters that have it.
+    pub failing: u32,
+    /// Failing clusters whose facts are known.
+    pub failing_total: u32,
+    /// Healthy clusters that have it.
+    pub healthy: u32,
+    /// Healthy clusters whose facts are known.
+    pub healthy_total: u32,
+    /// e.g. "3 of 3 failing run calico v3.27.3; 1 of 3 healthy do".
+    pub support: String,
+}
+
+/// A change on the failing clusters shortly before they failed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Suspect {
+    /// `suspect`: reached more of the failing clusters than of the healthy ones; `common`: seen as often
+    /// on healthy clusters (ordinary churn, not a cause).
+    pub verdict: SuspectVerdict,
+    /// The object changed (`kind`, `namespace`, `name`).
+    pub object: ObjectRef,
+    /// Failing clusters where it changed in the lookback before their incident.
+    pub failing: u32,
+    /// Failing clusters.
+    pub failing_total: u32,
+    /// Healthy clusters where it changed in the same span.
+    pub healthy: u32,
+    /// Healthy clusters.
+    pub healthy_total: u32,
+    /// The latest such change on a failing cluster (its clock).
+    pub last_changed: DateTime<Utc>,
+    /// One line for a person.
+    pub summary: String,
+}
+
+/// How a change bears on a fleet incident.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SuspectVerdict {
+    /// Reached the failing clusters more than the healthy ones.
+    Suspect,
+    /// As common on healthy clusters: not a cause.
+    Common,
+    /// A verdict this consumer does not know yet.
+    #[serde(other)]
+    Other,
+}
 
 /// A deduplicated Kubernetes event problem: announced by the correlator once when it is new, again when its
 /// severity changes, and otherwise updated in place (same `id`, `pass: update`, at most once per refresh

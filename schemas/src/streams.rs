@@ -6,8 +6,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::envelope::{Envelope, Payload, decode_member};
 use crate::payload::{
-    ClusterFacts, ComplianceReport, EventDigest, Heartbeat, Incident, ProbeResult, ResourceDeleted,
-    ResourceState, ResyncMarker,
+    ClusterFacts, ComplianceReport, EventDigest, FleetIncident, Heartbeat, Incident, ProbeResult,
+    ResourceDeleted, ResourceState, ResyncMarker,
 };
 
 /// Declares a union of payloads: an untagged enum whose [`Payload`] impl accepts each member's schema and
@@ -77,11 +77,13 @@ union! {
 
 union! {
     /// FLEET_INCIDENTS as the alert router reads it: incident changes and event digests.
-    AlertInput = "Incident|EventDigest" {
+    AlertInput = "Incident|EventDigest|FleetIncident" {
         /// `fleet.incident.<cluster>.<kind>`.
         Incident(Incident),
         /// `fleet.digest.<cluster>.<kind>`.
         Digest(EventDigest),
+        /// `fleet.fleet-incident.<kind>`.
+        Fleet(FleetIncident),
     }
 }
 

@@ -144,6 +144,11 @@ pub fn incident(cluster: &str, kind: &str) -> String {
     format!("fleet.incident.{}.{}", escape(cluster), escape(kind))
 }
 
+/// `fleet.fleet-incident.<kind>`: fleet incident changes (one failure across clusters).
+pub fn fleet_incident(kind: &str) -> String {
+    format!("fleet.fleet-incident.{}", escape(kind))
+}
+
 /// `fleet.digest.<cluster>.<involved kind>`: deduplicated event problems (announced when new or its severity
 /// changes, updated in place while it keeps occurring).
 pub fn digest(cluster: &str, involved_kind: &str) -> String {
@@ -191,7 +196,10 @@ pub fn cluster_of(subject: &str) -> Option<String> {
     let mut parts = subject.split('.');
     (parts.next()? == "fleet").then_some(())?;
     let class = parts.next()?;
-    if matches!(class, "alert" | "release" | "audit" | "dlq") {
+    if matches!(
+        class,
+        "alert" | "release" | "audit" | "dlq" | "fleet-incident"
+    ) {
         return None;
     }
     unescape(parts.next()?)

@@ -56,6 +56,7 @@ fn every_payload_type_is_in_the_catalog_once() {
         "Heartbeat",
         "ClusterFacts",
         "Incident",
+        "FleetIncident",
         "Notification",
         "ReleaseCommand",
         "ReleaseResult",

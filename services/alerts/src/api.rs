@@ -495,6 +495,7 @@ fn posted_alert(
         expires_at: (!resolved).then_some(ends_at),
         posted: true,
         generator_url: p.generator_url.filter(|u| !u.is_empty()),
+        members: Vec::new(),
     })
 }
 

@@ -164,6 +164,11 @@ pub struct Routing {
     /// Default title and text templates (minijinja); receivers may override them.
     #[serde(default)]
     pub templates: Templates,
+    /// While a fleet incident's alert (`scope="fleet"`) fires, its members' own alerts (the cluster
+    /// incidents it links) are muted, shown as inhibited by it: one failure across clusters pages once.
+    /// `false` notifies the members as well.
+    #[serde(default = "yes")]
+    pub mute_fleet_members: bool,
 }
 
 /// One node of the route tree. Unset timings and receiver are inherited from the parent.

@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use chrono::{DateTime, Duration, Utc};
 use multipilot_schemas::payload::{
-    AlertState, EventDigest, Incident, IncidentStatus, Notification, NotifiedAlert,
+    AlertState, EventDigest, FleetIncident, Incident, IncidentStatus, Notification, NotifiedAlert,
+    SuspectVerdict,
 };
 use multipilot_schemas::stable_id;
 use serde::Serialize;
@@ -25,6 +26,13 @@ struct Group {
     labels: BTreeMap<String, String>,
     alerts: BTreeSet<String>,
     next_flush: DateTime<Utc>,
+}
+
+/// What mutes alerts, worked out once per flush: per inhibition rule, the firing sources by their `equal`
+/// label values; and per member alert, the firing fleet alerts that list it.
+struct Index {
+    rules: Vec<HashMap<Vec<String>, Vec<String>>>,
+    fleet: HashMap<String, Vec<String>>,
 }
 
 /// Why an alert is not notified.
@@ -133,6 +141,81 @@ pub fn alert_of(inc: &Incident, now: DateTime<Utc>) -> Alert {
         expires_at: None,
         posted: false,
         generator_url: None,
+        members: Vec::new(),
+    }
+}
+
+/// The alert a fleet incident becomes: labelled `scope="fleet"` with its kind and severity and the
+/// labels its members agree on (no `cluster`: it spans several), the members, shared attributes and
+/// suspects in annotations; while it fires, its members' own alerts are muted (see [`Engine::muted`]).
+pub fn alert_of_fleet(f: &FleetIncident, now: DateTime<Utc>) -> Alert {
+    let mut labels = f.labels.clone();
+    labels.remove("cluster");
+    labels.insert("alertname".into(), f.kind.clone());
+    labels.insert("kind".into(), f.kind.clone());
+    labels.insert("scope".into(), "fleet".into());
+    labels.insert(
+        "severity".into(),
+        format!("{:?}", f.severity).to_lowercase(),
+    );
+    let members: Vec<String> = f
+        .members
+        .iter()
+        .map(|m| {
+            format!(
+                "{} ({}): {}",
+                m.cluster,
+                format!("{:?}", m.status).to_lowercase(),
+                m.summary
+            )
+        })
+        .collect();
+    let mut annotations = BTreeMap::from([
+        ("summary".to_string(), f.summary.clone()),
+        ("members".to_string(), members.join("\n")),
+        (
+            "clusters".to_string(),
+            f.members
+                .iter()
+                .map(|m| m.cluster.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+        ),
+    ]);
+    if !f.shared.is_empty() {
+        let lines: Vec<&str> = f
+            .shared
+            .iter()
+            .take(3)
+            .map(|s| s.support.as_str())
+            .collect();
+        annotations.insert("shared".into(), lines.join("\n"));
+    }
+    let suspects: Vec<&str> = f
+        .suspects
+        .iter()
+        .filter(|s| s.verdict == SuspectVerdict::Suspect)
+        .take(3)
+        .map(|s| s.summary.as_str())
+        .collect();
+    if !suspects.is_empty() {
+        annotations.insert("suspects".into(), suspects.join("\n"));
+    }
+    Alert {
+        id: f.id.clone(),
+        labels,
+        annotations,
+        starts_at: f.opened_at,
+        ends_at: match f.status {
+            IncidentStatus::Resolved => Some(f.resolved_at.unwrap_or(f.updated_at)),
+            _ => None,
+        },
+        revision: f.revision,
+        updated_at: now,
+        expires_at: None,
+        posted: false,
+        generator_url: None,
+        members: f.members.iter().map(|m| m.incident_id.clone()).collect(),
     }
 }
 
@@ -176,6 +259,7 @@ pub fn alert_of_digest(d: &EventDigest, now: DateTime<Utc>, ttl: Duration) -> Al
         expires_at: Some(now + ttl),
         posted: false,
         generator_url: None,
+        members: Vec::new(),
     }
 }
 
@@ -289,6 +373,17 @@ impl Engine {
         self.upsert(alert_of(inc, now), now)
     }
 
+    /// Takes in one fleet incident change. Its members' alerts are muted while it fires (unless the
+    /// routing file says `mute_fleet_members: false`); a member that joins later is muted from then on.
+    pub fn on_fleet_incident(
+        &mut self,
+        f: &FleetIncident,
+        now: DateTime<Utc>,
+    ) -> Result<(), Error> {
+        self.stats.incidents_in += 1;
+        self.upsert(alert_of_fleet(f, now), now)
+    }
+
     /// Takes in one event digest (the caller has checked its severity), stored on the stream at
     /// `stored_at`: its alert resolves `ttl` after that, so a digest replayed after its time arrives
     /// already resolved.
@@ -370,8 +465,18 @@ impl Engine {
         Ok(())
     }
 
-    fn inhibition_index(&self) -> Vec<HashMap<Vec<String>, Vec<String>>> {
-        self.routing
+    fn inhibition_index(&self) -> Index {
+        // member alert → the firing fleet alerts that list it
+        let mut fleet: HashMap<String, Vec<String>> = HashMap::new();
+        if self.routing.mute_fleet_members {
+            for a in self.alerts.values().filter(|a| a.firing()) {
+                for m in &a.members {
+                    fleet.entry(m.clone()).or_default().push(a.id.clone());
+                }
+            }
+        }
+        let rules = self
+            .routing
             .inhibit_rules
             .iter()
             .map(|r| {
@@ -388,15 +493,11 @@ impl Engine {
                 }
                 idx
             })
-            .collect()
+            .collect();
+        Index { rules, fleet }
     }
 
-    fn muted(
-        &self,
-        a: &Alert,
-        index: &[HashMap<Vec<String>, Vec<String>>],
-        now: DateTime<Utc>,
-    ) -> Muted {
+    fn muted(&self, a: &Alert, index: &Index, now: DateTime<Utc>) -> Muted {
         let mut m = Muted {
             silenced_by: self
                 .silences
@@ -407,7 +508,10 @@ impl Engine {
             inhibited_by: Vec::new(),
         };
         if a.firing() {
-            for (rule, idx) in self.routing.inhibit_rules.iter().zip(index) {
+            if let Some(fleet) = index.fleet.get(&a.id) {
+                m.inhibited_by.extend(fleet.iter().cloned());
+            }
+            for (rule, idx) in self.routing.inhibit_rules.iter().zip(&index.rules) {
                 if !all_match(&rule.target_matchers, &a.labels) {
                     continue;
                 }
@@ -470,7 +574,7 @@ impl Engine {
     fn flush(
         &mut self,
         key: &str,
-        index: &[HashMap<Vec<String>, Vec<String>>],
+        index: &Index,
         now: DateTime<Utc>,
         _instance: &str,
     ) -> Result<usize, Error> {

@@ -122,6 +122,7 @@ impl Handler<Input> for H {
                 e.on_digest(d, msg.ingest_time, Utc::now(), self.event_ttl)
             }
             Input::Digest(_) => Ok(()),
+            Input::Fleet(f) => e.on_fleet_incident(f, Utc::now()),
         };
         match r {
             Ok(()) => Outcome::Done,

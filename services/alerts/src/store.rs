@@ -61,6 +61,10 @@ pub struct Alert {
     /// Where a posted alert came from (Prometheus' link to the rule's expression).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generator_url: Option<String>,
+    /// A fleet incident's alert: the ids of its members' alerts (the cluster incidents it links), muted
+    /// while it fires so one failure across clusters pages once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<String>,
 }
 
 impl Alert {

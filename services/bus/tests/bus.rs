@@ -208,6 +208,7 @@ async fn every_payload_type_round_trips_through_jetstream() -> Result<()> {
             "Heartbeat" => round_trip::<Heartbeat>(&js, s, subj).await?,
             "ClusterFacts" => round_trip::<ClusterFacts>(&js, s, subj).await?,
             "Incident" => round_trip::<Incident>(&js, s, subj).await?,
+            "FleetIncident" => round_trip::<FleetIncident>(&js, s, subj).await?,
             "EventDigest" => round_trip::<EventDigest>(&js, s, subj).await?,
             "ComplianceReport" => round_trip::<ComplianceReport>(&js, s, subj).await?,
             "Notification" => round_trip::<Notification>(&js, s, subj).await?,

@@ -258,6 +258,7 @@ fn incident(cluster: &str, k: usize, revision: u64) -> Incident {
         ]),
         revision,
         acknowledged_by: None,
+        blast_radius: None,
     }
 }
 

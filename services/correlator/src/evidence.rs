@@ -369,38 +369,76 @@ fn trend(probe: &str, track: &crate::state::ProbeTrack) -> Option<Evidence> {
 }
 
 /// `; 2 deployments, 1 daemonset changed there in the 4m before` for a summary template's `{changes}`, or
-/// nothing when no workload changed within the evidence window.
+/// nothing when no workload changed within the evidence window. A change that `others` (the fleet's other
+/// clusters) saw as often in the same window is ordinary churn, not a lead: it is counted apart
+/// (`(8 more changed as often on the other clusters: ordinary churn)`), and when every change is churn the
+/// phrase says so instead of pointing at them.
 pub fn changes_phrase(
     rule: &EvidenceRule,
     state: Option<&ClusterState>,
+    others: &[&ClusterState],
     at: DateTime<Utc>,
 ) -> String {
     let Some(c) = state else {
         return String::new();
     };
-    let recent: Vec<&ChangeRec> = recent_changes(c, rule, at)
-        .filter(|ch| {
-            matches!(
-                ch.object.kind.as_str(),
-                "Deployment" | "DaemonSet" | "StatefulSet" | "CronJob"
-            )
-        })
-        .collect();
-    if recent.is_empty() {
-        return String::new();
+    let workload = |ch: &&ChangeRec| {
+        matches!(
+            ch.object.kind.as_str(),
+            "Deployment" | "DaemonSet" | "StatefulSet" | "CronJob"
+        )
+    };
+    let (recent, churn): (Vec<&ChangeRec>, Vec<&ChangeRec>) = recent_changes(c, rule, at)
+        .filter(workload)
+        .partition(|ch| !is_churn(rule, ch, others, at));
+    let describe = |v: &[&ChangeRec]| {
+        let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+        for ch in v {
+            *kinds.entry(ch.object.kind.as_str()).or_default() += 1;
+        }
+        kinds
+            .iter()
+            .map(|(k, n)| format!("{n} {}{}", k.to_lowercase(), if *n == 1 { "" } else { "s" }))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    match (recent.is_empty(), churn.is_empty()) {
+        (true, true) => String::new(),
+        (true, false) => format!(
+            "; {} changed there, as often as on the other clusters: ordinary churn",
+            describe(&churn)
+        ),
+        (false, _) => {
+            let earliest = recent.iter().map(|c| c.at).min().unwrap_or(at);
+            let mut p = format!(
+                "; {} changed there in the {} before",
+                describe(&recent),
+                secs(at - earliest)
+            );
+            if !churn.is_empty() {
+                p.push_str(&format!(
+                    " ({} more changed as often on the other clusters: ordinary churn)",
+                    churn.len()
+                ));
+            }
+            p
+        }
     }
-    let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
-    for ch in &recent {
-        *kinds.entry(ch.object.kind.as_str()).or_default() += 1;
+}
+
+/// Whether the object of `ch` changed on at least half of `others` (two or more) in the evidence window.
+fn is_churn(
+    rule: &EvidenceRule,
+    ch: &ChangeRec,
+    others: &[&ClusterState],
+    at: DateTime<Utc>,
+) -> bool {
+    if others.len() < 2 {
+        return false;
     }
-    let what = kinds
+    let seen = others
         .iter()
-        .map(|(k, n)| format!("{n} {}{}", k.to_lowercase(), if *n == 1 { "" } else { "s" }))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let earliest = recent.iter().map(|c| c.at).min().unwrap_or(at);
-    format!(
-        "; {what} changed there in the {} before",
-        secs(at - earliest)
-    )
+        .filter(|o| recent_changes(o, rule, at).any(|x| same_object(&x.object, &ch.object)))
+        .count();
+    seen * 2 >= others.len()
 }

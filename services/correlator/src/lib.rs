@@ -3,22 +3,26 @@
 //! Reads (durable consumers): `fleet.event.>` (correlator-events), `fleet.hb.>` + `fleet.probe.>`
 //! (correlator-health), `fleet.state.>` + `fleet.resync.>` (correlator-state), `fleet.facts.>`
 //! (correlator-facts). Writes: `fleet.incident.<cluster>.<kind>` (every incident change),
+//! `fleet.fleet-incident.<kind>` (one failure across clusters: the cluster incidents it links),
 //! `fleet.digest.<cluster>.<kind>` (deduplicated event problems) and `fleet.compliance.<cluster>` (baseline
 //! reports), and `fleet.audit.console.incident-<action>` for the incident commands it carries out. Answers
-//! `fleet.query.incidents` and `fleet.query.compliance` (request/reply, JSON) and the incident commands on
+//! `fleet.query.incidents`, `fleet.query.fleet-incidents` and `fleet.query.compliance` (request/reply, JSON) and the incident commands on
 //! `fleet.ctl.incident` (acknowledge, resolve); their types are in `multipilot_schemas::control`.
 //!
 //! Layers:
 //! - [`machine`]: the pure state machine (inputs → state changes and messages to publish), with
-//!   [`evidence`] scoring, [`dedup`] of events, [`baseline`] judgement, [`rules`] as data;
+//!   [`evidence`] scoring, [`dedup`] of events, [`baseline`] judgement, [`fleet`] judgement across
+//!   clusters, [`rules`] as data;
 //! - [`store`]: its durable state and outbox in sled, written atomically;
 //! - [`service`]: the NATS wiring, as named tasks;
 //! - [`shapes`]: the message shapes of real components' events that [`mask`] is tested on, and
 //!   [`stream`], a realistic fleet stream made of them (the dedup benchmark and its tests).
 
 pub mod baseline;
+pub mod blast;
 pub mod dedup;
 pub mod evidence;
+pub mod fleet;
 pub mod machine;
 pub mod mask;
 pub mod rules;

@@ -12,17 +12,19 @@ use std::collections::{BTreeMap, BTreeSet};
 use chrono::{DateTime, Duration, Utc};
 use multipilot_schemas::control::{CommandOutcome, IncidentAction, IncidentCommand};
 use multipilot_schemas::payload::{
-    AuditRecord, CheckStatus, ClusterFacts, ComplianceReport, EventDigest, Evidence, Heartbeat,
-    Incident, IncidentStatus, KubeEvent, ObjectRef, ProbeResult, ProbeStatus, ResourceDeleted,
-    ResourceState, ResyncMarker, Severity,
+    AuditRecord, BlastRadius, CheckStatus, ClusterFacts, ComplianceReport, EventDigest, Evidence,
+    EvidenceKind, FleetIncident, Heartbeat, Incident, IncidentStatus, KubeEvent, ObjectRef,
+    ProbeResult, ProbeStatus, ResourceDeleted, ResourceState, ResyncMarker, Severity,
 };
 use multipilot_schemas::streams::StateMsg;
 use multipilot_schemas::{Envelope, stable_id, subject};
 use serde::{Deserialize, Serialize};
 
 use crate::baseline::{self, Baseline, Inventory};
+use crate::blast;
 use crate::dedup::{Dedup, Pass, Record};
 use crate::evidence::{self, obj_label, secs};
+use crate::fleet::{self, Fleet};
 use crate::rules::{Rules, render};
 use crate::state::{ChangeRec, ClusterState, StormWindow};
 
@@ -88,6 +90,8 @@ pub struct Changes {
     pub dedup: Vec<(String, Option<Record>)>,
     /// The high-water marks, when one moved.
     pub hwm: Option<BTreeMap<String, u64>>,
+    /// Fleet incidents by key (`None`: forgotten).
+    pub fleet: Vec<(String, Option<FleetIncident>)>,
 }
 
 impl Changes {
@@ -99,6 +103,7 @@ impl Changes {
             && self.incidents.is_empty()
             && self.dedup.is_empty()
             && self.hwm.is_none()
+            && self.fleet.is_empty()
     }
 }
 
@@ -107,6 +112,7 @@ struct Dirty {
     clusters: BTreeSet<String>,
     specs: BTreeSet<(String, String)>,
     incidents: BTreeSet<String>,
+    fleet: BTreeSet<String>,
     hwm: bool,
     /// Clusters whose storm window changed since it was last written; with `true`, write it at once.
     windows: BTreeMap<String, bool>,
@@ -127,6 +133,8 @@ pub struct Snapshot {
     pub dedup: Vec<Record>,
     /// High-water marks per consumer.
     pub hwm: BTreeMap<String, u64>,
+    /// Fleet incidents by key.
+    pub fleet: BTreeMap<String, FleetIncident>,
 }
 
 /// The correlation state machine.
@@ -140,6 +148,10 @@ pub struct Machine {
     specs: BTreeMap<String, BTreeMap<String, String>>,
     /// The current incident of each condition, by key ([`incident_key`]).
     incidents: BTreeMap<String, Incident>,
+    /// Fleet incidents: one failure across clusters.
+    fleet: Fleet,
+    /// When the fleet incidents' members were last checked for silent or forgotten clusters.
+    fleet_swept: Option<DateTime<Utc>>,
     /// High-water mark per consumer (stream sequence).
     hwm: BTreeMap<String, u64>,
     dedup: Dedup,
@@ -215,6 +227,8 @@ impl Machine {
             clusters,
             specs: s.specs,
             incidents: s.incidents,
+            fleet: Fleet { incidents: s.fleet },
+            fleet_swept: None,
             hwm: s.hwm,
             dedup,
             stats: Stats::default(),
@@ -229,6 +243,7 @@ impl Machine {
     pub fn is_empty(&self) -> bool {
         self.clusters.is_empty()
             && self.incidents.is_empty()
+            && self.fleet.incidents.is_empty()
             && self.hwm.is_empty()
             && self.dedup.is_empty()
     }
@@ -350,6 +365,14 @@ impl Machine {
                 .collect(),
             dedup: self.dedup.take_changes(),
             hwm: d.hwm.then(|| self.hwm.clone()),
+            fleet: d
+                .fleet
+                .into_iter()
+                .map(|k| {
+                    let v = self.fleet.incidents.get(&k).cloned();
+                    (k, v)
+                })
+                .collect(),
         }
     }
 
@@ -455,6 +478,48 @@ impl Machine {
             }),
             Err(e) => tracing::error!(error = %e, "cannot encode an incident"),
         }
+        // one failure across clusters: the fleet incident it belongs to, if any
+        let view = fleet::View {
+            clusters: &self.clusters,
+            incidents: &self.incidents,
+        };
+        let now = fleet::hub_time(view, &inc.cluster, inc.updated_at);
+        if let Some(k) = self.fleet.on_incident(&self.rules.fleet, inc, view, now) {
+            self.emit_fleet(&k);
+        }
+    }
+
+    /// Publishes the fleet incident at `key` (`fleet.fleet-incident.<kind>`) and marks it for the store
+    /// (with the history entry a new one may have displaced).
+    fn emit_fleet(&mut self, key: &str) {
+        self.dirty.fleet.insert(key.to_string());
+        let Some(f) = self.fleet.incidents.get(key) else {
+            return;
+        };
+        if f.revision == 1 {
+            // a new one moved its predecessor of the kind to history
+            for (k, old) in &self.fleet.incidents {
+                if old.kind == f.kind && k.as_str() != key {
+                    self.dirty.fleet.insert(k.clone());
+                }
+            }
+        }
+        let env = Envelope::new(
+            "fleet",
+            self.source.as_str(),
+            f.updated_at,
+            f.revision,
+            f.clone(),
+        );
+        match multipilot_schemas::encode(&env) {
+            Ok(body) => self.out.push(Out {
+                subject: subject::fleet_incident(&f.kind),
+                msg_id: stable_id(&[&f.id, &f.revision.to_string()]),
+                schema: <FleetIncident as multipilot_schemas::Payload>::schema_header(),
+                body,
+            }),
+            Err(e) => tracing::error!(error = %e, "cannot encode a fleet incident"),
+        }
     }
 
     /// Passes a deduplicated event problem on (`fleet.digest.<cluster>.<kind>`): the alert router and other
@@ -524,7 +589,18 @@ impl Machine {
     }
 
     fn changes_phrase(&self, cluster: &str, at: DateTime<Utc>) -> String {
-        evidence::changes_phrase(&self.rules.evidence, self.clusters.get(cluster), at)
+        let others: Vec<&ClusterState> = self
+            .clusters
+            .iter()
+            .filter(|(name, _)| name.as_str() != cluster)
+            .map(|(_, c)| c)
+            .collect();
+        evidence::changes_phrase(
+            &self.rules.evidence,
+            self.clusters.get(cluster),
+            &others,
+            at,
+        )
     }
 
     /// Opens the incident for `(cluster, kind, target)` or updates the open one.
@@ -551,11 +627,35 @@ impl Machine {
             return;
         }
         self.dirty.incidents.insert(key.clone());
-        let evidence = match cause {
+        let mut evidence = match cause {
             Cause::Probe(p) => self.evidence(cluster, Some(p), at),
             Cause::Check(c) => evidence::of_check(&self.rules.evidence, c, at),
             Cause::Cluster => self.evidence(cluster, None, at),
         };
+        // a whole cluster lost: what it takes down, right after the finding
+        let blast_radius = self
+            .rules
+            .inhibit
+            .root_kinds
+            .iter()
+            .any(|k| k == kind)
+            .then(|| blast::of(cluster, &self.specs, self.clusters.get(cluster)));
+        if let Some(br) = &blast_radius {
+            evidence.insert(
+                evidence.len().min(1),
+                Evidence {
+                    rank: 0,
+                    kind: EvidenceKind::Fact,
+                    summary: format!("{cluster} {}", br.summary),
+                    cluster_time: at,
+                    object: None,
+                    why: "what the cluster ran when last heard: what this outage takes down".into(),
+                },
+            );
+            for (i, e) in evidence.iter_mut().enumerate() {
+                e.rank = i as u32 + 1;
+            }
+        }
         let mut labels = self
             .clusters
             .get(cluster)
@@ -575,6 +675,7 @@ impl Machine {
                 inc.severity = severity;
                 inc.summary = summary;
                 inc.evidence = evidence;
+                inc.blast_radius = blast_radius;
                 inc.updated_at = at;
                 inc.ingest_time = ingest;
                 inc.revision += 1;
@@ -602,6 +703,7 @@ impl Machine {
                     labels,
                     revision: 1,
                     acknowledged_by: None,
+                    blast_radius,
                 };
                 tracing::info!(cluster, kind, target, summary = %inc.summary, "incident opened");
                 self.incidents.insert(key, inc.clone());
@@ -777,6 +879,20 @@ impl Machine {
                 ingest: None,
                 cause: Cause::Cluster,
             });
+        }
+        // fleet incidents: members whose cluster went silent for good or was forgotten leave
+        if self
+            .fleet_swept
+            .is_none_or(|t| now - t >= Duration::seconds(30) || now < t)
+        {
+            self.fleet_swept = Some(now);
+            let view = fleet::View {
+                clusters: &self.clusters,
+                incidents: &self.incidents,
+            };
+            for k in self.fleet.sweep(&self.rules.fleet, view, now) {
+                self.emit_fleet(&k);
+            }
         }
     }
 
@@ -1149,6 +1265,27 @@ impl Machine {
         }
     }
 
+    /// What `cluster` takes down if it is lost, from its last known state (`None`: a cluster this instance
+    /// knows nothing of).
+    pub fn blast_radius(&self, cluster: &str) -> Option<BlastRadius> {
+        (self.clusters.contains_key(cluster) || self.specs.contains_key(cluster))
+            .then(|| blast::of(cluster, &self.specs, self.clusters.get(cluster)))
+    }
+
+    /// Current fleet incidents (open and acknowledged; with `all`, resolved ones of the last week too).
+    pub fn current_fleet(&self, all: bool) -> Vec<FleetIncident> {
+        self.fleet.current(all)
+    }
+
+    /// Restores fleet incidents read back from FLEET_INCIDENTS after the store was wiped (the latest
+    /// revision of each).
+    pub fn restore_fleet(&mut self, incidents: Vec<FleetIncident>) {
+        self.fleet.restore(incidents);
+        self.dirty
+            .fleet
+            .extend(self.fleet.incidents.keys().cloned());
+    }
+
     /// Current incidents (open and acknowledged; with `all`, resolved ones too), newest first.
     pub fn current(&self, all: bool) -> Vec<Incident> {
         let mut v: Vec<Incident> = self
@@ -1265,6 +1402,8 @@ impl Machine {
             }
             keep
         });
+        let gone = self.fleet.expire(now - Duration::days(7));
+        self.dirty.fleet.extend(gone);
     }
 }
 

@@ -5,8 +5,9 @@
 use chrono::{DateTime, Duration, TimeZone, Utc};
 use multipilot_schemas::control::{CommandOutcome, IncidentAction, IncidentCommand};
 use multipilot_schemas::payload::{
-    AuditRecord, ClusterFacts, ComplianceReport, EventDigest, EvidenceKind, Heartbeat, Incident,
-    IncidentStatus, KubeEvent, ObjectRef, ProbeResult, ProbeStatus, ResourceState, Severity,
+    AuditRecord, ClusterFacts, ComplianceReport, EventDigest, EvidenceKind, FleetIncident,
+    Heartbeat, Incident, IncidentStatus, KubeEvent, ObjectRef, ProbeResult, ProbeStatus,
+    ResourceState, Severity, SuspectVerdict,
 };
 use multipilot_schemas::streams::StateMsg;
 use multipilot_schemas::{Envelope, Payload, catalog};
@@ -784,6 +785,7 @@ fn changes_name_only_what_changed_and_a_snapshot_restores_the_machine() {
         incidents: m.incidents.clone(),
         dedup: Vec::new(),
         hwm: m.hwm.clone(),
+        fleet: m.fleet.incidents.clone(),
     };
     let mut again = Machine::restore_snapshot(
         Rules::defaults(),
@@ -1130,5 +1132,410 @@ fn a_rule_a_probe_covers_stays_in_the_report_and_raises_no_second_incident() {
     assert!(
         incidents(&outs).is_empty(),
         "the external-ips probe raises external-ip-exposure; no baseline-drift as well"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Fleet incidents
+
+fn fleet_incidents(outs: &[Out]) -> Vec<FleetIncident> {
+    outs.iter()
+        .filter(|o| o.subject.starts_with("fleet.fleet-incident."))
+        .map(decode::<FleetIncident>)
+        .collect()
+}
+
+/// Six clusters: c1, c2, c4 run calico v3.27.3, the others cilium; c1–c3 are prod, c4–c6 staging. Each
+/// sends facts and a heartbeat at `at`, and has a `web` Deployment (it will change everywhere).
+fn six_clusters(m: &mut Machine, at: DateTime<Utc>) {
+    use multipilot_schemas::payload::Component;
+    for (i, c) in ["c1", "c2", "c3", "c4", "c5", "c6"].iter().enumerate() {
+        let mut f = facts(30);
+        f.cni = Some(if ["c1", "c2", "c4"].contains(c) {
+            Component {
+                name: "calico".into(),
+                version: "v3.27.3".into(),
+                ready: None,
+            }
+        } else {
+            Component {
+                name: "cilium".into(),
+                version: "v1.16.1".into(),
+                ready: None,
+            }
+        });
+        f.labels = BTreeMap::from([(
+            "env".to_string(),
+            if i < 3 { "prod" } else { "staging" }.to_string(),
+        )]);
+        m.apply(Input::Facts(&env(c, at, 1, f)));
+        m.apply(Input::Heartbeat(&env(c, at, 2, heartbeat()), at));
+        let s = env(c, at, 3, StateMsg::State(deployment("web", "aaaa0001")));
+        m.apply(Input::State(&s));
+        let s = env(c, at, 4, StateMsg::State(deployment("coredns", "cccc0001")));
+        m.apply(Input::State(&s));
+    }
+}
+
+fn change(m: &mut Machine, cluster: &str, name: &str, hash: &str, at: DateTime<Utc>) {
+    let s = env(cluster, at, 10, StateMsg::State(deployment(name, hash)));
+    m.apply(Input::State(&s));
+}
+
+#[test]
+fn the_same_failure_on_three_clusters_is_one_fleet_incident_with_what_they_share_and_its_suspect() {
+    let mut m = machine();
+    six_clusters(&mut m, t0());
+    // ordinary churn everywhere; the coredns Deployment changes on the three calico clusters only
+    for c in ["c1", "c2", "c3", "c4", "c5", "c6"] {
+        change(&mut m, c, "web", "aaaa0002", t0() + Duration::seconds(60));
+    }
+    for c in ["c1", "c2", "c4"] {
+        change(
+            &mut m,
+            c,
+            "coredns",
+            "cccc0002",
+            t0() + Duration::seconds(90),
+        );
+    }
+    let at = t0() + Duration::seconds(120);
+    // DNS fails on c1: one cluster, no fleet incident
+    let outs = rounds(&mut m, "c1", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
+    assert_eq!(incidents(&outs).len(), 1);
+    assert!(fleet_incidents(&outs).is_empty());
+    // its own summary points at the coredns change, and names the web change as the churn it is
+    let summary = &incidents(&outs)[0].summary;
+    assert!(
+        summary.contains("; 1 deployment changed there in the")
+            && summary.contains("(1 more changed as often on the other clusters: ordinary churn)"),
+        "{summary}"
+    );
+    // c2 a few seconds later: one fleet incident of both
+    let outs = rounds(
+        &mut m,
+        "c2",
+        "coredns",
+        ProbeStatus::Unhealthy,
+        1,
+        3,
+        at + Duration::seconds(5),
+    );
+    let opened = fleet_incidents(&outs);
+    assert_eq!(opened.len(), 1, "{opened:#?}");
+    let f = &opened[0];
+    assert_eq!(
+        (f.kind.as_str(), f.status, f.revision),
+        ("dns-failure", IncidentStatus::Open, 1)
+    );
+    assert_eq!(
+        f.members
+            .iter()
+            .map(|m| m.cluster.as_str())
+            .collect::<Vec<_>>(),
+        vec!["c1", "c2"]
+    );
+    assert_eq!(
+        outs.iter()
+            .filter(|o| o.subject == "fleet.fleet-incident.dns-failure")
+            .count(),
+        1
+    );
+    // c4: it joins the same fleet incident
+    let outs = rounds(
+        &mut m,
+        "c4",
+        "coredns",
+        ProbeStatus::Unhealthy,
+        1,
+        3,
+        at + Duration::seconds(20),
+    );
+    let joined = fleet_incidents(&outs);
+    assert_eq!(joined.len(), 1);
+    let f = &joined[0];
+    assert_eq!(
+        (f.id.as_str(), f.revision, f.members.len(), f.fleet_size),
+        (opened[0].id.as_str(), 2, 3, 6)
+    );
+    // what they share: calico v3.27.3 on 3 of 3 failing, 0 of 3 healthy; env is split, so not first
+    let top = &f.shared[0];
+    assert_eq!(
+        (
+            top.attribute.as_str(),
+            top.value.as_str(),
+            top.failing,
+            top.failing_total,
+            top.healthy,
+            top.healthy_total
+        ),
+        ("cni", "calico v3.27.3", 3, 3, 0, 3),
+        "{:#?}",
+        f.shared
+    );
+    assert_eq!(
+        top.support,
+        "3 of 3 failing run cni calico v3.27.3; 0 of 3 healthy do"
+    );
+    assert!(
+        !f.shared.iter().any(|s| s.value == "calico"),
+        "calico alone says nothing more"
+    );
+    // the coredns change is the suspect; the web change, everywhere, is named as churn
+    let suspect = f
+        .suspects
+        .iter()
+        .find(|s| s.verdict == SuspectVerdict::Suspect)
+        .expect("a suspect");
+    assert_eq!(
+        (
+            suspect.object.name.as_str(),
+            suspect.failing,
+            suspect.healthy
+        ),
+        ("coredns", 3, 0)
+    );
+    assert_eq!(
+        f.suspects[0].object.name, "coredns",
+        "the suspect ranks first"
+    );
+    let common = f
+        .suspects
+        .iter()
+        .find(|s| s.object.name == "web")
+        .expect("web is listed");
+    assert_eq!(
+        (common.verdict, common.failing, common.healthy),
+        (SuspectVerdict::Common, 3, 3)
+    );
+    assert!(
+        f.summary.starts_with(
+            "dns-failure on 3 of 6 clusters (c1, c2, c4): 3 of 3 failing run cni calico v3.27.3"
+        ),
+        "{}",
+        f.summary
+    );
+    assert!(
+        f.summary
+            .contains("first suspect: Deployment kube-system/coredns"),
+        "{}",
+        f.summary
+    );
+    assert_eq!(f.labels.get("scope").map(String::as_str), Some("fleet"));
+    assert_eq!(m.current_fleet(false).len(), 1);
+
+    // members resolve one by one; the fleet incident resolves with the last
+    let heal = at + Duration::seconds(300);
+    for (i, c) in ["c1", "c2"].iter().enumerate() {
+        let outs = rounds(
+            &mut m,
+            c,
+            "coredns",
+            ProbeStatus::Healthy,
+            10,
+            3,
+            heal + Duration::seconds(i as i64),
+        );
+        let f = fleet_incidents(&outs);
+        assert_eq!(f.len(), 1);
+        assert_eq!(f[0].status, IncidentStatus::Open);
+    }
+    let outs = rounds(
+        &mut m,
+        "c4",
+        "coredns",
+        ProbeStatus::Healthy,
+        10,
+        3,
+        heal + Duration::seconds(2),
+    );
+    let done = fleet_incidents(&outs);
+    assert_eq!(
+        (done[0].status, done[0].revision, done[0].id.as_str()),
+        (IncidentStatus::Resolved, 5, opened[0].id.as_str())
+    );
+    assert!(
+        done[0]
+            .members
+            .iter()
+            .all(|m| m.status == IncidentStatus::Resolved && m.left_at.is_some())
+    );
+    assert!(m.current_fleet(false).is_empty());
+    assert_eq!(m.current_fleet(true).len(), 1);
+}
+
+#[test]
+fn failures_far_apart_or_of_other_kinds_make_no_fleet_incident() {
+    let mut m = machine();
+    six_clusters(&mut m, t0());
+    let at = t0() + Duration::seconds(60);
+    let mut outs = rounds(&mut m, "c1", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
+    // another kind on c2 at the same time
+    outs.extend(rounds(
+        &mut m,
+        "c2",
+        "etcd",
+        ProbeStatus::Unhealthy,
+        1,
+        3,
+        at,
+    ));
+    // the same kind on c3, but ten minutes later (the window is five)
+    outs.extend(rounds(
+        &mut m,
+        "c3",
+        "coredns",
+        ProbeStatus::Unhealthy,
+        1,
+        3,
+        at + Duration::minutes(10),
+    ));
+    assert_eq!(incidents(&outs).len(), 3);
+    assert!(
+        fleet_incidents(&outs).is_empty(),
+        "{:#?}",
+        fleet_incidents(&outs)
+    );
+}
+
+#[test]
+fn a_member_whose_cluster_went_silent_for_good_leaves_and_the_fleet_incident_does_not_stay_open_forever()
+ {
+    let mut m = machine();
+    six_clusters(&mut m, t0());
+    let at = t0() + Duration::seconds(60);
+    rounds(&mut m, "c1", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
+    let outs = rounds(&mut m, "c2", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
+    let id = fleet_incidents(&outs)[0].id.clone();
+    // c2 heals; c1 is never heard of again: a day later it leaves, and the fleet incident resolves
+    rounds(
+        &mut m,
+        "c2",
+        "coredns",
+        ProbeStatus::Healthy,
+        10,
+        3,
+        at + Duration::minutes(5),
+    );
+    let mut outs = Vec::new();
+    for h in [1, 12, 25] {
+        outs.extend(m.apply(Input::Tick(at + Duration::hours(h))));
+    }
+    let f = fleet_incidents(&outs);
+    let last = f.last().expect("the fleet incident changed");
+    assert_eq!(
+        (last.id.as_str(), last.status),
+        (id.as_str(), IncidentStatus::Resolved)
+    );
+    let c1 = last.members.iter().find(|m| m.cluster == "c1").expect("c1");
+    assert!(c1.left_because.contains("sent nothing"), "{c1:?}");
+    // and its resolution is announced once
+    let more = fleet_incidents(&m.apply(Input::Tick(at + Duration::hours(26))));
+    assert!(more.is_empty());
+}
+
+#[test]
+fn fleet_incidents_survive_a_restart_and_a_wiped_store() {
+    let mut m = machine();
+    six_clusters(&mut m, t0());
+    let at = t0() + Duration::seconds(60);
+    rounds(&mut m, "c1", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
+    let outs = rounds(&mut m, "c2", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
+    let opened = fleet_incidents(&outs)[0].clone();
+    let changes = m.take_changes();
+    assert_eq!(
+        changes.fleet,
+        vec![("dns-failure".to_string(), Some(opened.clone()))]
+    );
+    // the store's snapshot read back: the same fleet incident, and its revisions continue
+    let snapshot = Snapshot {
+        clusters: m.clusters.clone(),
+        incidents: m.incidents.clone(),
+        fleet: m.fleet.incidents.clone(),
+        ..Default::default()
+    };
+    let mut again = Machine::restore_snapshot(
+        Rules::defaults(),
+        Baseline::defaults(),
+        "correlator-test",
+        snapshot,
+    );
+    assert_eq!(again.current_fleet(false), vec![opened.clone()]);
+    let outs = rounds(
+        &mut again,
+        "c3",
+        "coredns",
+        ProbeStatus::Unhealthy,
+        1,
+        3,
+        at + Duration::seconds(10),
+    );
+    let joined = fleet_incidents(&outs);
+    assert_eq!(
+        (
+            joined[0].id.as_str(),
+            joined[0].revision,
+            joined[0].members.len()
+        ),
+        (opened.id.as_str(), 2, 3)
+    );
+    // a wiped store: what FLEET_INCIDENTS holds (the latest revision) is restored, and a newer one of
+    // the same kind would be current
+    let mut wiped = machine();
+    wiped.restore_fleet(vec![opened.clone(), joined[0].clone()]);
+    assert_eq!(wiped.current_fleet(false), vec![joined[0].clone()]);
+    assert!(!wiped.take_changes().fleet.is_empty());
+}
+
+#[test]
+fn an_unreachable_cluster_says_what_it_takes_down_and_what_runs_nowhere_else() {
+    let mut m = machine();
+    six_clusters(&mut m, t0());
+    // c1 also runs a Deployment no other cluster has
+    let s = env(
+        "c1",
+        t0(),
+        20,
+        StateMsg::State(ResourceState {
+            namespace: Some("shop".into()),
+            ..deployment("checkout", "dddd0001")
+        }),
+    );
+    m.apply(Input::State(&s));
+    // before anything breaks
+    let br = m.blast_radius("c1").expect("c1 is known");
+    assert_eq!(br.only_here, vec!["Deployment shop/checkout"]);
+    assert!(m.blast_radius("nope").is_none());
+    // every cluster but c1 keeps sending heartbeats; c1 goes silent
+    let mut outs = Vec::new();
+    for i in 1..=6 {
+        let at = t0() + Duration::seconds(5 * i);
+        for c in ["c2", "c3", "c4", "c5", "c6"] {
+            m.apply(Input::Heartbeat(
+                &env(c, at, 10 + i as u64, heartbeat()),
+                at,
+            ));
+        }
+        outs.extend(m.apply(Input::Tick(at)));
+    }
+    let unreachable = incidents(&outs)
+        .into_iter()
+        .find(|i| i.cluster == "c1" && i.kind == "cluster-unreachable")
+        .expect("c1 unreachable");
+    let br = unreachable.blast_radius.expect("a blast radius");
+    assert_eq!((br.workloads, br.elsewhere, br.only_here_total), (1, 0, 1));
+    assert_eq!(br.namespaces, vec!["shop"]);
+    assert_eq!(br.as_of, Some(t0()));
+    let fact = unreachable
+        .evidence
+        .iter()
+        .find(|e| e.summary.starts_with("c1 takes down"))
+        .expect("the blast radius is evidence");
+    assert!(fact.rank <= 2, "{:#?}", unreachable.evidence);
+    assert!(
+        fact.summary
+            .contains("run nowhere else (Deployment shop/checkout)"),
+        "{}",
+        fact.summary
     );
 }

@@ -128,6 +128,40 @@ impl Default for InhibitRule {
     }
 }
 
+/// Fleet incidents: one failure across clusters.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FleetRule {
+    /// Cluster incidents of one kind that open within this span of each other (hub time: each cluster's
+    /// clock corrected by its measured skew) are one fleet incident. Once it is open, every further
+    /// incident of that kind joins it while it lasts.
+    #[serde(with = "humantime_serde")]
+    pub window: Duration,
+    /// Clusters failing the same way before a fleet incident opens.
+    pub min_clusters: usize,
+    /// How far before a cluster's incident its changes are weighed as suspects.
+    #[serde(with = "humantime_serde")]
+    pub lookback: Duration,
+    /// A member whose cluster sent nothing for this long leaves (a cluster removed from the fleet, or one
+    /// dead for good, must not keep a fleet incident open forever).
+    #[serde(with = "humantime_serde")]
+    pub silent_member_after: Duration,
+    /// Kinds never grouped (each cluster's own business).
+    pub exclude_kinds: Vec<String>,
+}
+
+impl Default for FleetRule {
+    fn default() -> Self {
+        FleetRule {
+            window: Duration::from_secs(300),
+            min_clusters: 2,
+            lookback: Duration::from_secs(900),
+            silent_member_after: Duration::from_secs(24 * 3600),
+            exclude_kinds: Vec::new(),
+        }
+    }
+}
+
 /// The whole rules file.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -148,6 +182,9 @@ pub struct Rules {
     /// Inhibition (optional in a rules file).
     #[serde(default)]
     pub inhibit: InhibitRule,
+    /// Fleet incidents (optional in a rules file).
+    #[serde(default)]
+    pub fleet: FleetRule,
 }
 
 /// The default rules.

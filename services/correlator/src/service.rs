@@ -13,10 +13,13 @@ use multipilot_bus::metrics::BusMetrics;
 use multipilot_bus::publish::{Completion, Outgoing, Publisher};
 use multipilot_runtime::Context;
 use multipilot_schemas::control::{
-    COMMAND_INCIDENT, CommandOutcome, CommandReply, HEADER_PARTITIONS, IncidentCommand,
-    IncidentsQuery, QUERY_COMPLIANCE, QUERY_INCIDENTS,
+    BlastRadiusQuery, COMMAND_INCIDENT, CommandOutcome, CommandReply, HEADER_PARTITIONS,
+    IncidentCommand, IncidentsQuery, QUERY_BLAST_RADIUS, QUERY_COMPLIANCE, QUERY_FLEET_INCIDENTS,
+    QUERY_INCIDENTS,
 };
-use multipilot_schemas::payload::{ClusterFacts, ComplianceReport, Incident, KubeEvent};
+use multipilot_schemas::payload::{
+    ClusterFacts, ComplianceReport, FleetIncident, Incident, KubeEvent,
+};
 use multipilot_schemas::streams::{HealthMsg, StateMsg};
 use multipilot_schemas::{Payload, codec::DEFAULT_MAX_BYTES};
 use tokio::sync::Mutex;
@@ -211,15 +214,23 @@ fn durable(cfg: &Config, (stream, base): (&str, &str)) -> Durable {
     }
 }
 
-/// Reads FLEET_INCIDENTS back for this instance's partition: the latest revision of every incident and
-/// the latest compliance report of every cluster.
-async fn read_incidents(
-    js: &async_nats::jetstream::Context,
-    cfg: &Config,
-) -> Result<(Vec<Incident>, Vec<ComplianceReport>)> {
+/// What a wiped store reads back from FLEET_INCIDENTS.
+struct History {
+    /// The latest revision of every incident of this instance's partition.
+    incidents: Vec<Incident>,
+    /// The latest compliance report of every cluster of the partition.
+    reports: Vec<ComplianceReport>,
+    /// The latest revision of every fleet incident (unpartitioned: each partition judges its own
+    /// clusters, and publishes under the same subjects).
+    fleet: Vec<FleetIncident>,
+}
+
+/// Reads FLEET_INCIDENTS back for this instance's partition.
+async fn read_incidents(js: &async_nats::jetstream::Context, cfg: &Config) -> Result<History> {
     use std::collections::BTreeMap;
     let mut incidents: BTreeMap<String, Incident> = BTreeMap::new();
     let mut reports: BTreeMap<String, ComplianceReport> = BTreeMap::new();
+    let mut fleet: BTreeMap<String, FleetIncident> = BTreeMap::new();
     let mine = |subject: &str| {
         cfg.partitions <= 1
             || subject
@@ -227,9 +238,24 @@ async fn read_incidents(
                 .nth(2)
                 .is_some_and(|t| crate::partition_of(t, cfg.partitions) == cfg.partition)
     };
-    let filters = vec!["fleet.incident.>".into(), "fleet.compliance.>".into()];
+    let mut filters = vec!["fleet.incident.>".into(), "fleet.compliance.>".into()];
+    if cfg.partitions <= 1 {
+        filters.push("fleet.fleet-incident.>".into());
+    }
     js_kit::read_history(js, "FLEET_INCIDENTS", filters, Start::Oldest, |s| {
         let m = s.message;
+        if m.subject.starts_with("fleet.fleet-incident.") {
+            if let Ok(env) = js_kit::decode::<FleetIncident>(m, usize::MAX) {
+                let f = env.payload;
+                if fleet
+                    .get(&f.id)
+                    .is_none_or(|cur| cur.revision <= f.revision)
+                {
+                    fleet.insert(f.id.clone(), f);
+                }
+            }
+            return;
+        }
         if !mine(&m.subject) {
             return;
         }
@@ -248,10 +274,11 @@ async fn read_incidents(
         }
     })
     .await?;
-    Ok((
-        incidents.into_values().collect(),
-        reports.into_values().collect(),
-    ))
+    Ok(History {
+        incidents: incidents.into_values().collect(),
+        reports: reports.into_values().collect(),
+        fleet: fleet.into_values().collect(),
+    })
 }
 
 /// Applies `which`'s stream from `start` up to `until` (this instance's subjects) through the consumer's
@@ -378,9 +405,17 @@ async fn recover_in_flight<T: Fed>(
 ///   published again. The machine already ignores a message older than an incident's last change, so
 ///   the replay neither reopens resolved incidents nor rewrites open ones.
 async fn rebuild(ctx: &Context, cfg: &Config, core: &Shared) -> Result<()> {
-    let (incidents, reports) = read_incidents(&ctx.js, cfg).await?;
+    let History {
+        incidents,
+        reports,
+        fleet,
+    } = read_incidents(&ctx.js, cfg).await?;
     let (n_inc, n_rep) = (incidents.len(), reports.len());
-    let restored = core.lock().await.machine.restore(incidents, reports);
+    let restored = {
+        let mut c = core.lock().await;
+        c.machine.restore_fleet(fleet);
+        c.machine.restore(incidents, reports)
+    };
     let since = Utc::now()
         - chrono::Duration::from_std(cfg.replay_window).unwrap_or(chrono::Duration::minutes(15));
     core.lock().await.machine.set_replaying(true);
@@ -503,32 +538,60 @@ async fn answer(
     }
 }
 
-/// Answers `fleet.query.incidents` and `fleet.query.compliance`.
+/// The queries the correlator answers.
+enum Query {
+    Incidents,
+    FleetIncidents,
+    Compliance,
+    BlastRadius,
+}
+
+/// The subscriptions the queries come on.
+struct Queries {
+    incidents: async_nats::Subscriber,
+    fleet: async_nats::Subscriber,
+    compliance: async_nats::Subscriber,
+    blast_radius: async_nats::Subscriber,
+}
+
+/// Answers `fleet.query.incidents`, `fleet.query.fleet-incidents`, `fleet.query.compliance` and
+/// `fleet.query.blast-radius`.
 async fn answer_queries(
     core: Shared,
     client: async_nats::Client,
-    mut incidents: async_nats::Subscriber,
-    mut compliance: async_nats::Subscriber,
+    mut q: Queries,
     partitions: String,
     cancel: CancellationToken,
 ) {
     loop {
-        let (msg, is_incidents) = tokio::select! {
+        let (msg, query) = tokio::select! {
             _ = cancel.cancelled() => return,
-            Some(m) = incidents.next() => (m, true),
-            Some(m) = compliance.next() => (m, false),
+            Some(m) = q.incidents.next() => (m, Query::Incidents),
+            Some(m) = q.fleet.next() => (m, Query::FleetIncidents),
+            Some(m) = q.compliance.next() => (m, Query::Compliance),
+            Some(m) = q.blast_radius.next() => (m, Query::BlastRadius),
         };
         let Some(reply) = msg.reply.clone() else {
             continue;
         };
+        // an empty or unreadable body asks for the default (open and acknowledged incidents)
+        let all = serde_json::from_slice::<IncidentsQuery>(&msg.payload)
+            .unwrap_or_default()
+            .all;
         let body = {
             let c = core.lock().await;
-            if is_incidents {
-                // an empty or unreadable body asks for the default (open and acknowledged incidents)
-                let q: IncidentsQuery = serde_json::from_slice(&msg.payload).unwrap_or_default();
-                serde_json::to_vec(&c.machine.current(q.all))
-            } else {
-                serde_json::to_vec(&c.machine.compliance())
+            match query {
+                Query::Incidents => serde_json::to_vec(&c.machine.current(all)),
+                Query::FleetIncidents => serde_json::to_vec(&c.machine.current_fleet(all)),
+                Query::Compliance => serde_json::to_vec(&c.machine.compliance()),
+                // an unreadable request names no cluster: nothing is known of it
+                Query::BlastRadius => {
+                    let cluster = serde_json::from_slice::<BlastRadiusQuery>(&msg.payload)
+                        .unwrap_or_default()
+                        .cluster;
+                    let found: Vec<_> = c.machine.blast_radius(&cluster).into_iter().collect();
+                    serde_json::to_vec(&found)
+                }
             }
         };
         match body {
@@ -660,8 +723,12 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     tasks.spawn(answer_queries(
         core.clone(),
         ctx.nats.clone(),
-        subscribe(&ctx.nats, QUERY_INCIDENTS).await?,
-        subscribe(&ctx.nats, QUERY_COMPLIANCE).await?,
+        Queries {
+            incidents: subscribe(&ctx.nats, QUERY_INCIDENTS).await?,
+            fleet: subscribe(&ctx.nats, QUERY_FLEET_INCIDENTS).await?,
+            compliance: subscribe(&ctx.nats, QUERY_COMPLIANCE).await?,
+            blast_radius: subscribe(&ctx.nats, QUERY_BLAST_RADIUS).await?,
+        },
         partitions.clone(),
         ctx.cancel.clone(),
     ));

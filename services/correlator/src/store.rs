@@ -3,7 +3,7 @@
 //! never out of step after a crash.
 //!
 //! One tree, `state`, with a prefix per record type (MessagePack values): `c` cluster state, `s` spec hash
-//! (`<cluster>/<kind>/<ns>/<name>`), `i` incident (by key), `d` dedup record (by id), `o` outbox entry (by
+//! (`<cluster>/<kind>/<ns>/<name>`), `i` incident (by key), `f` fleet incident (by key), `d` dedup record (by id), `o` outbox entry (by
 //! sequence), `m` meta (high-water marks, the initialized marker). Only what changed is written: a change to
 //! one object rewrites one key, not the cluster. A store written by an older version (JSON in the trees
 //! `clusters`, `incidents`, `dedup`, `meta`) is moved into this layout when opened.
@@ -25,6 +25,7 @@ const P_DEDUP: u8 = b'd';
 const P_OUTBOX: u8 = b'o';
 const P_META: u8 = b'm';
 const P_WINDOW: u8 = b'w';
+const P_FLEET: u8 = b'f';
 const K_HWM: &str = "hwm";
 /// Written once the store was set up (its absence on an empty store: new or wiped).
 const K_INITIALIZED: &str = "initialized";
@@ -221,6 +222,11 @@ impl Store {
                         s.incidents.insert(name, i);
                     }
                 }
+                P_FLEET => {
+                    if let Some(f) = dec("fleet incident", &k, &v) {
+                        s.fleet.insert(name, f);
+                    }
+                }
                 P_DEDUP => {
                     if let Some(r) = dec("dedup record", &k, &v) {
                         s.dedup.push(r);
@@ -267,6 +273,13 @@ impl Store {
         }
         for (k, i) in changes.incidents {
             put(P_INCIDENT, &k, i.map(|i| enc("incident", &i)).transpose()?);
+        }
+        for (k, f) in changes.fleet {
+            put(
+                P_FLEET,
+                &k,
+                f.map(|f| enc("fleet incident", &f)).transpose()?,
+            );
         }
         for (k, r) in changes.dedup {
             put(P_DEDUP, &k, r.map(|r| enc("dedup record", &r)).transpose()?);
@@ -454,6 +467,16 @@ mod tests {
         }
     }
 
+    fn fleet_incident() -> multipilot_schemas::payload::FleetIncident {
+        let entry = multipilot_schemas::catalog::entries()
+            .into_iter()
+            .find(|e| e.name == "FleetIncident")
+            .unwrap();
+        rmp_serde::from_slice::<multipilot_schemas::Envelope<_>>(&entry.sample)
+            .unwrap()
+            .payload
+    }
+
     #[tokio::test]
     async fn what_is_written_reads_back_and_confirmed_outputs_are_gone() {
         let dir = tempfile::tempdir().unwrap();
@@ -477,6 +500,7 @@ mod tests {
                 ("r2".into(), Some(record("r2"))),
             ],
             hwm: Some(BTreeMap::from([("correlator-events".to_string(), 42)])),
+            fleet: vec![("dns-failure".into(), Some(fleet_incident()))],
         };
         store.write(changes, &mut outbox).unwrap();
         outbox.confirm(&["a".to_string()]);
@@ -496,6 +520,7 @@ mod tests {
         assert_eq!(s.specs["c1"]["Deployment/ns/web"], "h1");
         assert_eq!(s.dedup, vec![record("r1")]);
         assert_eq!(s.hwm["correlator-events"], 42);
+        assert_eq!(s.fleet["dns-failure"], fleet_incident());
         let pending: Vec<String> = outbox.pending().into_iter().map(|o| o.msg_id).collect();
         assert_eq!(pending, vec!["b"]);
         store.close().await.unwrap();

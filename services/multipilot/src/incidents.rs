@@ -6,7 +6,10 @@ use anyhow::{Context as _, Result};
 use chrono::Utc;
 use futures::StreamExt;
 use multipilot_schemas::Envelope;
-use multipilot_schemas::payload::{CheckStatus, ComplianceReport, Incident, IncidentStatus};
+use multipilot_schemas::payload::{
+    BlastRadius, CheckStatus, ComplianceReport, FleetIncident, Incident, IncidentStatus,
+    SuspectVerdict,
+};
 
 fn ago(t: chrono::DateTime<Utc>) -> String {
     let s = (Utc::now() - t).num_seconds().max(0);
@@ -18,8 +21,8 @@ fn ago(t: chrono::DateTime<Utc>) -> String {
     }
 }
 
-fn status(i: &Incident) -> &'static str {
-    match i.status {
+fn status(s: IncidentStatus) -> &'static str {
+    match s {
         IncidentStatus::Open => "open",
         IncidentStatus::Acknowledged => "acked",
         IncidentStatus::Resolved => "resolved",
@@ -30,12 +33,61 @@ fn line(i: &Incident) -> String {
     format!(
         "{:<9} {:<8} {:<16} {:<24} {:>5}  {}",
         format!("{:?}", i.severity).to_lowercase(),
-        status(i),
+        status(i.status),
         i.cluster,
         i.kind,
         ago(i.opened_at),
         i.summary
     )
+}
+
+/// A fleet incident's line (`FLEET` where a cluster incident names its cluster).
+fn fleet_line(f: &FleetIncident) -> String {
+    format!(
+        "{:<9} {:<8} {:<16} {:<24} {:>5}  {}",
+        format!("{:?}", f.severity).to_lowercase(),
+        status(f.status),
+        format!("FLEET ({})", f.members.len()),
+        f.kind,
+        ago(f.opened_at),
+        f.summary
+    )
+}
+
+/// A fleet incident with what it found, then its members (the cluster incidents, when listed).
+fn print_fleet(f: &FleetIncident, incidents: &[Incident]) -> Vec<String> {
+    let mut out = vec![fleet_line(f)];
+    let pad = format!("{:>70}", "");
+    for s in f.shared.iter().take(3) {
+        out.push(format!("{pad}  shared:  {}", s.support));
+    }
+    for s in &f.suspects {
+        let what = match s.verdict {
+            SuspectVerdict::Suspect => "suspect:",
+            _ => "churn:  ",
+        };
+        out.push(format!("{pad}  {what} {}", s.summary));
+    }
+    for m in &f.members {
+        match incidents.iter().find(|i| i.id == m.incident_id) {
+            Some(i) => out.push(format!("  └ {}", line(i))),
+            None => out.push(format!(
+                "  └ {:<9} {:<8} {:<16} {:<24} {:>5}  {}{}",
+                format!("{:?}", m.severity).to_lowercase(),
+                status(m.status),
+                m.cluster,
+                f.kind,
+                ago(m.opened_at),
+                m.summary,
+                if m.left_because.is_empty() {
+                    String::new()
+                } else {
+                    format!(" (left: {})", m.left_because)
+                }
+            )),
+        }
+    }
+    out
 }
 
 async fn request<T: serde::de::DeserializeOwned>(
@@ -55,35 +107,77 @@ async fn request<T: serde::de::DeserializeOwned>(
     })
 }
 
-/// Prints the current incidents; with `watch`, then every change.
+/// Prints the current incidents, each fleet incident first with its members under it; with `only_fleet`
+/// the fleet incidents alone; with `watch`, then every change.
 #[allow(clippy::print_stdout)]
 pub async fn print(
     client: &async_nats::Client,
     all: bool,
+    only_fleet: bool,
     watch: bool,
     output: &str,
 ) -> Result<()> {
     let body = serde_json::to_string(&multipilot_schemas::control::IncidentsQuery { all })?;
-    let mut incidents: Vec<Incident> = request(
+    let mut fleet: Vec<FleetIncident> = match request(
         client,
-        multipilot_schemas::control::QUERY_INCIDENTS,
+        multipilot_schemas::control::QUERY_FLEET_INCIDENTS,
         body.as_bytes(),
     )
-    .await?;
+    .await
+    {
+        Ok(f) => f,
+        // a correlator from before fleet incidents doesn't answer: its cluster incidents still do
+        Err(e) if !only_fleet => {
+            tracing::debug!(error = %e, "no fleet incidents");
+            Vec::new()
+        }
+        Err(e) => return Err(e),
+    };
+    fleet.sort_by(|a, b| {
+        b.severity
+            .cmp(&a.severity)
+            .then(b.updated_at.cmp(&a.updated_at))
+    });
+    let mut incidents: Vec<Incident> = if only_fleet {
+        Vec::new()
+    } else {
+        request(
+            client,
+            multipilot_schemas::control::QUERY_INCIDENTS,
+            body.as_bytes(),
+        )
+        .await?
+    };
     incidents.sort_by(|a, b| {
         b.severity
             .cmp(&a.severity)
             .then(b.updated_at.cmp(&a.updated_at))
     });
     if output == "json" && !watch {
-        println!("{}", serde_json::to_string_pretty(&incidents)?);
+        if only_fleet {
+            println!("{}", serde_json::to_string_pretty(&fleet)?);
+        } else {
+            println!("{}", serde_json::to_string_pretty(&incidents)?);
+        }
         return Ok(());
     }
     println!(
         "{:<9} {:<8} {:<16} {:<24} {:>5}  SUMMARY",
         "SEVERITY", "STATUS", "CLUSTER", "KIND", "AGE"
     );
-    for i in &incidents {
+    let members: std::collections::BTreeSet<&str> = fleet
+        .iter()
+        .flat_map(|f| f.members.iter().map(|m| m.incident_id.as_str()))
+        .collect();
+    for f in &fleet {
+        for l in print_fleet(f, &incidents) {
+            println!("{l}");
+        }
+    }
+    for i in incidents
+        .iter()
+        .filter(|i| !members.contains(i.id.as_str()))
+    {
         println!("{}", line(i));
         for e in &i.evidence {
             println!("{:>70}  {}. [{}] {}", "", e.rank, e.kind, e.summary);
@@ -92,19 +186,94 @@ pub async fn print(
             }
         }
     }
-    if incidents.is_empty() {
-        println!("(no {}incidents)", if all { "" } else { "open " });
+    if incidents.is_empty() && fleet.is_empty() {
+        println!(
+            "(no {}{}incidents)",
+            if all { "" } else { "open " },
+            if only_fleet { "fleet " } else { "" }
+        );
     }
     if !watch {
         return Ok(());
     }
-    let mut sub = client.subscribe("fleet.incident.>").await?;
-    while let Some(m) = sub.next().await {
+    let mut subs = futures::stream::select(
+        client.subscribe("fleet.fleet-incident.>").await?,
+        client.subscribe("fleet.incident.>").await?,
+    );
+    while let Some(m) = subs.next().await {
+        if m.subject.starts_with("fleet.fleet-incident.") {
+            match rmp_serde::from_slice::<Envelope<FleetIncident>>(&m.payload) {
+                Ok(env) if output == "json" => {
+                    println!("{}", serde_json::to_string(&env.payload)?)
+                }
+                Ok(env) => println!("{}", fleet_line(&env.payload)),
+                Err(e) => eprintln!("undecodable fleet incident on {}: {e}", m.subject),
+            }
+            continue;
+        }
+        if only_fleet {
+            continue;
+        }
         match rmp_serde::from_slice::<Envelope<Incident>>(&m.payload) {
             Ok(env) if output == "json" => println!("{}", serde_json::to_string(&env.payload)?),
             Ok(env) => println!("{}", line(&env.payload)),
             Err(e) => eprintln!("undecodable incident on {}: {e}", m.subject),
         }
+    }
+    Ok(())
+}
+
+/// Prints what `cluster`'s loss would take down.
+#[allow(clippy::print_stdout)]
+pub async fn blast_radius(client: &async_nats::Client, cluster: &str, output: &str) -> Result<()> {
+    let body = serde_json::to_vec(&multipilot_schemas::control::BlastRadiusQuery {
+        cluster: cluster.to_string(),
+    })?;
+    let found: Vec<BlastRadius> = request(
+        client,
+        multipilot_schemas::control::QUERY_BLAST_RADIUS,
+        &body,
+    )
+    .await?;
+    let Some(br) = found.into_iter().next() else {
+        anyhow::bail!(
+            "the correlator knows no cluster {cluster:?} (`multipilot status` and the console list the fleet)"
+        );
+    };
+    if output == "json" {
+        println!("{}", serde_json::to_string_pretty(&br)?);
+        return Ok(());
+    }
+    println!("{cluster} {}", br.summary);
+    if let Some(t) = br.as_of {
+        println!(
+            "  as of       {} ({} ago)",
+            t.format("%Y-%m-%d %H:%M:%SZ"),
+            ago(t)
+        );
+    }
+    println!(
+        "  workloads   {} in {} namespaces ({}); {} also run on another cluster",
+        br.workloads,
+        br.namespaces.len(),
+        br.namespaces.join(", "),
+        br.elsewhere
+    );
+    if !br.only_here.is_empty() {
+        println!("  only here   {} of them:", br.only_here_total);
+        for w in &br.only_here {
+            println!("                {w}");
+        }
+    }
+    println!("  services    {}", br.services);
+    if !br.exposed.is_empty() {
+        println!("  exposed     {}", br.exposed.join(", "));
+    }
+    if br.gpus > 0 {
+        println!(
+            "  GPUs        {} ({} allocated)",
+            br.gpus, br.gpus_allocated
+        );
     }
     Ok(())
 }

@@ -81,11 +81,24 @@ enum Command {
         #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "json"])]
         output: String,
     },
+    /// What a cluster's loss would take down, from its last known state (from the correlator): its
+    /// workloads and namespaces, which of them run nowhere else, its Services and GPUs.
+    BlastRadius {
+        /// The cluster.
+        cluster: String,
+        /// Output format.
+        #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "json"])]
+        output: String,
+    },
     /// Show the fleet's current incidents (from the correlator); --watch follows every change.
     Incidents {
         /// Include resolved incidents of the last week.
         #[arg(long)]
         all: bool,
+        /// Only the fleet incidents (one failure across clusters: their members, what the failing
+        /// clusters share, the suspects).
+        #[arg(long)]
+        fleet: bool,
         /// After the list, print every incident change as it happens.
         #[arg(long, short = 'w')]
         watch: bool,
@@ -199,6 +212,7 @@ async fn run() -> Result<()> {
         Command::Provision
             | Command::Status { .. }
             | Command::Incidents { .. }
+            | Command::BlastRadius { .. }
             | Command::Compliance { .. }
             | Command::Silence { .. }
             | Command::Fleet(_)
@@ -214,6 +228,7 @@ async fn run() -> Result<()> {
         Command::Provision
             | Command::Status { .. }
             | Command::Incidents { .. }
+            | Command::BlastRadius { .. }
             | Command::Compliance { .. }
             | Command::Release {
                 command: Some(_),
@@ -280,13 +295,23 @@ async fn run() -> Result<()> {
             let client = multipilot_bus::connect::connect(&config.nats).await?;
             return status::print(&async_nats::jetstream::new(client), &output).await;
         }
-        Command::Incidents { all, watch, output } => {
+        Command::Incidents {
+            all,
+            fleet,
+            watch,
+            output,
+        } => {
             let client = multipilot_bus::connect::connect(&config.nats).await?;
-            return incidents::print(&client, all, watch, &output).await;
+            let only_fleet = fleet;
+            return incidents::print(&client, all, only_fleet, watch, &output).await;
         }
         Command::Silence { url, command } => {
             let url = url.unwrap_or_else(|| format!("http://{}", config.alerts.listen));
             return silence::run(&url, command).await;
+        }
+        Command::BlastRadius { cluster, output } => {
+            let client = multipilot_bus::connect::connect(&config.nats).await?;
+            return incidents::blast_radius(&client, &cluster, &output).await;
         }
         Command::Compliance { output, by_cluster } => {
             let client = multipilot_bus::connect::connect(&config.nats).await?;

@@ -693,6 +693,7 @@ fn specs(minted: &str) -> Vec<Spec> {
         Spec {
             publish: s(&[
                 "fleet.incident.>",
+                "fleet.fleet-incident.>",
                 "fleet.digest.>",
                 "fleet.compliance.>",
                 "fleet.audit.console.incident-*",
@@ -700,6 +701,8 @@ fn specs(minted: &str) -> Vec<Spec> {
             ]),
             answers: s(&[
                 "fleet.query.incidents",
+                "fleet.query.fleet-incidents",
+                "fleet.query.blast-radius",
                 "fleet.query.compliance",
                 "fleet.ctl.incident",
             ]),
@@ -773,7 +776,12 @@ fn specs(minted: &str) -> Vec<Spec> {
         },
         Spec {
             publish: s(&["fleet.query.>", "fleet.releasectl.>"]),
-            subscribe: s(&["fleet.incident.>", "fleet.release.>", "fleet.alert.>"]),
+            subscribe: s(&[
+                "fleet.incident.>",
+                "fleet.fleet-incident.>",
+                "fleet.release.>",
+                "fleet.alert.>",
+            ]),
             api: s(&[
                 "$JS.API.INFO",
                 "$JS.API.STREAM.NAMES",

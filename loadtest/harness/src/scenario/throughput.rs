@@ -401,6 +401,7 @@ fn incident_messages(n: usize, clusters: usize) -> Result<Vec<Outgoing>> {
             .collect(),
             revision,
             acknowledged_by: (revision >= 2).then(|| "bench".to_string()),
+            blast_radius: None,
         };
         let env = Envelope::new(cluster.as_str(), "correlator/bench", at, revision, inc);
         out.push(Outgoing::envelope(

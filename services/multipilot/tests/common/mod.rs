@@ -387,6 +387,7 @@ impl Router {
             labels: l,
             revision,
             acknowledged_by: None,
+            blast_radius: None,
         };
         self.seq += 1;
         let env = Envelope::new(cluster, "correlator-test", now, self.seq, inc);

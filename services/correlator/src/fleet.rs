@@ -1,0 +1,628 @@
+//! Fleet judgement: one failure across clusters is one fleet incident. Cluster incidents of one kind that
+//! open within [`FleetRule::window`] of each other on [`FleetRule::min_clusters`] or more clusters are
+//! linked as the members of a [`FleetIncident`]; later incidents of that kind join it while it is open; a
+//! member leaves when its incident resolves (or its cluster goes silent for good), and the fleet incident
+//! resolves when its last member has. For each, it ranks what the failing clusters share that the healthy
+//! ones don't (version, CNI, ingress controller, CoreDNS, device plugin and driver, registry labels) and
+//! weighs the changes that reached the failing clusters shortly before against the healthy ones: a change
+//! seen as often on healthy clusters is ordinary churn, not a suspect.
+//!
+//! Plain data and pure functions over the machine's view of the fleet; [`crate::machine::Machine`] calls
+//! it after every change of a cluster incident and on its ticks, and emits what changed.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Duration, Utc};
+use multipilot_schemas::payload::{
+    FleetIncident, FleetMember, Incident, IncidentStatus, ObjectRef, Severity, SharedAttribute,
+    Suspect, SuspectVerdict,
+};
+use multipilot_schemas::stable_id;
+
+use crate::rules::FleetRule;
+use crate::state::ClusterState;
+
+/// The machine's view of the fleet a judgement reads.
+#[derive(Debug, Clone, Copy)]
+pub struct View<'a> {
+    /// Every cluster the correlator knows.
+    pub clusters: &'a BTreeMap<String, ClusterState>,
+    /// Every cluster incident, by key.
+    pub incidents: &'a BTreeMap<String, Incident>,
+}
+
+/// The key of the current fleet incident of a kind.
+pub fn key(kind: &str) -> String {
+    kind.to_string()
+}
+
+/// Where a fleet incident is kept once a newer one of its kind replaced it.
+pub fn history_key(kind: &str, id: &str) -> String {
+    format!("{kind}#{id}")
+}
+
+/// Attribute values above this many per cluster are not compared (labels of a label-happy registry).
+const MAX_ATTRIBUTES: usize = 64;
+/// Shared attributes and suspects kept per fleet incident.
+const MAX_SHARED: usize = 6;
+const MAX_SUSPECTS: usize = 5;
+const MAX_COMMON: usize = 3;
+
+/// A cluster's measured clock offset (cluster − hub), whole seconds; 0 under 2 s.
+fn skew(view: View<'_>, cluster: &str) -> Duration {
+    let est = view
+        .clusters
+        .get(cluster)
+        .map(|c| {
+            c.skew_samples
+                .iter()
+                .copied()
+                .fold(f64::NEG_INFINITY, f64::max)
+        })
+        .filter(|s| s.is_finite() && s.abs() >= 2.0)
+        .unwrap_or(0.0);
+    Duration::milliseconds((est * 1000.0) as i64)
+}
+
+/// A time on `cluster`'s clock, on the hub's.
+pub fn hub_time(view: View<'_>, cluster: &str, t: DateTime<Utc>) -> DateTime<Utc> {
+    t - skew(view, cluster)
+}
+
+/// What a cluster is, as `(attribute, value)` pairs, from its facts and registry labels.
+pub fn attributes(c: &ClusterState) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    if let Some(f) = &c.inventory.facts {
+        if f.version.major > 0 {
+            out.push((
+                "kubernetes-version".into(),
+                format!("{}.{}", f.version.major, f.version.minor),
+            ));
+        }
+        for (attr, comp) in [
+            ("cni", &f.cni),
+            ("ingress-controller", &f.ingress_controller),
+            ("coredns", &f.coredns),
+            ("gpu-device-plugin", &f.gpu_device_plugin),
+        ] {
+            if let Some(comp) = comp {
+                out.push((attr.into(), comp.name.clone()));
+                if !comp.version.is_empty() {
+                    out.push((attr.into(), format!("{} {}", comp.name, comp.version)));
+                }
+            }
+        }
+        let drivers: BTreeSet<&str> = f
+            .gpus
+            .iter()
+            .map(|g| g.driver_version.as_str())
+            .filter(|d| !d.is_empty())
+            .collect();
+        for d in drivers {
+            out.push(("gpu-driver".into(), d.to_string()));
+        }
+    }
+    for (k, v) in &c.labels {
+        out.push((format!("label:{k}"), v.clone()));
+    }
+    out.truncate(MAX_ATTRIBUTES);
+    out
+}
+
+fn phrase(attr: &str, value: &str) -> String {
+    match attr.strip_prefix("label:") {
+        Some(k) => format!("have {k}={value}"),
+        None => format!("run {attr} {value}"),
+    }
+}
+
+/// Attributes ranked by how well they separate `failing` from `healthy` (clusters with facts only).
+pub fn shared(
+    view: View<'_>,
+    failing: &BTreeSet<String>,
+    healthy: &BTreeSet<String>,
+) -> Vec<SharedAttribute> {
+    let of = |set: &BTreeSet<String>| -> (u32, BTreeMap<(String, String), u32>) {
+        let mut total = 0;
+        let mut counts = BTreeMap::new();
+        for c in set {
+            let Some(state) = view.clusters.get(c) else {
+                continue;
+            };
+            let attrs = attributes(state);
+            if attrs.is_empty() {
+                continue;
+            }
+            total += 1;
+            for a in attrs.into_iter().collect::<BTreeSet<_>>() {
+                *counts.entry(a).or_insert(0) += 1;
+            }
+        }
+        (total, counts)
+    };
+    let (ft, fc) = of(failing);
+    let (ht, hc) = of(healthy);
+    if ft == 0 {
+        return Vec::new();
+    }
+    let mut v: Vec<(f64, SharedAttribute)> = fc
+        .into_iter()
+        .filter_map(|((attr, value), f)| {
+            let h = hc.get(&(attr.clone(), value.clone())).copied().unwrap_or(0);
+            let fr = f as f64 / ft as f64;
+            let hr = if ht == 0 { 0.0 } else { h as f64 / ht as f64 };
+            // it must be the failing clusters' common trait, and rarer among the healthy ones
+            (fr >= 0.5 && fr > hr).then(|| {
+                let support = format!(
+                    "{f} of {ft} failing {}; {h} of {ht} healthy do",
+                    phrase(&attr, &value)
+                );
+                (
+                    fr - hr,
+                    SharedAttribute {
+                        attribute: attr,
+                        value,
+                        failing: f,
+                        failing_total: ft,
+                        healthy: h,
+                        healthy_total: ht,
+                        support,
+                    },
+                )
+            })
+        })
+        .collect();
+    // best separation first; of equals, the more specific value (`calico v3.27.3` before `calico`)
+    v.sort_by(|(a, x), (b, y)| {
+        b.total_cmp(a)
+            .then(y.value.len().cmp(&x.value.len()))
+            .then(x.attribute.cmp(&y.attribute))
+    });
+    let mut out: Vec<SharedAttribute> = Vec::new();
+    for (_, s) in v {
+        // `calico` with the same counts as `calico v3.27.3` says nothing more
+        let redundant = out.iter().any(|o| {
+            o.attribute == s.attribute
+                && o.failing == s.failing
+                && o.healthy == s.healthy
+                && o.value.starts_with(&s.value)
+        });
+        if !redundant && out.len() < MAX_SHARED {
+            out.push(s);
+        }
+    }
+    out
+}
+
+fn object_key(o: &ObjectRef) -> String {
+    match &o.namespace {
+        Some(ns) => format!("{} {ns}/{}", o.kind, o.name),
+        None => format!("{} {}", o.kind, o.name),
+    }
+}
+
+/// The changes on the failing clusters in the lookback before their incident (`since` maps each failing
+/// cluster to its incident's hub time), weighed against the same objects' changes on the healthy clusters
+/// over the whole span. A suspect changed on at least three quarters of the failing clusters (all of two
+/// or three) and on at most a quarter of the healthy ones; a change at least as common on the healthy
+/// clusters is `common` (ordinary churn); anything between says too little to be listed.
+pub fn suspects(
+    view: View<'_>,
+    lookback: Duration,
+    since: &BTreeMap<String, DateTime<Utc>>,
+    healthy: &BTreeSet<String>,
+) -> Vec<Suspect> {
+    let Some((&first, &last)) = since.values().min().zip(since.values().max()) else {
+        return Vec::new();
+    };
+    // object → (failing clusters, latest change on one of them, the object)
+    let mut failing: BTreeMap<String, (BTreeSet<&str>, DateTime<Utc>, ObjectRef)> = BTreeMap::new();
+    for (c, at) in since {
+        let Some(state) = view.clusters.get(c) else {
+            continue;
+        };
+        for ch in &state.changes {
+            let t = hub_time(view, c, ch.at);
+            if t >= *at - lookback && t <= *at {
+                let e = failing
+                    .entry(object_key(&ch.object))
+                    .or_insert_with(|| (BTreeSet::new(), ch.at, ch.object.clone()));
+                e.0.insert(c.as_str());
+                e.1 = e.1.max(ch.at);
+            }
+        }
+    }
+    let healthy_total = healthy
+        .iter()
+        .filter(|c| view.clusters.contains_key(*c))
+        .count() as u32;
+    let failing_total = since.len() as u32;
+    let mut out: Vec<(f64, Suspect)> = Vec::new();
+    for (key, (clusters, latest, object)) in failing {
+        let h = healthy
+            .iter()
+            .filter(|c| {
+                view.clusters.get(*c).is_some_and(|s| {
+                    s.changes.iter().any(|ch| {
+                        let t = hub_time(view, c, ch.at);
+                        object_key(&ch.object) == key && t >= first - lookback && t <= last
+                    })
+                })
+            })
+            .count() as u32;
+        let f = clusters.len() as u32;
+        let fr = f as f64 / failing_total as f64;
+        let hr = if healthy_total == 0 {
+            0.0
+        } else {
+            h as f64 / healthy_total as f64
+        };
+        // a suspect reached (nearly) every failing cluster and few healthy ones: with dozens of objects
+        // churning, some object always changes on two of three clusters by chance
+        let needed = if failing_total == 1 {
+            1
+        } else {
+            (failing_total * 3).div_ceil(4).max(2)
+        };
+        let verdict = if f >= needed && hr <= 0.25 && hr < fr {
+            SuspectVerdict::Suspect
+        } else if h > 0 && hr >= fr {
+            SuspectVerdict::Common
+        } else {
+            continue;
+        };
+        let summary = match verdict {
+            SuspectVerdict::Suspect => format!(
+                "{key} changed on {f} of {failing_total} failing clusters, {h} of {healthy_total} healthy, in the {} before",
+                crate::evidence::secs(lookback)
+            ),
+            _ => format!(
+                "{key} changed on {f} of {failing_total} failing and {h} of {healthy_total} healthy clusters: ordinary churn, not a suspect"
+            ),
+        };
+        out.push((
+            fr - hr,
+            Suspect {
+                verdict,
+                object,
+                failing: f,
+                failing_total,
+                healthy: h,
+                healthy_total,
+                last_changed: latest,
+                summary,
+            },
+        ));
+    }
+    out.sort_by(|(a, x), (b, y)| {
+        b.total_cmp(a)
+            .then(y.failing.cmp(&x.failing))
+            .then(y.last_changed.cmp(&x.last_changed))
+    });
+    let (mut s, mut c) = (0, 0);
+    out.into_iter()
+        .map(|(_, x)| x)
+        .filter(|x| match x.verdict {
+            SuspectVerdict::Suspect => {
+                s += 1;
+                s <= MAX_SUSPECTS
+            }
+            _ => {
+                c += 1;
+                c <= MAX_COMMON
+            }
+        })
+        .collect()
+}
+
+/// The fleet incidents: the current one of each kind under [`key`], resolved ones a newer one replaced
+/// under [`history_key`].
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Fleet {
+    /// By key.
+    pub incidents: BTreeMap<String, FleetIncident>,
+}
+
+impl Fleet {
+    /// The current (open) fleet incident of `kind`.
+    fn open_mut(&mut self, kind: &str) -> Option<&mut FleetIncident> {
+        self.incidents
+            .get_mut(&key(kind))
+            .filter(|f| f.status != IncidentStatus::Resolved)
+    }
+
+    /// A cluster incident changed (it opened, was updated or resolved); `now` is the hub time of the
+    /// change. Returns the key of the fleet incident that changed, if one did.
+    pub fn on_incident(
+        &mut self,
+        rule: &FleetRule,
+        inc: &Incident,
+        view: View<'_>,
+        now: DateTime<Utc>,
+    ) -> Option<String> {
+        if rule.exclude_kinds.contains(&inc.kind) {
+            return None;
+        }
+        let open = inc.status != IncidentStatus::Resolved;
+        if let Some(f) = self.open_mut(&inc.kind) {
+            let changed = match f.members.iter_mut().find(|m| m.incident_id == inc.id) {
+                Some(m) => update_member(m, inc, now),
+                None if open => {
+                    f.members.push(member(inc, now));
+                    true
+                }
+                None => false,
+            };
+            if changed {
+                judge(f, rule, view, now);
+                return Some(key(&inc.kind));
+            }
+            return None;
+        }
+        if !open {
+            return None;
+        }
+        // a new fleet incident when enough clusters failed this way within the window
+        let at = hub_time(view, &inc.cluster, inc.opened_at);
+        let window = Duration::from_std(rule.window).unwrap_or(Duration::minutes(5));
+        let mut members: Vec<&Incident> = view
+            .incidents
+            .values()
+            .filter(|i| {
+                i.kind == inc.kind
+                    && i.status != IncidentStatus::Resolved
+                    && (hub_time(view, &i.cluster, i.opened_at) - at).abs() <= window
+            })
+            .collect();
+        if !members.iter().any(|i| i.id == inc.id) {
+            members.push(inc);
+        }
+        let clusters: BTreeSet<&str> = members.iter().map(|i| i.cluster.as_str()).collect();
+        if clusters.len() < rule.min_clusters.max(2) {
+            return None;
+        }
+        members.sort_by_key(|i| (hub_time(view, &i.cluster, i.opened_at), i.cluster.clone()));
+        let k = key(&inc.kind);
+        if let Some(old) = self.incidents.remove(&k) {
+            self.incidents.insert(history_key(&inc.kind, &old.id), old);
+        }
+        let mut f = FleetIncident {
+            id: stable_id(&["fleet", &inc.kind, &now.to_rfc3339()]),
+            kind: inc.kind.clone(),
+            severity: inc.severity,
+            status: IncidentStatus::Open,
+            summary: String::new(),
+            opened_at: now,
+            updated_at: now,
+            resolved_at: None,
+            fleet_size: 0,
+            members: members.iter().map(|i| member(i, now)).collect(),
+            shared: Vec::new(),
+            suspects: Vec::new(),
+            labels: BTreeMap::new(),
+            revision: 0,
+        };
+        judge(&mut f, rule, view, now);
+        tracing::info!(kind = %f.kind, clusters = f.members.len(), summary = %f.summary, "fleet incident opened");
+        self.incidents.insert(k.clone(), f);
+        Some(k)
+    }
+
+    /// Members whose cluster went silent for good or left the machine's view leave; a fleet incident
+    /// whose members have all resolved or left resolves. Returns the keys that changed.
+    pub fn sweep(&mut self, rule: &FleetRule, view: View<'_>, now: DateTime<Utc>) -> Vec<String> {
+        let silent = Duration::from_std(rule.silent_member_after).unwrap_or(Duration::days(1));
+        let mut changed = Vec::new();
+        for (k, f) in self.incidents.iter_mut() {
+            if f.status == IncidentStatus::Resolved {
+                continue;
+            }
+            let mut any = false;
+            for m in f.members.iter_mut().filter(|m| m.left_at.is_none()) {
+                let why = match view.clusters.get(&m.cluster) {
+                    None => Some("its cluster is no longer in the fleet".to_string()),
+                    Some(c) if c.hb_last_ingest.is_some_and(|t| now - t >= silent) => {
+                        Some(format!(
+                            "its cluster sent nothing for {}",
+                            crate::evidence::secs(silent)
+                        ))
+                    }
+                    Some(_) if !view.incidents.values().any(|i| i.id == m.incident_id) => {
+                        Some("its incident is no longer kept".to_string())
+                    }
+                    _ => None,
+                };
+                if let Some(why) = why {
+                    m.status = IncidentStatus::Resolved;
+                    m.left_at = Some(now);
+                    m.left_because = why;
+                    any = true;
+                }
+            }
+            if any {
+                judge(f, rule, view, now);
+                changed.push(k.clone());
+            }
+        }
+        changed
+    }
+
+    /// Resolved fleet incidents last changed before `before` are dropped; returns their keys.
+    pub fn expire(&mut self, before: DateTime<Utc>) -> Vec<String> {
+        let mut gone = Vec::new();
+        self.incidents.retain(|k, f| {
+            let keep = f.status != IncidentStatus::Resolved || f.updated_at > before;
+            if !keep {
+                gone.push(k.clone());
+            }
+            keep
+        });
+        gone
+    }
+
+    /// Fleet incidents read back from FLEET_INCIDENTS (the latest revision of each) after the store was
+    /// wiped; the newest of each kind is current.
+    pub fn restore(&mut self, incidents: Vec<FleetIncident>) {
+        for f in incidents {
+            let k = key(&f.kind);
+            match self.incidents.get(&k) {
+                Some(cur) if cur.id == f.id && cur.revision >= f.revision => {}
+                Some(cur) if cur.id != f.id && cur.opened_at > f.opened_at => {
+                    self.incidents.insert(history_key(&f.kind, &f.id), f);
+                }
+                Some(cur) if cur.id != f.id => {
+                    let old = cur.clone();
+                    self.incidents.insert(history_key(&old.kind, &old.id), old);
+                    self.incidents.insert(k, f);
+                }
+                _ => {
+                    self.incidents.insert(k, f);
+                }
+            }
+        }
+    }
+
+    /// Open fleet incidents (and the resolved ones with `all`), most severe and most recent first.
+    pub fn current(&self, all: bool) -> Vec<FleetIncident> {
+        let mut v: Vec<FleetIncident> = self
+            .incidents
+            .values()
+            .filter(|f| all || f.status != IncidentStatus::Resolved)
+            .cloned()
+            .collect();
+        v.sort_by(|a, b| {
+            b.severity
+                .cmp(&a.severity)
+                .then(b.updated_at.cmp(&a.updated_at))
+        });
+        v
+    }
+}
+
+fn member(inc: &Incident, now: DateTime<Utc>) -> FleetMember {
+    FleetMember {
+        cluster: inc.cluster.clone(),
+        incident_id: inc.id.clone(),
+        severity: inc.severity,
+        status: inc.status,
+        summary: inc.summary.clone(),
+        opened_at: inc.opened_at,
+        joined_at: now,
+        left_at: (inc.status == IncidentStatus::Resolved).then_some(now),
+        left_because: String::new(),
+    }
+}
+
+/// Brings a member up to its incident; whether anything a fleet reader sees changed.
+fn update_member(m: &mut FleetMember, inc: &Incident, now: DateTime<Utc>) -> bool {
+    let resolved = inc.status == IncidentStatus::Resolved;
+    let changed = m.status != inc.status || m.severity != inc.severity;
+    m.status = inc.status;
+    m.severity = inc.severity;
+    m.summary = inc.summary.clone();
+    if resolved && m.left_at.is_none() {
+        m.left_at = Some(now);
+    }
+    changed
+}
+
+/// Recomputes what a fleet incident says from its members and the fleet, and takes a new revision.
+fn judge(f: &mut FleetIncident, rule: &FleetRule, view: View<'_>, now: DateTime<Utc>) {
+    let failing: BTreeSet<String> = f.members.iter().map(|m| m.cluster.clone()).collect();
+    // healthy: known clusters with no open incident of this kind
+    let healthy: BTreeSet<String> = view
+        .clusters
+        .keys()
+        .filter(|c| !failing.contains(*c))
+        .filter(|c| {
+            !view.incidents.values().any(|i| {
+                i.cluster == **c && i.kind == f.kind && i.status != IncidentStatus::Resolved
+            })
+        })
+        .cloned()
+        .collect();
+    let mut since: BTreeMap<String, DateTime<Utc>> = BTreeMap::new();
+    for m in &f.members {
+        let t = hub_time(view, &m.cluster, m.opened_at);
+        let e = since.entry(m.cluster.clone()).or_insert(t);
+        *e = (*e).min(t);
+    }
+    let lookback = Duration::from_std(rule.lookback).unwrap_or(Duration::minutes(15));
+    f.shared = shared(view, &failing, &healthy);
+    f.suspects = suspects(view, lookback, &since, &healthy);
+    f.fleet_size = view.clusters.len().max(failing.len()) as u32;
+    let open: Vec<&FleetMember> = f
+        .members
+        .iter()
+        .filter(|m| m.status != IncidentStatus::Resolved)
+        .collect();
+    f.severity = open
+        .iter()
+        .map(|m| m.severity)
+        .max()
+        .unwrap_or(f.severity.max(Severity::Info));
+    // routing labels: the kind, and what every member's incident labels agree on
+    let mut labels: Option<BTreeMap<String, String>> = None;
+    for m in &f.members {
+        let l = view
+            .incidents
+            .values()
+            .find(|i| i.id == m.incident_id)
+            .map(|i| i.labels.clone())
+            .unwrap_or_default();
+        labels = Some(match labels {
+            None => l,
+            Some(acc) => acc
+                .into_iter()
+                .filter(|(k, v)| l.get(k) == Some(v))
+                .collect(),
+        });
+    }
+    let mut labels = labels.unwrap_or_default();
+    labels.remove("cluster");
+    labels.insert("kind".into(), f.kind.clone());
+    labels.insert("scope".into(), "fleet".into());
+    labels.insert(
+        "severity".into(),
+        format!("{:?}", f.severity).to_lowercase(),
+    );
+    f.labels = labels;
+    let names: Vec<&str> = f.members.iter().map(|m| m.cluster.as_str()).collect();
+    let mut summary = format!(
+        "{} on {} of {} clusters ({})",
+        f.kind,
+        failing.len(),
+        f.fleet_size,
+        names.join(", ")
+    );
+    if let Some(s) = f.shared.first() {
+        summary.push_str(&format!(": {}", s.support));
+    }
+    match f
+        .suspects
+        .iter()
+        .find(|s| s.verdict == SuspectVerdict::Suspect)
+    {
+        Some(s) => summary.push_str(&format!("; first suspect: {}", s.summary)),
+        None => {
+            let common = f
+                .suspects
+                .iter()
+                .filter(|s| s.verdict == SuspectVerdict::Common)
+                .count();
+            if common > 0 {
+                summary.push_str(&format!(
+                    "; no change reached only the failing clusters ({common} seen as often on healthy ones)"
+                ));
+            }
+        }
+    }
+    f.summary = summary;
+    if open.is_empty() && f.status != IncidentStatus::Resolved {
+        f.status = IncidentStatus::Resolved;
+        f.resolved_at = Some(now);
+        tracing::info!(kind = %f.kind, id = %f.id, "fleet incident resolved");
+    }
+    f.updated_at = f.updated_at.max(now);
+    f.revision += 1;
+}

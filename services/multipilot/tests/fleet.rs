@@ -1,0 +1,229 @@
+//! Fleet judgement end to end, as `./scripts/up` runs it (six simulated clusters, the agent, the hub): the
+//! same fault on three clusters at once becomes one fleet incident with the three cluster incidents as its
+//! members, `multipilot incidents` groups them, the alert router pages the fleet incident once and mutes
+//! the members, and healing the clusters resolves it.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result};
+use common::system::System;
+use futures::StreamExt;
+use multipilot_schemas::Envelope;
+use multipilot_schemas::payload::{FleetIncident, IncidentStatus, Notification};
+use serde_json::{Value, json};
+
+const FAILING: [&str; 3] = ["prod-euw-1", "prod-wus2-4", "staging-fra-5"];
+
+fn cli(sys: &System, args: &[&str]) -> Result<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_multipilot"))
+        .args(args)
+        .env(
+            "MULTIPILOT_NATS__URL",
+            format!("nats://127.0.0.1:{}", sys.var("MULTIPILOT_NATS_PORT")),
+        )
+        .output()?;
+    anyhow::ensure!(
+        out.status.success(),
+        "multipilot {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+fn fleet_incidents(sys: &System, all: bool) -> Result<Vec<FleetIncident>> {
+    let mut args = vec!["incidents", "--fleet", "-o", "json"];
+    if all {
+        args.push("--all");
+    }
+    Ok(serde_json::from_str(&cli(sys, &args)?)?)
+}
+
+async fn fault(sys: &System, cluster: &str, on: bool) -> Result<()> {
+    let sim = format!(
+        "http://127.0.0.1:{}",
+        sys.var("MULTIPILOT_SIM_CONTROL_PORT")
+    );
+    let resp = reqwest::Client::new()
+        .post(format!("{sim}/clusters/{cluster}/faults/coredns-down"))
+        .json(&json!({"on": on, "params": {}}))
+        .send()
+        .await?;
+    anyhow::ensure!(resp.status().is_success(), "fault: {}", resp.text().await?);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_failure_on_three_clusters_is_one_fleet_incident_paged_once() -> Result<()> {
+    let sys = System::up()?;
+    let nats =
+        async_nats::connect(format!("127.0.0.1:{}", sys.var("MULTIPILOT_NATS_PORT"))).await?;
+    // every notification the router sends on the default route (`fleet.alert.fleet`)
+    let mut notes = nats.subscribe("fleet.alert.>").await?;
+    nats.flush().await?;
+
+    let started = Instant::now();
+    for c in FAILING {
+        fault(&sys, c, true).await?;
+    }
+    let f = common::eventually_every(
+        "one fleet incident of the three clusters",
+        120,
+        Duration::from_millis(500),
+        async || {
+            fleet_incidents(&sys, false)
+                .ok()?
+                .into_iter()
+                .find(|f| f.kind == "dns-failure" && f.members.len() == 3)
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", sys.logs()))?;
+    eprintln!(
+        "fleet incident with 3 members {:.1}s after the faults: {}",
+        started.elapsed().as_secs_f64(),
+        f.summary
+    );
+    let members: BTreeSet<&str> = f.members.iter().map(|m| m.cluster.as_str()).collect();
+    assert_eq!(members, BTreeSet::from(FAILING));
+    assert_eq!(f.fleet_size, 6);
+    assert_eq!(f.status, IncidentStatus::Open);
+    assert!(f.summary.starts_with("dns-failure on 3 of 6 clusters ("));
+    assert_eq!(f.labels.get("scope").map(String::as_str), Some("fleet"));
+    // what they share is true of the simulator's fleet: prod-euw-1 and staging-fra-5 are owned by
+    // platform, and no healthy cluster is
+    let owner = f
+        .shared
+        .iter()
+        .find(|s| s.attribute == "label:owner")
+        .with_context(|| format!("{:#?}", f.shared))?;
+    assert_eq!(
+        (owner.value.as_str(), owner.failing, owner.healthy),
+        ("platform", 2, 0)
+    );
+    // only one fleet incident of the kind, whatever the order the members came in
+    assert_eq!(
+        fleet_incidents(&sys, false)?
+            .iter()
+            .filter(|f| f.kind == "dns-failure")
+            .count(),
+        1
+    );
+
+    // the CLI groups the members under it
+    let table = cli(&sys, &["incidents"])?;
+    let fleet_row = table
+        .lines()
+        .position(|l| l.contains("FLEET (3)") && l.contains("dns-failure"))
+        .with_context(|| table.clone())?;
+    let member_rows: Vec<&str> = table
+        .lines()
+        .skip(fleet_row + 1)
+        .filter(|l| l.starts_with("  └ ") && l.contains("dns-failure"))
+        .collect();
+    assert_eq!(member_rows.len(), 3, "{table}");
+    assert!(
+        !table
+            .lines()
+            .any(|l| !l.starts_with("  └ ") && l.contains("dns-failure") && !l.contains("FLEET")),
+        "a member is listed on its own too:\n{table}"
+    );
+
+    // the alert router: the fleet alert active, each member's alert muted by it
+    let alerts_api = format!(
+        "http://127.0.0.1:{}/api/v2/alerts",
+        sys.var("MULTIPILOT_ALERTS_PORT")
+    );
+    let token = sys.token("viewer")?;
+    let http = reqwest::Client::new();
+    common::eventually_every(
+        "the fleet alert active and its members muted by it",
+        60,
+        Duration::from_millis(500),
+        async || {
+            let alerts: Vec<Value> = http
+                .get(&alerts_api)
+                .bearer_auth(&token)
+                .send()
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            let fleet = alerts.iter().find(|a| {
+                a["labels"]["scope"] == "fleet" && a["labels"]["alertname"] == "dns-failure"
+            })?;
+            let members: Vec<&Value> = alerts
+                .iter()
+                .filter(|a| {
+                    a["labels"]["alertname"] == "dns-failure" && a["labels"]["scope"].is_null()
+                })
+                .collect();
+            (fleet["status"]["state"] == "active"
+                && members.len() == 3
+                && members.iter().all(|m| {
+                    m["status"]["state"] == "suppressed"
+                        && m["status"]["inhibitedBy"][0] == fleet["fingerprint"]
+                }))
+            .then_some(())
+        },
+    )
+    .await?;
+
+    // paged once: the fleet alert is notified (after group_wait, 30 s), no member on its own
+    let mut fleet_pages = 0;
+    let mut member_pages = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(75);
+    while let Ok(Some(m)) = tokio::time::timeout_at(deadline, notes.next()).await {
+        let Ok(env) = rmp_serde::from_slice::<Envelope<Notification>>(&m.payload) else {
+            continue;
+        };
+        for a in env.payload.alerts.iter().filter(|a| {
+            a.labels.get("alertname").map(String::as_str) == Some("dns-failure")
+                && a.state == multipilot_schemas::payload::AlertState::Firing
+        }) {
+            if a.labels.get("scope").map(String::as_str) == Some("fleet") {
+                fleet_pages += 1;
+            } else {
+                member_pages.push(a.labels.get("cluster").cloned().unwrap_or_default());
+            }
+        }
+        if fleet_pages > 0 && tokio::time::Instant::now() + Duration::from_secs(10) > deadline {
+            break;
+        }
+    }
+    assert_eq!(fleet_pages, 1, "the fleet incident is paged once");
+    assert!(
+        member_pages.is_empty(),
+        "members paged on their own: {member_pages:?}"
+    );
+
+    // healed: the members resolve, and the fleet incident with the last of them
+    for c in FAILING {
+        fault(&sys, c, false).await?;
+    }
+    let resolved = common::eventually_every(
+        "the fleet incident resolved",
+        120,
+        Duration::from_millis(500),
+        async || {
+            fleet_incidents(&sys, true)
+                .ok()?
+                .into_iter()
+                .find(|x| x.id == f.id && x.status == IncidentStatus::Resolved)
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", sys.logs()))?;
+    assert!(
+        resolved
+            .members
+            .iter()
+            .all(|m| m.status == IncidentStatus::Resolved && m.left_because.is_empty())
+    );
+    assert!(fleet_incidents(&sys, false)?.is_empty());
+    Ok(())
+}
