@@ -751,7 +751,9 @@ pub struct BlastRadius {
 pub struct FleetIncident {
     /// Stable id (kind + when it opened).
     pub id: String,
-    /// The members' incident kind, e.g. `dns-failure`.
+    /// The members' incident kind, e.g. `dns-failure`; `event` for one event problem on several clusters
+    /// (its members are event digests, its labels say which problem: `alertname` = the reason,
+    /// `object_kind`, `namespace`, `object` = the masked name, `problem` = its cluster-free id).
     pub kind: String,
     /// The highest severity of its open members.
     pub severity: Severity,
@@ -790,7 +792,7 @@ payload!(FleetIncident, "FleetIncident", 1);
 pub struct FleetMember {
     /// Its cluster.
     pub cluster: String,
-    /// The cluster incident's id.
+    /// The cluster incident's id (for `kind: event`, the `EventDigest` id).
     pub incident_id: String,
     /// Its severity.
     pub severity: Severity,

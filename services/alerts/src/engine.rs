@@ -151,7 +151,10 @@ pub fn alert_of(inc: &Incident, now: DateTime<Utc>) -> Alert {
 pub fn alert_of_fleet(f: &FleetIncident, now: DateTime<Utc>) -> Alert {
     let mut labels = f.labels.clone();
     labels.remove("cluster");
-    labels.insert("alertname".into(), f.kind.clone());
+    // an event problem's alertname is its reason, as its digests' alerts say it
+    labels
+        .entry("alertname".into())
+        .or_insert_with(|| f.kind.clone());
     labels.insert("kind".into(), f.kind.clone());
     labels.insert("scope".into(), "fleet".into());
     labels.insert(
@@ -215,7 +218,18 @@ pub fn alert_of_fleet(f: &FleetIncident, now: DateTime<Utc>) -> Alert {
         expires_at: None,
         posted: false,
         generator_url: None,
-        members: f.members.iter().map(|m| m.incident_id.clone()).collect(),
+        // the members' alert ids: an incident's id, an event digest's `event:<id>` (see alert_of_digest)
+        members: f
+            .members
+            .iter()
+            .map(|m| {
+                if f.kind == "event" {
+                    format!("event:{}", m.incident_id)
+                } else {
+                    m.incident_id.clone()
+                }
+            })
+            .collect(),
     }
 }
 

@@ -19,6 +19,8 @@ use multipilot_schemas::payload::{
 };
 use multipilot_schemas::stable_id;
 
+use crate::dedup::Record;
+use crate::mask;
 use crate::rules::FleetRule;
 use crate::state::ClusterState;
 
@@ -34,6 +36,45 @@ pub struct View<'a> {
 /// The key of the current fleet incident of a kind.
 pub fn key(kind: &str) -> String {
     kind.to_string()
+}
+
+/// The key a fleet incident is kept under while current: its kind, or for an event problem
+/// [`event_key`] of the problem it carries in its `problem` label.
+pub fn key_of(f: &FleetIncident) -> String {
+    match f.labels.get("problem") {
+        Some(p) if f.kind == EVENT => event_key(p),
+        _ => key(&f.kind),
+    }
+}
+
+/// The kind of a fleet incident of event problems (its members are event digests).
+pub const EVENT: &str = "event";
+
+/// The key of the current fleet incident of one event problem (see [`problem`]).
+pub fn event_key(problem: &str) -> String {
+    format!("{EVENT}/{problem}")
+}
+
+/// An event problem without its cluster: involved kind, namespace, masked name, reason, masked message
+/// (the dedup fingerprint less the cluster), so the same problem on two clusters has one id.
+pub fn problem(rec: &Record) -> String {
+    stable_id(&[
+        &rec.object.kind,
+        rec.object.namespace.as_deref().unwrap_or(""),
+        &mask::mask_name(&rec.object.name),
+        &rec.reason,
+        &mask::mask_message(&rec.last_message),
+    ])
+}
+
+/// The alert id of a member: an incident's id, or for an event problem `event:<digest id>` (the alert
+/// router's id of a digest's alert).
+pub fn member_alert_id(f: &FleetIncident, m: &FleetMember) -> String {
+    if f.kind == EVENT {
+        format!("event:{}", m.incident_id)
+    } else {
+        m.incident_id.clone()
+    }
 }
 
 /// Where a fleet incident is kept once a newer one of its kind replaced it.
@@ -142,7 +183,8 @@ pub fn shared(
     };
     let (ft, fc) = of(failing);
     let (ht, hc) = of(healthy);
-    if ft == 0 {
+    // with no healthy cluster to compare with, nothing separates the failing ones
+    if ft == 0 || ht == 0 {
         return Vec::new();
     }
     let mut v: Vec<(f64, SharedAttribute)> = fc
@@ -321,9 +363,24 @@ pub fn suspects(
 pub struct Fleet {
     /// By key.
     pub incidents: BTreeMap<String, FleetIncident>,
+    /// Event problems announced recently, by [`problem`]: (cluster, digest id, hub time, the record), to
+    /// find the second cluster with the same problem within the window. Not persisted: after a restart, a
+    /// problem needs its second cluster again.
+    recent: BTreeMap<String, Vec<(String, DateTime<Utc>, Record)>>,
+    /// When each event member's digest was last refreshed (hub time); a member quiet for three refresh
+    /// intervals leaves (event problems don't resolve: they stop).
+    digest_seen: BTreeMap<String, DateTime<Utc>>,
 }
 
 impl Fleet {
+    /// The fleet incidents the store read back.
+    pub fn restored(incidents: BTreeMap<String, FleetIncident>) -> Self {
+        Fleet {
+            incidents,
+            ..Default::default()
+        }
+    }
+
     /// The current (open) fleet incident of `kind`.
     fn open_mut(&mut self, kind: &str) -> Option<&mut FleetIncident> {
         self.incidents
@@ -408,6 +465,97 @@ impl Fleet {
         Some(k)
     }
 
+    /// An event problem was announced or refreshed on a cluster (`rec`, the dedup record; `now`, hub
+    /// time). Returns the key of the fleet incident that changed, if one did.
+    pub fn on_digest(
+        &mut self,
+        rule: &FleetRule,
+        rec: &Record,
+        view: View<'_>,
+        now: DateTime<Utc>,
+    ) -> Option<String> {
+        if rule.exclude_kinds.iter().any(|k| k == EVENT) {
+            return None;
+        }
+        let problem = problem(rec);
+        let k = event_key(&problem);
+        self.digest_seen.insert(rec.id.clone(), now);
+        let window = Duration::from_std(rule.window).unwrap_or(Duration::minutes(5));
+        if let Some(f) = self
+            .incidents
+            .get_mut(&k)
+            .filter(|f| f.status != IncidentStatus::Resolved)
+        {
+            let changed = match f.members.iter_mut().find(|m| m.incident_id == rec.id) {
+                Some(m) if m.left_at.is_some() => {
+                    // quiet for a while, now back: a member again
+                    m.left_at = None;
+                    m.left_because.clear();
+                    m.status = IncidentStatus::Open;
+                    true
+                }
+                Some(m) => {
+                    let changed = m.severity != rec.severity;
+                    m.severity = rec.severity;
+                    m.summary = digest_summary(rec);
+                    changed
+                }
+                None => {
+                    f.members.push(digest_member(rec, now));
+                    true
+                }
+            };
+            if changed {
+                judge(f, rule, view, now);
+                return Some(k);
+            }
+            return None;
+        }
+        let recent = self.recent.entry(problem.clone()).or_default();
+        recent.retain(|(c, at, _)| now - *at <= window && *c != rec.cluster);
+        recent.push((rec.cluster.clone(), now, rec.clone()));
+        if recent.len() < rule.min_clusters.max(2) {
+            return None;
+        }
+        let members: Vec<FleetMember> = recent
+            .iter()
+            .map(|(_, _, r)| digest_member(r, now))
+            .collect();
+        self.recent.remove(&problem);
+        if let Some(old) = self.incidents.remove(&k) {
+            self.incidents.insert(history_key(&k, &old.id), old);
+        }
+        let ns = rec.object.namespace.clone().unwrap_or_default();
+        let mut f = FleetIncident {
+            id: stable_id(&["fleet", &k, &now.to_rfc3339()]),
+            kind: EVENT.into(),
+            severity: rec.severity,
+            status: IncidentStatus::Open,
+            summary: String::new(),
+            opened_at: now,
+            updated_at: now,
+            resolved_at: None,
+            fleet_size: 0,
+            members,
+            shared: Vec::new(),
+            suspects: Vec::new(),
+            // what the problem is, as its digests' alerts say it (the members' alerts carry the same)
+            labels: BTreeMap::from([
+                ("alertname".to_string(), rec.reason.clone()),
+                ("kind".to_string(), EVENT.to_string()),
+                ("object_kind".to_string(), rec.object.kind.clone()),
+                ("namespace".to_string(), ns),
+                ("object".to_string(), mask::mask_name(&rec.object.name)),
+                ("problem".to_string(), problem.clone()),
+            ]),
+            revision: 0,
+        };
+        judge(&mut f, rule, view, now);
+        tracing::info!(problem = %k, clusters = f.members.len(), summary = %f.summary, "fleet event problem opened");
+        self.incidents.insert(k.clone(), f);
+        Some(k)
+    }
+
     /// Members whose cluster went silent for good or left the machine's view leave; a fleet incident
     /// whose members have all resolved or left resolves. Returns the keys that changed.
     pub fn sweep(&mut self, rule: &FleetRule, view: View<'_>, now: DateTime<Utc>) -> Vec<String> {
@@ -418,7 +566,18 @@ impl Fleet {
                 continue;
             }
             let mut any = false;
+            let event = f.kind == EVENT;
+            let quiet = Duration::minutes(15);
             for m in f.members.iter_mut().filter(|m| m.left_at.is_none()) {
+                if event {
+                    let seen = *self.digest_seen.entry(m.incident_id.clone()).or_insert(now);
+                    if now - seen >= quiet {
+                        m.status = IncidentStatus::Resolved;
+                        m.left_at = Some(now);
+                        any = true;
+                    }
+                    continue;
+                }
                 let why = match view.clusters.get(&m.cluster) {
                     None => Some("its cluster is no longer in the fleet".to_string()),
                     Some(c) if c.hb_last_ingest.is_some_and(|t| now - t >= silent) => {
@@ -444,6 +603,20 @@ impl Fleet {
                 changed.push(k.clone());
             }
         }
+        // forget what can no longer pair or leave
+        let window = Duration::from_std(rule.window).unwrap_or(Duration::minutes(5));
+        self.recent.retain(|_, v| {
+            v.retain(|(_, at, _)| now - *at <= window);
+            !v.is_empty()
+        });
+        let members: BTreeSet<&str> = self
+            .incidents
+            .values()
+            .filter(|f| f.kind == EVENT && f.status != IncidentStatus::Resolved)
+            .flat_map(|f| f.members.iter().map(|m| m.incident_id.as_str()))
+            .collect();
+        self.digest_seen
+            .retain(|id, _| members.contains(id.as_str()));
         changed
     }
 
@@ -464,15 +637,15 @@ impl Fleet {
     /// wiped; the newest of each kind is current.
     pub fn restore(&mut self, incidents: Vec<FleetIncident>) {
         for f in incidents {
-            let k = key(&f.kind);
+            let k = key_of(&f);
             match self.incidents.get(&k) {
                 Some(cur) if cur.id == f.id && cur.revision >= f.revision => {}
                 Some(cur) if cur.id != f.id && cur.opened_at > f.opened_at => {
-                    self.incidents.insert(history_key(&f.kind, &f.id), f);
+                    self.incidents.insert(history_key(&k, &f.id), f);
                 }
                 Some(cur) if cur.id != f.id => {
                     let old = cur.clone();
-                    self.incidents.insert(history_key(&old.kind, &old.id), old);
+                    self.incidents.insert(history_key(&k, &old.id), old);
                     self.incidents.insert(k, f);
                 }
                 _ => {
@@ -496,6 +669,32 @@ impl Fleet {
                 .then(b.updated_at.cmp(&a.updated_at))
         });
         v
+    }
+}
+
+fn digest_summary(rec: &Record) -> String {
+    format!(
+        "{} ×{} on {} {}/{}: {}",
+        rec.reason,
+        rec.count,
+        rec.object.kind,
+        rec.object.namespace.as_deref().unwrap_or("-"),
+        rec.object.name,
+        rec.last_message
+    )
+}
+
+fn digest_member(rec: &Record, now: DateTime<Utc>) -> FleetMember {
+    FleetMember {
+        cluster: rec.cluster.clone(),
+        incident_id: rec.id.clone(),
+        severity: rec.severity,
+        status: IncidentStatus::Open,
+        summary: digest_summary(rec),
+        opened_at: rec.first_seen,
+        joined_at: now,
+        left_at: None,
+        left_because: String::new(),
     }
 }
 
@@ -561,9 +760,10 @@ fn judge(f: &mut FleetIncident, rule: &FleetRule, view: View<'_>, now: DateTime<
         .map(|m| m.severity)
         .max()
         .unwrap_or(f.severity.max(Severity::Info));
-    // routing labels: the kind, and what every member's incident labels agree on
-    let mut labels: Option<BTreeMap<String, String>> = None;
-    for m in &f.members {
+    // routing labels: the kind, and what every member's incident labels agree on (an event problem
+    // keeps the labels that say which problem it is)
+    let mut labels: Option<BTreeMap<String, String>> = (f.kind == EVENT).then(|| f.labels.clone());
+    for m in f.members.iter().filter(|_| f.kind != EVENT) {
         let l = view
             .incidents
             .values()
@@ -581,6 +781,9 @@ fn judge(f: &mut FleetIncident, rule: &FleetRule, view: View<'_>, now: DateTime<
     let mut labels = labels.unwrap_or_default();
     labels.remove("cluster");
     labels.insert("kind".into(), f.kind.clone());
+    labels
+        .entry("alertname".into())
+        .or_insert_with(|| f.kind.clone());
     labels.insert("scope".into(), "fleet".into());
     labels.insert(
         "severity".into(),
@@ -588,9 +791,25 @@ fn judge(f: &mut FleetIncident, rule: &FleetRule, view: View<'_>, now: DateTime<
     );
     f.labels = labels;
     let names: Vec<&str> = f.members.iter().map(|m| m.cluster.as_str()).collect();
+    let what = if f.kind == EVENT {
+        format!(
+            "{} on {} {}/{}",
+            f.labels
+                .get("alertname")
+                .map(String::as_str)
+                .unwrap_or("event"),
+            f.labels
+                .get("object_kind")
+                .map(String::as_str)
+                .unwrap_or("-"),
+            f.labels.get("namespace").map(String::as_str).unwrap_or("-"),
+            f.labels.get("object").map(String::as_str).unwrap_or("-"),
+        )
+    } else {
+        f.kind.clone()
+    };
     let mut summary = format!(
-        "{} on {} of {} clusters ({})",
-        f.kind,
+        "{what} on {} of {} clusters ({})",
         failing.len(),
         f.fleet_size,
         names.join(", ")

@@ -227,7 +227,7 @@ impl Machine {
             clusters,
             specs: s.specs,
             incidents: s.incidents,
-            fleet: Fleet { incidents: s.fleet },
+            fleet: Fleet::restored(s.fleet),
             fleet_swept: None,
             hwm: s.hwm,
             dedup,
@@ -497,9 +497,10 @@ impl Machine {
             return;
         };
         if f.revision == 1 {
-            // a new one moved its predecessor of the kind to history
-            for (k, old) in &self.fleet.incidents {
-                if old.kind == f.kind && k.as_str() != key {
+            // a new one moved its predecessor to history
+            let history = format!("{key}#");
+            for k in self.fleet.incidents.keys() {
+                if k.starts_with(&history) {
                     self.dirty.fleet.insert(k.clone());
                 }
             }
@@ -555,6 +556,15 @@ impl Machine {
                 schema: <EventDigest as multipilot_schemas::Payload>::schema_header(),
                 body,
             });
+        }
+        // the same problem on other clusters: one fleet problem
+        let view = fleet::View {
+            clusters: &self.clusters,
+            incidents: &self.incidents,
+        };
+        let now = fleet::hub_time(view, &rec.cluster, rec.last_seen);
+        if let Some(k) = self.fleet.on_digest(&self.rules.fleet, rec, view, now) {
+            self.emit_fleet(&k);
         }
     }
 

@@ -1539,3 +1539,162 @@ fn an_unreachable_cluster_says_what_it_takes_down_and_what_runs_nowhere_else() {
         fact.summary
     );
 }
+
+#[test]
+fn the_same_event_problem_on_several_clusters_is_one_fleet_problem_that_ends_when_it_stops() {
+    let mut m = machine();
+    six_clusters(&mut m, t0());
+    let at = t0() + Duration::seconds(60);
+    let probe_failed = "Readiness probe failed: HTTP probe failed with statuscode: 503";
+    let warn = |m: &mut Machine, c: &str, pod: &str, msg: &str, at: DateTime<Utc>| {
+        let e = env(c, at, 1, event(pod, "Unhealthy", msg, at));
+        m.apply(Input::Event(&e))
+    };
+    let outs = warn(&mut m, "c1", "coredns-5d78c9869d-7xk2p", probe_failed, at);
+    assert!(
+        fleet_incidents(&outs).is_empty(),
+        "one cluster is not a fleet problem"
+    );
+    // the same problem on c2 (another pod name, the same workload): one fleet problem
+    let outs = warn(
+        &mut m,
+        "c2",
+        "coredns-7f9c5b6d4-q8w7r",
+        probe_failed,
+        at + Duration::seconds(3),
+    );
+    let opened = fleet_incidents(&outs);
+    assert_eq!(opened.len(), 1, "{opened:#?}");
+    let f = &opened[0];
+    assert_eq!(f.kind, "event");
+    assert_eq!(f.labels["alertname"], "Unhealthy");
+    assert_eq!(f.labels["object"], "coredns-*");
+    assert_eq!(f.members.len(), 2);
+    assert!(
+        f.summary
+            .starts_with("Unhealthy on Pod shop/coredns-* on 2 of 6 clusters (c1, c2)"),
+        "{}",
+        f.summary
+    );
+    // another problem (another message) on c3 doesn't join; the same one on c3 does
+    let outs = warn(
+        &mut m,
+        "c3",
+        "coredns-6f6b679f8f-q2b7n",
+        "Liveness probe failed: connection refused",
+        at + Duration::seconds(5),
+    );
+    assert!(fleet_incidents(&outs).is_empty());
+    let outs = warn(
+        &mut m,
+        "c3",
+        "coredns-6f6b679f8f-zx4w9",
+        probe_failed,
+        at + Duration::seconds(6),
+    );
+    let joined = fleet_incidents(&outs);
+    assert_eq!(
+        (joined[0].id.as_str(), joined[0].members.len()),
+        (f.id.as_str(), 3)
+    );
+    // what they share is judged over all three (c1–c3 are prod)
+    let env_prod = joined[0]
+        .shared
+        .iter()
+        .find(|s| s.attribute == "label:env")
+        .expect("env");
+    assert_eq!(
+        (
+            env_prod.failing,
+            env_prod.failing_total,
+            env_prod.healthy_total
+        ),
+        (3, 3, 3),
+        "{:#?}",
+        joined[0].shared
+    );
+    // the events stop: a quarter of an hour later the members leave and the problem is over
+    let mut outs = Vec::new();
+    for s in [60, 600, 1000, 1200] {
+        let now = at + Duration::seconds(s);
+        for c in ["c1", "c2", "c3", "c4", "c5", "c6"] {
+            m.apply(Input::Heartbeat(
+                &env(c, now, 100 + s as u64, heartbeat()),
+                now,
+            ));
+        }
+        outs.extend(m.apply(Input::Tick(now)));
+    }
+    let ended = fleet_incidents(&outs);
+    let last = ended.last().expect("it ended");
+    assert_eq!(
+        (last.id.as_str(), last.status),
+        (f.id.as_str(), IncidentStatus::Resolved)
+    );
+    // and a store read back after a wipe puts it under its problem again
+    let mut wiped = machine();
+    wiped.restore_fleet(vec![last.clone()]);
+    assert_eq!(wiped.current_fleet(true), vec![last.clone()]);
+    assert!(
+        wiped
+            .fleet
+            .incidents
+            .contains_key(&crate::fleet::key_of(last))
+    );
+}
+
+#[test]
+fn a_fault_that_follows_a_release_to_two_clusters_names_the_release_first_staggered_or_not() {
+    let mut m = machine();
+    six_clusters(&mut m, t0());
+    // a release changes the coredns Deployment on c3 and c5 only; web churns everywhere
+    for c in ["c1", "c2", "c3", "c4", "c5", "c6"] {
+        change(&mut m, c, "web", "aaaa0002", t0() + Duration::seconds(30));
+    }
+    for c in ["c3", "c5"] {
+        change(
+            &mut m,
+            c,
+            "coredns",
+            "cccc0009",
+            t0() + Duration::seconds(40),
+        );
+    }
+    // DNS fails on c3, and on c5 two minutes later
+    let at = t0() + Duration::seconds(60);
+    rounds(&mut m, "c3", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
+    let outs = rounds(
+        &mut m,
+        "c5",
+        "coredns",
+        ProbeStatus::Unhealthy,
+        1,
+        3,
+        at + Duration::minutes(2),
+    );
+    let f = fleet_incidents(&outs);
+    assert_eq!(f.len(), 1, "two minutes apart is within the window");
+    let f = &f[0];
+    let first = &f.suspects[0];
+    assert_eq!(
+        (
+            first.verdict,
+            first.object.name.as_str(),
+            first.failing,
+            first.healthy
+        ),
+        (SuspectVerdict::Suspect, "coredns", 2, 0)
+    );
+    assert!(
+        f.suspects
+            .iter()
+            .any(|s| s.object.name == "web" && s.verdict == SuspectVerdict::Common)
+    );
+    assert!(f.summary.contains("first suspect: Deployment kube-system/coredns changed on 2 of 2 failing clusters, 0 of 4 healthy"), "{}", f.summary);
+    // c3 and c5 share nothing the others lack but being the release's target: no attribute separates them
+    assert!(
+        f.shared.iter().all(|s| s.failing < 2 || s.healthy > 0),
+        "{:#?}",
+        f.shared
+    );
+}

@@ -41,6 +41,14 @@ fn line(i: &Incident) -> String {
     )
 }
 
+/// What a fleet incident is about: its kind, or for an event problem `event <reason>`.
+fn fleet_kind(f: &FleetIncident) -> String {
+    match f.labels.get("alertname") {
+        Some(reason) if f.kind == "event" => format!("event {reason}"),
+        _ => f.kind.clone(),
+    }
+}
+
 /// A fleet incident's line (`FLEET` where a cluster incident names its cluster).
 fn fleet_line(f: &FleetIncident) -> String {
     format!(
@@ -48,7 +56,7 @@ fn fleet_line(f: &FleetIncident) -> String {
         format!("{:?}", f.severity).to_lowercase(),
         status(f.status),
         format!("FLEET ({})", f.members.len()),
-        f.kind,
+        fleet_kind(f),
         ago(f.opened_at),
         f.summary
     )
@@ -76,7 +84,7 @@ fn print_fleet(f: &FleetIncident, incidents: &[Incident]) -> Vec<String> {
                 format!("{:?}", m.severity).to_lowercase(),
                 status(m.status),
                 m.cluster,
-                f.kind,
+                fleet_kind(f),
                 ago(m.opened_at),
                 m.summary,
                 if m.left_because.is_empty() {

@@ -174,28 +174,48 @@ async fn the_same_failure_on_three_clusters_is_one_fleet_incident_paged_once() -
     .await?;
 
     // paged once: the fleet alert is notified (after group_wait, 30 s), no member on its own
-    let mut fleet_pages = 0;
+    let mut fleet_pages: std::collections::BTreeMap<String, u32> = Default::default();
     let mut member_pages = Vec::new();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(75);
     while let Ok(Some(m)) = tokio::time::timeout_at(deadline, notes.next()).await {
         let Ok(env) = rmp_serde::from_slice::<Envelope<Notification>>(&m.payload) else {
             continue;
         };
+        // the incident, and the warning events of the DNS pods that go with it (kube-dns `Unhealthy`)
         for a in env.payload.alerts.iter().filter(|a| {
-            a.labels.get("alertname").map(String::as_str) == Some("dns-failure")
-                && a.state == multipilot_schemas::payload::AlertState::Firing
+            matches!(
+                a.labels.get("alertname").map(String::as_str),
+                Some("dns-failure" | "Unhealthy")
+            ) && a.state == multipilot_schemas::payload::AlertState::Firing
         }) {
             if a.labels.get("scope").map(String::as_str) == Some("fleet") {
-                fleet_pages += 1;
+                *fleet_pages
+                    .entry(a.labels.get("alertname").cloned().unwrap_or_default())
+                    .or_default() += 1;
             } else {
-                member_pages.push(a.labels.get("cluster").cloned().unwrap_or_default());
+                member_pages.push(format!(
+                    "{} {}",
+                    a.labels.get("alertname").cloned().unwrap_or_default(),
+                    a.labels.get("cluster").cloned().unwrap_or_default()
+                ));
             }
         }
-        if fleet_pages > 0 && tokio::time::Instant::now() + Duration::from_secs(10) > deadline {
+        if !fleet_pages.is_empty()
+            && tokio::time::Instant::now() + Duration::from_secs(10) > deadline
+        {
             break;
         }
     }
-    assert_eq!(fleet_pages, 1, "the fleet incident is paged once");
+    assert_eq!(
+        fleet_pages.get("dns-failure"),
+        Some(&1),
+        "the fleet incident is paged once: {fleet_pages:?}"
+    );
+    assert!(
+        fleet_pages.values().all(|n| *n == 1),
+        "each fleet problem is paged once: {fleet_pages:?}"
+    );
+    eprintln!("fleet pages: {fleet_pages:?}");
     assert!(
         member_pages.is_empty(),
         "members paged on their own: {member_pages:?}"
@@ -224,6 +244,11 @@ async fn the_same_failure_on_three_clusters_is_one_fleet_incident_paged_once() -
             .iter()
             .all(|m| m.status == IncidentStatus::Resolved && m.left_because.is_empty())
     );
-    assert!(fleet_incidents(&sys, false)?.is_empty());
+    // (event problems end a quarter of an hour after their events stop: the Unhealthy one is still open)
+    assert!(
+        !fleet_incidents(&sys, false)?
+            .iter()
+            .any(|f| f.kind == "dns-failure")
+    );
     Ok(())
 }
