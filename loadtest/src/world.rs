@@ -317,6 +317,33 @@ pub fn seed(c: &Cluster) {
             s["status"] = json!({"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}});
         },
     );
+    // the components' effective settings, the same on every cluster until someone changes one (what the
+    // correlator's fleet-consistency report compares)
+    put(
+        c,
+        "",
+        "configmaps",
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": meta("ingress-nginx", "ingress-nginx-controller", json!({"app.kubernetes.io/name": "ingress-nginx"})),
+            "data": {"proxy-read-timeout": "60", "proxy-send-timeout": "60", "proxy-body-size": "8m",
+                     "use-forwarded-headers": "true", "keep-alive": "75"}}),
+    );
+    put(
+        c,
+        "",
+        "configmaps",
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": meta("kube-system", "coredns", json!({"k8s-app": "kube-dns"})),
+            "data": {"Corefile": ".:53 {\n    errors\n    health\n    kubernetes cluster.local in-addr.arpa ip6.arpa {\n       pods insecure\n       fallthrough in-addr.arpa ip6.arpa\n    }\n    forward . /etc/resolv.conf\n    cache 30\n    loop\n    reload\n}\n"}}),
+    );
+    put(
+        c,
+        "",
+        "configmaps",
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": meta("kube-system", "kube-proxy", json!({"app": "kube-proxy"})),
+            "data": {"config.conf": "apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\nmode: iptables\n"}}),
+    );
     put(
         c,
         "networking.k8s.io",
@@ -1439,9 +1466,18 @@ fn churn_once(c: &Cluster) {
                 );
             }
         }
-        // a config change
+        // a config change, to an application's config (the platform components' settings change only
+        // when someone changes them: they are what the fleet-consistency report compares)
         75..90 => {
-            let cms = c.store.all(&rk("", "configmaps"), None);
+            let cms: Vec<_> = c
+                .store
+                .all(&rk("", "configmaps"), None)
+                .into_iter()
+                .filter(|cm| {
+                    let ns = str_at(cm, &["metadata", "namespace"]);
+                    !ns.starts_with("kube-") && ns != "ingress-nginx"
+                })
+                .collect();
             let Some(cm) = cms.choose(&mut *c.rng()).cloned() else {
                 return;
             };

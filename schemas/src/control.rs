@@ -16,6 +16,9 @@ pub const QUERY_FLEET_INCIDENTS: &str = "fleet.query.fleet-incidents";
 /// Subject answering what a cluster's loss would take down (request [`BlastRadiusQuery`], reply a JSON
 /// array of [`crate::payload::BlastRadius`]: one item from the instance that knows the cluster).
 pub const QUERY_BLAST_RADIUS: &str = "fleet.query.blast-radius";
+/// Subject answering the fleet-consistency report (request `{}`, reply a JSON array of
+/// [`crate::payload::SettingDivergence`]: where the same component's settings differ within an env).
+pub const QUERY_CONSISTENCY: &str = "fleet.query.consistency";
 /// Subject answering the current compliance reports (request `{}`, reply a JSON array of
 /// [`crate::payload::ComplianceReport`]).
 pub const QUERY_COMPLIANCE: &str = "fleet.query.compliance";

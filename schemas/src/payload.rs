@@ -787,6 +787,34 @@ pub struct FleetIncident {
 }
 payload!(FleetIncident, "FleetIncident", 1);
 
+/// One setting of one component that differs among the clusters of one group (env), from the correlator's
+/// fleet-consistency report (`fleet.query.consistency`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SettingDivergence {
+    /// The object: `ConfigMap ingress-nginx/ingress-nginx-controller`.
+    pub object: String,
+    /// The setting: a ConfigMap key (`proxy-read-timeout`), a key inside a YAML value
+    /// (`config.conf.mode`), or a spec path.
+    pub setting: String,
+    /// The clusters compared: `env=prod`.
+    pub group: String,
+    /// Each value and the clusters that have it, the most common first (`(unset)`: the key is missing).
+    pub values: Vec<SettingValue>,
+    /// The clusters off the value a strict majority holds (empty when there is no majority).
+    pub odd_ones_out: Vec<String>,
+    /// One line for a person.
+    pub summary: String,
+}
+
+/// A value a setting has, and where.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SettingValue {
+    /// The value.
+    pub value: String,
+    /// The clusters that have it.
+    pub clusters: Vec<String>,
+}
+
 /// A cluster incident linked into a [`FleetIncident`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct FleetMember {

@@ -20,6 +20,7 @@
 
 pub mod baseline;
 pub mod blast;
+pub mod consistency;
 pub mod dedup;
 pub mod evidence;
 pub mod fleet;

@@ -14,19 +14,20 @@ use multipilot_schemas::control::{CommandOutcome, IncidentAction, IncidentComman
 use multipilot_schemas::payload::{
     AuditRecord, BlastRadius, CheckStatus, ClusterFacts, ComplianceReport, EventDigest, Evidence,
     EvidenceKind, FleetIncident, Heartbeat, Incident, IncidentStatus, KubeEvent, ObjectRef,
-    ProbeResult, ProbeStatus, ResourceDeleted, ResourceState, ResyncMarker, Severity,
+    ProbeResult, ProbeStatus, ResourceDeleted, ResourceState, ResyncMarker, SettingDivergence,
+    Severity,
 };
 use multipilot_schemas::streams::StateMsg;
 use multipilot_schemas::{Envelope, stable_id, subject};
 use serde::{Deserialize, Serialize};
 
 use crate::baseline::{self, Baseline, Inventory};
-use crate::blast;
 use crate::dedup::{Dedup, Pass, Record};
 use crate::evidence::{self, obj_label, secs};
 use crate::fleet::{self, Fleet};
 use crate::rules::{Rules, render};
 use crate::state::{ChangeRec, ClusterState, StormWindow};
+use crate::{blast, consistency};
 
 /// A message to publish.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -666,6 +667,24 @@ impl Machine {
                 e.rank = i as u32 + 1;
             }
         }
+        // a cluster whose component settings are the odd ones out among its peers: last, as context
+        if let Some(d) = self
+            .consistency()
+            .into_iter()
+            .find(|d| d.odd_ones_out.iter().any(|c| c == cluster))
+        {
+            evidence.push(Evidence {
+                rank: evidence.len() as u32 + 1,
+                kind: EvidenceKind::Fact,
+                summary: d.summary,
+                cluster_time: at,
+                object: None,
+                why: format!(
+                    "{cluster} is the odd one out among its {} peers: a setting no single cluster alerts on",
+                    d.group
+                ),
+            });
+        }
         let mut labels = self
             .clusters
             .get(cluster)
@@ -1147,6 +1166,13 @@ impl Machine {
                 }
                 self.dirty.specs.insert((cluster.clone(), key.clone()));
                 specs.insert(key, s.spec_hash.clone());
+                if let Some(t) = self.rules.fleet.consistency.iter().find(|t| {
+                    t.kind == s.kind
+                        && t.name == s.name
+                        && s.namespace.as_deref().unwrap_or("") == t.namespace
+                }) {
+                    c.settings.insert(t.key(), consistency::settings_of(s));
+                }
                 apply_inventory(&mut c.inventory, s)
             }
             StateMsg::Deleted(d) => {
@@ -1161,6 +1187,12 @@ impl Machine {
                 {
                     self.dirty.specs.insert((cluster.clone(), key));
                 }
+                c.settings.remove(&format!(
+                    "{} {}/{}",
+                    d.kind,
+                    d.namespace.clone().unwrap_or_default(),
+                    d.name
+                ));
                 remove_inventory(&mut c.inventory, d)
             }
             StateMsg::Resync(r) => resync_inventory(&mut c.inventory, r),
@@ -1273,6 +1305,15 @@ impl Machine {
                 _ => {}
             }
         }
+    }
+
+    /// The fleet-consistency report: where the tracked components' settings differ within a group.
+    pub fn consistency(&self) -> Vec<SettingDivergence> {
+        consistency::report(
+            &self.clusters,
+            &self.rules.fleet.consistency,
+            &self.rules.fleet.consistency_group_by,
+        )
     }
 
     /// What `cluster` takes down if it is lost, from its last known state (`None`: a cluster this instance

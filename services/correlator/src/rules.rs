@@ -148,6 +148,10 @@ pub struct FleetRule {
     pub silent_member_after: Duration,
     /// Kinds never grouped (each cluster's own business).
     pub exclude_kinds: Vec<String>,
+    /// Objects whose settings the fleet-consistency report compares across the clusters of one group.
+    pub consistency: Vec<crate::consistency::Tracked>,
+    /// The cluster label that groups clusters for it (`env`: prod is compared with prod).
+    pub consistency_group_by: String,
 }
 
 impl Default for FleetRule {
@@ -158,6 +162,8 @@ impl Default for FleetRule {
             lookback: Duration::from_secs(900),
             silent_member_after: Duration::from_secs(24 * 3600),
             exclude_kinds: Vec::new(),
+            consistency: crate::consistency::default_tracked(),
+            consistency_group_by: "env".into(),
         }
     }
 }

@@ -14,8 +14,8 @@ use multipilot_bus::publish::{Completion, Outgoing, Publisher};
 use multipilot_runtime::Context;
 use multipilot_schemas::control::{
     BlastRadiusQuery, COMMAND_INCIDENT, CommandOutcome, CommandReply, HEADER_PARTITIONS,
-    IncidentCommand, IncidentsQuery, QUERY_BLAST_RADIUS, QUERY_COMPLIANCE, QUERY_FLEET_INCIDENTS,
-    QUERY_INCIDENTS,
+    IncidentCommand, IncidentsQuery, QUERY_BLAST_RADIUS, QUERY_COMPLIANCE, QUERY_CONSISTENCY,
+    QUERY_FLEET_INCIDENTS, QUERY_INCIDENTS,
 };
 use multipilot_schemas::payload::{
     ClusterFacts, ComplianceReport, FleetIncident, Incident, KubeEvent,
@@ -544,6 +544,7 @@ enum Query {
     FleetIncidents,
     Compliance,
     BlastRadius,
+    Consistency,
 }
 
 /// The subscriptions the queries come on.
@@ -552,10 +553,11 @@ struct Queries {
     fleet: async_nats::Subscriber,
     compliance: async_nats::Subscriber,
     blast_radius: async_nats::Subscriber,
+    consistency: async_nats::Subscriber,
 }
 
-/// Answers `fleet.query.incidents`, `fleet.query.fleet-incidents`, `fleet.query.compliance` and
-/// `fleet.query.blast-radius`.
+/// Answers `fleet.query.incidents`, `fleet.query.fleet-incidents`, `fleet.query.compliance`,
+/// `fleet.query.consistency` and `fleet.query.blast-radius`.
 async fn answer_queries(
     core: Shared,
     client: async_nats::Client,
@@ -570,6 +572,7 @@ async fn answer_queries(
             Some(m) = q.fleet.next() => (m, Query::FleetIncidents),
             Some(m) = q.compliance.next() => (m, Query::Compliance),
             Some(m) = q.blast_radius.next() => (m, Query::BlastRadius),
+            Some(m) = q.consistency.next() => (m, Query::Consistency),
         };
         let Some(reply) = msg.reply.clone() else {
             continue;
@@ -584,6 +587,7 @@ async fn answer_queries(
                 Query::Incidents => serde_json::to_vec(&c.machine.current(all)),
                 Query::FleetIncidents => serde_json::to_vec(&c.machine.current_fleet(all)),
                 Query::Compliance => serde_json::to_vec(&c.machine.compliance()),
+                Query::Consistency => serde_json::to_vec(&c.machine.consistency()),
                 // an unreadable request names no cluster: nothing is known of it
                 Query::BlastRadius => {
                     let cluster = serde_json::from_slice::<BlastRadiusQuery>(&msg.payload)
@@ -728,6 +732,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
             fleet: subscribe(&ctx.nats, QUERY_FLEET_INCIDENTS).await?,
             compliance: subscribe(&ctx.nats, QUERY_COMPLIANCE).await?,
             blast_radius: subscribe(&ctx.nats, QUERY_BLAST_RADIUS).await?,
+            consistency: subscribe(&ctx.nats, QUERY_CONSISTENCY).await?,
         },
         partitions.clone(),
         ctx.cancel.clone(),

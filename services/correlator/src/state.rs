@@ -71,6 +71,10 @@ pub struct ClusterState {
     pub inventory: Inventory,
     /// Latest compliance report.
     pub compliance: Option<ComplianceReport>,
+    /// The settings of the objects the fleet-consistency report compares, by object
+    /// ([`crate::consistency::Tracked::key`]).
+    #[serde(default)]
+    pub settings: BTreeMap<String, BTreeMap<String, String>>,
     /// Warning events of the last minute (cluster time, in time order), with `reason object`. Stored apart
     /// from the rest of the state, as a [`StormWindow`] (it changes with every warning; the rest rarely).
     #[serde(default, skip_serializing)]

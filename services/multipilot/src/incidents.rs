@@ -8,7 +8,7 @@ use futures::StreamExt;
 use multipilot_schemas::Envelope;
 use multipilot_schemas::payload::{
     BlastRadius, CheckStatus, ComplianceReport, FleetIncident, Incident, IncidentStatus,
-    SuspectVerdict,
+    SettingDivergence, SuspectVerdict,
 };
 
 fn ago(t: chrono::DateTime<Utc>) -> String {
@@ -286,6 +286,49 @@ pub async fn blast_radius(client: &async_nats::Client, cluster: &str, output: &s
     Ok(())
 }
 
+/// Prints the fleet-consistency report: where the same component's settings differ within an env.
+#[allow(clippy::print_stdout)]
+pub async fn consistency(client: &async_nats::Client, output: &str) -> Result<()> {
+    let divergent: Vec<SettingDivergence> = request(
+        client,
+        multipilot_schemas::control::QUERY_CONSISTENCY,
+        b"{}",
+    )
+    .await?;
+    if output == "json" {
+        println!("{}", serde_json::to_string_pretty(&divergent)?);
+    } else {
+        print_consistency(&divergent);
+    }
+    Ok(())
+}
+
+#[allow(clippy::print_stdout)]
+fn print_consistency(divergent: &[SettingDivergence]) {
+    println!(
+        "{:<52} {:<24} {:<14} VALUES (ODD ONES OUT FIRST)",
+        "FLEET CONSISTENCY: OBJECT", "SETTING", "AMONG"
+    );
+    for d in divergent {
+        let mut values: Vec<String> = d
+            .values
+            .iter()
+            .map(|v| format!("{:?} on {}", v.value, v.clusters.join(", ")))
+            .collect();
+        values.reverse();
+        println!(
+            "{:<52} {:<24} {:<14} {}",
+            d.object,
+            d.setting,
+            d.group,
+            values.join("; ")
+        );
+    }
+    if divergent.is_empty() {
+        println!("(every compared setting is the same on the clusters of each env)");
+    }
+}
+
 /// Prints the fleet's compliance: each rule once with the clusters failing it, or (`by_cluster`) every
 /// cluster's report.
 #[allow(clippy::print_stdout)]
@@ -323,6 +366,17 @@ pub async fn compliance(client: &async_nats::Client, output: &str, by_cluster: b
         }
         if rules.is_empty() {
             println!("(no reports yet)");
+        }
+        // the fleet-consistency report after the rules (a correlator from before it doesn't answer)
+        if let Ok(divergent) = request::<SettingDivergence>(
+            client,
+            multipilot_schemas::control::QUERY_CONSISTENCY,
+            b"{}",
+        )
+        .await
+        {
+            println!();
+            print_consistency(&divergent);
         }
         return Ok(());
     }

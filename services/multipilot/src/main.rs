@@ -132,6 +132,10 @@ enum Command {
         /// Every check of every cluster instead, cluster by cluster.
         #[arg(long)]
         by_cluster: bool,
+        /// Only the fleet-consistency report: where the same component's settings differ among the
+        /// clusters of one env (ingress controller, CoreDNS, kube-proxy configuration).
+        #[arg(long, conflicts_with = "by_cluster")]
+        consistency: bool,
     },
     /// The CLI's contexts, like a kubeconfig: where the console is, its token, the default output
     /// (`$MULTIPILOT_CLI_CONFIG`, else `~/.config/multipilot/config.yaml`).
@@ -313,8 +317,15 @@ async fn run() -> Result<()> {
             let client = multipilot_bus::connect::connect(&config.nats).await?;
             return incidents::blast_radius(&client, &cluster, &output).await;
         }
-        Command::Compliance { output, by_cluster } => {
+        Command::Compliance {
+            output,
+            by_cluster,
+            consistency,
+        } => {
             let client = multipilot_bus::connect::connect(&config.nats).await?;
+            if consistency {
+                return incidents::consistency(&client, &output).await;
+            }
             return incidents::compliance(&client, &output, by_cluster).await;
         }
         Command::Fleet(cmd) => {

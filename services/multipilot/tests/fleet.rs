@@ -1,7 +1,8 @@
 //! Fleet judgement end to end, as `./scripts/up` runs it (six simulated clusters, the agent, the hub): the
 //! same fault on three clusters at once becomes one fleet incident with the three cluster incidents as its
 //! members, `multipilot incidents` groups them, the alert router pages the fleet incident once and mutes
-//! the members, and healing the clusters resolves it.
+//! the members, and healing the clusters resolves it; an ingress setting changed on one cluster shows in
+//! the fleet-consistency report.
 
 mod common;
 
@@ -64,6 +65,64 @@ async fn the_same_failure_on_three_clusters_is_one_fleet_incident_paged_once() -
     // every notification the router sends on the default route (`fleet.alert.fleet`)
     let mut notes = nats.subscribe("fleet.alert.>").await?;
     nats.flush().await?;
+
+    // an ingress setting changed on one prod cluster: the fleet-consistency report names it, and
+    // nothing else differs in the simulator's quiet fleet
+    let patched = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(sys.data.path().join("sim/kubeconfig.yaml"))
+        .args([
+            "--context",
+            "prod-wus2-4",
+            "-n",
+            "ingress-nginx",
+            "patch",
+            "configmap",
+            "ingress-nginx-controller",
+            "--type",
+            "merge",
+            "-p",
+            r#"{"data":{"proxy-read-timeout":"20"}}"#,
+        ])
+        .output()?;
+    anyhow::ensure!(
+        patched.status.success(),
+        "{}",
+        String::from_utf8_lossy(&patched.stderr)
+    );
+    let divergent: Vec<multipilot_schemas::payload::SettingDivergence> = common::eventually_every(
+        "the ingress timeout in the consistency report",
+        60,
+        Duration::from_millis(500),
+        async || {
+            let out = cli(&sys, &["compliance", "--consistency", "-o", "json"]).ok()?;
+            let v: Vec<multipilot_schemas::payload::SettingDivergence> =
+                serde_json::from_str(&out).ok()?;
+            v.iter()
+                .any(|d| d.setting == "proxy-read-timeout")
+                .then_some(v)
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", sys.logs()))?;
+    assert_eq!(divergent.len(), 1, "{divergent:#?}");
+    let d = &divergent[0];
+    assert_eq!(
+        (d.object.as_str(), d.group.as_str()),
+        (
+            "ConfigMap ingress-nginx/ingress-nginx-controller",
+            "env=prod"
+        )
+    );
+    let values: BTreeSet<(&str, &str)> = d
+        .values
+        .iter()
+        .flat_map(|v| v.clusters.iter().map(|c| (v.value.as_str(), c.as_str())))
+        .collect();
+    assert_eq!(
+        values,
+        BTreeSet::from([("60", "prod-euw-1"), ("20", "prod-wus2-4")])
+    );
 
     let started = Instant::now();
     for c in FAILING {

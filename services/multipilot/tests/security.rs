@@ -703,6 +703,7 @@ fn specs(minted: &str) -> Vec<Spec> {
                 "fleet.query.incidents",
                 "fleet.query.fleet-incidents",
                 "fleet.query.blast-radius",
+                "fleet.query.consistency",
                 "fleet.query.compliance",
                 "fleet.ctl.incident",
             ]),
