@@ -162,7 +162,7 @@ pub fn report(
                     .into_iter()
                     .map(|(value, clusters)| SettingValue { value, clusters })
                     .collect();
-                values.sort_by(|a, b| b.clusters.len().cmp(&a.clusters.len()));
+                values.sort_by_key(|v| std::cmp::Reverse(v.clusters.len()));
                 // the odd ones out: everyone not on the value a strict majority holds
                 let odd: Vec<String> = if values[0].clusters.len() * 2 > total {
                     values[1..]
