@@ -2,7 +2,7 @@
 //! every cluster of the process), with a random pause after a reconnect so a fleet of agents coming back
 //! together doesn't arrive at once. A message leaves the outbox only when JetStream confirms it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,11 +53,7 @@ pub async fn run(
     let mut backoff = Duration::from_millis(200);
     let cluster = outbox.cluster().to_string();
     let mut grace_deadline: Option<tokio::time::Instant> = None;
-    // Seqs whose last send was not confirmed: that send may have been stored (a lost ack).
-    let mut unconfirmed: HashSet<u64> = HashSet::new();
-    // The subjects of messages in flight that may be stored already (sent unconfirmed before, or waiting
-    // in the outbox when this process started), to tell a duplicate of themselves from one of another seq.
-    let mut maybe_stored: HashMap<u64, String> = HashMap::new();
+    let mut ledger = Ledger::default();
     loop {
         if cancel.is_cancelled() && grace_deadline.is_none() {
             grace_deadline = Some(tokio::time::Instant::now() + Duration::from_secs(5));
@@ -103,10 +99,21 @@ pub async fn run(
         }
         let mut completions = Vec::new();
         for (class, seq, item) in batch {
-            limiter.until_ready().await;
-            if outbox.carried_over(seq) || unconfirmed.contains(&seq) {
-                maybe_stored.insert(seq, item.subject.clone());
+            if let Some(&first) = ledger.in_flight.get(&item.msg_id)
+                && first != seq
+            {
+                // the same content is in flight under an earlier seq, which is sent until JetStream has
+                // it: this seq can only ever be a duplicate of another, and is counted as one unsent
+                if let Err(e) = outbox.remove_duplicate(class, seq) {
+                    tracing::error!(%cluster, error = %e, "cannot remove a duplicate from the outbox");
+                }
+                continue;
             }
+            ledger.in_flight.insert(item.msg_id.clone(), seq);
+            ledger
+                .by_seq
+                .insert(seq, (item.msg_id.clone(), item.subject.clone()));
+            limiter.until_ready().await;
             let msg = Outgoing::raw(item.subject, item.msg_id, &item.schema, item.body.into());
             completions.extend(publisher.send((class, seq), msg).await);
         }
@@ -122,17 +129,33 @@ pub async fn run(
                 } => {
                     // A duplicate is this very message re-sent after a lost ack (nothing missing), or
                     // the same content stored under another seq, which leaves a gap in the sequence and is
-                    // counted. A message never sent before can only be the latter; for one that may be
-                    // stored already, the stored message says which.
-                    unconfirmed.remove(&seq);
-                    let maybe = maybe_stored.remove(&seq);
-                    let other_seq = duplicate
-                        && match maybe {
-                            None => true,
-                            Some(subject) => stored_seq(&js, &stream, &subject, sequence)
-                                .await
-                                .is_some_and(|s| s != seq),
-                        };
+                    // counted.
+                    let (msg_id, subject) = ledger.by_seq.remove(&seq).unwrap_or_default();
+                    if ledger.in_flight.get(&msg_id) == Some(&seq) {
+                        ledger.in_flight.remove(&msg_id);
+                    }
+                    let resent = ledger.unconfirmed.remove(&seq);
+                    let other_seq = if !duplicate {
+                        ledger.remember(msg_id, seq, sequence);
+                        false
+                    } else if let Some(&(s, _)) =
+                        ledger.stored.get(&msg_id).filter(|(_, at)| *at == sequence)
+                    {
+                        // stored and confirmed in this process: exact
+                        s != seq
+                    } else if !resent && !outbox.carried_over(seq) {
+                        // never sent before: the stored one is another seq's
+                        true
+                    } else {
+                        // sent before (unconfirmed) or by a process before this one: the stored message
+                        // says, while it is the last of its subject
+                        stored_seq(&js, &stream, &subject, sequence)
+                            .await
+                            .is_some_and(|s| s != seq)
+                    };
+                    if duplicate {
+                        tracing::debug!(%cluster, seq, stream_seq = sequence, resent, other_seq, "duplicate");
+                    }
                     let removed = if other_seq {
                         outbox.remove_duplicate(class, seq)
                     } else {
@@ -146,8 +169,7 @@ pub async fn run(
                     key: (_, seq),
                     error,
                 } => {
-                    unconfirmed.insert(seq);
-                    maybe_stored.remove(&seq);
+                    ledger.unconfirmed.insert(seq);
                     failed += 1;
                     if failed == 1 {
                         tracing::warn!(%cluster, %error, "publish not confirmed; will retry");
@@ -162,6 +184,42 @@ pub async fn run(
             backoff = (backoff * 2).min(Duration::from_secs(2));
         } else {
             backoff = Duration::from_millis(200);
+        }
+    }
+}
+
+/// What a drain knows of the messages it sends, to tell a duplicate of a message itself from one of
+/// another seq without reading the stream by sequence (an agent may only read the last message of its
+/// own subjects).
+#[derive(Default)]
+struct Ledger {
+    /// Seqs whose last send was not confirmed: that send may have been stored (a lost ack).
+    unconfirmed: HashSet<u64>,
+    /// Msg-Id → the seq in flight with it (one content is in flight under one seq at a time).
+    in_flight: HashMap<String, u64>,
+    /// Seq → its Msg-Id and subject, while in flight.
+    by_seq: HashMap<u64, (String, String)>,
+    /// Msg-Id → (seq, stream sequence) of what this process stored lately, the oldest forgotten first.
+    stored: HashMap<String, (u64, u64)>,
+    stored_order: VecDeque<String>,
+}
+
+impl Ledger {
+    /// Stores remembered, per cluster: enough for the duplicate window at a few messages per second.
+    const STORED_KEPT: usize = 20_000;
+
+    fn remember(&mut self, msg_id: String, seq: u64, stream_seq: u64) {
+        if self
+            .stored
+            .insert(msg_id.clone(), (seq, stream_seq))
+            .is_none()
+        {
+            self.stored_order.push_back(msg_id);
+        }
+        while self.stored_order.len() > Self::STORED_KEPT {
+            if let Some(old) = self.stored_order.pop_front() {
+                self.stored.remove(&old);
+            }
         }
     }
 }

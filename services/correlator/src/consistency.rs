@@ -125,14 +125,15 @@ pub fn settings_of(s: &ResourceState) -> BTreeMap<String, String> {
 
 /// Where the tracked objects' settings differ among the clusters that share the `group_by` label value
 /// (clusters without it form a group of their own), every setting once per group, the objects in the
-/// order tracked.
+/// order tracked. A cluster whose facts (and so labels) have not arrived yet is left out: its group is
+/// not known.
 pub fn report(
     clusters: &BTreeMap<String, ClusterState>,
     tracked: &[Tracked],
     group_by: &str,
 ) -> Vec<SettingDivergence> {
     let mut groups: BTreeMap<String, Vec<(&String, &ClusterState)>> = BTreeMap::new();
-    for (name, c) in clusters {
+    for (name, c) in clusters.iter().filter(|(_, c)| c.inventory.facts.is_some()) {
         let g = c.labels.get(group_by).cloned().unwrap_or_default();
         groups.entry(g).or_default().push((name, c));
     }
@@ -232,6 +233,17 @@ mod tests {
 
     fn cluster(env: &str, data: serde_json::Value) -> ClusterState {
         let mut c = ClusterState::default();
+        c.inventory.facts = Some(
+            rmp_serde::from_slice::<multipilot_schemas::Envelope<_>>(
+                &multipilot_schemas::catalog::entries()
+                    .into_iter()
+                    .find(|e| e.name == "ClusterFacts")
+                    .expect("a sample")
+                    .sample,
+            )
+            .expect("decodes")
+            .payload,
+        );
         c.labels.insert("env".into(), env.into());
         c.settings.insert(
             "ConfigMap ingress-nginx/ingress-nginx-controller".into(),

@@ -98,8 +98,9 @@ async fn the_same_failure_on_three_clusters_is_one_fleet_incident_paged_once() -
             let out = cli(&sys, &["compliance", "--consistency", "-o", "json"]).ok()?;
             let v: Vec<multipilot_schemas::payload::SettingDivergence> =
                 serde_json::from_str(&out).ok()?;
+            // (a cluster is compared once its facts, and so its env, have arrived)
             v.iter()
-                .any(|d| d.setting == "proxy-read-timeout")
+                .any(|d| d.setting == "proxy-read-timeout" && d.group == "env=prod")
                 .then_some(v)
         },
     )
@@ -123,6 +124,20 @@ async fn the_same_failure_on_three_clusters_is_one_fleet_incident_paged_once() -
         values,
         BTreeSet::from([("60", "prod-euw-1"), ("20", "prod-wus2-4")])
     );
+
+    // every cluster judged (its facts, labels and versions known) before anything breaks
+    common::eventually_every(
+        "a compliance report of every cluster",
+        90,
+        Duration::from_millis(500),
+        async || {
+            let out = cli(&sys, &["compliance", "--by-cluster", "-o", "json"]).ok()?;
+            let v: Vec<Value> = serde_json::from_str(&out).ok()?;
+            (v.len() == 6).then_some(())
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{}", sys.logs()))?;
 
     let started = Instant::now();
     for c in FAILING {
