@@ -10,6 +10,13 @@ use serde::{Deserialize, Serialize};
 #[serde(transparent)]
 pub struct Secret(pub String);
 
+impl Secret {
+    /// Whether no secret is set.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("***")

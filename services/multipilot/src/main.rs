@@ -137,6 +137,12 @@ enum Command {
         #[arg(long, conflicts_with = "by_cluster")]
         consistency: bool,
     },
+    /// Make an API token and its tokens-file entry (`new`), or print the digest the tokens file keeps of
+    /// one (`hash`): tokens are kept as `token_sha256`, never in plain text.
+    Token {
+        #[command(subcommand)]
+        command: TokenCommand,
+    },
     /// The CLI's contexts, like a kubeconfig: where the console is, its token, the default output
     /// (`$MULTIPILOT_CLI_CONFIG`, else `~/.config/multipilot/config.yaml`).
     Config {
@@ -184,6 +190,7 @@ async fn run() -> Result<()> {
     // commands about the CLI itself need no hub config
     match cli.command {
         Command::Config { command } => return contexts::run(contexts::default_path(), command),
+        Command::Token { command } => return token(command),
         Command::Completion { shell } => {
             // into a buffer first: a closed pipe (`| head`) is then an error, not a panic
             let mut script = Vec::new();
@@ -332,7 +339,65 @@ async fn run() -> Result<()> {
             return fleet::run(&config.console.listen, contexts::default_path(), cmd).await;
         }
         Command::Cluster { command } => return cluster::run(command),
-        Command::Config { .. } | Command::Completion { .. } => unreachable!("handled above"),
+        Command::Config { .. } | Command::Completion { .. } | Command::Token { .. } => {
+            unreachable!("handled above")
+        }
     };
     roles::run(config, roles).await
+}
+
+/// `multipilot token …`.
+#[derive(Debug, Subcommand)]
+enum TokenCommand {
+    /// A new random token for `subject`: printed once (give it to its owner; nothing keeps it), with the
+    /// entry to add to the tokens file.
+    New {
+        /// Who it belongs to (recorded as the actor of what it does).
+        #[arg(long)]
+        subject: String,
+        /// What it may do.
+        #[arg(long, default_value = "viewer", value_parser = ["viewer", "operator", "releaser"])]
+        role: String,
+    },
+    /// The `token_sha256` of a token (read from standard input when not given: it then stays out of the
+    /// shell's history).
+    Hash {
+        /// The token.
+        token: Option<String>,
+    },
+}
+
+#[allow(clippy::print_stdout)]
+fn token(command: TokenCommand) -> anyhow::Result<()> {
+    use multipilot_runtime::auth::sha256_hex;
+    match command {
+        TokenCommand::New { subject, role } => {
+            use rand::RngCore as _;
+            let mut bytes = [0u8; 32];
+            rand::rng().fill_bytes(&mut bytes);
+            let token: String = format!(
+                "{role}-{}",
+                bytes.iter().map(|b| format!("{b:02x}")).collect::<String>()
+            );
+            println!("token: {token}");
+            println!("# the tokens file keeps only its digest; add:");
+            println!(
+                "- token_sha256: {}\n  subject: {subject}\n  role: {role}",
+                sha256_hex(&token)
+            );
+        }
+        TokenCommand::Hash { token } => {
+            let token = match token {
+                Some(t) => t,
+                None => {
+                    let mut line = String::new();
+                    std::io::stdin().read_line(&mut line)?;
+                    line.trim().to_string()
+                }
+            };
+            anyhow::ensure!(!token.is_empty(), "no token given");
+            println!("{}", sha256_hex(&token));
+        }
+    }
+    Ok(())
 }

@@ -57,11 +57,13 @@ impl Console {
                 tokens: vec![
                     TokenEntry {
                         token: Secret(VIEWER.into()),
+                        token_sha256: None,
                         subject: "vera".into(),
                         role: Role::Viewer,
                     },
                     TokenEntry {
                         token: Secret(OPERATOR.into()),
+                        token_sha256: None,
                         subject: "otto".into(),
                         role: Role::Operator,
                     },

@@ -2,13 +2,14 @@
 //! a deployment exposes (the console, the TSDB's Prometheus API, the alert router's Alertmanager API).
 //!
 //! Tokens come from the config (`auth.tokens`) and/or a file (`auth.tokens_file`, YAML or JSON: a list of
-//! `{token, subject, role}`), so one tokens file can serve every API. Only a SHA-256 digest of each token is
-//! kept in memory, and a request's token is looked up by its digest. Clients send
+//! `{token_sha256, subject, role}`), so one tokens file can serve every API. A token is kept as its SHA-256
+//! digest: in the file (`token_sha256`, what `multipilot token new` and `multipilot token hash` print; the
+//! plain `token` form is still read, with a warning that says how to convert) and in memory, where a
+//! request's token is compared with every known digest in constant time. Clients send
 //! `Authorization: Bearer <token>` (what Grafana data sources, Prometheus' `alertmanagers` config and
 //! `amtool --http.config.file` send); `?access_token=` is accepted where a client can't set headers
 //! (`EventSource`). Auth can be off only on a loopback listen address ([`Config::check_listen`]).
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 
@@ -42,12 +43,16 @@ impl Role {
     }
 }
 
-/// One token.
+/// One token: its SHA-256 digest (`token_sha256`), or (read, with a warning) the token itself.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenEntry {
-    /// The bearer token (shown as `***` by `--print-config`).
+    /// The bearer token in plain text (shown as `***` by `--print-config`); prefer `token_sha256`.
+    #[serde(default, skip_serializing_if = "Secret::is_empty")]
     pub token: Secret,
+    /// The token's SHA-256 digest, 64 hex digits (`multipilot token hash` prints it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_sha256: Option<String>,
     /// Who it belongs to (recorded as the actor of what it does).
     pub subject: String,
     /// What it may do.
@@ -163,11 +168,34 @@ pub struct Principal {
 #[derive(Debug, Clone, Default)]
 pub struct Tokens {
     enabled: bool,
-    by_digest: HashMap<[u8; 32], Principal>,
+    by_digest: Vec<([u8; 32], Principal)>,
 }
 
 fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
+}
+
+/// A token's digest as the tokens file keeps it (`token_sha256`): 64 lower-case hex digits.
+pub fn sha256_hex(token: &str) -> String {
+    digest(token).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn parse_hex(h: &str) -> Option<[u8; 32]> {
+    let h = h.trim();
+    if h.len() != 64 || !h.is_ascii() {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&h[2 * i..2 * i + 2], 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Whether two digests are equal, in time that doesn't depend on where they differ.
+fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
+    std::hint::black_box(diff) == 0
 }
 
 impl Tokens {
@@ -183,26 +211,41 @@ impl Tokens {
                 path: path.clone(),
                 reason: e.to_string(),
             })?;
+            let plain = more.iter().filter(|e| !e.token.0.is_empty()).count();
+            if plain > 0 {
+                tracing::warn!(
+                    path = %path.display(),
+                    plain,
+                    "the tokens file holds tokens in plain text: replace each `token: <secret>` with `token_sha256: <its SHA-256>` (`multipilot token hash` prints it)"
+                );
+            }
             entries.extend(more);
         }
-        let mut by_digest = HashMap::new();
+        let mut by_digest: Vec<([u8; 32], Principal)> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for e in entries {
-            if e.token.0.trim().is_empty() {
-                return Err(Error::Invalid {
-                    subject: e.subject,
-                    reason: "empty token",
-                });
-            }
-            let principal = Principal {
+            let invalid = |reason| Error::Invalid {
                 subject: e.subject.clone(),
-                role: e.role,
+                reason,
             };
-            if by_digest.insert(digest(&e.token.0), principal).is_some() {
-                return Err(Error::Invalid {
-                    subject: e.subject,
-                    reason: "the same token is configured twice",
-                });
+            let d = match (e.token.0.as_str(), &e.token_sha256) {
+                (t, None) if t.trim().is_empty() => return Err(invalid("empty token")),
+                (t, None) => digest(t),
+                ("", Some(h)) => {
+                    parse_hex(h).ok_or_else(|| invalid("token_sha256 is not 64 hex digits"))?
+                }
+                (_, Some(_)) => return Err(invalid("give token or token_sha256, not both")),
+            };
+            if !seen.insert(d) {
+                return Err(invalid("the same token is configured twice"));
             }
+            by_digest.push((
+                d,
+                Principal {
+                    subject: e.subject.clone(),
+                    role: e.role,
+                },
+            ));
         }
         Ok(Tokens {
             enabled: config.enabled,
@@ -233,7 +276,15 @@ impl Tokens {
                 role: Role::Releaser,
             });
         }
-        self.by_digest.get(&digest(token?)).cloned()
+        let d = digest(token?);
+        // every digest is compared, whichever matches: the time says nothing of which one did
+        let mut found = None;
+        for (k, p) in &self.by_digest {
+            if same(k, &d) {
+                found = Some(p);
+            }
+        }
+        found.cloned()
     }
 }
 
@@ -358,8 +409,57 @@ mod tests {
     fn entry(token: &str, subject: &str, role: Role) -> TokenEntry {
         TokenEntry {
             token: Secret(token.into()),
+            token_sha256: None,
             subject: subject.into(),
             role,
+        }
+    }
+
+    #[test]
+    fn a_token_kept_as_its_digest_resolves_and_bad_entries_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("tokens.yaml");
+        let hex = sha256_hex("s3cret-token");
+        assert_eq!(hex.len(), 64);
+        std::fs::write(
+            &file,
+            format!("- token_sha256: {hex}\n  subject: carol\n  role: releaser\n"),
+        )
+        .unwrap();
+        let t = Tokens::load(&Config {
+            enabled: true,
+            tokens_file: Some(file.clone()),
+            tokens: Vec::new(),
+        })
+        .unwrap();
+        assert_eq!(t.check(Some("s3cret-token")).unwrap().subject, "carol");
+        assert!(t.check(Some("s3cret-tokeN")).is_none());
+        // both forms, a malformed digest, the same token hashed and plain: refused with a reason
+        for (body, want) in [
+            (
+                format!("- token: x\n  token_sha256: {hex}\n  subject: a\n"),
+                "not both",
+            ),
+            (
+                "- token_sha256: abc\n  subject: a\n".to_string(),
+                "64 hex digits",
+            ),
+            (
+                format!(
+                    "- token_sha256: {hex}\n  subject: a\n- token: s3cret-token\n  subject: b\n"
+                ),
+                "twice",
+            ),
+            ("- subject: a\n".to_string(), "empty token"),
+        ] {
+            std::fs::write(&file, body).unwrap();
+            let err = Tokens::load(&Config {
+                enabled: true,
+                tokens_file: Some(file.clone()),
+                tokens: Vec::new(),
+            })
+            .unwrap_err();
+            assert!(err.to_string().contains(want), "{err}");
         }
     }
 

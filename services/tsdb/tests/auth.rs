@@ -16,6 +16,7 @@ fn tokens() -> Result<Arc<Tokens>> {
         tokens_file: None,
         tokens: vec![TokenEntry {
             token: Secret("grafana-token-0123456789".into()),
+            token_sha256: None,
             subject: "grafana".into(),
             role: Role::Viewer,
         }],
