@@ -67,16 +67,6 @@ pub fn problem(rec: &Record) -> String {
     ])
 }
 
-/// The alert id of a member: an incident's id, or for an event problem `event:<digest id>` (the alert
-/// router's id of a digest's alert).
-pub fn member_alert_id(f: &FleetIncident, m: &FleetMember) -> String {
-    if f.kind == EVENT {
-        format!("event:{}", m.incident_id)
-    } else {
-        m.incident_id.clone()
-    }
-}
-
 /// Where a fleet incident is kept once a newer one of its kind replaced it.
 pub fn history_key(kind: &str, id: &str) -> String {
     format!("{kind}#{id}")

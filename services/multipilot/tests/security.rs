@@ -436,6 +436,21 @@ async fn every_role_works_under_its_own_user_and_an_agent_speaks_only_for_its_cl
     Ok(())
 }
 
+/// A directory with a copy of the shipped accounts file (and the mappings it includes) and the CA that
+/// `multipilot cluster add` puts into an agent's Secret: what an operator onboards clusters in.
+fn shipped_accounts_copy() -> Result<tempfile::TempDir> {
+    let dir = tempfile::tempdir()?;
+    for file in ["accounts.conf", "fleet-mappings.conf"] {
+        std::fs::copy(root().join("deploy/nats").join(file), dir.path().join(file))?;
+    }
+    std::fs::create_dir_all(dir.path().join("secrets/material"))?;
+    std::fs::write(
+        dir.path().join("secrets/material/ca.crt"),
+        "-----BEGIN CERTIFICATE-----\n",
+    )?;
+    Ok(dir)
+}
+
 /// `multipilot cluster …` on a copy of the shipped accounts file.
 fn cluster_cmd(args: &[&str], dir: &Path) -> Result<std::process::Output> {
     Ok(Command::new(env!("CARGO_BIN_EXE_multipilot"))
@@ -451,15 +466,7 @@ fn cluster_cmd(args: &[&str], dir: &Path) -> Result<std::process::Output> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_onboarded_cluster_speaks_only_for_itself_and_is_refused_once_removed() -> Result<()> {
-    let dir = tempfile::tempdir()?;
-    for file in ["accounts.conf", "fleet-mappings.conf"] {
-        std::fs::copy(root().join("deploy/nats").join(file), dir.path().join(file))?;
-    }
-    std::fs::create_dir_all(dir.path().join("secrets/material"))?;
-    std::fs::write(
-        dir.path().join("secrets/material/ca.crt"),
-        "-----BEGIN CERTIFICATE-----\n",
-    )?;
+    let dir = shipped_accounts_copy()?;
     let overlays = dir.path().join("agents");
     let add = |name: &str| {
         let mut args = vec![
@@ -1158,15 +1165,7 @@ fn covers_is_nats_subset_matching() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_user_can_do_exactly_what_the_permission_matrix_says() -> Result<()> {
     // a copy of the shipped file with one more cluster onboarded as an operator would
-    let dir = tempfile::tempdir()?;
-    for file in ["accounts.conf", "fleet-mappings.conf"] {
-        std::fs::copy(root().join("deploy/nats").join(file), dir.path().join(file))?;
-    }
-    std::fs::create_dir_all(dir.path().join("secrets/material"))?;
-    std::fs::write(
-        dir.path().join("secrets/material/ca.crt"),
-        "-----BEGIN CERTIFICATE-----\n",
-    )?;
+    let dir = shipped_accounts_copy()?;
     let out = cluster_cmd(
         &[
             "add",
