@@ -83,6 +83,58 @@ impl Api {
     }
 }
 
+/// Who asks (the auth middleware puts it in; absent with auth off).
+type Asker = Option<Extension<Principal>>;
+
+/// The principal when it sees only some clusters (a team's token).
+fn scoped(asker: &Asker) -> Option<&Principal> {
+    asker.as_ref().map(|Extension(p)| p).filter(|p| p.scoped())
+}
+
+/// Whether the asker may see an alert with these labels: a team sees the alerts whose `cluster` is one of
+/// its clusters (not fleet-wide alerts, nor posted ones without a `cluster`).
+fn sees_alert(asker: &Asker, labels: &BTreeMap<String, String>) -> bool {
+    scoped(asker).is_none_or(|p| labels.get("cluster").is_some_and(|c| p.sees(c)))
+}
+
+/// The clusters a matcher pins `cluster` to: `cluster="a"`, or `cluster=~"a|b"` of plain names.
+fn pinned_clusters(m: &Matcher) -> Option<Vec<&str>> {
+    if m.name != "cluster" {
+        return None;
+    }
+    match m.op {
+        crate::matcher::Op::Eq => Some(vec![m.value.as_str()]),
+        crate::matcher::Op::Re => {
+            let names: Vec<&str> = m.value.split('|').collect();
+            names.iter().all(|n| auth::is_dns_label(n)).then_some(names)
+        }
+        _ => None,
+    }
+}
+
+/// Whether the asker may see and change a silence with these matchers: for a team, one that can only
+/// silence its clusters' alerts (a `cluster` matcher naming only its clusters).
+fn sees_silence(asker: &Asker, matchers: &[Matcher]) -> bool {
+    scoped(asker).is_none_or(|p| {
+        matchers
+            .iter()
+            .any(|m| pinned_clusters(m).is_some_and(|names| names.iter().all(|n| p.sees(n))))
+    })
+}
+
+/// 403 for what a team's token may not use.
+fn refuse_scoped(asker: &Asker, what: &str) -> Option<Response> {
+    scoped(asker).map(|p| {
+        error(
+            StatusCode::FORBIDDEN,
+            format!(
+                "{} sees only some clusters: {what} is not for it",
+                p.subject
+            ),
+        )
+    })
+}
+
 /// Who made a change: the token's subject (empty with auth off).
 fn actor(principal: Option<Extension<Principal>>) -> String {
     principal.map(|Extension(p)| p.subject).unwrap_or_default()
@@ -138,7 +190,11 @@ fn silence_labels(s: &Silence) -> BTreeMap<String, String> {
         .collect()
 }
 
-async fn list_silences(State(api): State<Api>, Query(q): Query<Vec<(String, String)>>) -> Response {
+async fn list_silences(
+    State(api): State<Api>,
+    asker: Asker,
+    Query(q): Query<Vec<(String, String)>>,
+) -> Response {
     let filter = match filter_of(&q) {
         Ok(f) => f,
         Err(r) => return error(StatusCode::BAD_REQUEST, r),
@@ -147,7 +203,10 @@ async fn list_silences(State(api): State<Api>, Query(q): Query<Vec<(String, Stri
     let e = api.engine.lock().await;
     let mut v: Vec<&Silence> = e
         .silences()
-        .filter(|s| crate::matcher::all_match(&filter, &silence_labels(s)))
+        .filter(|s| {
+            sees_silence(&asker, &s.matchers)
+                && crate::matcher::all_match(&filter, &silence_labels(s))
+        })
         .collect();
     v.sort_by_key(|s| std::cmp::Reverse(s.starts_at));
     Json(
@@ -158,9 +217,12 @@ async fn list_silences(State(api): State<Api>, Query(q): Query<Vec<(String, Stri
     .into_response()
 }
 
-async fn get_silence(State(api): State<Api>, Path(id): Path<String>) -> Response {
+async fn get_silence(State(api): State<Api>, asker: Asker, Path(id): Path<String>) -> Response {
     let e = api.engine.lock().await;
-    match e.silences().find(|s| s.id == id) {
+    match e
+        .silences()
+        .find(|s| s.id == id && sees_silence(&asker, &s.matchers))
+    {
         Some(s) => Json(silence_json(s, Utc::now())).into_response(),
         None => error(StatusCode::NOT_FOUND, format!("no silence {id}")),
     }
@@ -184,10 +246,11 @@ struct PostableSilence {
 
 async fn post_silence(
     State(api): State<Api>,
-    principal: Option<Extension<Principal>>,
+    principal: Asker,
     body: axum::body::Bytes,
 ) -> Response {
-    let actor = actor(principal);
+    let actor = actor(principal.clone());
+    let visible = |m: &[Matcher]| sees_silence(&principal, m);
     let p: PostableSilence = match serde_json::from_slice(&body) {
         Ok(p) => p,
         Err(e) => return error(StatusCode::BAD_REQUEST, format!("not a silence: {e}")),
@@ -204,6 +267,13 @@ async fn post_silence(
         }
         Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
+    if !visible(&matchers) {
+        return error(
+            StatusCode::FORBIDDEN,
+            "this token sees only some clusters: a silence needs a matcher cluster=\"<one of them>\" (or \
+             cluster=~\"<them>|…\")",
+        );
+    }
     if matchers.iter().all(|m| m.matches(&Default::default())) {
         return error(
             StatusCode::BAD_REQUEST,
@@ -224,7 +294,7 @@ async fn post_silence(
     };
     let mut e = api.engine.lock().await;
     let id = match p.id {
-        Some(id) if e.silences().any(|s| s.id == id) => id,
+        Some(id) if e.silences().any(|s| s.id == id && visible(&s.matchers)) => id,
         Some(id) => return error(StatusCode::NOT_FOUND, format!("no silence {id} to update")),
         None => stable_id(&[&created_by, &now.to_rfc3339(), &p.comment])[..16].to_string(),
     };
@@ -257,12 +327,20 @@ async fn post_silence(
 
 async fn expire_silence(
     State(api): State<Api>,
-    principal: Option<Extension<Principal>>,
+    principal: Asker,
     Path(id): Path<String>,
 ) -> Response {
-    let actor = actor(principal);
     let now = Utc::now();
-    let r = api.engine.lock().await.expire_silence(&id, now).await;
+    let mut e = api.engine.lock().await;
+    if !e
+        .silences()
+        .any(|s| s.id == id && sees_silence(&principal, &s.matchers))
+    {
+        return error(StatusCode::NOT_FOUND, format!("no silence {id}"));
+    }
+    let actor = actor(principal);
+    let r = e.expire_silence(&id, now).await;
+    drop(e);
     match r {
         Ok(Some(s)) => {
             let who = if actor.is_empty() {
@@ -393,7 +471,11 @@ impl AlertQuery {
     }
 }
 
-async fn list_alerts(State(api): State<Api>, Query(q): Query<Vec<(String, String)>>) -> Response {
+async fn list_alerts(
+    State(api): State<Api>,
+    asker: Asker,
+    Query(q): Query<Vec<(String, String)>>,
+) -> Response {
     let q = match AlertQuery::parse(&q) {
         Ok(q) => q,
         Err(r) => return error(StatusCode::BAD_REQUEST, r),
@@ -402,13 +484,17 @@ async fn list_alerts(State(api): State<Api>, Query(q): Query<Vec<(String, String
     let v: Vec<serde_json::Value> = e
         .alerts(Utc::now())
         .iter()
-        .filter(|v| q.wants(v))
+        .filter(|v| q.wants(v) && sees_alert(&asker, &v.alert.labels))
         .map(alert_json)
         .collect();
     Json(v).into_response()
 }
 
-async fn list_groups(State(api): State<Api>, Query(q): Query<Vec<(String, String)>>) -> Response {
+async fn list_groups(
+    State(api): State<Api>,
+    asker: Asker,
+    Query(q): Query<Vec<(String, String)>>,
+) -> Response {
     let q = match AlertQuery::parse(&q) {
         Ok(q) => q,
         Err(r) => return error(StatusCode::BAD_REQUEST, r),
@@ -421,7 +507,7 @@ async fn list_groups(State(api): State<Api>, Query(q): Query<Vec<(String, String
         .filter_map(|(labels, receiver, alerts)| {
             let alerts: Vec<serde_json::Value> = alerts
                 .iter()
-                .filter(|v| q.wants(v))
+                .filter(|v| q.wants(v) && sees_alert(&asker, &v.alert.labels))
                 .map(alert_json)
                 .collect();
             (!alerts.is_empty()).then(
@@ -503,7 +589,7 @@ fn posted_alert(
 /// `MULTIPILOT_ALERTS` unless NATS is away: then it is retried), the invalid ones answered with 400 and
 /// their reasons (`; `-separated); a body that isn't a list of alerts with labels, as Alertmanager's
 /// OpenAPI layer answers it (400, or 422 for a missing `labels`).
-async fn post_alerts(State(api): State<Api>, body: axum::body::Bytes) -> Response {
+async fn post_alerts(State(api): State<Api>, asker: Asker, body: axum::body::Bytes) -> Response {
     let posted: Vec<PostableAlert> = match serde_json::from_slice(&body) {
         Ok(p) => p,
         Err(e) => {
@@ -520,6 +606,19 @@ async fn post_alerts(State(api): State<Api>, body: axum::body::Bytes) -> Respons
             Json(json!({"code": 602, "message": format!("{i}.labels in body is required")})),
         )
             .into_response();
+    }
+    if let Some(p) = scoped(&asker)
+        && let Some(i) = posted
+            .iter()
+            .position(|a| !sees_alert(&asker, a.labels.as_ref().unwrap_or(&BTreeMap::new())))
+    {
+        return error(
+            StatusCode::FORBIDDEN,
+            format!(
+                "{} sees only some clusters: alert {i} needs a cluster label naming one of them",
+                p.subject
+            ),
+        );
     }
     let now = Utc::now();
     let timeout =
@@ -609,7 +708,10 @@ async fn status(State(api): State<Api>) -> Response {
     .into_response()
 }
 
-async fn receivers(State(api): State<Api>) -> Response {
+async fn receivers(State(api): State<Api>, asker: Asker) -> Response {
+    if let Some(refused) = refuse_scoped(&asker, "the delivery state of every receiver") {
+        return refused;
+    }
     let e = api.engine.lock().await;
     let pending = store::all::<Pending>(&e.store.pending);
     let dead = store::all::<Pending>(&e.store.dead);
@@ -651,7 +753,10 @@ async fn receivers(State(api): State<Api>) -> Response {
     Json(out).into_response()
 }
 
-async fn dead(State(api): State<Api>) -> Response {
+async fn dead(State(api): State<Api>, asker: Asker) -> Response {
+    if let Some(refused) = refuse_scoped(&asker, "the dead notifications of every receiver") {
+        return refused;
+    }
     let e = api.engine.lock().await;
     let v: Vec<serde_json::Value> = store::all::<Pending>(&e.store.dead)
         .into_iter()

@@ -25,8 +25,9 @@ use rand::RngCore as _;
 
 /// The cluster the accounts file's agent block is written for.
 const TEMPLATE_CLUSTER: &str = "prod-1";
-const AGENTS_MARK: &str = "# --- agents ---";
-const ROLES_MARK: &str = "# --- hub roles ---";
+pub(crate) const AGENTS_MARK: &str = "# --- agents ---";
+pub(crate) const TEAMS_MARK: &str = "# --- teams ---";
+pub(crate) const ROLES_MARK: &str = "# --- hub roles ---";
 
 /// `multipilot cluster …`.
 #[derive(Debug, Subcommand)]
@@ -80,11 +81,24 @@ pub enum Command {
 pub struct Files {
     /// The NATS accounts file that gets the agent users.
     #[arg(long, default_value = "deploy/nats/accounts.conf")]
-    accounts: PathBuf,
+    pub(crate) accounts: PathBuf,
     /// Where Secrets are written (`agent-<name>/`) and the bus CA is read (`material/ca.crt`), as
     /// `deploy/examples/secrets.sh` lays them out.
     #[arg(long, default_value = "secrets")]
-    secrets_dir: PathBuf,
+    pub(crate) secrets_dir: PathBuf,
+    /// The API tokens file of the hub (console, TSDB, alert router), where teams' tokens are kept; default
+    /// `<secrets-dir>/material/tokens.yaml`, as `deploy/examples/secrets.sh` lays it out.
+    #[arg(long)]
+    tokens: Option<PathBuf>,
+}
+
+impl Files {
+    /// The tokens file.
+    pub(crate) fn tokens(&self) -> PathBuf {
+        self.tokens
+            .clone()
+            .unwrap_or_else(|| self.secrets_dir.join("material/tokens.yaml"))
+    }
 }
 
 /// Runs a `cluster` command.
@@ -108,8 +122,10 @@ pub fn run(cmd: Command) -> Result<()> {
                 files.accounts.display()
             );
             let password = new_password();
-            let block = agent_block(&text, &name, &hash(&password)?)?;
+            let block = agent_block(&text, &name, &hash(&password)?, &labels)?;
             let updated = insert_block(&text, &block)?;
+            // the teams whose selector matches the new cluster take it in
+            let (updated, teams) = crate::team::join(&updated, &name, &labels, &files)?;
             let ca = files.secrets_dir.join("material/ca.crt");
             let ca_pem = std::fs::read_to_string(&ca).with_context(|| {
                 format!(
@@ -123,6 +139,10 @@ pub fn run(cmd: Command) -> Result<()> {
             let secrets = files.secrets_dir.join(format!("agent-{name}"));
             write_secrets(&secrets, &files.secrets_dir, &password, &ca_pem, release)?;
             write_atomic(&files.accounts, &updated)?;
+            crate::team::update_tokens(&files.tokens(), &updated)?;
+            for team in &teams {
+                println!("cluster {name} joins the team {team} (its selector matches)");
+            }
             println!(
                 "cluster {name}: NATS user agent-{name} added to {accounts}\n\
                  \n\
@@ -144,7 +164,10 @@ pub fn run(cmd: Command) -> Result<()> {
             let text = read(&files.accounts)?;
             let updated = remove_block(&text, &name)
                 .with_context(|| format!("cluster {name} in {}", files.accounts.display()))?;
+            // and it leaves every team
+            let updated = crate::team::refresh_all(&updated)?;
             write_atomic(&files.accounts, &updated)?;
+            crate::team::update_tokens(&files.tokens(), &updated)?;
             println!(
                 "cluster {name}: NATS user agent-{name} removed from {}; roll it out to NATS (kubectl apply -k \
                  <your hub overlay>) and the agent is refused",
@@ -157,7 +180,11 @@ pub fn run(cmd: Command) -> Result<()> {
             let without = remove_block(&text, &name)
                 .with_context(|| format!("cluster {name} in {}", files.accounts.display()))?;
             let password = new_password();
-            let updated = insert_block(&without, &agent_block(&text, &name, &hash(&password)?)?)?;
+            let labels = labels_of(&text, &name)?;
+            let updated = insert_block(
+                &without,
+                &agent_block(&text, &name, &hash(&password)?, &labels)?,
+            )?;
             let secrets = files.secrets_dir.join(format!("agent-{name}"));
             let ca = std::fs::read_to_string(files.secrets_dir.join("material/ca.crt"))
                 .context("reading the bus CA")?;
@@ -170,20 +197,23 @@ pub fn run(cmd: Command) -> Result<()> {
             Ok(())
         }
         Command::List { files } => {
-            for name in users(&read(&files.accounts)?)? {
-                println!("{name}");
+            let text = read(&files.accounts)?;
+            for name in users(&text)? {
+                let labels = labels_of(&text, &name)?;
+                let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+                println!("{name}\t{}", labels.join(","));
             }
             Ok(())
         }
     }
 }
 
-fn read(path: &Path) -> Result<String> {
+pub(crate) fn read(path: &Path) -> Result<String> {
     std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
 }
 
 /// A cluster name is a subject token, a label value and part of object names: a DNS label.
-fn check_name(name: &str) -> Result<()> {
+pub(crate) fn check_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 63
         && name
@@ -214,7 +244,7 @@ fn parse_labels(labels: &[String]) -> Result<BTreeMap<String, String>> {
 
 /// 32 random bytes, URL-safe base64, starting with a letter (a leading digit would read as a number where
 /// the value passes through an environment variable).
-fn new_password() -> String {
+pub(crate) fn new_password() -> String {
     let mut bytes = [0u8; 32];
     rand::rng().fill_bytes(&mut bytes);
     format!(
@@ -224,58 +254,71 @@ fn new_password() -> String {
 }
 
 /// A bcrypt hash in the `$2a$` form nats-server accepts.
-fn hash(password: &str) -> Result<String> {
+pub(crate) fn hash(password: &str) -> Result<String> {
     Ok(bcrypt::hash_with_result(password, 11)
         .context("hashing the password")?
         .format_for_version(bcrypt::Version::TwoA))
 }
 
-/// The agent users' blocks: between the agents and the hub-roles marks, one `{ … }` per user.
-fn agent_section(text: &str) -> Result<(usize, usize)> {
+/// The text between the line of `mark` and the line of the next of `ends` (whichever comes first).
+pub(crate) fn section(text: &str, mark: &str, ends: &[&str]) -> Result<(usize, usize)> {
     let start = text
-        .find(AGENTS_MARK)
-        .with_context(|| format!("no `{AGENTS_MARK}` line in the accounts file"))?;
+        .find(mark)
+        .with_context(|| format!("no `{mark}` line in the accounts file"))?;
     let start = start + text[start..].find('\n').unwrap_or(0) + 1;
-    let end = text[start..]
-        .find(ROLES_MARK)
-        .map(|i| start + i)
-        .with_context(|| format!("no `{ROLES_MARK}` line after the agents"))?;
-    // the hub-roles mark's own line starts with indentation: end the section at its line start
+    let end = ends
+        .iter()
+        .filter_map(|e| text[start..].find(e).map(|i| start + i))
+        .min()
+        .with_context(|| format!("no `{}` line after `{mark}`", ends.join("` or `")))?;
+    // the next mark's own line starts with indentation: end the section at its line start
     let end = text[..end].rfind('\n').map(|i| i + 1).unwrap_or(end);
     Ok((start, end))
 }
 
-/// Each user block of the agent section: (start, end, cluster name).
-fn blocks(text: &str) -> Result<Vec<(usize, usize, String)>> {
-    let (start, end) = agent_section(text)?;
+/// The agent users' blocks: between the agents mark and the teams (or hub roles) mark.
+fn agent_section(text: &str) -> Result<(usize, usize)> {
+    section(text, AGENTS_MARK, &[TEAMS_MARK, ROLES_MARK])
+}
+
+/// Each `{ … }` user block of a section whose user is `<prefix><name>`: (start, end, name).
+pub(crate) fn blocks_in(
+    text: &str,
+    (start, end): (usize, usize),
+    prefix: &str,
+) -> Result<Vec<(usize, usize, String)>> {
     let section = &text[start..end];
     let mut out = Vec::new();
     let mut depth = 0usize;
     let mut open = None;
+    let mut line_start = 0usize;
     for (i, c) in section.char_indices() {
         match c {
+            '\n' => line_start = i + 1,
+            // a comment may hold braces (a team's selector): skip to the end of its line
+            _ if section[line_start..i].trim_start().starts_with('#') => {}
             '{' => {
                 if depth == 0 {
                     // from the start of the line, so the block keeps its indentation
-                    open = Some(section[..i].rfind('\n').map(|n| n + 1).unwrap_or(0));
+                    open = Some(line_start);
                 }
                 depth += 1;
             }
             '}' => {
                 depth = depth
                     .checked_sub(1)
-                    .context("unbalanced braces among the agents")?;
+                    .context("unbalanced braces in the accounts file")?;
                 if depth == 0 {
-                    let from = open.take().context("unbalanced braces among the agents")?;
+                    let from = open
+                        .take()
+                        .context("unbalanced braces in the accounts file")?;
                     let to = section[i..].find('\n').map(|n| i + n + 1).unwrap_or(i + 1);
                     let body = &section[from..to];
                     let user = body
-                        .split("user: agent-")
+                        .split(&format!("user: {prefix}"))
                         .nth(1)
                         .and_then(|r| r.split([',', ' ', '\n']).next())
-                        .with_context(|| {
-                            format!("an agent block without `user: agent-…`: {body}")
-                        })?;
+                        .with_context(|| format!("a block without `user: {prefix}…`: {body}"))?;
                     out.push((start + from, start + to, user.to_string()));
                 }
             }
@@ -285,12 +328,50 @@ fn blocks(text: &str) -> Result<Vec<(usize, usize, String)>> {
     Ok(out)
 }
 
+/// Each user block of the agent section: (start, end, cluster name).
+fn blocks(text: &str) -> Result<Vec<(usize, usize, String)>> {
+    blocks_in(text, agent_section(text)?, "agent-")
+}
+
+/// The line of a block that records a cluster's registry labels (`multipilot cluster add --label`), which
+/// team selectors are matched against.
+const LABELS_LINE: &str = "# labels: ";
+
+/// A cluster's registry labels, as its agent block records them (none for a block from before labels
+/// were recorded).
+pub(crate) fn labels_of(text: &str, name: &str) -> Result<BTreeMap<String, String>> {
+    let (from, to, _) = blocks(text)?
+        .into_iter()
+        .find(|(_, _, n)| n == name)
+        .with_context(|| format!("no such cluster: there is no agent-{name} user"))?;
+    let Some(line) = text[from..to]
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(LABELS_LINE))
+    else {
+        return Ok(BTreeMap::new());
+    };
+    serde_json::from_str(line).with_context(|| format!("the labels of agent-{name}: {line}"))
+}
+
+/// Every cluster with an agent user, with its registry labels.
+pub(crate) fn registry(text: &str) -> Result<BTreeMap<String, BTreeMap<String, String>>> {
+    users(text)?
+        .into_iter()
+        .map(|n| Ok((n.clone(), labels_of(text, &n)?)))
+        .collect()
+}
+
 fn users(text: &str) -> Result<Vec<String>> {
     Ok(blocks(text)?.into_iter().map(|(_, _, n)| n).collect())
 }
 
 /// The template cluster's block rewritten for `name`, with a hashed password.
-fn agent_block(text: &str, name: &str, password_hash: &str) -> Result<String> {
+fn agent_block(
+    text: &str,
+    name: &str,
+    password_hash: &str,
+    labels: &BTreeMap<String, String>,
+) -> Result<String> {
     let (from, to, _) = blocks(text)?
         .into_iter()
         .find(|(_, _, n)| n == TEMPLATE_CLUSTER)
@@ -309,7 +390,19 @@ fn agent_block(text: &str, name: &str, password_hash: &str) -> Result<String> {
     let block = template.replace(TEMPLATE_CLUSTER, name);
     // NoExpand: a bcrypt hash is full of `$`, which a replacement string would read as group references
     let password = format!("password: \"{password_hash}\"");
-    Ok(re.replace(&block, regex::NoExpand(&password)).into_owned())
+    let block = re.replace(&block, regex::NoExpand(&password)).into_owned();
+    if labels.is_empty() {
+        return Ok(block);
+    }
+    // the labels go on a comment line after the user's
+    let at = block.find('\n').map(|i| i + 1).unwrap_or(block.len());
+    let indent: String = block[at..].chars().take_while(|c| *c == ' ').collect();
+    Ok(format!(
+        "{}{indent}{LABELS_LINE}{}\n{}",
+        &block[..at],
+        serde_json::to_string(labels)?,
+        &block[at..]
+    ))
 }
 
 fn insert_block(text: &str, block: &str) -> Result<String> {
@@ -329,7 +422,7 @@ fn remove_block(text: &str, name: &str) -> Result<String> {
     Ok(format!("{}{}", &text[..from], &text[to..]))
 }
 
-fn write_atomic(path: &Path, text: &str) -> Result<()> {
+pub(crate) fn write_atomic(path: &Path, text: &str) -> Result<()> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
     std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
@@ -421,7 +514,7 @@ fn write_overlay(
 }
 
 /// A Secret manifest with string data.
-fn secret_manifest(name: &str, data: &[(&str, &str)]) -> Result<String> {
+pub(crate) fn secret_manifest(name: &str, data: &[(&str, &str)]) -> Result<String> {
     let data: serde_json::Map<String, serde_json::Value> = data
         .iter()
         .map(|(k, v)| (k.to_string(), serde_json::Value::from(*v)))
@@ -486,7 +579,7 @@ mod tests {
     fn a_new_agent_user_is_the_template_with_its_own_name_and_a_hash() {
         let text = shipped();
         assert_eq!(users(&text).unwrap(), vec!["prod-1"]);
-        let block = agent_block(&text, "staging-2", "$2a$11$abc").unwrap();
+        let block = agent_block(&text, "staging-2", "$2a$11$abc", &BTreeMap::new()).unwrap();
         assert!(block.contains("user: agent-staging-2"), "{block}");
         assert!(block.contains("\"fleet.state.staging-2.>\""), "{block}");
         assert!(

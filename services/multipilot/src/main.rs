@@ -25,6 +25,7 @@ mod release;
 mod roles;
 mod silence;
 mod status;
+mod team;
 
 use config::Config;
 use roles::Role;
@@ -119,6 +120,13 @@ enum Command {
     Cluster {
         #[command(subcommand)]
         command: cluster::Command,
+    },
+    /// Give another team access to some clusters (add), re-key (rotate), take it away (remove) or list
+    /// teams: a bus user that reads only those clusters' subjects and an API token the console, TSDB and
+    /// alert router answer only about them.
+    Team {
+        #[command(subcommand)]
+        command: team::Command,
     },
     /// The fleet as the console sees it: clusters, get, diff, compare, gpu, api-resources.
     #[command(flatten)]
@@ -339,6 +347,7 @@ async fn run() -> Result<()> {
             return fleet::run(&config.console.listen, contexts::default_path(), cmd).await;
         }
         Command::Cluster { command } => return cluster::run(command),
+        Command::Team { command } => return team::run(command),
         Command::Config { .. } | Command::Completion { .. } | Command::Token { .. } => {
             unreachable!("handled above")
         }

@@ -508,3 +508,154 @@ async fn posted_alerts_resolve_by_timeout_or_endsat_and_survive_restarts() -> Re
     assert_eq!(firing_held, 1, "not notified again after the restarts");
     Ok(())
 }
+
+/// `amtool` with a bearer token (its `--http.config.file`), as a team would run it.
+fn amtool_as(r: &Router, token: &str, args: &[&str]) -> Result<String> {
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("http.yml");
+    std::fs::write(
+        &config,
+        format!("authorization:\n  type: Bearer\n  credentials: {token}\n"),
+    )?;
+    let mut all = vec![format!("--http.config.file={}", config.display())];
+    all.extend(args.iter().map(|a| a.to_string()));
+    let all: Vec<&str> = all.iter().map(String::as_str).collect();
+    amtool(r, &all)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_token_shows_and_silences_only_its_clusters_alerts() -> Result<()> {
+    tool("amtool", "prometheus-alertmanager")?;
+    const TEAM: &str = "team-token-0123456789";
+    const FLEET: &str = "fleet-token-0123456789";
+    let tokens = tempfile::tempdir()?;
+    let file = tokens.path().join("tokens.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "- token_sha256: {}\n  subject: team-payments\n  role: operator\n  team: payments\n  clusters: [a]\n\
+             - token_sha256: {}\n  subject: oncall\n  role: operator\n",
+            multipilot_runtime::auth::sha256_hex(TEAM),
+            multipilot_runtime::auth::sha256_hex(FLEET),
+        ),
+    )?;
+    let rx = Receiver::start().await?;
+    let file_env = file.display().to_string();
+    let mut r = Router::start_with(
+        &routing(&rx.url),
+        &[
+            ("MULTIPILOT_ALERTS__AUTH__ENABLED", "true"),
+            ("MULTIPILOT_ALERTS__AUTH__TOKENS_FILE", &file_env),
+        ],
+    )
+    .await?;
+    for c in ["a", "b"] {
+        r.incident(
+            c,
+            "node-not-ready",
+            Severity::Warning,
+            IncidentStatus::Open,
+            1,
+            &[],
+        )
+        .await?;
+    }
+    amtool_as(
+        &r,
+        FLEET,
+        &["alert", "add", "alertname=DiskFull", "cluster=b"],
+    )?;
+    // the team's view: its cluster's alerts only
+    let out = eventually("the team sees a's alert", 30, async || {
+        let out = amtool_as(&r, TEAM, &["alert", "query"]).ok()?;
+        out.contains("node-not-ready").then_some(out)
+    })
+    .await?;
+    let json_out: Value =
+        serde_json::from_str(&amtool_as(&r, TEAM, &["-o", "json", "alert", "query"])?)?;
+    let clusters: Vec<&str> = json_out
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| a["labels"]["cluster"].as_str())
+        .collect();
+    anyhow::ensure!(clusters == ["a"], "{out}\n{json_out}");
+    // asking for b by name shows nothing either
+    let out = amtool_as(&r, TEAM, &["-o", "json", "alert", "query", "cluster=b"])?;
+    anyhow::ensure!(out.trim() == "[]", "{out}");
+    // the whole fleet's token sees both
+    let all: Value =
+        serde_json::from_str(&amtool_as(&r, FLEET, &["-o", "json", "alert", "query"])?)?;
+    anyhow::ensure!(all.as_array().map(Vec::len) == Some(3), "{all}");
+
+    // silences: only ones pinned to its clusters
+    let mine = amtool_as(
+        &r,
+        TEAM,
+        &[
+            "silence",
+            "add",
+            "cluster=a",
+            "alertname=node-not-ready",
+            "--comment=mine",
+        ],
+    )?;
+    for args in [
+        vec!["silence", "add", "cluster=b", "--comment=theirs"],
+        vec![
+            "silence",
+            "add",
+            "alertname=node-not-ready",
+            "--comment=everywhere",
+        ],
+        vec!["silence", "add", "cluster=~a|b", "--comment=regex"],
+        vec!["silence", "add", "cluster=~.+", "--comment=regex"],
+        vec!["silence", "add", "cluster!=a", "--comment=negative"],
+    ] {
+        let err = amtool_as(&r, TEAM, &args).expect_err("refused");
+        anyhow::ensure!(
+            err.to_string().contains("403")
+                || err.to_string().to_lowercase().contains("forbidden")
+                || err.to_string().contains("sees only some clusters"),
+            "{args:?}: {err}"
+        );
+    }
+    let theirs = amtool_as(
+        &r,
+        FLEET,
+        &["silence", "add", "cluster=b", "--comment=theirs"],
+    )?;
+    let listed = amtool_as(&r, TEAM, &["silence", "query", "-q"])?;
+    anyhow::ensure!(
+        listed.trim() == mine.trim(),
+        "team sees silences {listed:?}, made {mine:?}"
+    );
+    let listed = amtool_as(&r, FLEET, &["silence", "query", "-q"])?;
+    anyhow::ensure!(
+        listed.contains(mine.trim()) && listed.contains(theirs.trim()),
+        "{listed}"
+    );
+    // another team's silence can't be expired (nor seen) by it
+    anyhow::ensure!(amtool_as(&r, TEAM, &["silence", "expire", theirs.trim()]).is_err());
+    anyhow::ensure!(amtool_as(&r, FLEET, &["silence", "query", "-q"])?.contains(theirs.trim()));
+    // posting an alert for another cluster, and the delivery state of every receiver: refused
+    let client = reqwest::Client::new();
+    let resp = client
+        .post(format!("{}/api/v2/alerts", r.api))
+        .bearer_auth(TEAM)
+        .json(&json!([{"labels": {"alertname": "X", "cluster": "b"}}]))
+        .send()
+        .await?;
+    anyhow::ensure!(resp.status().as_u16() == 403, "{}", resp.status());
+    for path in ["/api/v1/dead", "/api/v1/receivers"] {
+        let status = client
+            .get(format!("{}{path}", r.api))
+            .bearer_auth(TEAM)
+            .send()
+            .await?
+            .status()
+            .as_u16();
+        anyhow::ensure!(status == 403, "{path}: {status}");
+    }
+    Ok(())
+}

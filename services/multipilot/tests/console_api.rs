@@ -10,7 +10,6 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use async_nats::jetstream;
 use chrono::{DateTime, Utc};
-use multipilot_bus::connect::Secret;
 use multipilot_bus::publish::{Completion, Outgoing, Publisher};
 use multipilot_bus::topology::Topology;
 use multipilot_console::auth::{self, Role, TokenEntry};
@@ -22,6 +21,8 @@ use tokio_util::sync::CancellationToken;
 
 const VIEWER: &str = "viewer-token-123";
 const OPERATOR: &str = "operator-token-456";
+/// A team's token (`multipilot team add`): sees prod-a only.
+const TEAM: &str = "team-token-789";
 
 struct Console {
     nats: NatsServer,
@@ -55,17 +56,12 @@ impl Console {
                 enabled: true,
                 tokens_file: None,
                 tokens: vec![
+                    TokenEntry::plain(VIEWER, "vera", Role::Viewer),
+                    TokenEntry::plain(OPERATOR, "otto", Role::Operator),
                     TokenEntry {
-                        token: Secret(VIEWER.into()),
-                        token_sha256: None,
-                        subject: "vera".into(),
-                        role: Role::Viewer,
-                    },
-                    TokenEntry {
-                        token: Secret(OPERATOR.into()),
-                        token_sha256: None,
-                        subject: "otto".into(),
-                        role: Role::Operator,
+                        team: Some("payments".into()),
+                        clusters: Some(vec!["prod-a".into()]),
+                        ..TokenEntry::plain(TEAM, "team-payments", Role::Operator)
                     },
                 ],
             },
@@ -355,6 +351,83 @@ async fn tokens_decide_who_may_read_and_who_may_act() -> Result<()> {
     let page = c.http.get(format!("{}/", c.base)).send().await?;
     assert_eq!(page.status(), 200);
     assert!(page.text().await?.contains("id=\"clusters-table\""));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_token_sees_only_its_clusters_and_is_refused_beyond_them() -> Result<()> {
+    let mut c = Console::start(false).await?;
+    let now = Utc::now();
+    for (cl, env) in [("prod-a", "prod"), ("prod-b", "prod")] {
+        c.send(subject::facts(cl), cl, now, facts(31, env, 200, &[(8, 4)]))
+            .await?;
+        c.send(subject::heartbeat(cl), cl, now, heartbeat()).await?;
+        let cm = object(
+            "ConfigMap",
+            Some("db"),
+            "settings",
+            json!({"data": {"k": cl}}),
+        );
+        c.send(
+            subject::state(cl, "ConfigMap", Some("db"), "settings"),
+            cl,
+            now,
+            cm,
+        )
+        .await?;
+    }
+    c.until("both clusters are in", || async {
+        let list = c.get("/api/v1/clusters").await?;
+        Ok((list.as_array().map(Vec::len) == Some(2)).then_some(()))
+    })
+    .await?;
+    let team = |path: &'static str| c.request(reqwest::Method::GET, path, Some(TEAM));
+    let (status, me) = team("/api/v1/whoami").await?;
+    assert_eq!(status, 200);
+    assert_eq!(me["team"], "payments");
+    assert_eq!(me["clusters"], json!(["prod-a"]));
+    let (_, list) = team("/api/v1/clusters").await?;
+    let names: Vec<&str> = list
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(names, ["prod-a"], "{list}");
+    let (_, st) = team("/api/v1/status").await?;
+    assert_eq!(st["clusters"], 1, "{st}");
+    let (_, rows) = team("/api/v1/resources?kind=ConfigMap").await?;
+    let seen: Vec<&str> = rows["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r["cluster"].as_str())
+        .collect();
+    assert_eq!(seen, ["prod-a"], "{rows}");
+    let (_, diff) = team("/api/v1/diff?kind=ConfigMap&namespace=db&name=settings").await?;
+    assert_eq!(diff["clusters"].as_array().map(Vec::len), Some(1), "{diff}");
+    // naming another cluster, or asking what spans the fleet: refused
+    for path in [
+        "/api/v1/clusters/prod-b",
+        "/api/v1/resources?cluster=prod-b",
+        "/api/v1/resources?cluster=prod-a,prod-b",
+        "/api/v1/resource?cluster=prod-b&kind=ConfigMap&namespace=db&name=settings",
+        "/api/v1/diff?kind=ConfigMap&namespace=db&name=settings&clusters=prod-a,prod-b",
+        "/api/v1/compare?a=prod-a&b=prod-b",
+        "/api/v1/gpu",
+        "/api/v1/capacity",
+        "/api/v1/compliance",
+        "/api/v1/releases",
+        "/api/v1/gitops",
+    ] {
+        let (status, body) = team(path).await?;
+        assert_eq!(status, 403, "{path}: {body}");
+    }
+    // the whole fleet's viewer still sees both
+    let (_, st) = c
+        .request(reqwest::Method::GET, "/api/v1/status", Some(VIEWER))
+        .await?;
+    assert_eq!(st["clusters"], 2, "{st}");
     Ok(())
 }
 

@@ -451,10 +451,10 @@ fn shipped_accounts_copy() -> Result<tempfile::TempDir> {
     Ok(dir)
 }
 
-/// `multipilot cluster …` on a copy of the shipped accounts file.
-fn cluster_cmd(args: &[&str], dir: &Path) -> Result<std::process::Output> {
+/// `multipilot <group> …` (cluster, team) on a copy of the shipped accounts file.
+fn accounts_cmd(group: &str, args: &[&str], dir: &Path) -> Result<std::process::Output> {
     Ok(Command::new(env!("CARGO_BIN_EXE_multipilot"))
-        .arg("cluster")
+        .arg(group)
         .args(args)
         .arg("--accounts")
         .arg(dir.join("accounts.conf"))
@@ -462,6 +462,11 @@ fn cluster_cmd(args: &[&str], dir: &Path) -> Result<std::process::Output> {
         .arg(dir.join("secrets"))
         .current_dir(root())
         .output()?)
+}
+
+/// `multipilot cluster …` on a copy of the shipped accounts file.
+fn cluster_cmd(args: &[&str], dir: &Path) -> Result<std::process::Output> {
+    accounts_cmd("cluster", args, dir)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -508,7 +513,7 @@ async fn an_onboarded_cluster_speaks_only_for_itself_and_is_refused_once_removed
     let listed = cluster_cmd(&["list"], dir.path())?;
     assert_eq!(
         String::from_utf8_lossy(&listed.stdout),
-        "prod-1\nstaging-2\n"
+        "prod-1\t\nstaging-2\tenv=staging\n"
     );
 
     // the overlay renders, for that cluster
@@ -591,6 +596,318 @@ async fn an_onboarded_cluster_speaks_only_for_itself_and_is_refused_once_removed
     assert!(
         !matches!(refused, Ok(Ok(_))),
         "a removed cluster's agent could still connect"
+    );
+    Ok(())
+}
+
+/// `multipilot team …` on a copy of the shipped accounts file.
+fn team_cmd(args: &[&str], dir: &Path) -> Result<std::process::Output> {
+    accounts_cmd("team", args, dir)
+}
+
+fn ok(out: std::process::Output) -> Result<String> {
+    anyhow::ensure!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_reads_only_its_clusters_on_the_bus_through_consumers_it_cannot_widen() -> Result<()>
+{
+    let dir = shipped_accounts_copy()?;
+    let overlays = dir.path().join("agents");
+    let add_cluster = |name: &str, env: &str| {
+        let label = format!("env={env}");
+        cluster_cmd(
+            &[
+                "add",
+                name,
+                "--label",
+                &label,
+                "--overlay-dir",
+                overlays.to_str().unwrap_or_default(),
+            ],
+            dir.path(),
+        )
+    };
+    ok(add_cluster("alpha-1", "prod")?)?;
+    ok(add_cluster("beta-2", "staging")?)?;
+    // bad input: a name that is not a DNS label, a selector matching nothing (which names what there is),
+    // a selector that doesn't parse, a releaser's role, no selector at all
+    for (args, want) in [
+        (
+            vec!["add", "Pay_ments", "--clusters", "env=prod"],
+            "not a valid team name",
+        ),
+        (
+            vec!["add", "payments", "--clusters", "env=nope"],
+            "matches no cluster",
+        ),
+        (
+            vec!["add", "payments", "--clusters", "env in (prod"],
+            "invalid label selector",
+        ),
+        (
+            vec![
+                "add",
+                "payments",
+                "--clusters",
+                "env=prod",
+                "--role",
+                "releaser",
+            ],
+            "releases span clusters",
+        ),
+        (vec!["add", "payments", "--clusters", " "], "whole fleet"),
+        (vec!["remove", "nope"], "no such team"),
+    ] {
+        let out = team_cmd(&args, dir.path())?;
+        let err = String::from_utf8_lossy(&out.stderr);
+        anyhow::ensure!(
+            !out.status.success() && err.contains(want),
+            "{args:?}: {err}"
+        );
+    }
+    let err = String::from_utf8_lossy(
+        &team_cmd(&["add", "payments", "--clusters", "env=nope"], dir.path())?.stderr,
+    )
+    .into_owned();
+    anyhow::ensure!(
+        err.contains("alpha-1 {env=prod}") && err.contains("beta-2 {env=staging}"),
+        "{err}"
+    );
+    let said = ok(team_cmd(
+        &["add", "payments", "--clusters", "env=prod"],
+        dir.path(),
+    )?)?;
+    anyhow::ensure!(said.contains("1 cluster(s): alpha-1"), "{said}");
+    let out = team_cmd(&["add", "payments", "--clusters", "env=prod"], dir.path())?;
+    anyhow::ensure!(String::from_utf8_lossy(&out.stderr).contains("exists already"));
+    // a prod cluster onboarded later joins the team: bus user and API token
+    let said = ok(add_cluster("gamma-3", "prod")?)?;
+    anyhow::ensure!(said.contains("joins the team payments"), "{said}");
+    anyhow::ensure!(
+        ok(team_cmd(&["list"], dir.path())?)? == "payments\tenv=prod\talpha-1,gamma-3\n",
+        "team list"
+    );
+    let tokens: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(
+        dir.path().join("secrets/material/tokens.yaml"),
+    )?)?;
+    let entry = &tokens[0];
+    anyhow::ensure!(
+        entry["team"] == "payments"
+            && entry["clusters"] == serde_yaml::to_value(["alpha-1", "gamma-3"])?
+            && entry["token_sha256"]
+                .as_str()
+                .is_some_and(|h| h.len() == 64)
+            && entry.get("token").is_none(),
+        "{entry:?}"
+    );
+    let creds: serde_yaml::Value = serde_yaml::from_str(&std::fs::read_to_string(
+        dir.path().join("secrets/team-payments/credentials.yaml"),
+    )?)?;
+    let team_password = creds["nats"]["password"]
+        .as_str()
+        .context("password")?
+        .to_string();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(dir.path().join("secrets/team-payments/credentials.yaml"))?
+            .permissions()
+            .mode();
+        anyhow::ensure!(
+            mode & 0o077 == 0,
+            "credentials readable by others: {mode:o}"
+        );
+    }
+
+    let accounts = accounts_from(&dir.path().join("accounts.conf"))?;
+    let nats = NatsServer::start_with(|_| format!("{accounts}\nno_auth_user: admin\n")).await?;
+    let admin = nats.client().await?;
+    let ajs = jetstream::new(admin.clone());
+    Topology::embedded().provision(&ajs).await?;
+    for c in ["alpha-1", "beta-2", "gamma-3"] {
+        for s in [
+            format!("fleet.event.{c}.Pod"),
+            format!("fleet.incident.{c}.crashloop"),
+            format!("fleet.state.{c}.Deployment.default.web"),
+        ] {
+            ajs.publish(s.clone(), s.into()).await?.await?;
+        }
+    }
+    let team = async_nats::ConnectOptions::new()
+        .user_and_password("team-payments".into(), team_password.clone())
+        .custom_inbox_prefix("_INBOX_team-payments")
+        .connect(nats.url())
+        .await?;
+    let mut tjs = jetstream::new(team.clone());
+    tjs.set_timeout(Duration::from_secs(2));
+    // its clusters, through its consumers: each sees exactly that cluster's messages
+    for (c, class, stream, filter) in [
+        ("alpha-1", "event", "FLEET_EVENTS", "fleet.event.alpha-1.>"),
+        (
+            "gamma-3",
+            "incident",
+            "FLEET_INCIDENTS",
+            "fleet.incident.gamma-3.>",
+        ),
+        ("alpha-1", "state", "FLEET_STATE", "fleet.state.alpha-1.>"),
+    ] {
+        let consumer: jetstream::consumer::PullConsumer = tjs
+            .create_consumer_on_stream(
+                jetstream::consumer::pull::Config {
+                    name: Some(format!("payments_{c}_{class}")),
+                    filter_subject: filter.into(),
+                    ..Default::default()
+                },
+                stream,
+            )
+            .await
+            .with_context(|| format!("creating payments_{c}_{class}"))?;
+        let mut got = Vec::new();
+        let mut batch = consumer
+            .fetch()
+            .max_messages(10)
+            .expires(Duration::from_secs(1))
+            .messages()
+            .await?;
+        while let Some(m) = batch.next().await {
+            let m = m.map_err(|e| anyhow::anyhow!("{e}"))?;
+            got.push(m.subject.to_string());
+            m.ack().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+        }
+        anyhow::ensure!(
+            got.len() == 1 && got[0].starts_with(&filter[..filter.len() - 1]),
+            "{c} {class}: {got:?}"
+        );
+    }
+    // core subscriptions to its clusters' subjects receive
+    let mut live = team.subscribe("fleet.event.gamma-3.>").await?;
+    team.flush().await?;
+    admin
+        .publish("fleet.event.gamma-3.Node", "x".into())
+        .await?;
+    admin.flush().await?;
+    anyhow::ensure!(
+        tokio::time::timeout(Duration::from_secs(5), live.next())
+            .await?
+            .is_some(),
+        "no live event of gamma-3"
+    );
+
+    // beyond them: refused
+    let create = |name: &str, filter: &str, stream: &str| {
+        tjs.create_consumer_on_stream(
+            jetstream::consumer::pull::Config {
+                name: Some(name.into()),
+                filter_subject: filter.into(),
+                ..Default::default()
+            },
+            stream.to_string(),
+        )
+    };
+    for (name, filter, stream) in [
+        // another cluster's events under a name of its own, and under another cluster's name
+        (
+            "payments_alpha-1_event",
+            "fleet.event.beta-2.>",
+            "FLEET_EVENTS",
+        ),
+        (
+            "payments_beta-2_event",
+            "fleet.event.beta-2.>",
+            "FLEET_EVENTS",
+        ),
+        // widened: every cluster's events
+        ("payments_alpha-1_event", "fleet.event.>", "FLEET_EVENTS"),
+        // a hub role's durable
+        ("alerts", "fleet.incident.alpha-1.>", "FLEET_INCIDENTS"),
+        // fleet incidents belong to no team
+        (
+            "payments_alpha-1_incident",
+            "fleet.fleet-incident.>",
+            "FLEET_INCIDENTS",
+        ),
+    ] {
+        let r: Result<jetstream::consumer::PullConsumer, _> = create(name, filter, stream).await;
+        anyhow::ensure!(r.is_err(), "created {name} with filter {filter}");
+    }
+    // a forged body: the subject names its own filter, the body another's (the server compares them)
+    for body in [
+        serde_json::json!({"stream_name": "FLEET_EVENTS", "config": {"name": "payments_alpha-1_event", "filter_subject": "fleet.event.beta-2.>", "ack_policy": "explicit"}}),
+        serde_json::json!({"stream_name": "FLEET_EVENTS", "config": {"name": "payments_alpha-1_event", "filter_subjects": ["fleet.event.alpha-1.>", "fleet.event.beta-2.>"], "ack_policy": "explicit"}}),
+        serde_json::json!({"stream_name": "FLEET_EVENTS", "config": {"name": "payments_alpha-1_event", "ack_policy": "explicit"}}),
+    ] {
+        let reply = team
+            .request(
+                "$JS.API.CONSUMER.CREATE.FLEET_EVENTS.payments_alpha-1_event.fleet.event.alpha-1.>",
+                serde_json::to_vec(&body)?.into(),
+            )
+            .await?;
+        let reply: serde_json::Value = serde_json::from_slice(&reply.payload)?;
+        anyhow::ensure!(reply.get("error").is_some(), "forged {body}: {reply}");
+    }
+    // no stream information, no reads by sequence or subject, no other API, no role's request subject
+    for subj in [
+        "$JS.API.STREAM.INFO.FLEET_EVENTS",
+        "$JS.API.STREAM.MSG.GET.FLEET_EVENTS",
+        "$JS.API.DIRECT.GET.FLEET_EVENTS.fleet.event.beta-2.Pod",
+        "$JS.API.DIRECT.GET.FLEET_EVENTS.fleet.event.alpha-1.Pod",
+        "$JS.API.CONSUMER.DURABLE.CREATE.FLEET_EVENTS.payments_alpha-1_event",
+        "$JS.API.CONSUMER.CREATE.FLEET_EVENTS",
+        "$JS.API.CONSUMER.MSG.NEXT.FLEET_INCIDENTS.alerts",
+        "$JS.API.CONSUMER.LIST.FLEET_EVENTS",
+        "$JS.API.STREAM.NAMES",
+        "$JS.API.INFO",
+        "fleet.query.incidents",
+        "fleet.query.fleet-incidents",
+        "fleet.releasectl.status",
+    ] {
+        let r = tokio::time::timeout(Duration::from_secs(2), team.request(subj, "{}".into())).await;
+        anyhow::ensure!(!matches!(r, Ok(Ok(_))), "{subj} answered the team");
+    }
+    // nor another cluster's subjects, nor a role's inbox
+    for subj in [
+        "fleet.event.beta-2.>",
+        "fleet.fleet-incident.>",
+        "_INBOX_correlator.>",
+        "fleet.>",
+    ] {
+        let mut sub = team.subscribe(subj).await?;
+        team.flush().await?;
+        let name = subj.trim_end_matches(".>");
+        admin.publish(format!("{name}.x"), "x".into()).await?;
+        admin.flush().await?;
+        let got = tokio::time::timeout(Duration::from_millis(700), sub.next()).await;
+        anyhow::ensure!(!matches!(got, Ok(Some(_))), "the team received {subj}");
+    }
+    let seen = violations(&nats);
+    anyhow::ensure!(
+        seen.iter()
+            .any(|l| l.contains("team-payments") && l.contains("fleet.event.beta-2")),
+        "no violation logged: {seen:?}"
+    );
+
+    // removed: its credentials are refused by a server with the new accounts file
+    ok(team_cmd(&["remove", "payments"], dir.path())?)?;
+    let tokens = std::fs::read_to_string(dir.path().join("secrets/material/tokens.yaml"))?;
+    anyhow::ensure!(!tokens.contains("payments"), "{tokens}");
+    drop(team);
+    drop(nats);
+    let accounts = accounts_from(&dir.path().join("accounts.conf"))?;
+    let nats = NatsServer::start_with(|_| format!("{accounts}\nno_auth_user: admin\n")).await?;
+    let refused = async_nats::ConnectOptions::new()
+        .user_and_password("team-payments".into(), team_password)
+        .connection_timeout(Duration::from_secs(2))
+        .connect(nats.url());
+    let refused = tokio::time::timeout(Duration::from_secs(5), refused).await;
+    anyhow::ensure!(
+        !matches!(refused, Ok(Ok(_))),
+        "a removed team could still connect"
     );
     Ok(())
 }

@@ -58,6 +58,42 @@ pub struct TokenEntry {
     /// What it may do.
     #[serde(default)]
     pub role: Role,
+    /// The team it was minted for (`multipilot team add`); the token then sees only `clusters`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
+    /// The clusters it may see (absent: the whole fleet). Every API answers only about these: the console
+    /// lists only them, the TSDB adds `cluster=~"<these>"` to every selector, the alert router shows and
+    /// silences only their alerts. `multipilot team add|rotate` and `cluster add` keep it up to date.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clusters: Option<Vec<String>>,
+    /// The label selector `clusters` was made from (kept for `multipilot cluster add`, which adds a new
+    /// cluster to every team whose selector matches it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+}
+
+impl TokenEntry {
+    /// An entry with the token in plain text (tests, inline config).
+    pub fn plain(token: impl Into<String>, subject: impl Into<String>, role: Role) -> Self {
+        TokenEntry {
+            token: Secret(token.into()),
+            token_sha256: None,
+            ..TokenEntry::hashed(String::new(), subject, role)
+        }
+    }
+
+    /// An entry for a token kept as its digest.
+    pub fn hashed(token_sha256: String, subject: impl Into<String>, role: Role) -> Self {
+        TokenEntry {
+            token: Secret::default(),
+            token_sha256: Some(token_sha256),
+            subject: subject.into(),
+            role,
+            team: None,
+            clusters: None,
+            selector: None,
+        }
+    }
 }
 
 /// Auth settings.
@@ -112,6 +148,16 @@ pub enum Error {
         /// Its listen address.
         listen: String,
     },
+    /// A scoped token names something that is not a cluster name.
+    #[error(
+        "the token of {subject:?} is scoped to {cluster:?}, which is not a cluster name (a DNS label)"
+    )]
+    BadCluster {
+        /// Whose token.
+        subject: String,
+        /// The bad name.
+        cluster: String,
+    },
     /// A token is empty or given twice.
     #[error("invalid token for {subject:?}: {reason}")]
     Invalid {
@@ -162,14 +208,92 @@ pub struct Principal {
     pub subject: String,
     /// Role.
     pub role: Role,
+    /// The team whose token it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub team: Option<String>,
+    /// The clusters it may see; `None`: every cluster (and what belongs to none, like fleet incidents).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub clusters: Option<std::collections::BTreeSet<String>>,
 }
 
-/// The token table.
-#[derive(Debug, Clone, Default)]
+impl Principal {
+    /// A principal that sees the whole fleet.
+    pub fn fleet(subject: impl Into<String>, role: Role) -> Self {
+        Principal {
+            subject: subject.into(),
+            role,
+            team: None,
+            clusters: None,
+        }
+    }
+
+    /// Whether it may see this cluster's data.
+    pub fn sees(&self, cluster: &str) -> bool {
+        self.clusters.as_ref().is_none_or(|c| c.contains(cluster))
+    }
+
+    /// Whether it sees only some clusters (what belongs to no cluster is then hidden from it).
+    pub fn scoped(&self) -> bool {
+        self.clusters.is_some()
+    }
+
+    /// A regular expression (RE2, anchored by whoever matches it, as PromQL's `=~`) that matches exactly
+    /// the clusters it sees: their names joined by `|`, or a pattern no name matches when it sees none.
+    /// `None` when it sees every cluster.
+    pub fn cluster_regex(&self) -> Option<String> {
+        let c = self.clusters.as_ref()?;
+        if c.is_empty() {
+            // a cluster name is a DNS label: it never holds '/'
+            return Some("/".into());
+        }
+        Some(
+            c.iter()
+                .map(|n| regex_escape(n))
+                .collect::<Vec<_>>()
+                .join("|"),
+        )
+    }
+}
+
+fn regex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Whether a string is a DNS label, as cluster and team names are.
+pub fn is_dns_label(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !name.starts_with('-')
+        && !name.ends_with('-')
+}
+
+/// The token table: the config's tokens and the tokens file's, read again when the file changes (checked
+/// at most every [`RELOAD_CHECK`]), so a team added or a cluster joining a team takes effect without a
+/// restart. A file that no longer loads leaves the last good table in place, with an error logged.
+#[derive(Debug, Default)]
 pub struct Tokens {
     enabled: bool,
-    by_digest: Vec<([u8; 32], Principal)>,
+    inline: Vec<TokenEntry>,
+    path: Option<PathBuf>,
+    table: std::sync::RwLock<std::sync::Arc<Table>>,
+    checked: std::sync::Mutex<Option<(std::time::Instant, Option<std::time::SystemTime>)>>,
 }
+
+/// Each known token's digest with whose it is.
+type Table = Vec<([u8; 32], Principal)>;
+
+/// How often the tokens file's modification time is looked at.
+pub const RELOAD_CHECK: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
@@ -198,59 +322,123 @@ fn same(a: &[u8; 32], b: &[u8; 32]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
+fn modified(path: &std::path::Path) -> Option<std::time::SystemTime> {
+    std::fs::metadata(path).and_then(|m| m.modified()).ok()
+}
+
+/// The digest table of the inline tokens and the file's.
+fn build(inline: &[TokenEntry], path: Option<&std::path::Path>) -> Result<Table, Error> {
+    let mut entries = inline.to_vec();
+    if let Some(path) = path {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let more: Vec<TokenEntry> = serde_yaml::from_str(&text).map_err(|e| Error::Parse {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        let plain = more.iter().filter(|e| !e.token.0.is_empty()).count();
+        if plain > 0 {
+            tracing::warn!(
+                path = %path.display(),
+                plain,
+                "the tokens file holds tokens in plain text: replace each `token: <secret>` with `token_sha256: <its SHA-256>` (`multipilot token hash` prints it)"
+            );
+        }
+        entries.extend(more);
+    }
+    let mut by_digest: Vec<([u8; 32], Principal)> = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    for e in entries {
+        let invalid = |reason| Error::Invalid {
+            subject: e.subject.clone(),
+            reason,
+        };
+        let d = match (e.token.0.as_str(), &e.token_sha256) {
+            (t, None) if t.trim().is_empty() => return Err(invalid("empty token")),
+            (t, None) => digest(t),
+            ("", Some(h)) => {
+                parse_hex(h).ok_or_else(|| invalid("token_sha256 is not 64 hex digits"))?
+            }
+            (_, Some(_)) => return Err(invalid("give token or token_sha256, not both")),
+        };
+        if !seen.insert(d) {
+            return Err(invalid("the same token is configured twice"));
+        }
+        if let Some(bad) = e.clusters.iter().flatten().find(|c| !is_dns_label(c)) {
+            return Err(Error::BadCluster {
+                subject: e.subject.clone(),
+                cluster: bad.clone(),
+            });
+        }
+        by_digest.push((
+            d,
+            Principal {
+                subject: e.subject.clone(),
+                role: e.role,
+                team: e.team.clone(),
+                clusters: e.clusters.as_ref().map(|c| c.iter().cloned().collect()),
+            },
+        ));
+    }
+    Ok(by_digest)
+}
+
 impl Tokens {
     /// Loads the inline tokens and the tokens file.
     pub fn load(config: &Config) -> Result<Self, Error> {
-        let mut entries = config.tokens.clone();
-        if let Some(path) = &config.tokens_file {
-            let text = std::fs::read_to_string(path).map_err(|source| Error::Read {
-                path: path.clone(),
-                source,
-            })?;
-            let more: Vec<TokenEntry> = serde_yaml::from_str(&text).map_err(|e| Error::Parse {
-                path: path.clone(),
-                reason: e.to_string(),
-            })?;
-            let plain = more.iter().filter(|e| !e.token.0.is_empty()).count();
-            if plain > 0 {
-                tracing::warn!(
-                    path = %path.display(),
-                    plain,
-                    "the tokens file holds tokens in plain text: replace each `token: <secret>` with `token_sha256: <its SHA-256>` (`multipilot token hash` prints it)"
-                );
-            }
-            entries.extend(more);
-        }
-        let mut by_digest: Vec<([u8; 32], Principal)> = Vec::new();
-        let mut seen = std::collections::HashSet::new();
-        for e in entries {
-            let invalid = |reason| Error::Invalid {
-                subject: e.subject.clone(),
-                reason,
-            };
-            let d = match (e.token.0.as_str(), &e.token_sha256) {
-                (t, None) if t.trim().is_empty() => return Err(invalid("empty token")),
-                (t, None) => digest(t),
-                ("", Some(h)) => {
-                    parse_hex(h).ok_or_else(|| invalid("token_sha256 is not 64 hex digits"))?
-                }
-                (_, Some(_)) => return Err(invalid("give token or token_sha256, not both")),
-            };
-            if !seen.insert(d) {
-                return Err(invalid("the same token is configured twice"));
-            }
-            by_digest.push((
-                d,
-                Principal {
-                    subject: e.subject.clone(),
-                    role: e.role,
-                },
-            ));
-        }
+        let mtime = config.tokens_file.as_deref().and_then(modified);
+        let table = build(&config.tokens, config.tokens_file.as_deref())?;
         Ok(Tokens {
             enabled: config.enabled,
-            by_digest,
+            inline: config.tokens.clone(),
+            path: config.tokens_file.clone(),
+            table: std::sync::RwLock::new(std::sync::Arc::new(table)),
+            checked: std::sync::Mutex::new(Some((std::time::Instant::now(), mtime))),
         })
+    }
+
+    fn current(&self) -> std::sync::Arc<Table> {
+        self.reload_if_changed();
+        self.table
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Reads the tokens file again if its modification time changed since the last look.
+    fn reload_if_changed(&self) {
+        let Some(path) = &self.path else { return };
+        let mut checked = self
+            .checked
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = std::time::Instant::now();
+        if let Some((at, _)) = *checked
+            && now.duration_since(at) < RELOAD_CHECK
+        {
+            return;
+        }
+        let mtime = modified(path);
+        let before = checked.and_then(|(_, m)| m);
+        *checked = Some((now, mtime));
+        if mtime == before {
+            return;
+        }
+        match build(&self.inline, Some(path)) {
+            Ok(table) => {
+                tracing::info!(path = %path.display(), tokens = table.len(), "tokens file read again");
+                *self
+                    .table
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                    std::sync::Arc::new(table);
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "the changed tokens file does not load; the last good tokens stay in use")
+            }
+        }
     }
 
     /// Whether tokens are required.
@@ -260,26 +448,24 @@ impl Tokens {
 
     /// How many tokens are known.
     pub fn len(&self) -> usize {
-        self.by_digest.len()
+        self.current().len()
     }
 
     /// Whether no token is known.
     pub fn is_empty(&self) -> bool {
-        self.by_digest.is_empty()
+        self.current().is_empty()
     }
 
     /// Who a bearer token belongs to; with auth off, everyone is an anonymous releaser.
     pub fn check(&self, token: Option<&str>) -> Option<Principal> {
         if !self.enabled {
-            return Some(Principal {
-                subject: "anonymous".into(),
-                role: Role::Releaser,
-            });
+            return Some(Principal::fleet("anonymous", Role::Releaser));
         }
         let d = digest(token?);
+        let table = self.current();
         // every digest is compared, whichever matches: the time says nothing of which one did
         let mut found = None;
-        for (k, p) in &self.by_digest {
+        for (k, p) in table.iter() {
             if same(k, &d) {
                 found = Some(p);
             }
@@ -407,12 +593,7 @@ mod tests {
     use super::*;
 
     fn entry(token: &str, subject: &str, role: Role) -> TokenEntry {
-        TokenEntry {
-            token: Secret(token.into()),
-            token_sha256: None,
-            subject: subject.into(),
-            role,
-        }
+        TokenEntry::plain(token, subject, role)
     }
 
     #[test]
@@ -461,6 +642,79 @@ mod tests {
             .unwrap_err();
             assert!(err.to_string().contains(want), "{err}");
         }
+    }
+
+    #[test]
+    fn a_scoped_token_sees_its_clusters_and_a_changed_file_is_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("tokens.yaml");
+        let write = |clusters: &str| {
+            std::fs::write(
+                &file,
+                format!(
+                    "- token_sha256: {}\n  subject: team-pay\n  team: pay\n  clusters: [{clusters}]\n",
+                    sha256_hex("t")
+                ),
+            )
+            .unwrap();
+        };
+        write("alpha-1");
+        let t = Tokens::load(&Config {
+            enabled: true,
+            tokens_file: Some(file.clone()),
+            tokens: Vec::new(),
+        })
+        .unwrap();
+        let p = t.check(Some("t")).unwrap();
+        assert!(p.scoped() && p.sees("alpha-1") && !p.sees("beta-2"));
+        assert_eq!(p.cluster_regex().as_deref(), Some("alpha-1"));
+        assert_eq!(p.team.as_deref(), Some("pay"));
+        // a cluster joins the team: seen after the next look at the file
+        write("alpha-1, gamma-3");
+        let bumped = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_modified(bumped)
+            .unwrap();
+        *t.checked.lock().unwrap() = Some((
+            std::time::Instant::now() - RELOAD_CHECK * 2,
+            modified(&file).map(|m| m - std::time::Duration::from_secs(1)),
+        ));
+        let p = t.check(Some("t")).unwrap();
+        assert!(p.sees("gamma-3"), "{p:?}");
+        assert_eq!(p.cluster_regex().as_deref(), Some("alpha-1|gamma-3"));
+        // a broken file keeps the last good table
+        std::fs::write(&file, "- token_sha256: nope\n  subject: x\n").unwrap();
+        *t.checked.lock().unwrap() = Some((std::time::Instant::now() - RELOAD_CHECK * 2, None));
+        assert!(t.check(Some("t")).unwrap().sees("gamma-3"));
+        // a scope that names no cluster matches nothing; a name that is not a DNS label is refused
+        let none = Principal {
+            clusters: Some(Default::default()),
+            ..Principal::fleet("x", Role::Viewer)
+        };
+        assert!(!none.sees("alpha-1") && none.cluster_regex().as_deref() == Some("/"));
+        assert!(
+            Principal::fleet("x", Role::Viewer)
+                .cluster_regex()
+                .is_none()
+        );
+        std::fs::write(
+            &file,
+            format!(
+                "- token_sha256: {}\n  subject: x\n  clusters: [\"a|b\"]\n",
+                sha256_hex("t")
+            ),
+        )
+        .unwrap();
+        let err = Tokens::load(&Config {
+            enabled: true,
+            tokens_file: Some(file.clone()),
+            tokens: Vec::new(),
+        })
+        .unwrap_err();
+        assert!(err.to_string().contains("not a cluster name"), "{err}");
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{Path, RawQuery, State};
+use axum::extract::{Extension, Path, RawQuery, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -21,6 +21,43 @@ use promql_parser::parser::Expr;
 use crate::federate::{self, Peers};
 use crate::promql::{self, Engine, Value};
 use crate::store::{Labels, Store};
+use multipilot_runtime::auth::Principal;
+
+/// Who asks (the auth middleware puts it in; absent with auth off).
+type Asker = Option<Extension<Principal>>;
+
+/// The matcher a principal's queries are narrowed by: `cluster=~"<its clusters>"`, `None` for a principal
+/// that sees the whole fleet.
+fn scope_of(asker: &Asker) -> Result<Option<Matcher>, ApiError> {
+    let Some(re) = asker.as_ref().and_then(|Extension(p)| p.cluster_regex()) else {
+        return Ok(None);
+    };
+    Ok(Some(promql::regex_matcher("cluster", &re)?))
+}
+
+/// A query, parsed and narrowed to what the asker may see.
+fn parse_scoped(query: &str, scope: &Option<Matcher>) -> Result<Expr, ApiError> {
+    let mut expr = promql::parse(query)?;
+    if let Some(m) = scope {
+        promql::enforce(&mut expr, m);
+    }
+    Ok(expr)
+}
+
+/// Refuses the peers' internal endpoints to a token that sees only some clusters.
+fn refuse_scoped(asker: &Asker) -> Result<(), ApiError> {
+    match asker {
+        Some(Extension(p)) if p.scoped() => Err(ApiError {
+            status: StatusCode::FORBIDDEN,
+            kind: "forbidden",
+            message: format!(
+                "{} sees only some clusters; this endpoint is for the TSDB's peers",
+                p.subject
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
 
 /// Query API settings.
 #[derive(Debug, Clone)]
@@ -280,11 +317,11 @@ async fn blocking<T: Send + 'static>(
 
 /// The engine a query runs on: the local one, or with peers one over the series gathered from every
 /// partition.
-async fn engine_for(app: &App, expr: &str, start: i64, end: i64) -> Result<Engine, ApiError> {
+async fn engine_for(app: &App, expr: &Expr, start: i64, end: i64) -> Result<Engine, ApiError> {
     let Some(peers) = &app.peers else {
         return Ok(app.engine.clone());
     };
-    let plan = promql::plan(expr, start, end, app.engine.lookback())?;
+    let plan = promql::plan_expr(expr, start, end, app.engine.lookback());
     if plan.matchers.is_empty() {
         return Ok(app.engine.clone());
     }
@@ -294,29 +331,39 @@ async fn engine_for(app: &App, expr: &str, start: i64, end: i64) -> Result<Engin
         .with_source(promql::Source::Gathered(Arc::new(gathered))))
 }
 
-async fn query(State(app): State<App>, RawQuery(q): RawQuery, body: Bytes) -> Response {
+async fn query(
+    State(app): State<App>,
+    asker: Asker,
+    RawQuery(q): RawQuery,
+    body: Bytes,
+) -> Response {
     let result = async {
         let p = Params::parse(q, &body)?;
-        let expr = p
+        let query = p
             .get("query")
-            .ok_or_else(|| ApiError::bad("invalid parameter \"query\": query is empty"))?
-            .to_string();
+            .ok_or_else(|| ApiError::bad("invalid parameter \"query\": query is empty"))?;
+        let expr = parse_scoped(query, &scope_of(&asker)?)?;
         let t = p.time("time")?.unwrap_or_else(now_ms);
         let engine = engine_for(&app, &expr, t, t).await?;
-        let value = blocking(move || Ok(engine.instant(&expr, t)?)).await?;
+        let value = blocking(move || Ok(engine.instant_expr(&expr, t)?)).await?;
         Ok::<_, ApiError>(ok(instant_json(&value, t)))
     }
     .await;
     result.unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn query_range(State(app): State<App>, RawQuery(q): RawQuery, body: Bytes) -> Response {
+async fn query_range(
+    State(app): State<App>,
+    asker: Asker,
+    RawQuery(q): RawQuery,
+    body: Bytes,
+) -> Response {
     let result = async {
         let p = Params::parse(q, &body)?;
-        let expr = p
+        let query = p
             .get("query")
-            .ok_or_else(|| ApiError::bad("invalid parameter \"query\": query is empty"))?
-            .to_string();
+            .ok_or_else(|| ApiError::bad("invalid parameter \"query\": query is empty"))?;
+        let expr = parse_scoped(query, &scope_of(&asker)?)?;
         let start = p
             .time("start")?
             .ok_or_else(|| ApiError::bad("invalid parameter \"start\": missing"))?;
@@ -333,7 +380,7 @@ async fn query_range(State(app): State<App>, RawQuery(q): RawQuery, body: Bytes)
                 .ok_or_else(|| ApiError::bad("invalid parameter \"step\": missing"))?,
         )?;
         let engine = engine_for(&app, &expr, start, end).await?;
-        let value = blocking(move || Ok(engine.range(&expr, start, end, step)?)).await?;
+        let value = blocking(move || Ok(engine.range_expr(&expr, start, end, step)?)).await?;
         let times: Vec<i64> = (0..=(end - start) / step)
             .map(|i| start + i * step)
             .collect();
@@ -343,30 +390,48 @@ async fn query_range(State(app): State<App>, RawQuery(q): RawQuery, body: Bytes)
     result.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// The matcher sets of `match[]` selectors.
-fn selectors(p: &Params) -> Result<Vec<Vec<Matcher>>, ApiError> {
+/// The matcher sets of `match[]` selectors, each narrowed to what the asker sees; for an asker that sees
+/// only some clusters and gave no `match[]`, the one set of its clusters.
+fn selectors(p: &Params, asker: &Asker) -> Result<Vec<Vec<Matcher>>, ApiError> {
+    let scope = scope_of(asker)?;
     let mut out = Vec::new();
-    for m in p.all("match[]") {
-        match promql::parse(m) {
+    let given = p.all("match[]");
+    if given.is_empty()
+        && let Some(m) = &scope
+    {
+        return Ok(vec![vec![m.clone()]]);
+    }
+    for m in given {
+        match parse_scoped(m, &scope) {
             Ok(Expr::VectorSelector(vs)) => out.extend(promql::selector_matchers(&vs)),
             Ok(_) => {
                 return Err(ApiError::bad(format!(
                     "invalid parameter \"match[]\": {m:?} is not a series selector"
                 )));
             }
-            Err(e) => return Err(ApiError::bad(format!("invalid parameter \"match[]\": {e}"))),
+            Err(e) => {
+                return Err(ApiError::bad(format!(
+                    "invalid parameter \"match[]\": {}",
+                    e.message
+                )));
+            }
         }
     }
     Ok(out)
 }
 
-async fn series(State(app): State<App>, RawQuery(q): RawQuery, body: Bytes) -> Response {
+async fn series(
+    State(app): State<App>,
+    asker: Asker,
+    RawQuery(q): RawQuery,
+    body: Bytes,
+) -> Response {
     let result = async {
         let p = Params::parse(q, &body)?;
-        let sets = selectors(&p)?;
-        if sets.is_empty() {
+        if p.all("match[]").is_empty() {
             return Err(ApiError::bad("no match[] parameter provided"));
         }
+        let sets = selectors(&p, &asker)?;
         let start = p.time("start")?;
         let end = p.time("end")?;
         let store = app.engine.store().clone();
@@ -417,10 +482,15 @@ fn string_list(items: &[String]) -> String {
     serde_json::to_string(items).unwrap_or_else(|_| "[]".into())
 }
 
-async fn labels(State(app): State<App>, RawQuery(q): RawQuery, body: Bytes) -> Response {
+async fn labels(
+    State(app): State<App>,
+    asker: Asker,
+    RawQuery(q): RawQuery,
+    body: Bytes,
+) -> Response {
     let result = async {
         let p = Params::parse(q, &body)?;
-        let sets = selectors(&p)?;
+        let sets = selectors(&p, &asker)?;
         let store = app.engine.store().clone();
         let local_sets = sets.clone();
         let mut names = blocking(move || Ok(store.label_names(&local_sets))).await?;
@@ -437,12 +507,13 @@ async fn labels(State(app): State<App>, RawQuery(q): RawQuery, body: Bytes) -> R
 
 async fn label_values(
     State(app): State<App>,
+    asker: Asker,
     Path(name): Path<String>,
     RawQuery(q): RawQuery,
 ) -> Response {
     let result = async {
         let p = Params::parse(q, &[])?;
-        let sets = selectors(&p)?;
+        let sets = selectors(&p, &asker)?;
         let store = app.engine.store().clone();
         let (local_name, local_sets) = (name.clone(), sets.clone());
         let mut values = blocking(move || Ok(store.label_values(&local_name, &local_sets))).await?;
@@ -470,8 +541,9 @@ fn msgpack<T: serde::Serialize>(v: &T) -> Response {
 }
 
 /// A peer's internal select: series and samples from the local store only.
-async fn internal_select(State(app): State<App>, body: Bytes) -> Response {
+async fn internal_select(State(app): State<App>, asker: Asker, body: Bytes) -> Response {
     let result = async {
+        refuse_scoped(&asker)?;
         let req: federate::SelectRequest = rmp_serde::from_slice(&body)
             .map_err(|e| ApiError::bad(format!("not a select request: {e}")))?;
         let store = app.engine.store().clone();
@@ -483,8 +555,9 @@ async fn internal_select(State(app): State<App>, body: Bytes) -> Response {
 }
 
 /// A peer's internal label names or values, from the local store only.
-async fn internal_labels(State(app): State<App>, body: Bytes) -> Response {
+async fn internal_labels(State(app): State<App>, asker: Asker, body: Bytes) -> Response {
     let result = async {
+        refuse_scoped(&asker)?;
         let req: federate::LabelsRequest = rmp_serde::from_slice(&body)
             .map_err(|e| ApiError::bad(format!("not a labels request: {e}")))?;
         let store = app.engine.store().clone();

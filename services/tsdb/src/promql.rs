@@ -23,7 +23,7 @@
 mod functions;
 pub mod source;
 
-pub use source::{Gathered, Plan, Source, plan};
+pub use source::{Gathered, Plan, Source, plan, plan_expr};
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -173,6 +173,58 @@ pub fn parse(query: &str) -> Result<Expr> {
     }
 }
 
+/// The matcher `{<label>=~"<regex>"}`, made as the parser makes one from a query.
+pub fn regex_matcher(label: &str, regex: &str) -> Result<Matcher> {
+    let quoted = serde_json::to_string(regex).map_err(|e| Error::Internal(e.to_string()))?;
+    match parse(&format!("{{{label}=~{quoted}}}"))? {
+        Expr::VectorSelector(mut vs) if vs.matchers.matchers.len() == 1 => {
+            Ok(vs.matchers.matchers.remove(0))
+        }
+        _ => Err(Error::Internal(format!(
+            "{label}=~{quoted} is not one matcher"
+        ))),
+    }
+}
+
+/// Adds `m` to every selector in `expr`, in each of its `or` alternatives: how a query of a token that sees
+/// only some clusters is narrowed to them, whatever it asks for (as prom-label-proxy enforces a label).
+/// Selectors keep their own matchers, so one that names another cluster selects nothing.
+pub fn enforce(expr: &mut Expr, m: &Matcher) {
+    match expr {
+        Expr::VectorSelector(vs) => enforce_selector(vs, m),
+        Expr::MatrixSelector(ms) => enforce_selector(&mut ms.vs, m),
+        Expr::Aggregate(a) => {
+            enforce(&mut a.expr, m);
+            if let Some(p) = &mut a.param {
+                enforce(p, m);
+            }
+        }
+        Expr::Unary(u) => enforce(&mut u.expr, m),
+        Expr::Binary(b) => {
+            enforce(&mut b.lhs, m);
+            enforce(&mut b.rhs, m);
+        }
+        Expr::Paren(p) => enforce(&mut p.expr, m),
+        Expr::Subquery(sq) => enforce(&mut sq.expr, m),
+        Expr::Call(c) => {
+            for a in &mut c.args.args {
+                enforce(a, m);
+            }
+        }
+        Expr::NumberLiteral(_) | Expr::StringLiteral(_) | Expr::Extension(_) => {}
+    }
+}
+
+fn enforce_selector(vs: &mut VectorSelector, m: &Matcher) {
+    if vs.matchers.or_matchers.is_empty() {
+        vs.matchers.matchers.push(m.clone());
+    } else {
+        for set in &mut vs.matchers.or_matchers {
+            set.push(m.clone());
+        }
+    }
+}
+
 fn drop_name(labels: &mut Labels) {
     labels.retain(|(k, _)| k != METRIC_NAME);
 }
@@ -203,7 +255,11 @@ impl Engine {
 
     /// Evaluates `query` at one time (ms).
     pub fn instant(&self, query: &str, time_ms: i64) -> Result<Value> {
-        let expr = parse(query)?;
+        self.instant_expr(&parse(query)?, time_ms)
+    }
+
+    /// Evaluates a parsed query at one time (ms).
+    pub fn instant_expr(&self, expr: &Expr, time_ms: i64) -> Result<Value> {
         let steps = Steps {
             times: vec![time_ms],
             start: time_ms,
@@ -213,10 +269,10 @@ impl Engine {
             engine: self,
             steps: &steps,
         };
-        if let Expr::MatrixSelector(ms) = &expr {
+        if let Expr::MatrixSelector(ms) = expr {
             return ev.raw_matrix(&ms.vs, millis(ms.range));
         }
-        if let Expr::Subquery(sq) = &expr {
+        if let Expr::Subquery(sq) = expr {
             let (refs, inner) = ev.subquery_steps(sq)?;
             let t = refs.first().copied().unwrap_or(time_ms);
             let range = millis(sq.range);
@@ -242,11 +298,16 @@ impl Engine {
                 .collect();
             return Ok(Value::Matrix(out));
         }
-        ev.eval(&expr)
+        ev.eval(expr)
     }
 
     /// Evaluates `query` from `start` to `end` every `step` (all ms).
     pub fn range(&self, query: &str, start: i64, end: i64, step: i64) -> Result<Value> {
+        self.range_expr(&parse(query)?, start, end, step)
+    }
+
+    /// Evaluates a parsed query from `start` to `end` every `step` (all ms).
+    pub fn range_expr(&self, expr: &Expr, start: i64, end: i64, step: i64) -> Result<Value> {
         if step <= 0 || end < start {
             return bad("invalid range: end before start or step not positive");
         }
@@ -255,7 +316,6 @@ impl Engine {
                 "exceeded maximum resolution of 11,000 points per timeseries. Try decreasing the query resolution (?step=XX)",
             );
         }
-        let expr = parse(query)?;
         let times = (0..=(end - start) / step)
             .map(|i| start + i * step)
             .collect();
@@ -264,7 +324,7 @@ impl Engine {
             engine: self,
             steps: &steps,
         };
-        match ev.eval(&expr)? {
+        match ev.eval(expr)? {
             Value::Matrix(_) | Value::String(_) => {
                 bad("range queries need an expression of type scalar or instant vector")
             }

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use anyhow::Result;
-use multipilot_bus::connect::Secret;
 use multipilot_runtime::auth::{self, Role, TokenEntry, Tokens};
 use multipilot_tsdb::http;
 use multipilot_tsdb::store::{Options, Store};
@@ -14,12 +13,11 @@ fn tokens() -> Result<Arc<Tokens>> {
     Ok(Arc::new(Tokens::load(&auth::Config {
         enabled: true,
         tokens_file: None,
-        tokens: vec![TokenEntry {
-            token: Secret("grafana-token-0123456789".into()),
-            token_sha256: None,
-            subject: "grafana".into(),
-            role: Role::Viewer,
-        }],
+        tokens: vec![TokenEntry::plain(
+            "grafana-token-0123456789",
+            "grafana",
+            Role::Viewer,
+        )],
     })?))
 }
 

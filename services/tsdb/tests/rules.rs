@@ -9,13 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail, ensure};
-use multipilot_schemas::payload::Sample;
 use multipilot_tsdb::promql::{Engine, Value};
 use multipilot_tsdb::rules::{self, AlertState, Group, Kind};
 use multipilot_tsdb::store::{Options, Store};
 
 mod common;
-use common::promtool;
+use common::{promtool, sample};
 
 const BASE_MS: i64 = 1_750_000_000_000;
 const MIN: i64 = 60_000;
@@ -68,18 +67,6 @@ fn shipped_fleet_rules_load_in_the_evaluator() -> Result<()> {
         ensure!(names.contains(&want), "{want} missing from {names:?}");
     }
     Ok(())
-}
-
-fn sample(name: &str, labels: &[(&str, &str)], value: f64, t: i64) -> Sample {
-    Sample {
-        name: name.into(),
-        labels: labels
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        value,
-        timestamp_ms: t,
-    }
 }
 
 fn group(text: &str) -> Result<Group> {

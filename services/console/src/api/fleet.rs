@@ -9,6 +9,12 @@ pub(super) struct WhoAmI {
     subject: String,
     role: Role,
     auth_enabled: bool,
+    /// The team whose token it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    team: Option<String>,
+    /// The clusters it sees (absent: all of them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    clusters: Option<BTreeSet<String>>,
 }
 
 pub(super) async fn whoami(
@@ -16,13 +22,18 @@ pub(super) async fn whoami(
     axum::Extension(p): axum::Extension<Principal>,
 ) -> ApiResult<WhoAmI> {
     Ok(axum::Json(WhoAmI {
+        auth_enabled: app.tokens.enabled(),
+        team: p.team.clone(),
+        clusters: p.clusters.clone(),
         subject: p.subject,
         role: p.role,
-        auth_enabled: app.tokens.enabled(),
     }))
 }
 
-pub(super) async fn status(State(app): State<App>) -> ApiResult<Value> {
+pub(super) async fn status(
+    State(app): State<App>,
+    axum::Extension(p): axum::Extension<Principal>,
+) -> ApiResult<Value> {
     let synced: Vec<&str> = app
         .shared
         .synced
@@ -32,6 +43,21 @@ pub(super) async fn status(State(app): State<App>) -> ApiResult<Value> {
         .copied()
         .collect();
     let st = app.shared.store.read().unwrap_or_else(|e| e.into_inner());
+    if p.scoped() {
+        // only what its clusters hold
+        let objects: usize = st
+            .clusters
+            .iter()
+            .filter(|(n, _)| p.sees(n))
+            .map(|(_, c)| c.objects.len())
+            .sum();
+        return Ok(axum::Json(json!({
+            "clusters": st.clusters.keys().filter(|n| p.sees(n)).count(),
+            "objects": objects,
+            "incidents": st.incidents.values().filter(|v| p.sees(&v.incident.cluster)).count(),
+            "synced": synced,
+        })));
+    }
     Ok(axum::Json(json!({
         "clusters": st.clusters.len(),
         "objects": st.object_count(),
@@ -241,12 +267,14 @@ pub(super) struct ClustersQuery {
 
 pub(super) async fn clusters(
     State(app): State<App>,
+    axum::Extension(p): axum::Extension<Principal>,
     Query(q): Query<ClustersQuery>,
 ) -> ApiResult<Vec<ClusterOverview>> {
     let mut list = {
         let st = app.shared.store.read().unwrap_or_else(|e| e.into_inner());
         overview(&st, Utc::now())
     };
+    list.retain(|c| p.sees(&c.name));
     if let Some(q) = q.q.as_deref().filter(|q| !q.trim().is_empty()) {
         list.retain(|c| matches_query(c, q));
     }
@@ -272,8 +300,10 @@ pub(super) async fn clusters(
 
 pub(super) async fn cluster_detail(
     State(app): State<App>,
+    axum::Extension(p): axum::Extension<Principal>,
     Path(name): Path<String>,
 ) -> ApiResult<Value> {
+    may_see(&p, &name)?;
     let st = app.shared.store.read().unwrap_or_else(|e| e.into_inner());
     let c = st
         .clusters

@@ -14,6 +14,7 @@ pub(super) struct IncidentsQuery {
 
 pub(super) async fn incidents(
     State(app): State<App>,
+    axum::Extension(p): axum::Extension<Principal>,
     Query(q): Query<IncidentsQuery>,
 ) -> ApiResult<Vec<crate::store::IncidentView>> {
     let want = q.status.as_deref().unwrap_or("active");
@@ -44,6 +45,7 @@ pub(super) async fn incidents(
         let st = app.shared.store.read().unwrap_or_else(|e| e.into_inner());
         st.incidents
             .values()
+            .filter(|v| p.sees(&v.incident.cluster))
             .filter(|v| status_ok(v.incident.status).unwrap_or(false))
             .filter(|v| severity.is_none_or(|s| v.incident.severity == s))
             .filter(|v| {
@@ -75,14 +77,17 @@ impl Drop for SseGuard {
 
 pub(super) async fn incident_stream(
     State(app): State<App>,
+    axum::Extension(p): axum::Extension<Principal>,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let rx = app.shared.incidents.subscribe();
     app.shared.metrics.sse_clients.inc();
     let guard = SseGuard(app.shared.metrics.sse_clients.clone());
     let hello = Event::default().event("hello").data("{}");
     let first = futures::stream::once(async move { Ok::<_, Infallible>(hello) });
-    let live = futures::stream::unfold((rx, guard), |(mut rx, guard)| async move {
+    let live = futures::stream::unfold((rx, guard, p), |(mut rx, guard, p)| async move {
         let ev = match rx.recv().await {
+            // another team's cluster: the next one
+            Ok(v) if !p.sees(&v.incident.cluster) => Event::default().comment(""),
             Ok(v) => {
                 let data = serde_json::to_string(&*v).unwrap_or_default();
                 Event::default().event("incident").data(data)
@@ -93,7 +98,7 @@ pub(super) async fn incident_stream(
                 .data(json!({"missed": n}).to_string()),
             Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
         };
-        Some((Ok(ev), (rx, guard)))
+        Some((Ok(ev), (rx, guard, p)))
     });
     Sse::new(futures::StreamExt::chain(first, live)).keep_alive(KeepAlive::default())
 }
@@ -105,6 +110,16 @@ pub(super) async fn command(
     action: IncidentAction,
 ) -> ApiResult<Value> {
     require(p, Role::Operator)?;
+    if p.scoped() {
+        let cluster = {
+            let st = app.shared.store.read().unwrap_or_else(|e| e.into_inner());
+            st.incidents.get(&id).map(|v| v.incident.cluster.clone())
+        };
+        // another team's incident is as unknown to it as one that doesn't exist
+        if !cluster.is_some_and(|c| p.sees(&c)) {
+            return Err(ApiError::not_found(format!("no incident {id:?}")));
+        }
+    }
     let cmd = IncidentCommand {
         id: id.clone(),
         action,

@@ -106,6 +106,37 @@ async fn authenticate(State(app): State<App>, mut req: Request, next: Next) -> R
     }
 }
 
+/// Refuses the routes that span the whole fleet (GPU pools, capacity, compliance rules, releases, GitOps)
+/// to a token that sees only some clusters: their answers aggregate every cluster.
+async fn whole_fleet_only(req: Request, next: Next) -> Response {
+    if let Some(p) = req.extensions().get::<Principal>()
+        && p.scoped()
+    {
+        let route = req.uri().path().to_string();
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!(
+                "{} sees only some clusters; {route} answers for the whole fleet",
+                p.subject
+            ),
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
+
+/// 403 when the principal may not see `cluster` (a team's token naming another team's cluster).
+fn may_see(p: &Principal, cluster: &str) -> Result<(), ApiError> {
+    if p.sees(cluster) {
+        Ok(())
+    } else {
+        Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            format!("{} may not see the cluster {cluster:?}", p.subject),
+        ))
+    }
+}
+
 async fn observe(State(app): State<App>, req: Request, next: Next) -> Response {
     let route = req
         .extensions()
@@ -137,11 +168,15 @@ pub fn router(app: App) -> Router {
         .route("/api/v1/resource", get(resource))
         .route("/api/v1/diff", get(diff_handler))
         .route("/api/v1/compare", get(compare))
-        .route("/api/v1/gpu", get(gpu))
-        .route("/api/v1/releases", get(releases))
-        .route("/api/v1/gitops", get(gitops))
-        .route("/api/v1/capacity", get(capacity))
-        .route("/api/v1/compliance", get(compliance_view))
+        .merge(
+            Router::new()
+                .route("/api/v1/gpu", get(gpu))
+                .route("/api/v1/releases", get(releases))
+                .route("/api/v1/gitops", get(gitops))
+                .route("/api/v1/capacity", get(capacity))
+                .route("/api/v1/compliance", get(compliance_view))
+                .route_layer(middleware::from_fn(whole_fleet_only)),
+        )
         .fallback(|| async { ApiError::not_found("no such API route") })
         .route_layer(middleware::from_fn_with_state(app.clone(), authenticate));
     Router::new()

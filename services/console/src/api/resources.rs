@@ -58,6 +58,7 @@ pub(super) struct ResourcesQuery {
 
 pub(super) async fn resources(
     State(app): State<App>,
+    axum::Extension(p): axum::Extension<Principal>,
     Query(q): Query<ResourcesQuery>,
 ) -> ApiResult<ResourcePage> {
     let selector = Selector::parse(q.selector.as_deref().unwrap_or(""))
@@ -73,10 +74,16 @@ pub(super) async fn resources(
     let name = q.name.as_deref().filter(|n| !n.is_empty());
     let st = app.shared.store.read().unwrap_or_else(|e| e.into_inner());
     let (mut items, mut total) = (Vec::new(), 0usize);
+    if let Some(named) = &clusters {
+        for c in named {
+            may_see(&p, c)?;
+        }
+    }
     for (cname, c) in &st.clusters {
-        if clusters
-            .as_ref()
-            .is_some_and(|s| !s.contains(cname.as_str()))
+        if !p.sees(cname)
+            || clusters
+                .as_ref()
+                .is_some_and(|s| !s.contains(cname.as_str()))
         {
             continue;
         }
@@ -202,8 +209,10 @@ pub(super) async fn fetch_state(
 
 pub(super) async fn resource(
     State(app): State<App>,
+    axum::Extension(p): axum::Extension<Principal>,
     Query(q): Query<ObjectQuery>,
 ) -> ApiResult<Value> {
+    may_see(&p, &q.cluster)?;
     let key = {
         let st = app.shared.store.read().unwrap_or_else(|e| e.into_inner());
         key_for(&st, &q.kind, q.namespace.as_deref(), &q.name)
@@ -227,6 +236,7 @@ pub(super) struct DiffQuery {
 
 pub(super) async fn diff_handler(
     State(app): State<App>,
+    axum::Extension(p): axum::Extension<Principal>,
     Query(q): Query<DiffQuery>,
 ) -> ApiResult<Value> {
     let (key, names) = {
@@ -238,11 +248,12 @@ pub(super) async fn diff_handler(
             None => st
                 .clusters
                 .iter()
-                .filter(|(_, c)| c.objects.contains_key(&key))
+                .filter(|(n, c)| p.sees(n) && c.objects.contains_key(&key))
                 .map(|(n, _)| n.clone())
                 .collect(),
         };
         for n in &names {
+            may_see(&p, n)?;
             if !st.clusters.contains_key(n) {
                 return Err(ApiError::not_found(format!("no cluster {n:?}")));
             }
@@ -344,8 +355,11 @@ pub(super) fn key_json(k: &ObjKey) -> Value {
 
 pub(super) async fn compare(
     State(app): State<App>,
+    axum::Extension(p): axum::Extension<Principal>,
     Query(q): Query<CompareQuery>,
 ) -> ApiResult<Value> {
+    may_see(&p, &q.a)?;
+    may_see(&p, &q.b)?;
     let st = app.shared.store.read().unwrap_or_else(|e| e.into_inner());
     let get = |n: &str| {
         st.clusters

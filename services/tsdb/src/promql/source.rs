@@ -143,19 +143,23 @@ pub struct Plan {
 /// The plan of `query` evaluated from `start` to `end` (the same for an instant query) with the given
 /// lookback delta.
 pub fn plan(query: &str, start: i64, end: i64, lookback: Duration) -> Result<Plan> {
-    let expr = super::parse(query)?;
+    Ok(plan_expr(&super::parse(query)?, start, end, lookback))
+}
+
+/// [`plan`] of a parsed query.
+pub fn plan_expr(expr: &Expr, start: i64, end: i64, lookback: Duration) -> Plan {
     let mut p = Plan {
         matchers: Vec::new(),
         mint: i64::MAX,
         maxt: i64::MIN,
     };
-    walk(&expr, start, end, millis(lookback).max(1), &mut p);
+    walk(expr, start, end, millis(lookback).max(1), &mut p);
     if p.mint > p.maxt {
         // no selector: nothing to read
         p.mint = start;
         p.maxt = end;
     }
-    Ok(p)
+    p
 }
 
 /// The evaluation times a selector's `@` pins it to (`start()`/`end()` stay within the enclosing range).
