@@ -31,13 +31,40 @@ secret() { # NAMESPACE NAME ARGS… > manifest
   kubectl create secret generic "$name" --namespace "$ns" --dry-run=client -o yaml "$@"
 }
 
-add_token() { # TOKENS SUBJECT ROLE: appends an entry to TOKENS unless it has one for SUBJECT
-  grep -q "subject: $2," "$1" && return
-  [ -z "$(tail -c 1 "$1")" ] || echo >> "$1"
-  echo "- {token: \"$(random)\", subject: $2, role: $3}" >> "$1"
+hash_of() { printf '%s' "$1" | openssl dgst -sha256 -r | cut -d' ' -f1; }
+
+has_subject() { # TOKENS SUBJECT: whether TOKENS has an entry for SUBJECT (flow or block style)
+  grep -Eq "subject: $2([ ,}]|\$)" "$1"
 }
 
-token_of() { # TOKENS SUBJECT > value: SUBJECT's token without a final newline (a Secret key's value)
+add_token() { # TOKENS PLAIN SUBJECT ROLE: a new token for SUBJECT unless TOKENS has one: the token in PLAIN,
+  # its SHA-256 in TOKENS (what the hub reads)
+  has_subject "$1" "$3" && return
+  local t
+  t="$(random)"
+  [ -z "$(tail -c 1 "$2")" ] || echo >> "$2"
+  echo "- {token: \"$t\", subject: $3, role: $4}" >> "$2"
+  [ -z "$(tail -c 1 "$1")" ] || echo >> "$1"
+  echo "- {token_sha256: $(hash_of "$t"), subject: $3, role: $4}" >> "$1"
+}
+
+hash_plain() { # TOKENS PLAIN: an earlier version's plain entries of TOKENS move to PLAIN; TOKENS keeps digests
+  grep -q '^- {token: "' "$1" || return 0
+  local line tmp="$1.tmp"
+  : > "$tmp"
+  while IFS= read -r line; do
+    if [[ "$line" =~ ^-\ \{token:\ \"([^\"]+)\",\ (.*)$ ]]; then
+      has_subject "$2" "$(sed -n 's/.*subject: \([^,}]*\).*/\1/p' <<< "$line")" || echo "$line" >> "$2"
+      echo "- {token_sha256: $(hash_of "${BASH_REMATCH[1]}"), ${BASH_REMATCH[2]}" >> "$tmp"
+    else
+      echo "$line" >> "$tmp"
+    fi
+  done < "$1"
+  mv "$tmp" "$1"
+  echo "the tokens in $1 are kept as their SHA-256 now; the tokens themselves are in $2"
+}
+
+token_of() { # PLAIN SUBJECT > value: SUBJECT's token without a final newline (a Secret key's value)
   local t
   t="$(sed -n "s/.*token: \"\([^\"]*\)\", subject: $2,.*/\1/p" "$1" | sed -n 1p)"
   [ -n "$t" ] || die "no token for the subject $2 in $1"
@@ -75,19 +102,19 @@ hub() {
 
   # the bearer tokens of every HTTP API (console, TSDB, alert router): one per role for people, then the
   # console's own viewer token for the TSDB and the TSDB's operator token for the alert router, which takes
-  # the alerts of the TSDB's rules (an older tokens.yaml gets what it lacks added)
-  if [ ! -f "$m/tokens.yaml" ]; then
-    {
-      echo "- {token: \"$(random)\", subject: viewer, role: viewer}"
-      echo "- {token: \"$(random)\", subject: operator, role: operator}"
-      echo "- {token: \"$(random)\", subject: releaser, role: releaser}"
-    } > "$m/tokens.yaml"
-  fi
-  add_token "$m/tokens.yaml" console viewer
-  add_token "$m/tokens.yaml" tsdb-rules operator
+  # the alerts of the TSDB's rules. tokens.yaml (the Secret's, what the hub reads) keeps only each token's
+  # SHA-256; the tokens themselves stay here, in api-tokens.plain.yaml, to hand out (an older tokens.yaml
+  # with plain tokens is converted; teams from `multipilot team add` are kept)
+  touch "$m/tokens.yaml" "$m/api-tokens.plain.yaml"
+  hash_plain "$m/tokens.yaml" "$m/api-tokens.plain.yaml"
+  add_token "$m/tokens.yaml" "$m/api-tokens.plain.yaml" viewer viewer
+  add_token "$m/tokens.yaml" "$m/api-tokens.plain.yaml" operator operator
+  add_token "$m/tokens.yaml" "$m/api-tokens.plain.yaml" releaser releaser
+  add_token "$m/tokens.yaml" "$m/api-tokens.plain.yaml" console viewer
+  add_token "$m/tokens.yaml" "$m/api-tokens.plain.yaml" tsdb-rules operator
   # the Secret's key tsdb_token (console.tsdb_token, tsdb.peer_token) and alerts_token (tsdb.alertmanager_token)
-  token_of "$m/tokens.yaml" console > "$m/tsdb-token"
-  token_of "$m/tokens.yaml" tsdb-rules > "$m/alerts-token"
+  token_of "$m/api-tokens.plain.yaml" console > "$m/tsdb-token"
+  token_of "$m/api-tokens.plain.yaml" tsdb-rules > "$m/alerts-token"
   # earlier versions' Secrets, replaced by multipilot-api-tokens: not applied again
   local old
   for old in multipilot-console-tokens multipilot-alerts-tokens; do
@@ -112,7 +139,7 @@ hub() {
     > "$out/hub/multipilot-api-tokens.yaml"
   secret "$HUB_NS" multipilot-release-signing --from-file=signing.key="$m/signing.key" \
     > "$out/hub/multipilot-release-signing.yaml"
-  echo "hub Secrets in $out/hub/ (kubectl apply -f $out/hub/); API tokens (viewer, operator, releaser) in $m/tokens.yaml"
+  echo "hub Secrets in $out/hub/ (kubectl apply -f $out/hub/); API tokens (viewer, operator, releaser) in $m/api-tokens.plain.yaml (the hub keeps only their SHA-256, in $m/tokens.yaml)"
 }
 
 agent() {

@@ -226,8 +226,27 @@ pub(crate) fn check_name(name: &str) -> Result<()> {
         "{name:?} is not a valid cluster name: use a DNS label (at most 63 lower-case letters, digits and '-', \
          not starting or ending with '-')"
     );
+    // an agent's inbox prefix is `_INBOX_<cluster>`: a cluster named like a hub role would read its replies
+    ensure!(
+        !RESERVED.contains(&name),
+        "{name:?} is reserved (the name of a hub role or bus user, whose reply inbox `_INBOX_{name}` an agent of \
+         that name would share): choose another"
+    );
     Ok(())
 }
+
+/// Names no cluster may have: the hub's users, whose inbox prefixes an agent's would be.
+const RESERVED: [&str; 9] = [
+    "correlator",
+    "tsdb",
+    "alerts",
+    "release",
+    "console",
+    "operator",
+    "admin",
+    "sys",
+    "fleet",
+];
 
 fn parse_labels(labels: &[String]) -> Result<BTreeMap<String, String>> {
     labels
@@ -380,7 +399,13 @@ fn agent_block(
                 "the accounts file has no agent-{TEMPLATE_CLUSTER} block to copy permissions from"
             )
         })?;
-    let template = &text[from..to];
+    // the template's own registry labels are its, not the new cluster's
+    let template: String = text[from..to]
+        .lines()
+        .filter(|l| !l.trim_start().starts_with(LABELS_LINE))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let template = template.as_str();
     let re = regex::Regex::new(r"password: *[^\n,]+").expect("valid regex");
     ensure!(
         re.is_match(template),
@@ -603,6 +628,12 @@ mod tests {
             assert!(check_name(bad).is_err(), "{bad:?}");
         }
         check_name("prod-euw-1").unwrap();
+        assert!(
+            check_name("correlator")
+                .unwrap_err()
+                .to_string()
+                .contains("reserved")
+        );
         let err = remove_block(&shipped(), "nope").unwrap_err();
         assert!(err.to_string().contains("no such cluster"), "{err}");
         assert!(remove_block(&shipped(), "prod-1").is_err());

@@ -4,11 +4,12 @@
 //! - a NATS user `team-<name>` in the accounts file (between the `# --- teams ---` and `# --- hub roles ---`
 //!   marks) that may subscribe to its clusters' subjects (states, facts, heartbeats, probes, events,
 //!   incidents, event digests, compliance) and to its alert receiver's subject `fleet.alert.team-<name>`,
-//!   and read the streams only through pull consumers it creates under fixed names whose filter it
-//!   cannot widen: `<team>_<cluster>_<class>` (`payments_prod-1_event`), created with JetStream's
-//!   subject-scoped form `$JS.API.CONSUMER.CREATE.<stream>.<name>.<filter>` (the server refuses a
-//!   request whose filter differs from the subject's). No stream information, no direct get, no other
-//!   consumer, no request subject of any role; its replies come on `_INBOX_team-<name>`;
+//!   as they happen, and may publish nothing. Not even a JetStream request: the server sends its answer
+//!   (a consumer's info, a stored message, a publish acknowledgement) to whatever reply subject the
+//!   requester names, inside the account, where a stream listening on that subject stores it — so a
+//!   user with any JetStream request could write into other clusters' subjects or the audit stream.
+//!   History is the APIs' (console, TSDB), scoped by the team's token; replay from the streams needs
+//!   the team in an account of its own, importing consumers the hub exports (not built yet);
 //! - an API token (kept as its SHA-256 in the hub's tokens file) with `team` and `clusters`: the console
 //!   lists only those clusters, the TSDB adds `cluster=~"<them>"` to every selector, the alert router
 //!   shows and silences only their alerts.
@@ -80,57 +81,32 @@ struct Team {
     password_hash: String,
 }
 
-/// The classes of per-cluster subjects a team reads: (class, stream, filter with `{c}` for the cluster).
-const CLASSES: [(&str, &str, &str); 9] = [
-    ("state", "FLEET_STATE", "fleet.state.{c}.>"),
-    ("resync", "FLEET_STATE", "fleet.resync.{c}.>"),
-    ("facts", "FLEET_FACTS", "fleet.facts.{c}"),
-    ("hb", "FLEET_HEALTH", "fleet.hb.{c}"),
-    ("probe", "FLEET_HEALTH", "fleet.probe.{c}.>"),
-    ("event", "FLEET_EVENTS", "fleet.event.{c}.>"),
-    ("incident", "FLEET_INCIDENTS", "fleet.incident.{c}.>"),
-    ("digest", "FLEET_INCIDENTS", "fleet.digest.{c}.>"),
-    ("compliance", "FLEET_INCIDENTS", "fleet.compliance.{c}"),
+/// The per-cluster subjects a team's user receives (`{c}`: the cluster).
+const SUBJECTS: [&str; 11] = [
+    "fleet.state.{c}.>",
+    "fleet.resync.{c}.>",
+    "fleet.facts.{c}",
+    "fleet.hb.{c}",
+    "fleet.probe.{c}.>",
+    "fleet.event.{c}.>",
+    "fleet.incident.{c}.>",
+    "fleet.digest.{c}.>",
+    "fleet.compliance.{c}",
+    // with partitions, facts and heartbeats carry the partition as one more token
+    "fleet.facts.{c}.*",
+    "fleet.hb.{c}.*",
 ];
 
-/// The consumer a team reads one class of one cluster's subjects through (`None` for its alerts).
-pub fn consumer_name(team: &str, cluster: Option<&str>, class: &str) -> String {
-    match cluster {
-        Some(c) => format!("{team}_{c}_{class}"),
-        None => format!("{team}_{class}"),
-    }
-}
-
-/// What a team's bus user may publish and subscribe to.
-pub fn permissions(team: &str, clusters: &[String]) -> (Vec<String>, Vec<String>) {
-    let mut publish = Vec::new();
-    let mut subscribe = vec![format!("_INBOX_team-{team}.>")];
-    let mut consumer = |stream: &str, name: &str, filter: &str| {
-        publish.extend([
-            format!("$JS.API.CONSUMER.CREATE.{stream}.{name}.{filter}"),
-            format!("$JS.API.CONSUMER.INFO.{stream}.{name}"),
-            format!("$JS.API.CONSUMER.DELETE.{stream}.{name}"),
-            format!("$JS.API.CONSUMER.MSG.NEXT.{stream}.{name}"),
-            format!("$JS.ACK.{stream}.{name}.>"),
-        ]);
-    };
-    for c in clusters {
-        for (class, stream, filter) in CLASSES {
-            let filter = filter.replace("{c}", c);
-            consumer(stream, &consumer_name(team, Some(c), class), &filter);
-            subscribe.push(filter);
-        }
-        // with partitions, facts and heartbeats carry the partition as one more token
-        subscribe.extend([format!("fleet.facts.{c}.*"), format!("fleet.hb.{c}.*")]);
-    }
-    let alerts = format!("fleet.alert.team-{team}");
-    consumer(
-        "FLEET_ALERTS",
-        &consumer_name(team, None, "alerts"),
-        &alerts,
-    );
-    subscribe.push(alerts);
-    (publish, subscribe)
+/// What a team's bus user may subscribe to: its clusters' subjects and its receiver's alerts. It may
+/// publish nothing: no JetStream request either, since the server answers any request on the reply
+/// subject the requester names, in the account, where a stream may store it.
+pub fn permissions(team: &str, clusters: &[String]) -> Vec<String> {
+    let mut subscribe: Vec<String> = clusters
+        .iter()
+        .flat_map(|c| SUBJECTS.iter().map(move |s| s.replace("{c}", c)))
+        .collect();
+    subscribe.push(format!("fleet.alert.team-{team}"));
+    subscribe
 }
 
 fn quoted(items: &[String]) -> String {
@@ -142,7 +118,7 @@ fn quoted(items: &[String]) -> String {
 }
 
 fn team_block(t: &Team) -> Result<String> {
-    let (publish, subscribe) = permissions(&t.name, &t.clusters);
+    let subscribe = permissions(&t.name, &t.clusters);
     Ok(format!(
         "      {{\n\
          \x20       # team: {name}\n\
@@ -150,11 +126,7 @@ fn team_block(t: &Team) -> Result<String> {
          \x20       # clusters: {clusters}\n\
          \x20       user: team-{name}, password: \"{hash}\"\n\
          \x20       permissions: {{\n\
-         \x20         publish: {{\n\
-         \x20           allow: [\n\
-         \x20             {publish}\n\
-         \x20           ]\n\
-         \x20         }}\n\
+         \x20         publish: {{ deny: [\">\"] }}\n\
          \x20         subscribe: {{\n\
          \x20           allow: [\n\
          \x20             {subscribe}\n\
@@ -166,7 +138,6 @@ fn team_block(t: &Team) -> Result<String> {
         selector = serde_json::to_string(&t.selector)?,
         clusters = serde_json::to_string(&t.clusters)?,
         hash = t.password_hash,
-        publish = quoted(&publish),
         subscribe = quoted(&subscribe),
     ))
 }
@@ -287,12 +258,28 @@ fn save_tokens(path: &Path, entries: &[serde_yaml::Value]) -> Result<()> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    write_atomic(path, &serde_yaml::to_string(entries)?)?;
+    write_private(path, &serde_yaml::to_string(entries)?)
+}
+
+/// Writes a file only its owner can read, from its first byte (through a temporary file in the same
+/// directory, renamed over it).
+fn write_private(path: &Path, text: &str) -> Result<()> {
+    use std::io::Write as _;
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true).create_new(true);
     #[cfg(unix)]
     {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        o.mode(0o600);
     }
+    let mut f = o
+        .open(&tmp)
+        .with_context(|| format!("creating {}", tmp.display()))?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path).with_context(|| format!("replacing {}", path.display()))?;
     Ok(())
 }
 
@@ -340,6 +327,11 @@ fn write_credentials(
 ) -> Result<std::path::PathBuf> {
     let dir = files.secrets_dir.join(format!("team-{}", t.name));
     std::fs::create_dir_all(&dir)?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+    }
     let path = dir.join("credentials.yaml");
     let body = serde_yaml::to_string(&serde_json::json!({
         "team": t.name,
@@ -347,16 +339,10 @@ fn write_credentials(
         "nats": {
             "user": format!("team-{}", t.name),
             "password": password,
-            "inbox_prefix": format!("_INBOX_team-{}", t.name),
         },
         "api_token": token,
     }))?;
-    std::fs::write(&path, body)?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
-    }
+    write_private(&path, &body)?;
     Ok(path)
 }
 
@@ -559,17 +545,11 @@ mod tests {
         assert!(teams(&refreshed).unwrap()[0].2.clusters.is_empty());
         assert_eq!(pick(&added, "cluster in (prod-1)").unwrap(), vec!["prod-1"]);
         assert!(pick(&added, "env in (prod").is_err());
-        let (publish, subscribe) = permissions("payments", &["prod-1".into()]);
+        let subscribe = permissions("payments", &["prod-1".into()]);
         assert!(
-            publish.contains(
-                &"$JS.API.CONSUMER.CREATE.FLEET_EVENTS.payments_prod-1_event.fleet.event.prod-1.>"
-                    .to_string()
-            )
-        );
-        assert!(
-            !publish
+            subscribe
                 .iter()
-                .any(|p| p.contains("DURABLE") || p.contains("STREAM"))
+                .all(|x| x.contains("prod-1") || x == "fleet.alert.team-payments")
         );
         assert!(subscribe.contains(&"fleet.incident.prod-1.>".to_string()));
     }

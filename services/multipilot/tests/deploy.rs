@@ -320,7 +320,7 @@ fn binaries() -> Result<BTreeMap<String, PathBuf>> {
 struct Onboarded {
     node: Node,
     _live: tokio::sync::MutexGuard<'static, ()>,
-    /// The viewer's token from `secrets/material/tokens.yaml`.
+    /// The viewer's token from `secrets/material/api-tokens.plain.yaml`.
     viewer: String,
     _sim: Sim,
     _site: tempfile::TempDir,
@@ -410,8 +410,9 @@ async fn onboard(example: &str) -> Result<Onboarded> {
     for line in node.check_services().await? {
         eprintln!("{example}: service: {line}");
     }
-    let tokens: serde_json::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(out.join("material/tokens.yaml"))?)?;
+    let tokens: serde_json::Value = serde_yaml::from_str(&std::fs::read_to_string(
+        out.join("material/api-tokens.plain.yaml"),
+    )?)?;
     let viewer = tokens
         .as_array()
         .and_then(|t| t.iter().find(|t| t["role"] == "viewer"))

@@ -366,6 +366,11 @@ fn build(inline: &[TokenEntry], path: Option<&std::path::Path>) -> Result<Table,
         if !seen.insert(d) {
             return Err(invalid("the same token is configured twice"));
         }
+        if e.team.is_some() && e.clusters.is_none() {
+            return Err(invalid(
+                "a team's token must name its clusters (`clusters: [...]`; `[]` for none)",
+            ));
+        }
         if let Some(bad) = e.clusters.iter().flatten().find(|c| !is_dns_label(c)) {
             return Err(Error::BadCluster {
                 subject: e.subject.clone(),

@@ -44,6 +44,29 @@ fn parse_scoped(query: &str, scope: &Option<Matcher>) -> Result<Expr, ApiError> 
     Ok(expr)
 }
 
+/// A middleware for routes that answer for the whole fleet (the rules and their alerts, a reload): a
+/// token that sees only some clusters is refused with 403.
+pub async fn whole_fleet_only(
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Some(p) = req.extensions().get::<Principal>()
+        && p.scoped()
+    {
+        return ApiError {
+            status: StatusCode::FORBIDDEN,
+            kind: "forbidden",
+            message: format!(
+                "{} sees only some clusters; {} answers for the whole fleet",
+                p.subject,
+                req.uri().path()
+            ),
+        }
+        .into_response();
+    }
+    next.run(req).await
+}
+
 /// Refuses the peers' internal endpoints to a token that sees only some clusters.
 fn refuse_scoped(asker: &Asker) -> Result<(), ApiError> {
     match asker {

@@ -479,7 +479,9 @@ pub async fn run(config: Config, ctx: Context) -> Result<(), Error> {
             notifier,
             generator,
         )?);
-        let rules_router = rules::router(manager.clone());
+        // the rules and their alerts span the fleet: not for a token that sees only some clusters
+        let rules_router = rules::router(manager.clone())
+            .route_layer(axum::middleware::from_fn(http::whole_fleet_only));
         router = router.merge(match tokens {
             Some(tokens) => rules_router.route_layer(axum::middleware::from_fn_with_state(
                 tokens,

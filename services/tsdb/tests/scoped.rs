@@ -37,7 +37,7 @@ async fn a_scoped_token_reads_only_its_clusters_series_whatever_the_query_says()
     let mut team = TokenEntry::plain(TEAM, "team-payments", Role::Viewer);
     team.team = Some("payments".into());
     team.clusters = Some(vec!["alpha-1".into(), "gamma-3".into()]);
-    let tokens = Arc::new(Tokens::load(&auth::Config {
+    let tokens: Arc<Tokens> = Arc::new(Tokens::load(&auth::Config {
         enabled: true,
         tokens_file: None,
         tokens: vec![team, TokenEntry::plain(ALL, "grafana", Role::Viewer)],
@@ -46,7 +46,7 @@ async fn a_scoped_token_reads_only_its_clusters_series_whatever_the_query_says()
     let router = http::router(
         store,
         http::Options {
-            tokens: Some(tokens),
+            tokens: Some(tokens.clone()),
             ..Default::default()
         },
     )?;
@@ -185,6 +185,43 @@ async fn a_scoped_token_reads_only_its_clusters_series_whatever_the_query_says()
         .status()
         .as_u16();
     ensure!(status == 403, "internal labels: {status}");
+    cancel.cancel();
+    server.await?;
+
+    // the rules and their alerts span the fleet: refused to the team, answered to the fleet's token
+    let manager = Arc::new(multipilot_tsdb::rules::Manager::new(
+        Vec::new(),
+        std::time::Duration::from_secs(60),
+        multipilot_tsdb::promql::Engine::new(
+            Arc::new(Store::open(&dir.path().join("rules"), Options::default())?),
+            std::time::Duration::from_secs(300),
+        ),
+        None,
+        "http://tsdb".into(),
+    )?);
+    let rules = multipilot_tsdb::rules::router(manager)
+        .route_layer(axum::middleware::from_fn(http::whole_fleet_only))
+        .route_layer(axum::middleware::from_fn_with_state(
+            tokens.clone(),
+            auth::viewer_reads_operator_writes,
+        ));
+    let cancel = CancellationToken::new();
+    let (addr, server) =
+        multipilot_runtime::http::serve("127.0.0.1:0", rules, cancel.clone()).await?;
+    for (path, token, want) in [
+        ("/api/v1/rules", TEAM, 403),
+        ("/api/v1/alerts", TEAM, 403),
+        ("/api/v1/rules", ALL, 200),
+    ] {
+        let status = client
+            .get(format!("http://{addr}{path}"))
+            .bearer_auth(token)
+            .send()
+            .await?
+            .status()
+            .as_u16();
+        ensure!(status == want, "{path} with {token}: {status}");
+    }
     cancel.cancel();
     server.await?;
     Ok(())
