@@ -502,6 +502,25 @@ fn namespace(c: &Cluster, ns: &str, pss: Option<&str>) {
     );
 }
 
+/// The node OS images, kernels and container runtimes the simulated clusters run (by seed).
+const NODE_SOFTWARE: [(&str, &str, &str); 3] = [
+    (
+        "Ubuntu 22.04.4 LTS",
+        "5.15.0-1057-aws",
+        "containerd://1.7.13",
+    ),
+    (
+        "Bottlerocket OS 1.19.2 (aws-k8s-1.29)",
+        "6.1.82",
+        "containerd://1.6.31+bottlerocket",
+    ),
+    (
+        "Container-Optimized OS from Google",
+        "6.1.58+",
+        "containerd://1.7.10",
+    ),
+];
+
 fn node(c: &Cluster, name: &str, kubelet: &str, control_plane: bool, gpu: bool) {
     let mut labels = json!({
         "kubernetes.io/hostname": name, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
@@ -526,6 +545,9 @@ fn node(c: &Cluster, name: &str, kubelet: &str, control_plane: bool, gpu: bool) 
         crate::hash64(&format!("{name}/ip")) % 250 + 2
     );
     let now = c.now_str();
+    // the nodes' software differs from cluster to cluster, as in a real fleet of several clouds
+    let (os_image, kernel, runtime) =
+        NODE_SOFTWARE[(c.settings.seed % NODE_SOFTWARE.len() as u64) as usize];
     put(
         c,
         "",
@@ -542,7 +564,7 @@ fn node(c: &Cluster, name: &str, kubelet: &str, control_plane: bool, gpu: bool) 
                     {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status", "lastHeartbeatTime": now, "lastTransitionTime": now}
                 ],
                 "addresses": [{"type": "InternalIP", "address": ip}, {"type": "Hostname", "address": name}],
-                "nodeInfo": {"kubeletVersion": kubelet, "kubeProxyVersion": kubelet, "containerRuntimeVersion": "containerd://1.7.13", "osImage": "Ubuntu 22.04.4 LTS", "kernelVersion": "5.15.0-1057-aws", "operatingSystem": "linux", "architecture": "amd64"}
+                "nodeInfo": {"kubeletVersion": kubelet, "kubeProxyVersion": kubelet, "containerRuntimeVersion": runtime, "osImage": os_image, "kernelVersion": kernel, "operatingSystem": "linux", "architecture": "amd64"}
             }
         }),
     );

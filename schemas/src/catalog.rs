@@ -265,6 +265,7 @@ pub fn entries() -> Vec<Entry> {
         entry(
             subject::facts("prod-eu-1"),
             ClusterFacts {
+                node_software: Vec::new(),
                 version: KubeVersion {
                     major: 1,
                     minor: 31,
@@ -387,6 +388,7 @@ pub fn entries() -> Vec<Entry> {
                     healthy_total: 3,
                     last_changed: t(-60),
                     summary: "Deployment shop/checkout changed on 2 of 3 failing and 2 of 3 healthy clusters: ordinary churn, not a suspect".into(),
+                    release: None,
                 }],
                 labels: map([
                     ("kind", "dns-failure"),

@@ -474,6 +474,19 @@ pub struct GpuNode {
     pub allocated: u32,
 }
 
+/// What some of a cluster's nodes run (`status.nodeInfo`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+pub struct NodeSoftware {
+    /// `osImage`, e.g. `Ubuntu 22.04.4 LTS`.
+    pub os_image: String,
+    /// `kernelVersion`, e.g. `5.15.0-1057-aws`.
+    pub kernel_version: String,
+    /// `containerRuntimeVersion`, e.g. `containerd://1.7.13`.
+    pub container_runtime: String,
+    /// How many nodes run it.
+    pub nodes: u32,
+}
+
 /// What a cluster is: the registry entry the console, the release planner and the baseline use.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ClusterFacts {
@@ -514,6 +527,10 @@ pub struct ClusterFacts {
     /// GPU inventory per node.
     #[serde(default)]
     pub gpus: Vec<GpuNode>,
+    /// The nodes' software (`status.nodeInfo`): one entry per distinct OS image, kernel and container
+    /// runtime, with how many nodes run it; most nodes first. Absent from agents before it was added.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub node_software: Vec<NodeSoftware>,
     /// Registry labels of the cluster (`env`, `region`, `owner`, `team`, …), from the agent's config.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
@@ -875,10 +892,29 @@ pub struct Suspect {
     pub healthy: u32,
     /// Healthy clusters.
     pub healthy_total: u32,
-    /// The latest such change on a failing cluster (its clock).
+    /// The latest such change on a failing cluster (its clock; the hub's for a release).
     pub last_changed: DateTime<Utc>,
     /// One line for a person.
     pub summary: String,
+    /// When the change is a release batch (`object.kind` `Release`): which release, revision, batch and
+    /// Git commit. A release that reached the failing clusters and few healthy ones is the first suspect.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub release: Option<ReleaseRef>,
+}
+
+/// A release's revision as it reached some clusters (a batch of `fleet.release.<release>.batch`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+pub struct ReleaseRef {
+    /// The release.
+    pub name: String,
+    /// Its revision.
+    pub revision: u64,
+    /// The batch that applied it on the failing clusters (the first one, when several did).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<u32>,
+    /// The Git commit it came from (GitOps or a plan made from a checkout).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
 }
 
 /// How a change bears on a fleet incident.

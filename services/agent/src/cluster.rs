@@ -19,8 +19,8 @@ use kube::core::PartialObjectMeta;
 use kube::discovery::Discovery;
 use kube::runtime::{WatchStreamExt, watcher};
 use multipilot_schemas::payload::{
-    ClusterFacts, Component, GpuNode, Heartbeat, KubeEvent, KubeVersion, NodeCounts, ObjectKey,
-    ResourceDeleted, ResyncMarker, Severity,
+    ClusterFacts, Component, GpuNode, Heartbeat, KubeEvent, KubeVersion, NodeCounts, NodeSoftware,
+    ObjectKey, ResourceDeleted, ResyncMarker, Severity,
 };
 use multipilot_schemas::{stable_id, subject};
 use serde::{Deserialize, Serialize};
@@ -788,7 +788,25 @@ pub async fn facts(ctx: &ClusterCtx, discovery: &Discovery) -> Result<ClusterFac
             allocated: view.gpu_requests.get(name).copied().unwrap_or(0),
         })
         .collect();
+    // one entry per distinct (OS image, kernel, runtime), most nodes first
+    let mut software: BTreeMap<&(String, String, String), u32> = BTreeMap::new();
+    for n in view.nodes.values() {
+        if n.software != Default::default() {
+            *software.entry(&n.software).or_default() += 1;
+        }
+    }
+    let mut node_software: Vec<NodeSoftware> = software
+        .into_iter()
+        .map(|((os, kernel, runtime), nodes)| NodeSoftware {
+            os_image: os.clone(),
+            kernel_version: kernel.clone(),
+            container_runtime: runtime.clone(),
+            nodes,
+        })
+        .collect();
+    node_software.sort_by(|a, b| b.nodes.cmp(&a.nodes).then(a.cmp(b)));
     Ok(ClusterFacts {
+        node_software,
         version: KubeVersion {
             major: info.major.parse().unwrap_or(1),
             minor,

@@ -28,6 +28,8 @@ pub struct NodeView {
     pub gpu_capacity: u32,
     /// `nvidia.com/gpu` allocatable.
     pub gpu_allocatable: u32,
+    /// `status.nodeInfo`: OS image, kernel version, container runtime.
+    pub software: (String, String, String),
 }
 
 /// A Deployment or DaemonSet.
@@ -351,6 +353,11 @@ impl View {
                     gpu_capacity: quantity_u32(obj.pointer("/status/capacity/nvidia.com~1gpu")),
                     gpu_allocatable: quantity_u32(
                         obj.pointer("/status/allocatable/nvidia.com~1gpu"),
+                    ),
+                    software: (
+                        s(obj, "/status/nodeInfo/osImage").to_string(),
+                        s(obj, "/status/nodeInfo/kernelVersion").to_string(),
+                        s(obj, "/status/nodeInfo/containerRuntimeVersion").to_string(),
                     ),
                 };
                 let gpu = node.gpu_capacity > 0 || node.gpu_model.is_some();

@@ -171,6 +171,7 @@ fn facts(c: usize) -> ClusterFacts {
         })
     };
     ClusterFacts {
+        node_software: Vec::new(),
         version: KubeVersion {
             major: 1,
             minor: 24 + (c % 10) as u32,

@@ -6,7 +6,7 @@
 //! | state | FLEET_STATE | `fleet.state.>`, `fleet.resync.>` | the last message per subject, then live |
 //! | facts | FLEET_FACTS | `fleet.facts.>` | last per subject, then live |
 //! | health | FLEET_HEALTH | `fleet.hb.>`, `fleet.probe.>` | last per subject (each cluster's latest heartbeat and each probe's latest round), then live |
-//! | incidents | FLEET_INCIDENTS | `fleet.incident.>` | everything kept (incident ids share subjects, so the last per subject is not enough), then live |
+//! | incidents | FLEET_INCIDENTS | `fleet.incident.>`, `fleet.fleet-incident.>` | everything kept (incident ids share subjects, so the last per subject is not enough), then live |
 //! | compliance | FLEET_INCIDENTS | `fleet.compliance.>` | last per subject, then live |
 //! | releases | FLEET_RELEASE | `fleet.release.>` | everything kept, then live |
 //!
@@ -19,7 +19,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, consumer};
 use chrono::Utc;
 use futures::StreamExt;
-use multipilot_schemas::payload::ClusterFacts;
+use multipilot_schemas::payload::{ClusterFacts, FleetIncident};
 use multipilot_schemas::streams::{HealthMsg, IncidentsMsg, StateMsg};
 use multipilot_schemas::{Envelope, HEADER_SCHEMA, Payload, codec::DEFAULT_MAX_BYTES};
 use tokio::sync::broadcast;
@@ -89,7 +89,10 @@ impl Feed {
                 &["fleet.hb.>", "fleet.probe.>"],
                 consumer::DeliverPolicy::LastPerSubject,
             ),
-            Feed::Incidents => (&["fleet.incident.>"], consumer::DeliverPolicy::All),
+            Feed::Incidents => (
+                &["fleet.incident.>", "fleet.fleet-incident.>"],
+                consumer::DeliverPolicy::All,
+            ),
             Feed::Compliance => (
                 &["fleet.compliance.>"],
                 consumer::DeliverPolicy::LastPerSubject,
@@ -163,6 +166,17 @@ fn apply(
             }
         }
         Feed::Incidents | Feed::Compliance => {
+            if multipilot_bus::jetstream::header(m, HEADER_SCHEMA)
+                .is_some_and(|h| h.split('/').next() == Some(FleetIncident::SCHEMA))
+            {
+                let env = decode::<FleetIncident>(m)?;
+                shared
+                    .store
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .apply_fleet_incident(env.payload);
+                return Ok(());
+            }
             let env = decode::<IncidentsMsg>(m)?;
             match env.payload {
                 IncidentsMsg::Incident(inc) => {

@@ -143,6 +143,9 @@ pub struct Counts {
 /// Records kept per release.
 const RELEASE_RECORDS: usize = 200;
 
+/// How many resolved fleet incidents the console keeps.
+pub const MAX_RESOLVED_FLEET: usize = 500;
+
 /// The store.
 #[derive(Debug, Default)]
 pub struct Store {
@@ -150,6 +153,9 @@ pub struct Store {
     pub clusters: BTreeMap<String, ClusterRec>,
     /// Incidents by id (latest revision).
     pub incidents: HashMap<String, IncidentView>,
+    /// Fleet incidents by id (latest revision); resolved ones beyond the newest [`MAX_RESOLVED_FLEET`] are
+    /// dropped.
+    pub fleet_incidents: BTreeMap<String, multipilot_schemas::payload::FleetIncident>,
     /// Release records by release name, oldest first.
     pub releases: BTreeMap<String, VecDeque<ReleaseRecord>>,
     interned: HashSet<Arc<str>>,
@@ -308,6 +314,30 @@ impl Store {
     }
 
     /// An incident revision; returns the view when it is newer than what the store had.
+    /// Takes a fleet incident's revision (an older one than held is ignored).
+    pub fn apply_fleet_incident(&mut self, f: multipilot_schemas::payload::FleetIncident) {
+        if self
+            .fleet_incidents
+            .get(&f.id)
+            .is_some_and(|old| old.revision >= f.revision)
+        {
+            return;
+        }
+        self.fleet_incidents.insert(f.id.clone(), f);
+        let mut resolved: Vec<(DateTime<Utc>, String)> = self
+            .fleet_incidents
+            .values()
+            .filter(|f| f.status == IncidentStatus::Resolved)
+            .map(|f| (f.updated_at, f.id.clone()))
+            .collect();
+        if resolved.len() > MAX_RESOLVED_FLEET {
+            resolved.sort();
+            for (_, id) in &resolved[..resolved.len() - MAX_RESOLVED_FLEET] {
+                self.fleet_incidents.remove(id);
+            }
+        }
+    }
+
     pub fn apply_incident(
         &mut self,
         inc: Incident,

@@ -384,6 +384,7 @@ mod tests {
 
     fn facts(minor: u32) -> ClusterFacts {
         ClusterFacts {
+            node_software: Vec::new(),
             version: KubeVersion {
                 major: 1,
                 minor,

@@ -14,8 +14,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Duration, Utc};
 use multipilot_schemas::payload::{
-    FleetIncident, FleetMember, Incident, IncidentStatus, ObjectRef, Severity, SharedAttribute,
-    Suspect, SuspectVerdict,
+    FleetIncident, FleetMember, Incident, IncidentStatus, ObjectRef, ReleaseRef, Severity,
+    SharedAttribute, Suspect, SuspectVerdict,
 };
 use multipilot_schemas::stable_id;
 
@@ -132,6 +132,22 @@ pub fn attributes(c: &ClusterState) -> Vec<(String, String)> {
         for d in drivers {
             out.push(("gpu-driver".into(), d.to_string()));
         }
+        // what its nodes run: each value any of them runs
+        let mut software: BTreeSet<(&str, &str)> = BTreeSet::new();
+        for n in &f.node_software {
+            for (attr, v) in [
+                ("node-os", &n.os_image),
+                ("kernel", &n.kernel_version),
+                ("container-runtime", &n.container_runtime),
+            ] {
+                if !v.is_empty() {
+                    software.insert((attr, v));
+                }
+            }
+        }
+        for (attr, v) in software {
+            out.push((attr.into(), v.to_string()));
+        }
     }
     for (k, v) in &c.labels {
         out.push((format!("label:{k}"), v.clone()));
@@ -233,11 +249,52 @@ fn object_key(o: &ObjectRef) -> String {
     }
 }
 
+/// One thing that changed on a cluster at a hub time: an object's spec, or a release batch applied there.
+struct Touch {
+    key: String,
+    at: DateTime<Utc>,
+    object: ObjectRef,
+    release: Option<ReleaseRef>,
+}
+
+/// What changed on `cluster`: its objects' spec changes (their times corrected by its skew) and the
+/// release batches applied there (the release role's clock is the hub's).
+fn touches(view: View<'_>, cluster: &str) -> Vec<Touch> {
+    let Some(state) = view.clusters.get(cluster) else {
+        return Vec::new();
+    };
+    let mut out: Vec<Touch> = state
+        .changes
+        .iter()
+        .map(|ch| Touch {
+            key: object_key(&ch.object),
+            at: hub_time(view, cluster, ch.at),
+            object: ch.object.clone(),
+            release: None,
+        })
+        .collect();
+    out.extend(state.releases.iter().map(|(at, r)| Touch {
+        key: format!("release {} revision {}", r.name, r.revision),
+        at: *at,
+        object: ObjectRef {
+            api_version: String::new(),
+            kind: "Release".into(),
+            namespace: None,
+            name: r.name.clone(),
+            uid: None,
+        },
+        release: Some(r.clone()),
+    }));
+    out
+}
+
 /// The changes on the failing clusters in the lookback before their incident (`since` maps each failing
-/// cluster to its incident's hub time), weighed against the same objects' changes on the healthy clusters
-/// over the whole span. A suspect changed on at least three quarters of the failing clusters (all of two
+/// cluster to its incident's hub time), weighed against the same changes on the healthy clusters over the
+/// whole span: objects' spec changes, and release batches (a release revision is one change, whichever
+/// batch took it where). A suspect changed on at least three quarters of the failing clusters (all of two
 /// or three) and on at most a quarter of the healthy ones; a change at least as common on the healthy
-/// clusters is `common` (ordinary churn); anything between says too little to be listed.
+/// clusters is `common` (ordinary churn); anything between says too little to be listed. A release that is
+/// a suspect comes first: it is what an operator undoes.
 pub fn suspects(
     view: View<'_>,
     lookback: Duration,
@@ -247,20 +304,28 @@ pub fn suspects(
     let Some((&first, &last)) = since.values().min().zip(since.values().max()) else {
         return Vec::new();
     };
-    // object → (failing clusters, latest change on one of them, the object)
-    let mut failing: BTreeMap<String, (BTreeSet<&str>, DateTime<Utc>, ObjectRef)> = BTreeMap::new();
+    // change → (failing clusters, latest time on one of them, the object, the release)
+    type Reached<'c> = (
+        BTreeSet<&'c str>,
+        DateTime<Utc>,
+        ObjectRef,
+        Option<ReleaseRef>,
+    );
+    let mut failing: BTreeMap<String, Reached<'_>> = BTreeMap::new();
     for (c, at) in since {
-        let Some(state) = view.clusters.get(c) else {
-            continue;
-        };
-        for ch in &state.changes {
-            let t = hub_time(view, c, ch.at);
-            if t >= *at - lookback && t <= *at {
+        for t in touches(view, c) {
+            if t.at >= *at - lookback && t.at <= *at {
                 let e = failing
-                    .entry(object_key(&ch.object))
-                    .or_insert_with(|| (BTreeSet::new(), ch.at, ch.object.clone()));
+                    .entry(t.key)
+                    .or_insert_with(|| (BTreeSet::new(), t.at, t.object, None));
                 e.0.insert(c.as_str());
-                e.1 = e.1.max(ch.at);
+                e.1 = e.1.max(t.at);
+                // the first batch that took it to a failing cluster
+                if let Some(r) = t.release
+                    && e.3.as_ref().is_none_or(|old| r.batch < old.batch)
+                {
+                    e.3 = Some(r);
+                }
             }
         }
     }
@@ -269,17 +334,14 @@ pub fn suspects(
         .filter(|c| view.clusters.contains_key(*c))
         .count() as u32;
     let failing_total = since.len() as u32;
-    let mut out: Vec<(f64, Suspect)> = Vec::new();
-    for (key, (clusters, latest, object)) in failing {
+    let mut out: Vec<(bool, f64, Suspect)> = Vec::new();
+    for (key, (clusters, latest, object, release)) in failing {
         let h = healthy
             .iter()
             .filter(|c| {
-                view.clusters.get(*c).is_some_and(|s| {
-                    s.changes.iter().any(|ch| {
-                        let t = hub_time(view, c, ch.at);
-                        object_key(&ch.object) == key && t >= first - lookback && t <= last
-                    })
-                })
+                touches(view, c)
+                    .iter()
+                    .any(|t| t.key == key && t.at >= first - lookback && t.at <= last)
             })
             .count() as u32;
         let f = clusters.len() as u32;
@@ -303,16 +365,41 @@ pub fn suspects(
         } else {
             continue;
         };
+        let what = match &release {
+            Some(r) => {
+                let mut w = format!("release {} revision {}", r.name, r.revision);
+                if let Some(b) = r.batch {
+                    w.push_str(&format!(" (batch {b}"));
+                    if let Some(c) = &r.commit {
+                        w.push_str(&format!(", commit {}", &c[..c.len().min(12)]));
+                    }
+                    w.push(')');
+                }
+                w
+            }
+            None => key.clone(),
+        };
         let summary = match verdict {
             SuspectVerdict::Suspect => format!(
-                "{key} changed on {f} of {failing_total} failing clusters, {h} of {healthy_total} healthy, in the {} before",
+                "{what} {} {f} of {failing_total} failing clusters, {h} of {healthy_total} healthy, in the {} before",
+                if release.is_some() {
+                    "reached"
+                } else {
+                    "changed on"
+                },
                 crate::evidence::secs(lookback)
             ),
             _ => format!(
-                "{key} changed on {f} of {failing_total} failing and {h} of {healthy_total} healthy clusters: ordinary churn, not a suspect"
+                "{what} {} {f} of {failing_total} failing and {h} of {healthy_total} healthy clusters: ordinary churn, not a suspect",
+                if release.is_some() {
+                    "reached"
+                } else {
+                    "changed on"
+                },
             ),
         };
         out.push((
+            release.is_some() && verdict == SuspectVerdict::Suspect,
             fr - hr,
             Suspect {
                 verdict,
@@ -323,17 +410,19 @@ pub fn suspects(
                 healthy_total,
                 last_changed: latest,
                 summary,
+                release,
             },
         ));
     }
-    out.sort_by(|(a, x), (b, y)| {
-        b.total_cmp(a)
+    out.sort_by(|(ra, a, x), (rb, b, y)| {
+        rb.cmp(ra)
+            .then(b.total_cmp(a))
             .then(y.failing.cmp(&x.failing))
             .then(y.last_changed.cmp(&x.last_changed))
     });
     let (mut s, mut c) = (0, 0);
     out.into_iter()
-        .map(|(_, x)| x)
+        .map(|(_, _, x)| x)
         .filter(|x| match x.verdict {
             SuspectVerdict::Suspect => {
                 s += 1;
@@ -607,6 +696,33 @@ impl Fleet {
             .collect();
         self.digest_seen
             .retain(|id, _| members.contains(id.as_str()));
+        changed
+    }
+
+    /// A release batch reached `clusters`: each open fleet incident with a member there is judged again,
+    /// and takes a new revision when that changes its suspects (the release's record may be read after the
+    /// incident opened). Returns the keys of those that changed.
+    pub fn rejudge(
+        &mut self,
+        rule: &FleetRule,
+        view: View<'_>,
+        now: DateTime<Utc>,
+        clusters: &[String],
+    ) -> Vec<String> {
+        let mut changed = Vec::new();
+        for (k, f) in self.incidents.iter_mut() {
+            if f.status == IncidentStatus::Resolved
+                || !f.members.iter().any(|m| clusters.contains(&m.cluster))
+            {
+                continue;
+            }
+            let mut again = f.clone();
+            judge(&mut again, rule, view, now);
+            if again.suspects != f.suspects {
+                *f = again;
+                changed.push(k.clone());
+            }
+        }
         changed
     }
 

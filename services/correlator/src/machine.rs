@@ -14,8 +14,8 @@ use multipilot_schemas::control::{CommandOutcome, IncidentAction, IncidentComman
 use multipilot_schemas::payload::{
     AuditRecord, BlastRadius, CheckStatus, ClusterFacts, ComplianceReport, EventDigest, Evidence,
     EvidenceKind, FleetIncident, Heartbeat, Incident, IncidentStatus, KubeEvent, ObjectRef,
-    ProbeResult, ProbeStatus, ResourceDeleted, ResourceState, ResyncMarker, SettingDivergence,
-    Severity,
+    ProbeResult, ProbeStatus, ReleaseEvent, ReleaseRef, ResourceDeleted, ResourceState,
+    ResyncMarker, SettingDivergence, Severity,
 };
 use multipilot_schemas::streams::StateMsg;
 use multipilot_schemas::{Envelope, stable_id, subject};
@@ -70,6 +70,9 @@ pub enum Input<'a> {
     State(&'a Envelope<StateMsg>),
     /// Cluster facts (FLEET_FACTS).
     Facts(&'a Envelope<ClusterFacts>),
+    /// A release's history entry (FLEET_RELEASE): a batch that started applying is remembered on its
+    /// clusters, to name it when they fail.
+    Release(&'a Envelope<ReleaseEvent>),
     /// The hub's clock: silent clusters become unreachable.
     Tick(DateTime<Utc>),
     /// The hub's clock, hourly: old dedup records and resolved incidents are forgotten.
@@ -268,6 +271,7 @@ impl Machine {
             Input::Probe(env, ingest) => self.on_probe(env, ingest),
             Input::State(env) => self.on_state(env),
             Input::Facts(env) => self.on_facts(env),
+            Input::Release(env) => self.on_release(&env.payload),
             Input::Tick(now) => self.tick(now),
             Input::Housekeeping(now) => self.housekeeping(now),
         }
@@ -286,6 +290,38 @@ impl Machine {
             return Vec::new();
         }
         self.apply(input)
+    }
+
+    /// A release batch that started applying (`what: batch`, ok, with a batch number) is remembered on
+    /// each of its clusters the correlator knows; everything else of a release's history is not needed.
+    fn on_release(&mut self, e: &ReleaseEvent) {
+        if e.what != "batch" || !e.ok || e.batch.is_none() {
+            return;
+        }
+        let r = ReleaseRef {
+            name: e.release.clone(),
+            revision: e.revision,
+            batch: e.batch,
+            commit: e.commit.clone(),
+        };
+        let mut known = Vec::new();
+        for c in &e.clusters {
+            if let Some(state) = self.clusters.get_mut(c) {
+                state.release_applied(e.at, r.clone());
+                self.dirty.clusters.insert(c.clone());
+                known.push(c.clone());
+            }
+        }
+        if known.is_empty() {
+            return;
+        }
+        let view = fleet::View {
+            clusters: &self.clusters,
+            incidents: &self.incidents,
+        };
+        for k in self.fleet.rejudge(&self.rules.fleet, view, e.at, &known) {
+            self.emit_fleet(&k);
+        }
     }
 
     /// Events are applied without publishing digests while `on` (a rebuild replaying history whose

@@ -7,7 +7,7 @@ use multipilot_schemas::control::{CommandOutcome, IncidentAction, IncidentComman
 use multipilot_schemas::payload::{
     AuditRecord, ClusterFacts, ComplianceReport, EventDigest, EvidenceKind, FleetIncident,
     Heartbeat, Incident, IncidentStatus, KubeEvent, ObjectRef, ProbeResult, ProbeStatus,
-    ResourceState, Severity, SuspectVerdict,
+    ReleaseRef, ResourceState, Severity, SuspectVerdict,
 };
 use multipilot_schemas::streams::StateMsg;
 use multipilot_schemas::{Envelope, Payload, catalog};
@@ -1145,12 +1145,19 @@ fn fleet_incidents(outs: &[Out]) -> Vec<FleetIncident> {
         .collect()
 }
 
-/// Six clusters: c1, c2, c4 run calico v3.27.3, the others cilium; c1–c3 are prod, c4–c6 staging. Each
-/// sends facts and a heartbeat at `at`, and has a `web` Deployment (it will change everywhere).
+/// Six clusters: c1, c2, c4 run calico v3.27.3, the others cilium; c1–c3 are prod, c4–c6 staging; every
+/// node runs Ubuntu, on kernel 6.1.82 in c1–c4 and 5.15 in c5 and c6. Each sends facts and a heartbeat at
+/// `at`, and has a `web` Deployment (it will change everywhere).
 fn six_clusters(m: &mut Machine, at: DateTime<Utc>) {
-    use multipilot_schemas::payload::Component;
+    use multipilot_schemas::payload::{Component, NodeSoftware};
     for (i, c) in ["c1", "c2", "c3", "c4", "c5", "c6"].iter().enumerate() {
         let mut f = facts(30);
+        f.node_software = vec![NodeSoftware {
+            os_image: "Ubuntu 22.04.4 LTS".into(),
+            kernel_version: if i < 4 { "6.1.82" } else { "5.15.0-1057-aws" }.into(),
+            container_runtime: "containerd://1.7.13".into(),
+            nodes: 3,
+        }];
         f.cni = Some(if ["c1", "c2", "c4"].contains(c) {
             Component {
                 name: "calico".into(),
@@ -1280,6 +1287,21 @@ fn the_same_failure_on_three_clusters_is_one_fleet_incident_with_what_they_share
     assert!(
         !f.shared.iter().any(|s| s.value == "calico"),
         "calico alone says nothing more"
+    );
+    // the nodes' kernel separates them less well (one healthy cluster runs it too); their OS not at all
+    let kernel = f
+        .shared
+        .iter()
+        .find(|s| s.attribute == "kernel")
+        .expect("the kernel among the shared attributes");
+    assert_eq!(
+        kernel.support,
+        "3 of 3 failing run kernel 6.1.82; 1 of 3 healthy do"
+    );
+    assert!(
+        !f.shared.iter().any(|s| s.attribute == "node-os"),
+        "every cluster runs Ubuntu: {:#?}",
+        f.shared
     );
     // the coredns change is the suspect; the web change, everywhere, is named as churn
     let suspect = f
@@ -1697,4 +1719,103 @@ fn a_fault_that_follows_a_release_to_two_clusters_names_the_release_first_stagge
         "{:#?}",
         f.shared
     );
+}
+
+fn batch(
+    name: &str,
+    revision: u64,
+    index: u32,
+    clusters: &[&str],
+    at: DateTime<Utc>,
+) -> Envelope<multipilot_schemas::payload::ReleaseEvent> {
+    Envelope::new(
+        "fleet",
+        "release/test",
+        at,
+        index as u64,
+        multipilot_schemas::payload::ReleaseEvent {
+            release: name.into(),
+            revision,
+            what: "batch".into(),
+            state: "applying".into(),
+            actor: "alice".into(),
+            batch: Some(index),
+            clusters: clusters.iter().map(|c| c.to_string()).collect(),
+            ok: true,
+            summary: format!("batch {index} starts"),
+            detail: serde_json::json!({}),
+            commit: Some("3f2a9c1d0e7b44aa".into()),
+            at,
+        },
+    )
+}
+
+#[test]
+fn a_release_that_reached_only_the_failing_clusters_is_the_first_suspect_even_when_read_late() {
+    // c5 and c6 got release `web` revision 3 in batch 1; `agents` revision 7 reached every cluster
+    let at = t0() + Duration::seconds(120);
+    for late in [false, true] {
+        let mut m = machine();
+        six_clusters(&mut m, t0());
+        let web = batch("web", 3, 1, &["c5", "c6"], t0() + Duration::seconds(60));
+        let everywhere = batch(
+            "agents",
+            7,
+            1,
+            &["c1", "c2", "c3", "c4", "c5", "c6"],
+            t0() + Duration::seconds(70),
+        );
+        m.apply(Input::Release(&everywhere));
+        if !late {
+            m.apply(Input::Release(&web));
+        }
+        rounds(&mut m, "c5", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
+        let mut outs = rounds(
+            &mut m,
+            "c6",
+            "coredns",
+            ProbeStatus::Unhealthy,
+            1,
+            3,
+            at + Duration::seconds(5),
+        );
+        if late {
+            // the release's record read after the fleet incident opened: it is judged again
+            assert!(
+                fleet_incidents(&outs)[0]
+                    .suspects
+                    .iter()
+                    .all(|s| s.object.name != "web")
+            );
+            outs = m.apply(Input::Release(&web));
+        }
+        let f = fleet_incidents(&outs)
+            .pop()
+            .expect("a fleet incident revision");
+        let first = &f.suspects[0];
+        assert_eq!(first.verdict, SuspectVerdict::Suspect, "{:#?}", f.suspects);
+        assert_eq!(
+            first.release,
+            Some(ReleaseRef {
+                name: "web".into(),
+                revision: 3,
+                batch: Some(1),
+                commit: Some("3f2a9c1d0e7b44aa".into()),
+            })
+        );
+        assert_eq!((first.failing, first.healthy), (2, 0));
+        assert!(
+            f.summary
+                .contains("first suspect: release web revision 3 (batch 1, commit 3f2a9c1d0e7b) reached 2 of 2 failing clusters, 0 of 4 healthy"),
+            "{}",
+            f.summary
+        );
+        // the release that reached every cluster is named as what it is
+        let agents = f
+            .suspects
+            .iter()
+            .find(|s| s.object.name == "agents")
+            .expect("the fleet-wide release listed");
+        assert_eq!(agents.verdict, SuspectVerdict::Common);
+    }
 }

@@ -18,7 +18,7 @@ use multipilot_schemas::control::{
     QUERY_FLEET_INCIDENTS, QUERY_INCIDENTS,
 };
 use multipilot_schemas::payload::{
-    ClusterFacts, ComplianceReport, FleetIncident, Incident, KubeEvent,
+    ClusterFacts, ComplianceReport, FleetIncident, Incident, KubeEvent, ReleaseEvent,
 };
 use multipilot_schemas::streams::{HealthMsg, StateMsg};
 use multipilot_schemas::{Payload, codec::DEFAULT_MAX_BYTES};
@@ -496,6 +496,69 @@ async fn judge_after_replay(core: Shared, ctx: Context, cfg: Config) {
     tracing::info!("inventory replayed; baseline judged");
 }
 
+/// How often FLEET_RELEASE is read for new batches.
+const RELEASES_EVERY: Duration = Duration::from_secs(5);
+
+/// Follows the release batches on FLEET_RELEASE (`fleet.release.*.batch`: from 2 h back, then what is new
+/// every [`RELEASES_EVERY`]), so a fleet incident can name the release that reached its failing clusters
+/// as a suspect. A hub without the release role has no such stream yet: it is looked for again each round,
+/// quietly.
+async fn follow_releases(core: Shared, ctx: Context) {
+    let mut after: Option<u64> = None;
+    let mut missing_said = false;
+    loop {
+        let start = match after {
+            Some(seq) => Start::After(seq),
+            None => Start::Since(Utc::now() - chrono::Duration::hours(2)),
+        };
+        let mut batches: Vec<(u64, multipilot_schemas::Envelope<ReleaseEvent>)> = Vec::new();
+        let read = js_kit::read_history(
+            &ctx.js,
+            "FLEET_RELEASE",
+            vec!["fleet.release.*.batch".into()],
+            start,
+            |s| {
+                if let Ok(env) = js_kit::decode::<ReleaseEvent>(s.message, DEFAULT_MAX_BYTES) {
+                    batches.push((s.stream_seq, env));
+                }
+            },
+        )
+        .await;
+        match read {
+            Ok(_) => {
+                missing_said = false;
+                if let Some((seq, _)) = batches.last() {
+                    after = Some(*seq);
+                }
+                if !batches.is_empty() {
+                    let mut c = core.lock().await;
+                    for (_, env) in &batches {
+                        let outs = c.machine.apply(Input::Release(env));
+                        c.outbox.push(outs);
+                    }
+                    drop(c);
+                    if let Err(err) = commit(&core, &ctx.js, &ctx.bus_metrics).await {
+                        tracing::warn!(error = %err, "publishing incidents failed; will retry");
+                    }
+                }
+            }
+            Err(js_kit::Error::NoStream { .. }) => {
+                if !missing_said {
+                    tracing::info!(
+                        "no FLEET_RELEASE stream (yet): releases can't be named as suspects"
+                    );
+                    missing_said = true;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "reading release batches from FLEET_RELEASE"),
+        }
+        tokio::select! {
+            _ = ctx.cancel.cancelled() => return,
+            _ = tokio::time::sleep(RELEASES_EVERY) => {}
+        }
+    }
+}
+
 /// The hub's clock: silent clusters, and hourly housekeeping.
 async fn clock(core: Shared, ctx: Context, every: Duration) {
     let mut tick = tokio::time::interval(every);
@@ -723,6 +786,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         ctx.clone(),
         Duration::from_millis(config.tick_ms.max(100)),
     ));
+    tasks.spawn(follow_releases(core.clone(), ctx.clone()));
     let partitions = config.partitions.to_string();
     tasks.spawn(answer_queries(
         core.clone(),

@@ -63,6 +63,10 @@ pub struct ClusterState {
     pub probes: BTreeMap<String, ProbeTrack>,
     /// Recent spec changes.
     pub changes: VecDeque<ChangeRec>,
+    /// Release batches applied here lately (hub time, newest last; the last 2 h, at most
+    /// [`ClusterState::MAX_RELEASES`]).
+    #[serde(default)]
+    pub releases: VecDeque<(DateTime<Utc>, multipilot_schemas::payload::ReleaseRef)>,
     /// Spec hash per `kind/ns/name`: read only from a store written before the machine kept them per object
     /// (the store moves them when it opens one), never written.
     #[serde(default, skip_serializing)]
@@ -86,6 +90,33 @@ pub struct ClusterState {
     /// stored with the window).
     #[serde(default, skip_serializing)]
     pub warnings_checked: Option<(u64, DateTime<Utc>)>,
+}
+
+impl ClusterState {
+    /// How many release batches a cluster remembers.
+    pub const MAX_RELEASES: usize = 50;
+
+    /// Remembers a release batch applied here at `at` (hub time), forgetting those older than 2 h.
+    pub fn release_applied(
+        &mut self,
+        at: DateTime<Utc>,
+        r: multipilot_schemas::payload::ReleaseRef,
+    ) {
+        if self.releases.iter().any(|(t, x)| *t == at && *x == r) {
+            return;
+        }
+        self.releases.push_back((at, r));
+        self.releases.make_contiguous().sort_by_key(|r| r.0);
+        let newest = self.releases.back().map(|(t, _)| *t).unwrap_or(at);
+        while self.releases.len() > Self::MAX_RELEASES
+            || self
+                .releases
+                .front()
+                .is_some_and(|(t, _)| *t < newest - chrono::Duration::hours(2))
+        {
+            self.releases.pop_front();
+        }
+    }
 }
 
 /// A cluster's event-storm window as the store keeps it: written at most every

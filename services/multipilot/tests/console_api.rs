@@ -227,6 +227,7 @@ fn object(kind: &str, ns: Option<&str>, name: &str, spec: Value) -> ResourceStat
 
 fn facts(minor: u32, env: &str, cert_days: i64, gpus: &[(u32, u32)]) -> ClusterFacts {
     ClusterFacts {
+        node_software: Vec::new(),
         version: KubeVersion {
             major: 1,
             minor,
@@ -381,6 +382,55 @@ async fn a_team_token_sees_only_its_clusters_and_is_refused_beyond_them() -> Res
         Ok((list.as_array().map(Vec::len) == Some(2)).then_some(()))
     })
     .await?;
+    // a fleet incident of prod-a and prod-b: the team sees its member only, and nothing about the other
+    let member = |c: &str| FleetMember {
+        cluster: c.into(),
+        incident_id: format!("{c}-dns"),
+        severity: Severity::Critical,
+        status: IncidentStatus::Open,
+        summary: format!("DNS fails on {c}"),
+        opened_at: now,
+        joined_at: now,
+        left_at: None,
+        left_because: String::new(),
+    };
+    let fleet = FleetIncident {
+        id: "fleet-dns".into(),
+        kind: "dns-failure".into(),
+        severity: Severity::Critical,
+        status: IncidentStatus::Open,
+        summary: "dns-failure on 2 of 2 clusters (prod-a, prod-b)".into(),
+        opened_at: now,
+        updated_at: now,
+        resolved_at: None,
+        fleet_size: 2,
+        members: vec![member("prod-a"), member("prod-b")],
+        shared: vec![SharedAttribute {
+            attribute: "cni".into(),
+            value: "calico".into(),
+            failing: 2,
+            failing_total: 2,
+            healthy: 0,
+            healthy_total: 0,
+            support: "2 of 2 failing run cni calico (prod-b)".into(),
+        }],
+        suspects: vec![],
+        labels: [("scope".to_string(), "fleet".to_string())].into(),
+        revision: 1,
+    };
+    c.send(subject::fleet_incident("dns-failure"), "fleet", now, fleet)
+        .await?;
+    let full = c
+        .until("the console has the fleet incident", || async {
+            let v = c.get("/api/v1/fleet-incidents").await?;
+            Ok((v.as_array().map(Vec::len) == Some(1)).then_some(v))
+        })
+        .await?;
+    assert_eq!(
+        full[0]["members"].as_array().map(Vec::len),
+        Some(2),
+        "{full}"
+    );
     let team = |path: &'static str| c.request(reqwest::Method::GET, path, Some(TEAM));
     let (status, me) = team("/api/v1/whoami").await?;
     assert_eq!(status, 200);
@@ -406,6 +456,15 @@ async fn a_team_token_sees_only_its_clusters_and_is_refused_beyond_them() -> Res
     assert_eq!(seen, ["prod-a"], "{rows}");
     let (_, diff) = team("/api/v1/diff?kind=ConfigMap&namespace=db&name=settings").await?;
     assert_eq!(diff["clusters"].as_array().map(Vec::len), Some(1), "{diff}");
+    let (_, mine) = team("/api/v1/fleet-incidents").await?;
+    assert_eq!(
+        mine[0]["members"].as_array().map(Vec::len),
+        Some(1),
+        "{mine}"
+    );
+    assert_eq!(mine[0]["members"][0]["cluster"], "prod-a");
+    assert!(!mine.to_string().contains("prod-b"), "{mine}");
+
     // naming another cluster, or asking what spans the fleet: refused
     for path in [
         "/api/v1/clusters/prod-b",

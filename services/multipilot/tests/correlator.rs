@@ -319,6 +319,7 @@ fn facts(minor: u32) -> ClusterFacts {
         })
     };
     ClusterFacts {
+        node_software: Vec::new(),
         cni: comp("cilium", "v1.15.6"),
         coredns: comp("coredns", "v1.11.1"),
         ingress_controller: comp("ingress-nginx", "v1.10.1"),

@@ -43,6 +43,22 @@ fn fleet_incidents(sys: &System, all: bool) -> Result<Vec<FleetIncident>> {
     Ok(serde_json::from_str(&cli(sys, &args)?)?)
 }
 
+/// A JSON answer of an API of the hub, `None` until there is one.
+async fn get_json<T: serde::de::DeserializeOwned>(
+    http: &reqwest::Client,
+    url: &str,
+    token: &str,
+) -> Option<T> {
+    http.get(url)
+        .bearer_auth(token)
+        .send()
+        .await
+        .ok()?
+        .json()
+        .await
+        .ok()
+}
+
 async fn fault(sys: &System, cluster: &str, on: bool) -> Result<()> {
     let sim = format!(
         "http://127.0.0.1:{}",
@@ -218,15 +234,7 @@ async fn the_same_failure_on_three_clusters_is_one_fleet_incident_paged_once() -
         60,
         Duration::from_millis(500),
         async || {
-            let alerts: Vec<Value> = http
-                .get(&alerts_api)
-                .bearer_auth(&token)
-                .send()
-                .await
-                .ok()?
-                .json()
-                .await
-                .ok()?;
+            let alerts: Vec<Value> = get_json(&http, &alerts_api, &token).await?;
             let fleet = alerts.iter().find(|a| {
                 a["labels"]["scope"] == "fleet" && a["labels"]["alertname"] == "dns-failure"
             })?;
@@ -246,6 +254,27 @@ async fn the_same_failure_on_three_clusters_is_one_fleet_incident_paged_once() -
         },
     )
     .await?;
+
+    // the console shows it with its members, what they share and the suspects
+    let console = format!(
+        "http://127.0.0.1:{}/api/v1/fleet-incidents",
+        sys.var("MULTIPILOT_CONSOLE_PORT")
+    );
+    let shown = common::eventually_every(
+        "the console's fleet incident",
+        30,
+        Duration::from_millis(500),
+        async || {
+            let list: Vec<FleetIncident> = get_json(&http, &console, &token).await?;
+            list.into_iter()
+                .find(|x| x.id == f.id && x.members.len() == 3)
+        },
+    )
+    .await?;
+    assert!(
+        shown.shared.iter().any(|s| s.attribute == "label:owner"),
+        "{shown:#?}"
+    );
 
     // paged once: the fleet alert is notified (after group_wait, 30 s), no member on its own
     let mut fleet_pages: std::collections::BTreeMap<String, u32> = Default::default();

@@ -17,7 +17,8 @@ use async_nats::jetstream::consumer;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use multipilot_schemas::payload::{
-    ApplyOutcome, Incident, IncidentStatus, ObjectOutcome, ReleaseAction,
+    ApplyOutcome, FleetIncident, Incident, IncidentStatus, ObjectOutcome, ReleaseAction,
+    SuspectVerdict,
 };
 use multipilot_schemas::{Envelope, subject};
 use serde_json::{Value, json};
@@ -253,7 +254,7 @@ impl Service {
                 _ = self.cancel.cancelled() => return Err("the release role is stopping".into()),
                 _ = tokio::time::sleep(soak) => {}
             }
-            match self.new_incidents(batch, started).await {
+            match self.new_incidents(name, batch, started).await {
                 Ok(found) if found.is_empty() => {}
                 Ok(found) => {
                     let e = format!("new incidents during the soak: {}", found.join("; "));
@@ -677,9 +678,12 @@ impl Service {
         }
     }
 
-    /// Incidents opened on `clusters` since `since` and not resolved, read from FLEET_INCIDENTS.
+    /// Incidents opened on `clusters` since `since` and not resolved, and open fleet incidents changed
+    /// since then whose first suspect is the release `release` (it reached their failing clusters and
+    /// few healthy ones: the correlator names it, wherever its batches went), read from FLEET_INCIDENTS.
     pub async fn new_incidents(
         &self,
+        release: &str,
         clusters: &[String],
         since: DateTime<Utc>,
     ) -> Result<Vec<String>, String> {
@@ -688,10 +692,11 @@ impl Service {
             .get_stream("FLEET_INCIDENTS")
             .await
             .map_err(|e| e.to_string())?;
-        let filters: Vec<String> = clusters
+        let mut filters: Vec<String> = clusters
             .iter()
             .map(|c| format!("fleet.incident.{}.>", subject::escape(c)))
             .collect();
+        filters.push("fleet.fleet-incident.>".into());
         let mut c = stream
             .create_consumer(consumer::pull::OrderedConfig {
                 filter_subjects: filters,
@@ -702,6 +707,7 @@ impl Service {
             .map_err(|e| e.to_string())?;
         let total = c.info().await.map_err(|e| e.to_string())?.num_pending;
         let mut latest: BTreeMap<String, Incident> = BTreeMap::new();
+        let mut fleet: BTreeMap<String, FleetIncident> = BTreeMap::new();
         if total > 0 {
             let mut msgs = c.messages().await.map_err(|e| e.to_string())?;
             let mut seen = 0;
@@ -712,6 +718,18 @@ impl Service {
                 };
                 let m = m.map_err(|e| e.to_string())?;
                 seen += 1;
+                if m.subject.starts_with("fleet.fleet-incident.") {
+                    if let Ok(env) = rmp_serde::from_slice::<Envelope<FleetIncident>>(&m.payload) {
+                        let f = env.payload;
+                        if fleet
+                            .get(&f.id)
+                            .is_none_or(|old| old.revision <= f.revision)
+                        {
+                            fleet.insert(f.id.clone(), f);
+                        }
+                    }
+                    continue;
+                }
                 if let Ok(env) = rmp_serde::from_slice::<Envelope<Incident>>(&m.payload) {
                     let inc = env.payload;
                     if latest
@@ -723,7 +741,7 @@ impl Service {
                 }
             }
         }
-        Ok(latest
+        let mut found: Vec<String> = latest
             .values()
             .filter(|i| i.opened_at >= since && i.status != IncidentStatus::Resolved)
             .map(|i| {
@@ -732,7 +750,19 @@ impl Service {
                     i.kind, i.cluster, i.severity, i.summary
                 )
             })
-            .collect())
+            .collect();
+        found.extend(
+            fleet
+                .values()
+                .filter(|f| f.status != IncidentStatus::Resolved && names_first(f, release))
+                .map(|f| {
+                    format!(
+                        "fleet incident {} names this release first: {}",
+                        f.id, f.summary
+                    )
+                }),
+        );
+        Ok(found)
     }
 
     /// Rolls back every changed cluster of a release to its snapshot.
@@ -928,6 +958,15 @@ impl Service {
     }
 }
 
+/// Whether the fleet incident's first suspect is the release `release`.
+fn names_first(f: &FleetIncident, release: &str) -> bool {
+    f.suspects
+        .iter()
+        .find(|s| s.verdict == SuspectVerdict::Suspect)
+        .and_then(|s| s.release.as_ref())
+        .is_some_and(|r| r.name == release)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -955,5 +994,46 @@ mod tests {
             json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "namespace": "n",
                 "labels": {"x": "1"}}, "data": {"k": "v"}})
         );
+    }
+    #[test]
+    fn a_fleet_incident_stops_the_soak_of_the_release_it_names_first() {
+        let suspect = |name: &str, verdict| multipilot_schemas::payload::Suspect {
+            verdict,
+            object: multipilot_schemas::payload::ObjectRef {
+                api_version: String::new(),
+                kind: "Release".into(),
+                namespace: None,
+                name: name.into(),
+                uid: None,
+            },
+            failing: 2,
+            failing_total: 2,
+            healthy: 0,
+            healthy_total: 4,
+            last_changed: Utc::now(),
+            summary: String::new(),
+            release: Some(multipilot_schemas::payload::ReleaseRef {
+                name: name.into(),
+                revision: 3,
+                batch: Some(1),
+                commit: None,
+            }),
+        };
+        let entry = multipilot_schemas::catalog::entries()
+            .into_iter()
+            .find(|e| e.name == "FleetIncident")
+            .expect("the catalog has a fleet incident");
+        let mut f = rmp_serde::from_slice::<Envelope<FleetIncident>>(&entry.sample)
+            .expect("the sample decodes")
+            .payload;
+        f.suspects = vec![
+            suspect("agents", SuspectVerdict::Common),
+            suspect("web", SuspectVerdict::Suspect),
+        ];
+        assert!(names_first(&f, "web"));
+        // a release seen as often on healthy clusters is not named
+        assert!(!names_first(&f, "agents"));
+        f.suspects.retain(|s| s.verdict == SuspectVerdict::Common);
+        assert!(!names_first(&f, "web"));
     }
 }

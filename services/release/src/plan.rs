@@ -313,6 +313,7 @@ mod tests {
 
     fn facts(minor: u32, labels: &[(&str, &str)]) -> ClusterFacts {
         ClusterFacts {
+            node_software: Vec::new(),
             version: multipilot_schemas::payload::KubeVersion {
                 major: 1,
                 minor,

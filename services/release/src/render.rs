@@ -131,6 +131,7 @@ mod tests {
 
     fn facts() -> ClusterFacts {
         ClusterFacts {
+            node_software: Vec::new(),
             version: multipilot_schemas::payload::KubeVersion {
                 major: 1,
                 minor: 31,

@@ -75,30 +75,59 @@ impl Drop for SseGuard {
     }
 }
 
+/// The token a request came with (header or `?access_token=`), to check again while a stream lasts.
+fn bearer(headers: &axum::http::HeaderMap, query: Option<&str>) -> Option<String> {
+    if let Some(t) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|h| h.to_str().ok())
+        .and_then(|s| {
+            s.strip_prefix("Bearer ")
+                .or_else(|| s.strip_prefix("bearer "))
+        })
+    {
+        return Some(t.trim().to_string());
+    }
+    serde_urlencoded::from_str::<BTreeMap<String, String>>(query?)
+        .ok()?
+        .remove("access_token")
+}
+
 pub(super) async fn incident_stream(
     State(app): State<App>,
-    axum::Extension(p): axum::Extension<Principal>,
+    headers: axum::http::HeaderMap,
+    axum::extract::RawQuery(query): axum::extract::RawQuery,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let rx = app.shared.incidents.subscribe();
     app.shared.metrics.sse_clients.inc();
     let guard = SseGuard(app.shared.metrics.sse_clients.clone());
+    let token = bearer(&headers, query.as_deref());
+    let tokens = app.tokens.clone();
     let hello = Event::default().event("hello").data("{}");
     let first = futures::stream::once(async move { Ok::<_, Infallible>(hello) });
-    let live = futures::stream::unfold((rx, guard, p), |(mut rx, guard, p)| async move {
-        let ev = match rx.recv().await {
-            // another team's cluster: the next one
-            Ok(v) if !p.sees(&v.incident.cluster) => Event::default().comment(""),
-            Ok(v) => {
-                let data = serde_json::to_string(&*v).unwrap_or_default();
-                Event::default().event("incident").data(data)
+    let live = futures::stream::unfold((rx, guard), move |(mut rx, guard)| {
+        let (tokens, token) = (tokens.clone(), token.clone());
+        async move {
+            loop {
+                let ev = match rx.recv().await {
+                    Ok(v) => {
+                        // the token is looked at again for every incident: one revoked, or a team whose
+                        // clusters changed, is answered as it is now
+                        let p = tokens.check(token.as_deref())?;
+                        if !p.sees(&v.incident.cluster) {
+                            continue;
+                        }
+                        let data = serde_json::to_string(&*v).unwrap_or_default();
+                        Event::default().event("incident").data(data)
+                    }
+                    // the client fell behind: tell it to reload the list
+                    Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                        Event::default().event("resync").data(json!({}).to_string())
+                    }
+                    Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                };
+                return Some((Ok(ev), (rx, guard)));
             }
-            // the client fell behind: tell it to reload the list
-            Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => Event::default()
-                .event("resync")
-                .data(json!({"missed": n}).to_string()),
-            Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
-        };
-        Some((Ok(ev), (rx, guard, p)))
+        }
     });
     Sse::new(futures::StreamExt::chain(first, live)).keep_alive(KeepAlive::default())
 }
@@ -162,4 +191,66 @@ pub(super) async fn resolve(
     Path(id): Path<String>,
 ) -> ApiResult<Value> {
     command(&app, &p, id, IncidentAction::Resolve).await
+}
+
+// Fleet incidents
+
+#[derive(Debug, Deserialize)]
+pub(super) struct FleetIncidentsQuery {
+    status: Option<String>,
+}
+
+/// A fleet incident as a token that sees only some clusters may see it: only the members on its clusters,
+/// a summary that names no other cluster, and no shared attributes or suspects (they describe the other
+/// clusters too). `None` when no member is on its clusters.
+pub(super) fn fleet_incident_for(
+    p: &Principal,
+    mut f: multipilot_schemas::payload::FleetIncident,
+) -> Option<multipilot_schemas::payload::FleetIncident> {
+    if !p.scoped() {
+        return Some(f);
+    }
+    let total = f.members.len();
+    f.members.retain(|m| p.sees(&m.cluster));
+    if f.members.is_empty() {
+        return None;
+    }
+    let names: Vec<&str> = f.members.iter().map(|m| m.cluster.as_str()).collect();
+    f.summary = format!(
+        "{} on {total} clusters of the fleet; {} of them yours ({})",
+        f.kind,
+        names.len(),
+        names.join(", ")
+    );
+    f.shared.clear();
+    f.suspects.clear();
+    f.labels.remove("cluster");
+    Some(f)
+}
+
+pub(super) async fn fleet_incidents(
+    State(app): State<App>,
+    axum::Extension(p): axum::Extension<Principal>,
+    Query(q): Query<FleetIncidentsQuery>,
+) -> ApiResult<Vec<multipilot_schemas::payload::FleetIncident>> {
+    let all = match q.status.as_deref().unwrap_or("active") {
+        "active" => false,
+        "all" => true,
+        other => {
+            return Err(ApiError::bad(format!(
+                "unknown status {other:?}: active or all"
+            )));
+        }
+    };
+    let mut list: Vec<_> = {
+        let st = app.shared.store.read().unwrap_or_else(|e| e.into_inner());
+        st.fleet_incidents
+            .values()
+            .filter(|f| all || f.status != IncidentStatus::Resolved)
+            .cloned()
+            .filter_map(|f| fleet_incident_for(&p, f))
+            .collect()
+    };
+    list.sort_by(|a, b| b.updated_at.cmp(&a.updated_at).then(a.id.cmp(&b.id)));
+    Ok(axum::Json(list))
 }

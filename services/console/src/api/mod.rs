@@ -162,6 +162,7 @@ pub fn router(app: App) -> Router {
         .route("/api/v1/clusters/{name}", get(cluster_detail))
         .route("/api/v1/incidents", get(incidents))
         .route("/api/v1/incidents/stream", get(incident_stream))
+        .route("/api/v1/fleet-incidents", get(fleet_incidents))
         .route("/api/v1/incidents/{id}/ack", post(ack))
         .route("/api/v1/incidents/{id}/resolve", post(resolve))
         .route("/api/v1/resources", get(resources))

@@ -126,6 +126,42 @@ async function loadIncidents() {
     for (const inc of list) upsertIncident(inc, false);
     renderIncidents();
   } catch (e) { if (e.message !== 'unauthorized') banner('incidents: ' + e.message); }
+  loadFleetIncidents();
+}
+
+// fleet incidents change with their members: read again (at most every 2 s) when an incident changes
+let fleetTimer = null;
+function fleetSoon() {
+  if (fleetTimer) return;
+  fleetTimer = setTimeout(() => { fleetTimer = null; loadFleetIncidents(); }, 2000);
+}
+
+async function loadFleetIncidents() {
+  let list;
+  try { list = await api('/api/v1/fleet-incidents?status=all'); } catch (e) { return; }
+  const want = $('#incident-status').value;
+  list = list.filter((f) => want === 'all' || (want === 'resolved' ? f.status === 'resolved' : f.status !== 'resolved'));
+  $('#fleet-count').textContent = list.length ? list.length + ' shown' : 'none';
+  $('#fleet-list').replaceChildren(...list.slice(0, 100).map((f) => {
+    const open = f.members.filter((m) => !m.left_at && m.status !== 'resolved').length;
+    return el('li', { class: 'incident fleet-incident severity-' + f.severity, dataFleetId: f.id, dataKind: f.kind, dataStatus: f.status },
+      el('div', { class: 'head' },
+        el('span', { class: 'pill sev-' + f.severity }, f.severity),
+        el('b', { class: 'st-' + f.status + ' status' }, f.status),
+        el('code', {}, f.kind),
+        el('span', {}, f.members.length + ' member' + (f.members.length === 1 ? '' : 's') + ' (' + open + ' open) of ' + f.fleet_size + ' clusters'),
+        el('span', { class: 'muted', title: 'opened ' + f.opened_at + ' (hub clock)' }, 'opened ' + ago(f.opened_at) + ' ago'),
+        el('span', { class: 'muted' }, 'rev ' + f.revision)),
+      el('div', { class: 'summary' }, f.summary),
+      el('ul', { class: 'members' }, f.members.map((m) => el('li', { dataCluster: m.cluster, dataStatus: m.status },
+        el('b', {}, m.cluster), ' ', el('span', { class: 'st-' + m.status }, m.status),
+        m.left_at ? el('span', { class: 'muted' }, ' left: ' + (m.left_because || 'resolved')) : null,
+        el('span', { class: 'muted' }, ' — ' + m.summary)))),
+      f.shared && f.shared.length ? el('div', { class: 'shared' }, el('b', {}, 'shared: '),
+        f.shared.slice(0, 3).map((a, i) => el('span', { dataAttribute: a.attribute }, (i ? '; ' : '') + a.support))) : null,
+      f.suspects && f.suspects.length ? el('ol', { class: 'suspects' }, f.suspects.map((x) =>
+        el('li', { class: 'verdict-' + x.verdict }, '[' + x.verdict + '] ', x.summary, ' — ', objLink(x.object)))) : null);
+  }));
 }
 
 function canOperate() { return state.whoami && (state.whoami.role === 'operator' || state.whoami.role === 'releaser'); }
@@ -201,6 +237,7 @@ function connectStream() {
     if (upsertIncident(inc, true)) { renderIncidents(); loadClusters(); }
   });
   src.addEventListener('resync', () => loadIncidents());
+  src.addEventListener('incident', () => fleetSoon());
   src.onerror = () => { live.textContent = 'reconnecting'; live.dataset.state = 'down'; };
 }
 
@@ -485,7 +522,7 @@ document.addEventListener('DOMContentLoaded', () => {
   $('#token-clear').addEventListener('click', () => { localStorage.removeItem(TOKEN_KEY); location.reload(); });
   $('#cluster-filter').addEventListener('input', () => loadClusters());
   $('#cluster-sort').addEventListener('change', () => loadClusters());
-  $('#incident-status').addEventListener('change', () => renderIncidents());
+  $('#incident-status').addEventListener('change', () => { renderIncidents(); loadFleetIncidents(); });
   $('#incident-filter').addEventListener('input', () => renderIncidents());
   $('#res-form').addEventListener('submit', loadResources);
   $('#diff-form').addEventListener('submit', runDiff);

@@ -37,6 +37,7 @@ pub fn root() -> PathBuf {
 /// The facts of a healthy 3-node cluster on Kubernetes 1.`minor` labelled `env=prod`, with no components.
 pub fn facts(minor: u32) -> ClusterFacts {
     ClusterFacts {
+        node_software: Vec::new(),
         version: KubeVersion {
             major: 1,
             minor,
