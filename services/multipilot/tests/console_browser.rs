@@ -255,6 +255,16 @@ async fn the_console_page_shows_the_fleet_a_live_incident_and_a_cross_cluster_di
         30,
     )
     .await?;
+    // the fleet incidents section has been read (the simulator's churn makes some BackOff event problems
+    // common to several clusters): each fleet incident listed with its members
+    br.wait_for(
+        "the fleet incidents section",
+        "(() => { const n = document.querySelector('#fleet-count').textContent; \
+           const items = [...document.querySelectorAll('#fleet-list li.fleet-incident')]; \
+           return n !== '' && items.every(li => li.querySelectorAll('ul.members li[data-cluster]').length >= 2); })()",
+        30,
+    )
+    .await?;
     // a marker that a reload would wipe
     br.eval("window.__noReload = 'still-here'; true").await?;
 
