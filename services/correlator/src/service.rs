@@ -507,41 +507,9 @@ async fn follow_releases(core: Shared, ctx: Context) {
     let mut after: Option<u64> = None;
     let mut missing_said = false;
     loop {
-        let start = match after {
-            Some(seq) => Start::After(seq),
-            None => Start::Since(Utc::now() - chrono::Duration::hours(2)),
-        };
-        let mut batches: Vec<(u64, multipilot_schemas::Envelope<ReleaseEvent>)> = Vec::new();
-        let read = js_kit::read_history(
-            &ctx.js,
-            "FLEET_RELEASE",
-            vec!["fleet.release.*.batch".into()],
-            start,
-            |s| {
-                if let Ok(env) = js_kit::decode::<ReleaseEvent>(s.message, DEFAULT_MAX_BYTES) {
-                    batches.push((s.stream_seq, env));
-                }
-            },
-        )
-        .await;
-        match read {
-            Ok(_) => {
-                missing_said = false;
-                if let Some((seq, _)) = batches.last() {
-                    after = Some(*seq);
-                }
-                if !batches.is_empty() {
-                    let mut c = core.lock().await;
-                    for (_, env) in &batches {
-                        let outs = c.machine.apply(Input::Release(env));
-                        c.outbox.push(outs);
-                    }
-                    drop(c);
-                    if let Err(err) = commit(&core, &ctx.js, &ctx.bus_metrics).await {
-                        tracing::warn!(error = %err, "publishing incidents failed; will retry");
-                    }
-                }
-            }
+        // nothing is read (no consumer made) while the stream holds nothing new
+        let last = match js_kit::get_stream(&ctx.js, "FLEET_RELEASE").await {
+            Ok(mut stream) => stream.info().await.map(|i| i.state.last_sequence).ok(),
             Err(js_kit::Error::NoStream { .. }) => {
                 if !missing_said {
                     tracing::info!(
@@ -549,8 +517,50 @@ async fn follow_releases(core: Shared, ctx: Context) {
                     );
                     missing_said = true;
                 }
+                None
             }
-            Err(e) => tracing::warn!(error = %e, "reading release batches from FLEET_RELEASE"),
+            Err(e) => {
+                tracing::warn!(error = %e, "looking up FLEET_RELEASE");
+                None
+            }
+        };
+        if let Some(last) = last.filter(|l| after != Some(*l)) {
+            missing_said = false;
+            let start = match after {
+                Some(seq) => Start::After(seq),
+                None => Start::Since(Utc::now() - chrono::Duration::hours(2)),
+            };
+            let mut batches: Vec<multipilot_schemas::Envelope<ReleaseEvent>> = Vec::new();
+            let read = js_kit::read_range(
+                &ctx.js,
+                "FLEET_RELEASE",
+                vec!["fleet.release.*.batch".into()],
+                start,
+                Some(last),
+                |s| {
+                    if let Ok(env) = js_kit::decode::<ReleaseEvent>(s.message, DEFAULT_MAX_BYTES) {
+                        batches.push(env);
+                    }
+                },
+            )
+            .await;
+            match read {
+                Ok(_) => {
+                    after = Some(last);
+                    if !batches.is_empty() {
+                        let mut c = core.lock().await;
+                        for env in &batches {
+                            let outs = c.machine.apply(Input::Release(env));
+                            c.outbox.push(outs);
+                        }
+                        drop(c);
+                        if let Err(err) = commit(&core, &ctx.js, &ctx.bus_metrics).await {
+                            tracing::warn!(error = %err, "publishing incidents failed; will retry");
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "reading release batches from FLEET_RELEASE"),
+            }
         }
         tokio::select! {
             _ = ctx.cancel.cancelled() => return,

@@ -14,7 +14,7 @@ use anyhow::{Context as _, Result};
 use common::system::System;
 use futures::StreamExt;
 use multipilot_schemas::Envelope;
-use multipilot_schemas::payload::{FleetIncident, IncidentStatus, Notification};
+use multipilot_schemas::payload::{FleetIncident, IncidentStatus, Notification, SuspectVerdict};
 use serde_json::{Value, json};
 
 const FAILING: [&str; 3] = ["prod-euw-1", "prod-wus2-4", "staging-fra-5"];
@@ -194,6 +194,32 @@ async fn the_same_failure_on_three_clusters_is_one_fleet_incident_paged_once() -
         (owner.value.as_str(), owner.failing, owner.healthy),
         ("platform", 2, 0)
     );
+    // the demo's GitOps releases (its policy bundles) reached every cluster shortly before: weighed as
+    // suspects, and named as ordinary churn since the healthy clusters got them too
+    let weighed = common::eventually_every(
+        "the releases weighed as suspects",
+        60,
+        Duration::from_millis(500),
+        async || {
+            fleet_incidents(&sys, false)
+                .ok()?
+                .into_iter()
+                .find(|x| x.id == f.id && x.suspects.iter().any(|s| s.release.is_some()))
+        },
+    )
+    .await
+    .map_err(|e| anyhow::anyhow!("{e}\n{:#?}", fleet_incidents(&sys, false)))?;
+    let release = weighed
+        .suspects
+        .iter()
+        .find(|s| s.release.is_some())
+        .context("a release suspect")?;
+    assert_eq!(
+        (release.verdict, release.healthy, release.healthy_total),
+        (SuspectVerdict::Common, 3, 3),
+        "{release:#?}"
+    );
+
     // only one fleet incident of the kind, whatever the order the members came in
     assert_eq!(
         fleet_incidents(&sys, false)?
