@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use multipilot_schemas::Envelope;
-use multipilot_schemas::payload::{EventDigest, Heartbeat, Incident, Notification};
+use multipilot_schemas::payload::{EventDigest, FleetIncident, Heartbeat, Incident, Notification};
 use tokio_util_free::Token;
 
 use crate::record::Recorder;
@@ -69,6 +69,8 @@ pub struct Seen {
     pub last_heartbeat: BTreeMap<String, Heartbeat>,
     /// Incident changes.
     pub incidents: Vec<SeenIncident>,
+    /// Fleet incident changes, as the subscriber got them.
+    pub fleet: Vec<(Instant, FleetIncident)>,
     /// Notification ids as received (a re-sent notification shows twice).
     pub notifications: Vec<(Instant, String)>,
     /// TSDB lag samples: seconds from a sample's timestamp to the moment a query first returned it.
@@ -146,6 +148,20 @@ impl Observer {
                                 wall: Utc::now(),
                                 incident: env.payload,
                             });
+                    }
+                }
+            }));
+        }
+        {
+            let mut sub = sys.client.subscribe("fleet.fleet-incident.>").await?;
+            let seen = seen.clone();
+            tasks.push(tokio::spawn(async move {
+                while let Some(m) = sub.next().await {
+                    if let Ok(env) = rmp_serde::from_slice::<Envelope<FleetIncident>>(&m.payload) {
+                        seen.lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .fleet
+                            .push((Instant::now(), env.payload));
                     }
                 }
             }));

@@ -492,6 +492,7 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
     rec.mark("watch-expire");
     tokio::time::sleep(third).await;
     let false_quiet = opened_since(&obs, quiet_from);
+    let (false_fleet, event_fleet) = super::fleet_phase::false_fleet(&obs, quiet_from);
     let cluster_days = clusters.len() as f64 * quiet_from.elapsed().as_secs_f64() / 86_400.0;
 
     // waves: one class per cluster at once
@@ -519,6 +520,9 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
     let (pair_outcomes, seen) = wave(&sys, &obs, &rec, &faults, Duration::from_secs(120)).await?;
     unexpected.extend(seen.unexpected);
     flapped.extend(seen.flapped);
+
+    // failures across clusters: one fleet incident each
+    super::fleet_phase::run(o, &sys, &obs, &rec, &mut r).await?;
 
     // figures per class
     let mut missed = Vec::new();
@@ -689,6 +693,24 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
                 format!(": {false_quiet:?}")
             }
         ),
+    );
+    r.figure(
+        "fleet incidents in the quiet period",
+        format!(
+            "{} of a cluster incident kind{}; {event_fleet} of event problems (the simulator's churn makes the same \
+             warning events on several clusters: real, and common to them)",
+            false_fleet.len(),
+            if false_fleet.is_empty() {
+                String::new()
+            } else {
+                format!(": {false_fleet:?}")
+            }
+        ),
+    );
+    r.goal(
+        "no fleet incident of a cluster incident kind in the quiet period",
+        false_fleet.is_empty(),
+        format!("{false_fleet:?}"),
     );
     r.figure(
         "incidents of kinds not injected, during the waves",

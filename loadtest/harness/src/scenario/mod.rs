@@ -3,6 +3,7 @@
 
 pub mod crash;
 pub mod faults;
+pub mod fleet_phase;
 pub mod scaleout;
 pub mod steady;
 pub mod storm;
