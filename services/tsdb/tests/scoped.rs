@@ -22,17 +22,19 @@ async fn a_scoped_token_reads_only_its_clusters_series_whatever_the_query_says()
     let dir = tempfile::tempdir()?;
     let store = Arc::new(Store::open(dir.path(), Options::default())?);
     let now = chrono::Utc::now().timestamp_millis();
+    // samples 70 s old: a subquery's steps fall on whole minutes, so one always comes after them (a
+    // sample seconds old may be newer than every step, and a subquery over it empty)
     for cluster in ["alpha-1", "beta-2", "gamma-3"] {
         store.append(
             cluster,
             &[
-                sample("up", &[("job", "node")], 1.0, now - 10_000),
-                sample("secret_total", &[("job", "app")], 7.0, now - 10_000),
+                sample("up", &[("job", "node")], 1.0, now - 70_000),
+                sample("secret_total", &[("job", "app")], 7.0, now - 70_000),
             ],
         )?;
     }
     // a series of no cluster (the hub's own): not a team's either
-    store.append("", &[sample("hub_up", &[], 1.0, now - 10_000)])?;
+    store.append("", &[sample("hub_up", &[], 1.0, now - 70_000)])?;
     store.commit().await?;
     let mut team = TokenEntry::plain(TEAM, "team-payments", Role::Viewer);
     team.team = Some("payments".into());
