@@ -138,15 +138,20 @@ impl H {
         let probe = "name: probe\ntargets: {clusters: [old-124, new-131]}\nmanifests: |\n  apiVersion: v1\n  kind: ConfigMap\n  metadata: {name: probe, namespace: default}\n";
         let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
         loop {
-            let r = h.plan(probe).await?;
-            if r.ok && r.release.as_ref().is_some_and(|r| r.plan.clean()) {
-                break;
-            }
+            // the role writes its key before it subscribes: until then nobody answers, which is not
+            // an answer either
+            let why = match h.plan(probe).await {
+                Ok(r) if r.ok && r.release.as_ref().is_some_and(|r| r.plan.clean()) => break,
+                Ok(r) => format!(
+                    "{:?}",
+                    r.error
+                        .or_else(|| r.release.map(|r| r.plan.problems().join("; ")))
+                ),
+                Err(e) => e.to_string(),
+            };
             anyhow::ensure!(
                 tokio::time::Instant::now() < deadline,
-                "the fleet never became plannable: {:?}\n{}",
-                r.error
-                    .or_else(|| r.release.map(|r| r.plan.problems().join("; "))),
+                "the fleet never became plannable: {why}\n{}",
                 h.agent_log()
             );
             tokio::time::sleep(Duration::from_millis(500)).await;
