@@ -334,16 +334,20 @@ pub fn suspects(
         .filter(|c| view.clusters.contains_key(*c))
         .count() as u32;
     let failing_total = since.len() as u32;
+    // what changed on each healthy cluster over the whole span, read once
+    let healthy_changed: Vec<BTreeSet<String>> = healthy
+        .iter()
+        .map(|c| {
+            touches(view, c)
+                .into_iter()
+                .filter(|t| t.at >= first - lookback && t.at <= last)
+                .map(|t| t.key)
+                .collect()
+        })
+        .collect();
     let mut out: Vec<(bool, f64, Suspect)> = Vec::new();
     for (key, (clusters, latest, object, release)) in failing {
-        let h = healthy
-            .iter()
-            .filter(|c| {
-                touches(view, c)
-                    .iter()
-                    .any(|t| t.key == key && t.at >= first - lookback && t.at <= last)
-            })
-            .count() as u32;
+        let h = healthy_changed.iter().filter(|k| k.contains(&key)).count() as u32;
         let f = clusters.len() as u32;
         let fr = f as f64 / failing_total as f64;
         let hr = if healthy_total == 0 {

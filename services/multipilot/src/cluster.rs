@@ -125,7 +125,7 @@ pub fn run(cmd: Command) -> Result<()> {
             let block = agent_block(&text, &name, &hash(&password)?, &labels)?;
             let updated = insert_block(&text, &block)?;
             // the teams whose selector matches the new cluster take it in
-            let (updated, teams) = crate::team::join(&updated, &name, &labels, &files)?;
+            let (updated, teams) = crate::team::join(&updated, &name)?;
             let ca = files.secrets_dir.join("material/ca.crt");
             let ca_pem = std::fs::read_to_string(&ca).with_context(|| {
                 format!(

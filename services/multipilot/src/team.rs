@@ -229,12 +229,7 @@ pub fn refresh_all(text: &str) -> Result<String> {
 }
 
 /// After `cluster` was added: every team block made again; the teams that now hold the cluster.
-pub fn join(
-    text: &str,
-    cluster: &str,
-    _labels: &BTreeMap<String, String>,
-    _files: &Files,
-) -> Result<(String, Vec<String>)> {
+pub fn join(text: &str, cluster: &str) -> Result<(String, Vec<String>)> {
     let out = refresh_all(text)?;
     let joined = teams(&out)?
         .into_iter()

@@ -75,32 +75,15 @@ impl Drop for SseGuard {
     }
 }
 
-/// The token a request came with (header or `?access_token=`), to check again while a stream lasts.
-fn bearer(headers: &axum::http::HeaderMap, query: Option<&str>) -> Option<String> {
-    if let Some(t) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|h| h.to_str().ok())
-        .and_then(|s| {
-            s.strip_prefix("Bearer ")
-                .or_else(|| s.strip_prefix("bearer "))
-        })
-    {
-        return Some(t.trim().to_string());
-    }
-    serde_urlencoded::from_str::<BTreeMap<String, String>>(query?)
-        .ok()?
-        .remove("access_token")
-}
-
 pub(super) async fn incident_stream(
     State(app): State<App>,
-    headers: axum::http::HeaderMap,
-    axum::extract::RawQuery(query): axum::extract::RawQuery,
+    req: Request,
 ) -> Sse<impl Stream<Item = Result<Event, Infallible>>> {
     let rx = app.shared.incidents.subscribe();
     app.shared.metrics.sse_clients.inc();
     let guard = SseGuard(app.shared.metrics.sse_clients.clone());
-    let token = bearer(&headers, query.as_deref());
+    // kept to be checked again while the stream lasts
+    let token = auth::token_of(&req);
     let tokens = app.tokens.clone();
     let hello = Event::default().event("hello").data("{}");
     let first = futures::stream::once(async move { Ok::<_, Infallible>(hello) });
