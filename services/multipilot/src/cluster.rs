@@ -1,10 +1,14 @@
 //! `multipilot cluster add|remove|rotate|list`: onboarding a workload cluster.
 //!
 //! `add` mints the cluster's bus credentials and writes what to apply in that cluster:
-//! - a NATS user `agent-<name>` in the accounts file (`deploy/nats/accounts.conf`), made from the shipped
-//!   `agent-prod-1` block with every `prod-1` token replaced, so it has exactly the permissions the shipped
-//!   agent has, scoped to the cluster's own subjects, command subject and inbox prefix. Its password is stored
-//!   as a bcrypt hash, so the accounts file (and the ConfigMap made from it) holds nothing secret;
+//! - a NATS account and user `agent-<name>` in the accounts file (`deploy/nats/accounts.conf`), made from
+//!   the shipped `agent-prod-1` account with every `prod-1` token replaced, so it has exactly the imports and
+//!   permissions the shipped agent has, scoped to the cluster's own subjects, command subject and inbox
+//!   prefix; and the FLEET account's import of its command subject. An account of its own, not a user of
+//!   FLEET: the answer to a request goes to the reply subject the requester names, in the account the request
+//!   is handled in, and a stream of FLEET listening there would store it. Across a service import, the reply
+//!   subject is the server's own and the answer goes back to the agent's account. Its password is stored as a
+//!   bcrypt hash, so the accounts file (and the ConfigMap made from it) holds nothing secret;
 //! - the Secret `multipilot-agent-nats` (password, the bus CA) as a manifest under `--secrets-dir`, kept out of
 //!   Git like every other Secret;
 //! - an agent overlay (`kustomization.yaml` + `agent.yaml`: name, labels, NATS URL) under `--overlay-dir`.
@@ -26,6 +30,10 @@ use rand::RngCore as _;
 /// The cluster the accounts file's agent block is written for.
 const TEMPLATE_CLUSTER: &str = "prod-1";
 pub(crate) const AGENTS_MARK: &str = "# --- agents ---";
+const AGENTS_END: &str = "# --- end of agents ---";
+/// The FLEET account's imports of the agents' command subjects.
+const COMMANDS_MARK: &str = "# --- agent commands ---";
+const COMMANDS_END: &str = "# --- end of agent commands ---";
 pub(crate) const TEAMS_MARK: &str = "# --- teams ---";
 pub(crate) const ROLES_MARK: &str = "# --- hub roles ---";
 
@@ -144,7 +152,7 @@ pub fn run(cmd: Command) -> Result<()> {
                 println!("cluster {name} joins the team {team} (its selector matches)");
             }
             println!(
-                "cluster {name}: NATS user agent-{name} added to {accounts}\n\
+                "cluster {name}: NATS account and user agent-{name} added to {accounts}\n\
                  \n\
                  1. on the management cluster, roll the new accounts out to NATS:\n\
                  \x20    kubectl apply -k <your hub overlay>\n\
@@ -169,7 +177,7 @@ pub fn run(cmd: Command) -> Result<()> {
             write_atomic(&files.accounts, &updated)?;
             crate::team::update_tokens(&files.tokens(), &updated)?;
             println!(
-                "cluster {name}: NATS user agent-{name} removed from {}; roll it out to NATS (kubectl apply -k \
+                "cluster {name}: NATS account and user agent-{name} removed from {}; roll it out to NATS (kubectl apply -k \
                  <your hub overlay>) and the agent is refused",
                 files.accounts.display()
             );
@@ -295,9 +303,36 @@ pub(crate) fn section(text: &str, mark: &str, ends: &[&str]) -> Result<(usize, u
     Ok((start, end))
 }
 
-/// The agent users' blocks: between the agents mark and the teams (or hub roles) mark.
+/// The agents' accounts: between the agents mark and its end.
 fn agent_section(text: &str) -> Result<(usize, usize)> {
-    section(text, AGENTS_MARK, &[TEAMS_MARK, ROLES_MARK])
+    ensure!(
+        !text.contains(AGENTS_MARK) || text.contains(AGENTS_END),
+        "this accounts file keeps its agents as users of the FLEET account (the layout before each agent \
+         had an account of its own): there, the server delivers the answer to anything an agent asks to the \
+         reply subject the agent names, where a stream may store it. Start from the shipped \
+         deploy/nats/accounts.conf (carry your own changes to the hub roles over), then onboard each \
+         cluster again with `multipilot cluster add <name> --label …` and apply its new Secret"
+    );
+    section(text, AGENTS_MARK, &[AGENTS_END])
+}
+
+/// FLEET's imports of the agents' command subjects, one line each.
+fn commands_section(text: &str) -> Result<(usize, usize)> {
+    section(text, COMMANDS_MARK, &[COMMANDS_END])
+}
+
+/// The line of FLEET's imports that brings `name`'s command subject in: (start, end).
+fn command_line(text: &str, name: &str) -> Result<Option<(usize, usize)>> {
+    let (start, end) = commands_section(text)?;
+    let needle = format!("account: agent-{name},");
+    let mut at = start;
+    for line in text[start..end].split_inclusive('\n') {
+        if line.contains(&needle) {
+            return Ok(Some((at, at + line.len())));
+        }
+        at += line.len();
+    }
+    Ok(None)
 }
 
 /// Each `{ … }` user block of a section whose user is `<prefix><name>`: (start, end, name).
@@ -347,7 +382,7 @@ pub(crate) fn blocks_in(
     Ok(out)
 }
 
-/// Each user block of the agent section: (start, end, cluster name).
+/// Each account block of the agent section: (start, end, cluster name).
 fn blocks(text: &str) -> Result<Vec<(usize, usize, String)>> {
     blocks_in(text, agent_section(text)?, "agent-")
 }
@@ -384,13 +419,21 @@ fn users(text: &str) -> Result<Vec<String>> {
     Ok(blocks(text)?.into_iter().map(|(_, _, n)| n).collect())
 }
 
-/// The template cluster's block rewritten for `name`, with a hashed password.
+/// The template cluster's account block and command import line, rewritten for `name`, with a hashed
+/// password.
 fn agent_block(
     text: &str,
     name: &str,
     password_hash: &str,
     labels: &BTreeMap<String, String>,
-) -> Result<String> {
+) -> Result<(String, String)> {
+    let (from, to) = command_line(text, TEMPLATE_CLUSTER)?.with_context(|| {
+        format!(
+            "the accounts file imports no command subject of agent-{TEMPLATE_CLUSTER} into FLEET \
+             (between `{COMMANDS_MARK}` and `{COMMANDS_END}`) to copy"
+        )
+    })?;
+    let import = text[from..to].replace(TEMPLATE_CLUSTER, name);
     let (from, to, _) = blocks(text)?
         .into_iter()
         .find(|(_, _, n)| n == TEMPLATE_CLUSTER)
@@ -417,22 +460,26 @@ fn agent_block(
     let password = format!("password: \"{password_hash}\"");
     let block = re.replace(&block, regex::NoExpand(&password)).into_owned();
     if labels.is_empty() {
-        return Ok(block);
+        return Ok((block, import));
     }
     // the labels go on a comment line after the user's
     let at = block.find('\n').map(|i| i + 1).unwrap_or(block.len());
     let indent: String = block[at..].chars().take_while(|c| *c == ' ').collect();
-    Ok(format!(
+    let block = format!(
         "{}{indent}{LABELS_LINE}{}\n{}",
         &block[..at],
         serde_json::to_string(labels)?,
         &block[at..]
-    ))
+    );
+    Ok((block, import))
 }
 
-fn insert_block(text: &str, block: &str) -> Result<String> {
+/// `text` with an agent's account and its command import added.
+fn insert_block(text: &str, (block, import): &(String, String)) -> Result<String> {
     let (_, end) = agent_section(text)?;
-    Ok(format!("{}{block}{}", &text[..end], &text[end..]))
+    let text = format!("{}{block}{}", &text[..end], &text[end..]);
+    let (_, end) = commands_section(&text)?;
+    Ok(format!("{}{import}{}", &text[..end], &text[end..]))
 }
 
 fn remove_block(text: &str, name: &str) -> Result<String> {
@@ -444,7 +491,11 @@ fn remove_block(text: &str, name: &str) -> Result<String> {
     let Some((from, to, _)) = blocks(text)?.into_iter().find(|(_, _, n)| n == name) else {
         bail!("no such cluster: there is no agent-{name} user");
     };
-    Ok(format!("{}{}", &text[..from], &text[to..]))
+    let text = format!("{}{}", &text[..from], &text[to..]);
+    Ok(match command_line(&text, name)? {
+        Some((from, to)) => format!("{}{}", &text[..from], &text[to..]),
+        None => text,
+    })
 }
 
 pub(crate) fn write_atomic(path: &Path, text: &str) -> Result<()> {
@@ -604,8 +655,25 @@ mod tests {
     fn a_new_agent_user_is_the_template_with_its_own_name_and_a_hash() {
         let text = shipped();
         assert_eq!(users(&text).unwrap(), vec!["prod-1"]);
-        let block = agent_block(&text, "staging-2", "$2a$11$abc", &BTreeMap::new()).unwrap();
+        let (block, import) =
+            agent_block(&text, "staging-2", "$2a$11$abc", &BTreeMap::new()).unwrap();
+        assert!(
+            block.trim_start().starts_with("agent-staging-2 {"),
+            "{block}"
+        );
         assert!(block.contains("user: agent-staging-2"), "{block}");
+        assert!(
+            block.contains("{ service: { account: FLEET, subject: \"fleet.state.staging-2.>\" } }"),
+            "{block}"
+        );
+        assert!(
+            block.contains("{ service: \"fleet.cmd.staging-2.>\", accounts: [FLEET] }"),
+            "{block}"
+        );
+        assert_eq!(
+            import.trim(),
+            "{ service: { account: agent-staging-2, subject: \"fleet.cmd.staging-2.>\" } }"
+        );
         assert!(block.contains("\"fleet.state.staging-2.>\""), "{block}");
         assert!(
             block.contains("\"fleet.cmd.staging-2.>\", \"_INBOX_staging-2.>\""),
@@ -616,8 +684,9 @@ mod tests {
             !block.contains("prod-1") && !block.contains("PROD_1"),
             "{block}"
         );
-        let added = insert_block(&text, &block).unwrap();
+        let added = insert_block(&text, &(block, import)).unwrap();
         assert_eq!(users(&added).unwrap(), vec!["prod-1", "staging-2"]);
+        assert!(command_line(&added, "staging-2").unwrap().is_some());
         let removed = remove_block(&added, "staging-2").unwrap();
         assert_eq!(removed, text);
     }
@@ -638,6 +707,16 @@ mod tests {
         assert!(err.to_string().contains("no such cluster"), "{err}");
         assert!(remove_block(&shipped(), "prod-1").is_err());
         assert!(parse_labels(&["env".into()]).is_err());
+    }
+
+    #[test]
+    fn an_accounts_file_with_agents_inside_fleet_is_refused_with_a_way_out() {
+        let old = "accounts {\n  FLEET {\n    users: [\n      # --- agents ---\n      { user: agent-a, password: x }\n      # --- hub roles ---\n    ]\n  }\n}\n";
+        let err = users(old).unwrap_err().to_string();
+        assert!(
+            err.contains("account of its own") && err.contains("cluster add"),
+            "{err}"
+        );
     }
 
     #[test]

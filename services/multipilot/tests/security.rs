@@ -576,6 +576,83 @@ async fn an_onboarded_cluster_speaks_only_for_itself_and_is_refused_once_removed
     admin.flush().await?;
     let got = tokio::time::timeout(Duration::from_secs(5), own.next()).await?;
     assert!(got.is_some());
+    // a command is a request: its answer crosses back from the agent's account to the requester's inbox
+    let answering = agent.clone();
+    let responder = tokio::spawn(async move {
+        if let Some(m) = own.next().await
+            && let Some(reply) = m.reply
+        {
+            let _ = answering.publish(reply, "done".into()).await;
+            let _ = answering.flush().await;
+        }
+    });
+    let answer = admin
+        .request(subject::command("staging-2", "release"), "plan".into())
+        .await?;
+    assert_eq!(&answer.payload[..], b"done");
+    responder.await?;
+    // it reads back its own last message (the duplicate accounting after a crash)
+    let last = ajs
+        .get_stream_no_info("FLEET_HEALTH")
+        .await?
+        .direct_get_last_for_subject(subject::heartbeat("staging-2"))
+        .await?;
+    assert_eq!(&last.payload[..], [1]);
+
+    // The answer to anything it sends stays in its own account, whatever reply subject it names: neither a
+    // publish's acknowledgement nor a direct get's message is stored under another cluster's subject or in
+    // the audit stream, nor reaches another agent as a command. (With the agent a user of FLEET, the server
+    // delivered them to the named subject, where FLEET's streams stored them.)
+    let mut spied = admin.subscribe("fleet.>").await?;
+    admin.flush().await?;
+    let forged = [
+        "fleet.hb.prod-1",
+        "fleet.state.prod-1.Deployment.shop.web",
+        "fleet.audit.release.forged",
+        "fleet.incident.prod-1.forged",
+        "fleet.cmd.prod-1.release",
+    ];
+    for reply in forged {
+        agent
+            .publish_with_reply(subject::heartbeat("staging-2"), reply, vec![2].into())
+            .await?;
+        agent
+            .publish_with_reply(
+                format!(
+                    "$JS.API.DIRECT.GET.FLEET_HEALTH.{}",
+                    subject::heartbeat("staging-2")
+                ),
+                reply,
+                "".into(),
+            )
+            .await?;
+    }
+    agent.flush().await?;
+    let mut leaked = Vec::new();
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(1500), spied.next()).await {
+        // its own heartbeats arrive in FLEET, as they should; nothing else may
+        if m.subject.as_str() != subject::heartbeat("staging-2") {
+            leaked.push(m.subject.to_string());
+        }
+    }
+    assert!(leaked.is_empty(), "answers reached FLEET on {leaked:?}");
+    let admin_js = jetstream::new(admin.clone());
+    for (stream, reply) in [
+        ("FLEET_HEALTH", forged[0]),
+        ("FLEET_STATE", forged[1]),
+        ("FLEET_AUDIT", forged[2]),
+        ("FLEET_INCIDENTS", forged[3]),
+    ] {
+        let stored = admin_js
+            .get_stream(stream)
+            .await?
+            .get_last_raw_message_by_subject(reply)
+            .await;
+        assert!(
+            stored.is_err(),
+            "an answer was stored in {stream} as {reply}"
+        );
+    }
     drop(agent);
 
     // removed: the same credentials are refused by a server with the new accounts file
