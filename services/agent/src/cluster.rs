@@ -336,7 +336,10 @@ fn on_object(ctx: &ClusterCtx, kind: &Chosen, mut obj: Value) -> ObjectKey {
     ctx.emit(
         Meta {
             class: Class::State,
-            msg_id: stable_id(&[ctx.name(), k, &state.uid, &digest]),
+            // the resource version too: an object changed back (A → B → A) within the stream's
+            // duplicate window is a new message, not a duplicate of A's first one (which JetStream would
+            // drop, leaving B as the object's last state); an unchanged object relisted keeps its version
+            msg_id: stable_id(&[ctx.name(), k, &state.uid, &digest, &state.resource_version]),
             collapse: Some(subject.clone()),
             subject,
             cluster_time,
@@ -858,7 +861,14 @@ async fn facts_loop(ctx: Arc<ClusterCtx>, first: Option<Discovery>, cancel: Canc
                     ctx.emit(
                         Meta {
                             class: Class::Probe,
-                            msg_id: stable_id(&[ctx.name(), "facts", &digest]),
+                            // with when it changed: facts changed back (A → B → A) within the
+                            // duplicate window are new, not a duplicate of A's first message
+                            msg_id: stable_id(&[
+                                ctx.name(),
+                                "facts",
+                                &digest,
+                                &chrono::Utc::now().timestamp_millis().to_string(),
+                            ]),
                             collapse: Some(subject.clone()),
                             subject,
                             cluster_time: Utc::now(),
