@@ -31,7 +31,41 @@ pub struct View<'a> {
     pub clusters: &'a BTreeMap<String, ClusterState>,
     /// Every cluster incident, by key.
     pub incidents: &'a BTreeMap<String, Incident>,
+    /// Every object each cluster holds: `kind/namespace/name` → spec hash, by cluster.
+    pub objects: &'a BTreeMap<String, BTreeMap<String, String>>,
 }
+
+/// Whether a spec change of this kind is a change someone made (Pods, ReplicaSets, EndpointSlices and
+/// Secrets change as a consequence, or too often to say anything).
+pub fn is_change_kind(kind: &str) -> bool {
+    !matches!(kind, "Pod" | "ReplicaSet" | "Secret" | "EndpointSlice")
+}
+
+/// How likely an object changes on `cluster` by chance in one lookback: the share of the objects of a
+/// change kind it holds that changed in `[from, to]` (at least one object counted, so a cluster whose
+/// objects have not arrived yet is a certain churn, never evidence).
+fn churn(view: View<'_>, cluster: &str, from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
+    let changed: BTreeSet<String> = touches(view, cluster)
+        .into_iter()
+        .filter(|t| t.release.is_none() && t.at >= from && t.at <= to)
+        .map(|t| t.key)
+        .collect();
+    changed.len() as f64 / held(view, cluster).max(changed.len()).max(1) as f64
+}
+
+/// The objects of a change kind `cluster` holds.
+fn held(view: View<'_>, cluster: &str) -> usize {
+    view.objects.get(cluster).map_or(0, |o| {
+        o.keys()
+            .filter(|k| k.split('/').next().is_some_and(is_change_kind))
+            .count()
+    })
+}
+
+/// The coincidences at most expected before an object changed on several failing clusters is named a
+/// suspect: the expected number of objects changing on all of them by chance (objects held × the product
+/// of each cluster's churn) must stay below this.
+const MAX_CHANCE: f64 = 0.2;
 
 /// The key of the current fleet incident of a kind.
 pub fn key(kind: &str) -> String {
@@ -293,8 +327,11 @@ fn touches(view: View<'_>, cluster: &str) -> Vec<Touch> {
 /// whole span: objects' spec changes, and release batches (a release revision is one change, whichever
 /// batch took it where). A suspect changed on at least three quarters of the failing clusters (all of two
 /// or three) and on at most a quarter of the healthy ones; a change at least as common on the healthy
-/// clusters is `common` (ordinary churn); anything between says too little to be listed. A release that is
-/// a suspect comes first: it is what an operator undoes.
+/// clusters is `common` (ordinary churn); anything between says too little to be listed. An object's change
+/// on several failing clusters is a suspect only if chance could hardly explain it: with most objects
+/// churning, some object changes on the same two clusters by chance, and two or three healthy clusters are
+/// too few to show it ([`MAX_CHANCE`]). A release is a deliberate change, never chance. A release that is a
+/// suspect comes first: it is what an operator undoes.
 pub fn suspects(
     view: View<'_>,
     lookback: Duration,
@@ -345,6 +382,12 @@ pub fn suspects(
                 .collect()
         })
         .collect();
+    // each failing cluster's churn in its own lookback, and how many objects could have changed by chance
+    let churns: BTreeMap<&str, f64> = since
+        .iter()
+        .map(|(c, at)| (c.as_str(), churn(view, c, *at - lookback, *at)))
+        .collect();
+    let held = since.keys().map(|c| held(view, c)).max().unwrap_or(0) as f64;
     let mut out: Vec<(bool, f64, Suspect)> = Vec::new();
     for (key, (clusters, latest, object, release)) in failing {
         let h = healthy_changed.iter().filter(|k| k.contains(&key)).count() as u32;
@@ -362,7 +405,13 @@ pub fn suspects(
         } else {
             (failing_total * 3).div_ceil(4).max(2)
         };
-        let verdict = if f >= needed && hr <= 0.25 && hr < fr {
+        let chance = held
+            * clusters
+                .iter()
+                .map(|c| churns.get(c).copied().unwrap_or(1.0))
+                .product::<f64>();
+        let by_chance = release.is_none() && f >= 2 && chance >= MAX_CHANCE;
+        let verdict = if f >= needed && hr <= 0.25 && hr < fr && !by_chance {
             SuspectVerdict::Suspect
         } else if h > 0 && hr >= fr {
             SuspectVerdict::Common

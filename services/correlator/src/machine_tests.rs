@@ -782,6 +782,7 @@ fn changes_name_only_what_changed_and_a_snapshot_restores_the_machine() {
         clusters: m.clusters.clone(),
         windows: BTreeMap::new(),
         specs: m.specs.clone(),
+        workloads: m.workloads.clone(),
         incidents: m.incidents.clone(),
         dedup: Vec::new(),
         hwm: m.hwm.clone(),
@@ -1181,7 +1182,112 @@ fn six_clusters(m: &mut Machine, at: DateTime<Utc>) {
         m.apply(Input::State(&s));
         let s = env(c, at, 4, StateMsg::State(deployment("coredns", "cccc0001")));
         m.apply(Input::State(&s));
+        // and the objects that don't change, as every cluster has many
+        quiet_objects(m, c, at, 40);
     }
+}
+
+fn quiet_objects(m: &mut Machine, cluster: &str, at: DateTime<Utc>, n: usize) {
+    for i in 0..n {
+        let s = env(
+            cluster,
+            at,
+            5,
+            StateMsg::State(deployment(&format!("app-{i}"), "0000000a")),
+        );
+        m.apply(Input::State(&s));
+    }
+}
+
+#[test]
+fn an_object_that_changed_on_two_failing_clusters_amid_heavy_churn_is_not_named_a_suspect() {
+    // four clusters of 60 objects, each changing 30 of them (a different half on each) in the lookback:
+    // some object changes on both failing clusters and neither healthy one by chance
+    let mut m = machine();
+    let names = ["c1", "c2", "c3", "c4"];
+    for c in names {
+        m.apply(Input::Facts(&env(c, t0(), 1, facts(30))));
+        m.apply(Input::Heartbeat(&env(c, t0(), 2, heartbeat()), t0()));
+        quiet_objects(&mut m, c, t0(), 60);
+    }
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut changed: BTreeMap<&str, BTreeSet<usize>> = BTreeMap::new();
+    for c in names {
+        while changed.entry(c).or_default().len() < 30 {
+            let i = (next() % 60) as usize;
+            if changed.entry(c).or_default().insert(i) {
+                change(
+                    &mut m,
+                    c,
+                    &format!("app-{i}"),
+                    "0000000b",
+                    t0() + Duration::seconds(30 + i as i64),
+                );
+            }
+        }
+    }
+    // the test is worth something only if chance made such a coincidence
+    let coincident = changed["c1"]
+        .iter()
+        .filter(|i| {
+            changed["c2"].contains(i) && !changed["c3"].contains(i) && !changed["c4"].contains(i)
+        })
+        .count();
+    assert!(coincident > 0, "{changed:?}");
+    let at = t0() + Duration::seconds(120);
+    rounds(&mut m, "c1", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
+    let outs = rounds(
+        &mut m,
+        "c2",
+        "coredns",
+        ProbeStatus::Unhealthy,
+        1,
+        3,
+        at + Duration::seconds(5),
+    );
+    let f = &fleet_incidents(&outs)[0];
+    assert!(
+        !f.suspects
+            .iter()
+            .any(|s| s.verdict == SuspectVerdict::Suspect),
+        "{coincident} objects changed on both failing clusters by chance: {:#?}",
+        f.suspects
+    );
+    assert!(!f.summary.contains("first suspect"), "{}", f.summary);
+    // the same change on a quiet fleet is a suspect: app-0 on the two failing clusters only
+    let mut m = machine();
+    for c in names {
+        m.apply(Input::Facts(&env(c, t0(), 1, facts(30))));
+        m.apply(Input::Heartbeat(&env(c, t0(), 2, heartbeat()), t0()));
+        quiet_objects(&mut m, c, t0(), 60);
+    }
+    for c in ["c1", "c2"] {
+        change(&mut m, c, "app-0", "0000000b", t0() + Duration::seconds(30));
+    }
+    rounds(&mut m, "c1", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
+    let outs = rounds(
+        &mut m,
+        "c2",
+        "coredns",
+        ProbeStatus::Unhealthy,
+        1,
+        3,
+        at + Duration::seconds(5),
+    );
+    let f = &fleet_incidents(&outs)[0];
+    assert_eq!(
+        f.suspects[0].verdict,
+        SuspectVerdict::Suspect,
+        "{:#?}",
+        f.suspects
+    );
+    assert_eq!(f.suspects[0].object.name, "app-0");
 }
 
 fn change(m: &mut Machine, cluster: &str, name: &str, hash: &str, at: DateTime<Utc>) {
