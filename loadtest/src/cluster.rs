@@ -58,6 +58,9 @@ pub struct Faults {
     /// A Service with `spec.externalIPs`: `namespace/name`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub external_ips: Option<String>,
+    /// The ingress controller's ConfigMap differs from the shipped one: `key=value`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ingress_setting: Option<String>,
     /// `/readyz/etcd` fails.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub etcd_unhealthy: bool,

@@ -325,8 +325,7 @@ pub fn seed(c: &Cluster) {
         "configmaps",
         json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": meta("ingress-nginx", "ingress-nginx-controller", json!({"app.kubernetes.io/name": "ingress-nginx"})),
-            "data": {"proxy-read-timeout": "60", "proxy-send-timeout": "60", "proxy-body-size": "8m",
-                     "use-forwarded-headers": "true", "keep-alive": "75"}}),
+            "data": INGRESS_SETTINGS.iter().map(|(k, v)| (k.to_string(), json!(v))).collect::<serde_json::Map<_, _>>()}),
     );
     put(
         c,
@@ -1557,6 +1556,15 @@ fn churn_once(c: &Cluster) {
 // ---------------------------------------------------------------------------------------------------------
 // Faults
 
+/// The ingress controller ConfigMap's data on every cluster, until someone changes it.
+const INGRESS_SETTINGS: [(&str, &str); 5] = [
+    ("proxy-read-timeout", "60"),
+    ("proxy-send-timeout", "60"),
+    ("proxy-body-size", "8m"),
+    ("use-forwarded-headers", "true"),
+    ("keep-alive", "75"),
+];
+
 /// Faults the simulator can inject.
 pub const FAULTS: &[(&str, &str)] = &[
     (
@@ -1613,6 +1621,10 @@ pub const FAULTS: &[(&str, &str)] = &[
     (
         "controller-manager-down",
         "the kube-controller-manager lease stops being renewed",
+    ),
+    (
+        "ingress-setting",
+        "the ingress controller's ConfigMap gets `key` (default proxy-read-timeout) = `value` (default 20); off: the shipped value back. No incident of its own: a setting no single cluster alerts on (the fleet-consistency report names it)",
     ),
     (
         "deprecated-api",
@@ -1937,6 +1949,38 @@ pub fn set_fault(
                 remove(c, "policy", "poddisruptionbudgets", ns, name);
             }
             c.faults_mut().deprecated_api = on.then(|| format!("PodDisruptionBudget/{ns}/{name}"));
+        }
+        "ingress-setting" => {
+            let key = params
+                .get("key")
+                .cloned()
+                .unwrap_or_else(|| "proxy-read-timeout".into());
+            let value = if on {
+                params.get("value").cloned().unwrap_or_else(|| "20".into())
+            } else {
+                INGRESS_SETTINGS
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .map(|(_, v)| v.to_string())
+                    .unwrap_or_default()
+            };
+            change(
+                c,
+                "",
+                "configmaps",
+                "ingress-nginx",
+                "ingress-nginx-controller",
+                |cm| {
+                    if value.is_empty() {
+                        if let Some(data) = cm["data"].as_object_mut() {
+                            data.remove(&key);
+                        }
+                    } else {
+                        cm["data"][&key] = json!(value);
+                    }
+                },
+            );
+            c.faults_mut().ingress_setting = on.then(|| format!("{key}={value}"));
         }
         other => {
             return Err(FaultError::Unknown(

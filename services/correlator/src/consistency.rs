@@ -1,5 +1,6 @@
 //! Fleet consistency: the effective settings of the same component across the clusters of one env (the
-//! ingress controller's ConfigMap, CoreDNS' Corefile, kube-proxy's configuration, by default), and where
+//! ingress controller's ConfigMap, CoreDNS' Corefile, kube-proxy's configuration, by default; and every
+//! workload of one namespace and name: its containers' resources and env, its pods' annotations), and where
 //! they differ. Each setting is "reasonable" on its own cluster; one cluster whose ingress timeout is a
 //! third of its peers' is the kind of difference no single cluster alerts on. Pure: the machine keeps each
 //! tracked object's settings per cluster ([`settings_of`]) and asks for the [`report`].
@@ -27,8 +28,75 @@ pub struct Tracked {
 impl Tracked {
     /// How the object is named in settings and reports: `ConfigMap ingress-nginx/ingress-nginx-controller`.
     pub fn key(&self) -> String {
-        format!("{} {}/{}", self.kind, self.namespace, self.name)
+        object_key(&self.kind, &self.namespace, &self.name)
     }
+}
+
+/// How an object is named in settings and reports: `Deployment shop/web`.
+pub fn object_key(kind: &str, namespace: &str, name: &str) -> String {
+    format!("{kind} {namespace}/{name}")
+}
+
+/// The workload kinds compared by default.
+pub const WORKLOAD_KINDS: [&str; 3] = ["Deployment", "StatefulSet", "DaemonSet"];
+
+/// Pod annotations that say when or by whom, not how it runs: never compared.
+const VOLATILE_ANNOTATIONS: [&str; 2] = [
+    "kubectl.kubernetes.io/restartedAt",
+    "kubectl.kubernetes.io/default-container",
+];
+
+/// What a workload's clusters should agree on: each container's resources (`<container>.resources.limits.memory`)
+/// and environment (`<container>.env.TIMEOUT`: the value, or where it comes from), init containers'
+/// under `init:<name>`, and the pod template's annotations (`annotations.<key>`). Not the image (a rollout
+/// moves it cluster by cluster) nor the replicas (an autoscaler's).
+pub fn workload_settings(s: &ResourceState) -> BTreeMap<String, String> {
+    use serde_json::Value;
+    let mut out = BTreeMap::new();
+    let Some(template) = s.spec.as_ref().and_then(|v| v.pointer("/spec/template")) else {
+        return out;
+    };
+    if let Some(a) = template
+        .pointer("/metadata/annotations")
+        .and_then(Value::as_object)
+    {
+        for (k, v) in a {
+            if !VOLATILE_ANNOTATIONS.contains(&k.as_str()) {
+                out.insert(
+                    format!("annotations.{k}"),
+                    cut(v.as_str().unwrap_or_default().to_string()),
+                );
+            }
+        }
+    }
+    for (list, prefix) in [("containers", ""), ("initContainers", "init:")] {
+        let containers = template
+            .pointer(&format!("/spec/{list}"))
+            .and_then(Value::as_array);
+        for c in containers.into_iter().flatten() {
+            let name = format!(
+                "{prefix}{}",
+                c.get("name").and_then(Value::as_str).unwrap_or("?")
+            );
+            if let Some(r) = c.get("resources") {
+                flatten(&format!("{name}.resources"), r, &mut out);
+            }
+            for e in c.get("env").and_then(Value::as_array).into_iter().flatten() {
+                let Some(var) = e.get("name").and_then(Value::as_str) else {
+                    continue;
+                };
+                let value = match (e.get("value"), e.get("valueFrom")) {
+                    (Some(v), _) => v.as_str().unwrap_or_default().to_string(),
+                    (None, Some(from)) => {
+                        format!("from {}", serde_json::to_string(from).unwrap_or_default())
+                    }
+                    (None, None) => String::new(),
+                };
+                out.insert(format!("{name}.env.{var}"), cut(value));
+            }
+        }
+    }
+    out.into_iter().take(MAX_SETTINGS).collect()
 }
 
 /// The objects compared by default.
@@ -123,12 +191,14 @@ pub fn settings_of(s: &ResourceState) -> BTreeMap<String, String> {
     out.into_iter().take(MAX_SETTINGS).collect()
 }
 
-/// Where the tracked objects' settings differ among the clusters that share the `group_by` label value
-/// (clusters without it form a group of their own), every setting once per group, the objects in the
-/// order tracked. A cluster whose facts (and so labels) have not arrived yet is left out: its group is
-/// not known.
+/// Where the tracked objects' settings, then the workloads', differ among the clusters that share the
+/// `group_by` label value (clusters without it form a group of their own), every setting once per group,
+/// the tracked objects in the order tracked, the workloads by name. A workload is compared among the
+/// clusters of a group that run it. A cluster whose facts (and so labels) have not arrived yet is left out:
+/// its group is not known.
 pub fn report(
     clusters: &BTreeMap<String, ClusterState>,
+    workloads: &BTreeMap<String, BTreeMap<String, BTreeMap<String, String>>>,
     tracked: &[Tracked],
     group_by: &str,
 ) -> Vec<SettingDivergence> {
@@ -138,12 +208,23 @@ pub fn report(
         groups.entry(g).or_default().push((name, c));
     }
     let mut out = Vec::new();
-    for t in tracked {
-        let object = t.key();
+    let workload_keys: BTreeSet<&String> = workloads.values().flat_map(BTreeMap::keys).collect();
+    let objects = tracked
+        .iter()
+        .map(|t| (t.key(), true))
+        .chain(workload_keys.into_iter().map(|k| (k.clone(), false)));
+    for (object, is_tracked) in objects {
         for (group, members) in &groups {
             let having: Vec<(&String, &BTreeMap<String, String>)> = members
                 .iter()
-                .filter_map(|(n, c)| c.settings.get(&object).map(|s| (*n, s)))
+                .filter_map(|(n, c)| {
+                    let s = if is_tracked {
+                        c.settings.get(&object)
+                    } else {
+                        workloads.get(*n).and_then(|w| w.get(&object))
+                    };
+                    s.map(|s| (*n, s))
+                })
                 .collect();
             if having.len() < 2 {
                 continue;
@@ -286,7 +367,7 @@ mod tests {
                 ),
             ),
         ]);
-        let r = report(&clusters, &default_tracked(), "env");
+        let r = report(&clusters, &BTreeMap::new(), &default_tracked(), "env");
         assert_eq!(r.len(), 1, "{r:#?}");
         let d = &r[0];
         assert_eq!(
@@ -297,6 +378,100 @@ mod tests {
         assert_eq!(
             d.summary,
             "ConfigMap ingress-nginx/ingress-nginx-controller proxy-read-timeout is \"20\" on p3 and \"60\" on the other 2 env=prod clusters"
+        );
+    }
+
+    /// The ingress-nginx controller Deployment of the project's own manifests, as the agent states it.
+    fn ingress_controller() -> ResourceState {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../shared/fixtures/manifests/ingress-nginx-HEAD-cloud-deploy.yaml");
+        let text = std::fs::read_to_string(&path).expect("the fixture");
+        let object = serde_yaml::Deserializer::from_str(&text)
+            .filter_map(|d| serde_json::Value::deserialize(d).ok())
+            .find(|d| d["kind"] == "Deployment")
+            .expect("a Deployment in the fixture");
+        let mut spec = object.clone();
+        for k in ["apiVersion", "kind", "metadata", "status"] {
+            spec.as_object_mut().expect("an object").remove(k);
+        }
+        ResourceState {
+            api_version: "apps/v1".into(),
+            kind: "Deployment".into(),
+            namespace: Some("ingress-nginx".into()),
+            name: "ingress-nginx-controller".into(),
+            spec: Some(spec),
+            ..cm(serde_json::json!({}))
+        }
+    }
+
+    #[test]
+    fn a_workload_whose_resources_or_env_differ_on_one_cluster_of_an_env_is_the_odd_one_out() {
+        let base = ingress_controller();
+        let settings = workload_settings(&base);
+        assert_eq!(
+            settings
+                .get("controller.resources.requests.memory")
+                .map(String::as_str),
+            Some("90Mi"),
+            "{settings:#?}"
+        );
+        assert!(
+            settings["controller.env.POD_NAME"].starts_with("from {\"fieldRef\""),
+            "{settings:#?}"
+        );
+        assert!(
+            !settings.keys().any(|k| k.contains("image")),
+            "{settings:#?}"
+        );
+        // p3 runs it with less memory and another env value; p4 runs a newer image (a rollout): not a
+        // difference to report
+        let mut less = base.clone();
+        let c = less
+            .spec
+            .as_mut()
+            .and_then(|s| s.pointer_mut("/spec/template/spec/containers/0"))
+            .expect("a container");
+        c["resources"]["requests"]["memory"] = "64Mi".into();
+        c["env"][1]["value"] = "x".into();
+        let mut newer = base.clone();
+        newer
+            .spec
+            .as_mut()
+            .and_then(|s| s.pointer_mut("/spec/template/spec/containers/0"))
+            .expect("a container")["image"] = "registry.k8s.io/ingress-nginx/controller:v9".into();
+        let key = object_key("Deployment", "ingress-nginx", "ingress-nginx-controller");
+        let mut clusters = BTreeMap::new();
+        let mut workloads: BTreeMap<String, BTreeMap<String, BTreeMap<String, String>>> =
+            BTreeMap::new();
+        for (name, s) in [("p1", &base), ("p2", &base), ("p3", &less), ("p4", &newer)] {
+            clusters.insert(
+                name.to_string(),
+                cluster("prod", serde_json::json!({"proxy-read-timeout": "60"})),
+            );
+            workloads
+                .entry(name.to_string())
+                .or_default()
+                .insert(key.clone(), workload_settings(s));
+        }
+        let r = report(&clusters, &workloads, &default_tracked(), "env");
+        let settings: Vec<(&str, &[String])> = r
+            .iter()
+            .map(|d| (d.setting.as_str(), d.odd_ones_out.as_slice()))
+            .collect();
+        assert_eq!(
+            settings,
+            vec![
+                ("controller.env.POD_NAMESPACE", &["p3".to_string()][..]),
+                (
+                    "controller.resources.requests.memory",
+                    &["p3".to_string()][..]
+                ),
+            ],
+            "{r:#?}"
+        );
+        assert_eq!(
+            r[1].summary,
+            "Deployment ingress-nginx/ingress-nginx-controller controller.resources.requests.memory is \"64Mi\" on p3 and \"90Mi\" on the other 3 env=prod clusters"
         );
     }
 

@@ -88,6 +88,8 @@ pub struct Changes {
     pub windows: Vec<(String, Option<StormWindow>)>,
     /// Spec hashes, keyed `cluster/kind/ns/name` (`None`: the object is gone).
     pub specs: Vec<(String, Option<String>)>,
+    /// Workloads' compared settings, keyed `cluster/<kind> <ns>/<name>` (`None`: the workload is gone).
+    pub workloads: Vec<(String, Option<BTreeMap<String, String>>)>,
     /// Incidents by key (`None`: forgotten).
     pub incidents: Vec<(String, Option<Incident>)>,
     /// Dedup records by id (`None`: expired).
@@ -104,6 +106,7 @@ impl Changes {
         self.clusters.is_empty()
             && self.windows.is_empty()
             && self.specs.is_empty()
+            && self.workloads.is_empty()
             && self.incidents.is_empty()
             && self.dedup.is_empty()
             && self.hwm.is_none()
@@ -115,6 +118,7 @@ impl Changes {
 struct Dirty {
     clusters: BTreeSet<String>,
     specs: BTreeSet<(String, String)>,
+    workloads: BTreeSet<(String, String)>,
     incidents: BTreeSet<String>,
     fleet: BTreeSet<String>,
     hwm: bool,
@@ -131,6 +135,8 @@ pub struct Snapshot {
     pub windows: BTreeMap<String, StormWindow>,
     /// Spec hashes per cluster, keyed `kind/ns/name`.
     pub specs: BTreeMap<String, BTreeMap<String, String>>,
+    /// Workloads' compared settings per cluster, keyed `<kind> <ns>/<name>`.
+    pub workloads: BTreeMap<String, BTreeMap<String, BTreeMap<String, String>>>,
     /// Incidents by key.
     pub incidents: BTreeMap<String, Incident>,
     /// Dedup records.
@@ -150,6 +156,9 @@ pub struct Machine {
     clusters: BTreeMap<String, ClusterState>,
     /// Spec hash per object, per cluster (`kind/ns/name`).
     specs: BTreeMap<String, BTreeMap<String, String>>,
+    /// The compared settings of each workload ([`consistency::workload_settings`]), per cluster
+    /// (`<kind> <ns>/<name>`): kept apart from the cluster state, which is written far more often.
+    workloads: BTreeMap<String, BTreeMap<String, BTreeMap<String, String>>>,
     /// The current incident of each condition, by key ([`incident_key`]).
     incidents: BTreeMap<String, Incident>,
     /// Fleet incidents: one failure across clusters.
@@ -230,6 +239,7 @@ impl Machine {
             windows_saved: BTreeMap::new(),
             clusters,
             specs: s.specs,
+            workloads: s.workloads,
             incidents: s.incidents,
             fleet: Fleet::restored(s.fleet),
             fleet_swept: None,
@@ -318,6 +328,7 @@ impl Machine {
         let view = fleet::View {
             clusters: &self.clusters,
             incidents: &self.incidents,
+            objects: &self.specs,
         };
         for k in self.fleet.rejudge(&self.rules.fleet, view, e.at, &known) {
             self.emit_fleet(&k);
@@ -389,6 +400,14 @@ impl Machine {
                 .into_iter()
                 .map(|(c, k)| {
                     let v = self.specs.get(&c).and_then(|m| m.get(&k)).cloned();
+                    (format!("{c}/{k}"), v)
+                })
+                .collect(),
+            workloads: d
+                .workloads
+                .into_iter()
+                .map(|(c, k)| {
+                    let v = self.workloads.get(&c).and_then(|m| m.get(&k)).cloned();
                     (format!("{c}/{k}"), v)
                 })
                 .collect(),
@@ -519,6 +538,7 @@ impl Machine {
         let view = fleet::View {
             clusters: &self.clusters,
             incidents: &self.incidents,
+            objects: &self.specs,
         };
         let now = fleet::hub_time(view, &inc.cluster, inc.updated_at);
         if let Some(k) = self.fleet.on_incident(&self.rules.fleet, inc, view, now) {
@@ -598,6 +618,7 @@ impl Machine {
         let view = fleet::View {
             clusters: &self.clusters,
             incidents: &self.incidents,
+            objects: &self.specs,
         };
         let now = fleet::hub_time(view, &rec.cluster, rec.last_seen);
         if let Some(k) = self.fleet.on_digest(&self.rules.fleet, rec, view, now) {
@@ -954,6 +975,7 @@ impl Machine {
             let view = fleet::View {
                 clusters: &self.clusters,
                 incidents: &self.incidents,
+                objects: &self.specs,
             };
             for k in self.fleet.sweep(&self.rules.fleet, view, now) {
                 self.emit_fleet(&k);
@@ -1174,10 +1196,7 @@ impl Machine {
                 let specs = self.specs.entry(cluster.clone()).or_default();
                 if let Some(prev) = specs.get(&key)
                     && *prev != s.spec_hash
-                    && s.kind != "Pod"
-                    && s.kind != "ReplicaSet"
-                    && s.kind != "Secret"
-                    && s.kind != "EndpointSlice"
+                    && fleet::is_change_kind(&s.kind)
                 {
                     c.changes.push_back(ChangeRec {
                         at,
@@ -1209,6 +1228,21 @@ impl Machine {
                 }) {
                     c.settings.insert(t.key(), consistency::settings_of(s));
                 }
+                if self.rules.fleet.consistency_workloads.contains(&s.kind) {
+                    let object = consistency::object_key(
+                        &s.kind,
+                        s.namespace.as_deref().unwrap_or(""),
+                        &s.name,
+                    );
+                    let settings = consistency::workload_settings(s);
+                    let held = self.workloads.entry(cluster.clone()).or_default();
+                    if held.get(&object) != Some(&settings) {
+                        self.dirty
+                            .workloads
+                            .insert((cluster.clone(), object.clone()));
+                        held.insert(object, settings);
+                    }
+                }
                 apply_inventory(&mut c.inventory, s)
             }
             StateMsg::Deleted(d) => {
@@ -1223,12 +1257,14 @@ impl Machine {
                 {
                     self.dirty.specs.insert((cluster.clone(), key));
                 }
-                c.settings.remove(&format!(
-                    "{} {}/{}",
-                    d.kind,
-                    d.namespace.clone().unwrap_or_default(),
-                    d.name
-                ));
+                let object =
+                    consistency::object_key(&d.kind, d.namespace.as_deref().unwrap_or(""), &d.name);
+                c.settings.remove(&object);
+                if let Some(held) = self.workloads.get_mut(&cluster)
+                    && held.remove(&object).is_some()
+                {
+                    self.dirty.workloads.insert((cluster.clone(), object));
+                }
                 remove_inventory(&mut c.inventory, d)
             }
             StateMsg::Resync(r) => resync_inventory(&mut c.inventory, r),
@@ -1347,6 +1383,7 @@ impl Machine {
     pub fn consistency(&self) -> Vec<SettingDivergence> {
         consistency::report(
             &self.clusters,
+            &self.workloads,
             &self.rules.fleet.consistency,
             &self.rules.fleet.consistency_group_by,
         )

@@ -152,6 +152,9 @@ pub struct FleetRule {
     pub consistency: Vec<crate::consistency::Tracked>,
     /// The cluster label that groups clusters for it (`env`: prod is compared with prod).
     pub consistency_group_by: String,
+    /// Workload kinds whose pod templates (containers' resources and env, the pod's annotations) it
+    /// compares too, for every workload of one namespace and name on two or more clusters of a group.
+    pub consistency_workloads: Vec<String>,
 }
 
 impl Default for FleetRule {
@@ -164,6 +167,10 @@ impl Default for FleetRule {
             exclude_kinds: Vec::new(),
             consistency: crate::consistency::default_tracked(),
             consistency_group_by: "env".into(),
+            consistency_workloads: crate::consistency::WORKLOAD_KINDS
+                .iter()
+                .map(|k| k.to_string())
+                .collect(),
         }
     }
 }

@@ -26,6 +26,7 @@ const P_OUTBOX: u8 = b'o';
 const P_META: u8 = b'm';
 const P_WINDOW: u8 = b'w';
 const P_FLEET: u8 = b'f';
+const P_WORKLOAD: u8 = b'a';
 const K_HWM: &str = "hwm";
 /// Written once the store was set up (its absence on an empty store: new or wiped).
 const K_INITIALIZED: &str = "initialized";
@@ -217,6 +218,17 @@ impl Store {
                             .insert(object.to_string(), hash);
                     }
                 }
+                P_WORKLOAD => {
+                    if let (Some((cluster, object)), Some(settings)) = (
+                        name.split_once('/'),
+                        dec::<BTreeMap<String, String>>("workload settings", &k, &v),
+                    ) {
+                        s.workloads
+                            .entry(cluster.to_string())
+                            .or_default()
+                            .insert(object.to_string(), settings);
+                    }
+                }
                 P_INCIDENT => {
                     if let Some(i) = dec("incident", &k, &v) {
                         s.incidents.insert(name, i);
@@ -270,6 +282,13 @@ impl Store {
         }
         for (k, h) in changes.specs {
             put(P_SPEC, &k, h.map(|h| enc("spec hash", &h)).transpose()?);
+        }
+        for (k, w) in changes.workloads {
+            put(
+                P_WORKLOAD,
+                &k,
+                w.map(|w| enc("workload settings", &w)).transpose()?,
+            );
         }
         for (k, i) in changes.incidents {
             put(P_INCIDENT, &k, i.map(|i| enc("incident", &i)).transpose()?);
@@ -494,6 +513,13 @@ mod tests {
                 }),
             )],
             specs: vec![("c1/Deployment/ns/web".into(), Some("h1".into()))],
+            workloads: vec![(
+                "c1/Deployment ns/web".into(),
+                Some(BTreeMap::from([(
+                    "web.resources.limits.memory".to_string(),
+                    "256Mi".to_string(),
+                )])),
+            )],
             incidents: vec![],
             dedup: vec![
                 ("r1".into(), Some(record("r1"))),
@@ -518,6 +544,10 @@ mod tests {
         assert_eq!(s.clusters.keys().collect::<Vec<_>>(), vec!["c1"]);
         assert_eq!(s.windows["c1"].seen, 7);
         assert_eq!(s.specs["c1"]["Deployment/ns/web"], "h1");
+        assert_eq!(
+            s.workloads["c1"]["Deployment ns/web"]["web.resources.limits.memory"],
+            "256Mi"
+        );
         assert_eq!(s.dedup, vec![record("r1")]);
         assert_eq!(s.hwm["correlator-events"], 42);
         assert_eq!(s.fleet["dns-failure"], fleet_incident());

@@ -3,8 +3,9 @@
 //! Cases: the same fault on the clusters that share one CNI, at once and then staggered; the same fault on
 //! two clusters a release's batch record reached just before (the simulator has no release that breaks a
 //! cluster: the drill publishes the record as the release role would, then injects the fault there); a
-//! cluster going unreachable (its incident carries what it takes down); and the settings the simulator's
-//! clusters of one env differ in (the consistency report). Per case: seconds from the second member's
+//! cluster going unreachable (its incident carries what it takes down); and an ingress setting changed on
+//! one cluster of an env (the simulator's `ingress-setting`), which no alert catches but the consistency
+//! report names. Per case: seconds from the second member's
 //! incident to the fleet incident, whether the top shared attribute and the first suspect are the true ones,
 //! notifications sent. False fleet incidents are counted over the quiet period by the caller.
 
@@ -367,30 +368,98 @@ pub async fn run(
             .map_or("no blast radius".into(), |b| b.summary.clone()),
     );
 
-    // 5. settings that differ among the clusters of one env
-    match multipilot_bus::request::gather_arrays::<multipilot_schemas::payload::SettingDivergence>(
-        &sys.client,
-        multipilot_schemas::control::QUERY_CONSISTENCY,
-        bytes::Bytes::from_static(b"{}"),
-        Duration::from_secs(5),
-    )
-    .await
-    {
+    // 5. an ingress setting changed on one cluster of an env: no alert of its own, but the consistency
+    // report names it among its env peers
+    let consistency = async || {
+        multipilot_bus::request::gather_arrays::<multipilot_schemas::payload::SettingDivergence>(
+            &sys.client,
+            multipilot_schemas::control::QUERY_CONSISTENCY,
+            bytes::Bytes::from_static(b"{}"),
+            Duration::from_secs(5),
+        )
+        .await
+    };
+    let summaries = |d: &[multipilot_schemas::payload::SettingDivergence]| {
+        if d.is_empty() {
+            "none".to_string()
+        } else {
+            d.iter()
+                .map(|x| x.summary.clone())
+                .collect::<Vec<_>>()
+                .join("; ")
+        }
+    };
+    match consistency().await {
         Ok(d) => r.figure(
-            "settings that differ among the clusters of one env",
-            if d.is_empty() {
-                "none".into()
-            } else {
-                d.iter()
-                    .map(|x| x.summary.clone())
-                    .collect::<Vec<_>>()
-                    .join("; ")
-            },
+            "settings that differ among the clusters of one env, before the change",
+            summaries(&d),
         ),
         Err(e) => r.figure(
-            "settings that differ among the clusters of one env",
+            "settings that differ among the clusters of one env, before the change",
             format!("no answer: {e}"),
         ),
+    }
+    let mut by_env: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (c, f) in &facts {
+        by_env
+            .entry(f.labels.get("env").cloned().unwrap_or_default())
+            .or_default()
+            .push(c.clone());
+    }
+    if let Some(peers) = by_env
+        .values()
+        .filter(|v| v.len() >= 2)
+        .max_by_key(|v| v.len())
+    {
+        let changed = peers[0].clone();
+        let names = |d: &multipilot_schemas::payload::SettingDivergence| {
+            d.setting == "proxy-read-timeout"
+                && d.values
+                    .iter()
+                    .any(|v| v.value == "20" && v.clusters == [changed.clone()])
+        };
+        let at = Instant::now();
+        sys.fault(&changed, "ingress-setting", true, &[]).await?;
+        rec.mark(format!("fleet: proxy-read-timeout 20 on {changed}"));
+        let mut found = None;
+        while at.elapsed() < Duration::from_secs(60) {
+            if let Ok(d) = consistency().await
+                && let Some(x) = d.iter().find(|x| names(x))
+            {
+                found = Some((at.elapsed().as_secs_f64(), x.summary.clone()));
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        r.goal(
+            "an ingress setting changed on one cluster is in the consistency report within 30 s",
+            found.as_ref().is_some_and(|(s, _)| *s <= 30.0),
+            found.as_ref().map_or_else(
+                || format!("{changed}'s proxy-read-timeout 20 not reported in 60 s"),
+                |(s, summary)| format!("{s:.1} s after the change: {summary}"),
+            ),
+        );
+        sys.fault(&changed, "ingress-setting", false, &[]).await?;
+        let at = Instant::now();
+        let mut gone = None;
+        while at.elapsed() < Duration::from_secs(60) {
+            if let Ok(d) = consistency().await
+                && !d.iter().any(|x| x.setting == "proxy-read-timeout")
+            {
+                gone = Some(at.elapsed().as_secs_f64());
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        r.figure(
+            "the setting set back: gone from the report after",
+            gone.map_or("still there after 60 s".into(), |s| format!("{s:.1} s")),
+        );
+    } else {
+        r.figure(
+            "an ingress setting changed on one cluster",
+            "not run: no env holds two clusters",
+        );
     }
     Ok(())
 }
