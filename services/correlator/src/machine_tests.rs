@@ -1199,17 +1199,38 @@ fn quiet_objects(m: &mut Machine, cluster: &str, at: DateTime<Utc>, n: usize) {
     }
 }
 
-#[test]
-fn an_object_that_changed_on_two_failing_clusters_amid_heavy_churn_is_not_named_a_suspect() {
-    // four clusters of 60 objects, each changing 30 of them (a different half on each) in the lookback:
-    // some object changes on both failing clusters and neither healthy one by chance
+/// A machine that knows these clusters, each holding 60 objects that don't change.
+fn quiet_fleet(names: &[&str]) -> Machine {
     let mut m = machine();
-    let names = ["c1", "c2", "c3", "c4"];
     for c in names {
         m.apply(Input::Facts(&env(c, t0(), 1, facts(30))));
         m.apply(Input::Heartbeat(&env(c, t0(), 2, heartbeat()), t0()));
         quiet_objects(&mut m, c, t0(), 60);
     }
+    m
+}
+
+/// DNS fails on c1 at `at` and on c2 five seconds later: the fleet incident of both.
+fn dns_fails_on_c1_then_c2(m: &mut Machine, at: DateTime<Utc>) -> FleetIncident {
+    rounds(m, "c1", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
+    let outs = rounds(
+        m,
+        "c2",
+        "coredns",
+        ProbeStatus::Unhealthy,
+        1,
+        3,
+        at + Duration::seconds(5),
+    );
+    fleet_incidents(&outs).remove(0)
+}
+
+#[test]
+fn an_object_that_changed_on_two_failing_clusters_amid_heavy_churn_is_not_named_a_suspect() {
+    // four clusters of 60 objects, each changing 30 of them (a different half on each) in the lookback:
+    // some object changes on both failing clusters and neither healthy one by chance
+    let names = ["c1", "c2", "c3", "c4"];
+    let mut m = quiet_fleet(&names);
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut next = || {
         rng ^= rng << 13;
@@ -1241,17 +1262,7 @@ fn an_object_that_changed_on_two_failing_clusters_amid_heavy_churn_is_not_named_
         .count();
     assert!(coincident > 0, "{changed:?}");
     let at = t0() + Duration::seconds(120);
-    rounds(&mut m, "c1", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
-    let outs = rounds(
-        &mut m,
-        "c2",
-        "coredns",
-        ProbeStatus::Unhealthy,
-        1,
-        3,
-        at + Duration::seconds(5),
-    );
-    let f = &fleet_incidents(&outs)[0];
+    let f = &dns_fails_on_c1_then_c2(&mut m, at);
     assert!(
         !f.suspects
             .iter()
@@ -1261,26 +1272,11 @@ fn an_object_that_changed_on_two_failing_clusters_amid_heavy_churn_is_not_named_
     );
     assert!(!f.summary.contains("first suspect"), "{}", f.summary);
     // the same change on a quiet fleet is a suspect: app-0 on the two failing clusters only
-    let mut m = machine();
-    for c in names {
-        m.apply(Input::Facts(&env(c, t0(), 1, facts(30))));
-        m.apply(Input::Heartbeat(&env(c, t0(), 2, heartbeat()), t0()));
-        quiet_objects(&mut m, c, t0(), 60);
-    }
+    let mut m = quiet_fleet(&names);
     for c in ["c1", "c2"] {
         change(&mut m, c, "app-0", "0000000b", t0() + Duration::seconds(30));
     }
-    rounds(&mut m, "c1", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
-    let outs = rounds(
-        &mut m,
-        "c2",
-        "coredns",
-        ProbeStatus::Unhealthy,
-        1,
-        3,
-        at + Duration::seconds(5),
-    );
-    let f = &fleet_incidents(&outs)[0];
+    let f = &dns_fails_on_c1_then_c2(&mut m, at);
     assert_eq!(
         f.suspects[0].verdict,
         SuspectVerdict::Suspect,
