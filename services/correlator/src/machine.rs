@@ -147,6 +147,20 @@ pub struct Snapshot {
     pub fleet: BTreeMap<String, FleetIncident>,
 }
 
+/// The current value of each dirty (cluster, object), keyed `cluster/object` for the store (`None`: gone).
+fn per_object<T: Clone>(
+    dirty: BTreeSet<(String, String)>,
+    held: &BTreeMap<String, BTreeMap<String, T>>,
+) -> Vec<(String, Option<T>)> {
+    dirty
+        .into_iter()
+        .map(|(c, k)| {
+            let v = held.get(&c).and_then(|m| m.get(&k)).cloned();
+            (format!("{c}/{k}"), v)
+        })
+        .collect()
+}
+
 /// The correlation state machine.
 #[derive(Debug)]
 pub struct Machine {
@@ -395,22 +409,8 @@ impl Machine {
                     (k, v)
                 })
                 .collect(),
-            specs: d
-                .specs
-                .into_iter()
-                .map(|(c, k)| {
-                    let v = self.specs.get(&c).and_then(|m| m.get(&k)).cloned();
-                    (format!("{c}/{k}"), v)
-                })
-                .collect(),
-            workloads: d
-                .workloads
-                .into_iter()
-                .map(|(c, k)| {
-                    let v = self.workloads.get(&c).and_then(|m| m.get(&k)).cloned();
-                    (format!("{c}/{k}"), v)
-                })
-                .collect(),
+            specs: per_object(d.specs, &self.specs),
+            workloads: per_object(d.workloads, &self.workloads),
             incidents: d
                 .incidents
                 .into_iter()
