@@ -704,3 +704,142 @@ async fn the_agent_rejects_forged_replayed_expired_and_foreign_commands_and_appl
     );
     Ok(())
 }
+
+/// Publishes a fleet incident on FLEET_INCIDENTS as the correlator does, its suspects naming `release`
+/// (revision 1, a suspect) and `other` (seen as often on healthy clusters).
+async fn fleet_incident(h: &H, id: &str, revision: u64, release: &str) -> Result<()> {
+    use multipilot_schemas::payload::{
+        FleetIncident, FleetMember, ObjectRef, ReleaseRef, Suspect, SuspectVerdict,
+    };
+    let entry = multipilot_schemas::catalog::entries()
+        .into_iter()
+        .find(|e| e.name == "FleetIncident")
+        .context("the catalog's fleet incident")?;
+    let mut f =
+        rmp_serde::from_slice::<multipilot_schemas::Envelope<FleetIncident>>(&entry.sample)?
+            .payload;
+    let member = f.members.first().cloned().context("a sample member")?;
+    f.id = id.into();
+    f.members = ["old-124", "new-131"]
+        .iter()
+        .map(|c| FleetMember {
+            cluster: c.to_string(),
+            incident_id: format!("{c}-{id}"),
+            ..member.clone()
+        })
+        .collect();
+    f.fleet_size = 2;
+    let suspect = |name: &str, verdict| Suspect {
+        verdict,
+        object: ObjectRef {
+            api_version: String::new(),
+            kind: "Release".into(),
+            namespace: None,
+            name: name.into(),
+            uid: None,
+        },
+        failing: 2,
+        failing_total: 2,
+        healthy: 0,
+        healthy_total: 0,
+        last_changed: Utc::now(),
+        summary: format!("release {name} revision 1 reached 2 of 2 failing"),
+        release: Some(ReleaseRef {
+            name: name.into(),
+            revision: 1,
+            batch: Some(1),
+            commit: None,
+        }),
+    };
+    f.suspects = vec![
+        suspect(release, SuspectVerdict::Suspect),
+        suspect("other", SuspectVerdict::Common),
+    ];
+    let now = Utc::now();
+    let env = multipilot_schemas::Envelope::new("fleet", "correlator/test", now, revision, f);
+    multipilot_bus::publish::publish_one(
+        &jetstream::new(h.client.clone()),
+        multipilot_schemas::subject::fleet_incident(&env.payload.kind),
+        format!("{id}-{revision}"),
+        &env,
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_incident_that_names_a_release_first_is_kept_in_its_history_once() -> Result<()> {
+    let h = H::start().await?;
+    let spec = "name: cfg\ntargets: {clusters: [old-124, new-131]}\nsoak: 1s\nmanifests: |\n  apiVersion: v1\n  kind: ConfigMap\n  metadata: {name: cfg, namespace: default}\n  data: {k: v}\n";
+    let r = h
+        .call(
+            "apply",
+            &ApplyRequest {
+                spec: Some(spec.into()),
+                actor: "tester".into(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert!(r.ok, "{r:?}");
+    let done = h.wait_state("cfg", 60).await?;
+    assert_eq!(done.release.map(|r| r.state), Some(State::Succeeded));
+
+    // after the rollout: the same fleet incident twice (a new revision of it), one naming a release the
+    // role does not have, then a second fleet incident as a marker that the first ones were read
+    fleet_incident(&h, "fi-1", 1, "cfg").await?;
+    fleet_incident(&h, "fi-1", 2, "cfg").await?;
+    fleet_incident(&h, "fi-x", 1, "nowhere").await?;
+    fleet_incident(&h, "fi-2", 1, "cfg").await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let history = loop {
+        let r = h
+            .call(
+                "history",
+                &NameRequest {
+                    release: Some("cfg".into()),
+                    actor: String::new(),
+                },
+            )
+            .await?;
+        if r.history
+            .iter()
+            .any(|e| e.what == "incident" && e.detail["fleet_incident"] == "fi-2")
+        {
+            break r.history;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "no incident entry in the history: {:#?}",
+            r.history.iter().map(|e| &e.summary).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let entries: Vec<_> = history.iter().filter(|e| e.what == "incident").collect();
+    let ids: Vec<&str> = entries
+        .iter()
+        .map(|e| e.detail["fleet_incident"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(ids, ["fi-1", "fi-2"], "{entries:#?}");
+    let e = entries[0];
+    assert_eq!(e.actor, "correlator");
+    assert_eq!(e.revision, 1);
+    assert_eq!(e.clusters, ["old-124", "new-131"]);
+    assert!(
+        e.summary.starts_with("fleet incident fi-1 (") && e.summary.contains("revision 1"),
+        "{}",
+        e.summary
+    );
+    // the state of the release is not changed by it: an attribution after the soak is a record
+    let r = h
+        .call(
+            "history",
+            &NameRequest {
+                release: Some("cfg".into()),
+                actor: String::new(),
+            },
+        )
+        .await?;
+    assert_eq!(r.release.map(|r| r.state), Some(State::Succeeded));
+    Ok(())
+}

@@ -2,8 +2,10 @@
 //! snapshots.
 //!
 //! Reads: `fleet.facts.>` (FLEET_FACTS, ephemeral ordered consumer: the fleet registry — served
-//! api-versions, version and labels per cluster), `fleet.incident.<cluster>.>` (FLEET_INCIDENTS, during a
-//! batch's soak). Answers (request/reply, JSON): `fleet.releasectl.plan|apply|approve|rollback|status|history`.
+//! api-versions, version and labels per cluster), `fleet.incident.<cluster>.>` and `fleet.fleet-incident.>`
+//! (FLEET_INCIDENTS, during a batch's soak), `fleet.fleet-incident.>` again from the start (an ordered
+//! consumer: the fleet incidents that name a release first suspect go into its history, `attribution`).
+//! Answers (request/reply, JSON): `fleet.releasectl.plan|apply|approve|rollback|status|history`.
 //! Sends (request/reply, signed `ReleaseCommand` → `ReleaseResult`): `fleet.cmd.<cluster>.release`.
 //! Writes: `fleet.release.<release>.<what>` (FLEET_RELEASE, `ReleaseEvent`: the release's history) and
 //! `fleet.audit.release.release-<what>` (FLEET_AUDIT, `AuditRecord`) for every plan, approval, batch,
@@ -16,6 +18,7 @@
 //! restarts while applying or rolling back marks the release `interrupted` with the clusters it had
 //! changed, so an operator can roll it back (`multipilot release rollback`) — it never guesses.
 
+pub mod attribution;
 pub mod config;
 pub mod diff;
 pub mod drift;
@@ -784,6 +787,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     ctx.health.register("release");
     let follow = tokio::spawn(registry.follow(ctx.js.clone(), ctx.cancel.clone()));
     let drift = tokio::spawn(svc.clone().follow_drift());
+    let attributions = tokio::spawn(svc.clone().follow_attributions());
     let repos: Vec<_> = svc
         .config
         .gitops
@@ -826,6 +830,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     }
     follow.abort();
     drift.abort();
+    attributions.abort();
     for r in repos {
         r.abort();
     }
