@@ -860,7 +860,9 @@ pub struct FleetMember {
 /// An attribute value and how many failing and healthy clusters have it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct SharedAttribute {
-    /// What: `kubernetes-version`, `cni`, `ingress-controller`, `coredns`, `gpu-device-plugin`, `label:<key>`.
+    /// What: `kubernetes-version`, `cni`, `ingress-controller`, `coredns`, `gpu-device-plugin`, `gpu-driver`,
+    /// `node-os`, `kernel`, `container-runtime`, `label:<key>`; what was rolled out there: `release:<name>`
+    /// and `policy:<name>` (value `revision N`), `gitops:<repo>` (value `commit <sha>`, the newest applied).
     pub attribute: String,
     /// The value, e.g. `calico v3.27.3`.
     pub value: String,

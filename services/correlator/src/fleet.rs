@@ -107,7 +107,7 @@ pub fn history_key(kind: &str, id: &str) -> String {
 }
 
 /// Attribute values above this many per cluster are not compared (labels of a label-happy registry).
-const MAX_ATTRIBUTES: usize = 64;
+const MAX_ATTRIBUTES: usize = 128;
 /// Shared attributes and suspects kept per fleet incident.
 const MAX_SHARED: usize = 6;
 const MAX_SUSPECTS: usize = 5;
@@ -186,14 +186,36 @@ pub fn attributes(c: &ClusterState) -> Vec<(String, String)> {
     for (k, v) in &c.labels {
         out.push((format!("label:{k}"), v.clone()));
     }
+    // what was rolled out there: each release's (or policy bundle's) revision, and the newest commit
+    // of each fleet repository
+    let mut commits: BTreeMap<&str, (DateTime<Utc>, &str)> = BTreeMap::new();
+    for (name, r) in &c.running {
+        let attr = if r.policy { "policy" } else { "release" };
+        out.push((format!("{attr}:{name}"), format!("revision {}", r.revision)));
+        if let (Some(repo), Some(commit)) = (&r.repo, &r.commit) {
+            let newest = commits.entry(repo).or_insert((r.at, commit));
+            if r.at > newest.0 {
+                *newest = (r.at, commit);
+            }
+        }
+    }
+    for (repo, (_, commit)) in commits {
+        out.push((format!("gitops:{repo}"), format!("commit {commit}")));
+    }
     out.truncate(MAX_ATTRIBUTES);
     out
 }
 
 fn phrase(attr: &str, value: &str) -> String {
-    match attr.strip_prefix("label:") {
-        Some(k) => format!("have {k}={value}"),
-        None => format!("run {attr} {value}"),
+    let Some((what, name)) = attr.split_once(':') else {
+        return format!("run {attr} {value}");
+    };
+    match what {
+        "label" => format!("have {name}={value}"),
+        "release" => format!("run release {name} {value}"),
+        "policy" => format!("run policy bundle {name} {value}"),
+        "gitops" => format!("run {value} of fleet repository {name}"),
+        _ => format!("run {attr} {value}"),
     }
 }
 

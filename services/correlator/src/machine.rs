@@ -319,9 +319,25 @@ impl Machine {
     /// A release batch that started applying (`what: batch`, ok, with a batch number) is remembered on
     /// each of its clusters the correlator knows; everything else of a release's history is not needed.
     fn on_release(&mut self, e: &ReleaseEvent) {
+        if e.what == "rolled-back" && e.ok {
+            for c in &e.clusters {
+                if let Some(state) = self.clusters.get_mut(c) {
+                    state.running_rolled_back(&e.release, e.revision);
+                    self.dirty.clusters.insert(c.clone());
+                }
+            }
+            return;
+        }
         if e.what != "batch" || !e.ok || e.batch.is_none() {
             return;
         }
+        let running = crate::state::Running {
+            revision: e.revision,
+            commit: e.commit.clone(),
+            repo: e.detail["repo"].as_str().map(str::to_string),
+            policy: e.detail["policy"].as_bool().unwrap_or(false),
+            at: e.at,
+        };
         let r = ReleaseRef {
             name: e.release.clone(),
             revision: e.revision,
@@ -332,6 +348,7 @@ impl Machine {
         for c in &e.clusters {
             if let Some(state) = self.clusters.get_mut(c) {
                 state.release_applied(e.at, r.clone());
+                state.running_applied(&e.release, running.clone());
                 self.dirty.clusters.insert(c.clone());
                 known.push(c.clone());
             }

@@ -1212,10 +1212,15 @@ fn quiet_fleet(names: &[&str]) -> Machine {
 
 /// DNS fails on c1 at `at` and on c2 five seconds later: the fleet incident of both.
 fn dns_fails_on_c1_then_c2(m: &mut Machine, at: DateTime<Utc>) -> FleetIncident {
-    rounds(m, "c1", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
+    dns_fails_on(m, ["c1", "c2"], at)
+}
+
+/// DNS fails on the first cluster at `at` and on the second five seconds later: the fleet incident.
+fn dns_fails_on(m: &mut Machine, [first, second]: [&str; 2], at: DateTime<Utc>) -> FleetIncident {
+    rounds(m, first, "coredns", ProbeStatus::Unhealthy, 1, 3, at);
     let outs = rounds(
         m,
-        "c2",
+        second,
         "coredns",
         ProbeStatus::Unhealthy,
         1,
@@ -1920,4 +1925,73 @@ fn a_release_that_reached_only_the_failing_clusters_is_the_first_suspect_even_wh
             .expect("the fleet-wide release listed");
         assert_eq!(agents.verdict, SuspectVerdict::Common);
     }
+}
+
+#[test]
+fn what_was_rolled_out_where_long_ago_is_a_shared_attribute_until_rolled_back() {
+    // a week ago: policy bundle `netpol` revision 2 from fleet repository `fleet` reached c5 and c6
+    // only; release `agents` revision 7 reached every cluster. Both are far outside any lookback.
+    let long_ago = t0() - Duration::days(7);
+    let rolled_out = |m: &mut Machine| {
+        let mut netpol = batch("netpol", 2, 1, &["c5", "c6"], long_ago);
+        netpol.payload.detail = serde_json::json!({"policy": true, "repo": "fleet"});
+        m.apply(Input::Release(&netpol));
+        m.apply(Input::Release(&batch(
+            "agents",
+            7,
+            1,
+            &["c1", "c2", "c3", "c4", "c5", "c6"],
+            long_ago + Duration::minutes(1),
+        )));
+    };
+    let mut m = machine();
+    six_clusters(&mut m, t0());
+    rolled_out(&mut m);
+    let f = dns_fails_on(&mut m, ["c5", "c6"], t0() + Duration::seconds(60));
+    let netpol = f
+        .shared
+        .iter()
+        .find(|s| s.attribute == "policy:netpol")
+        .unwrap_or_else(|| panic!("{:#?}", f.shared));
+    assert_eq!(
+        (
+            netpol.value.as_str(),
+            netpol.failing,
+            netpol.healthy,
+            netpol.support.as_str()
+        ),
+        (
+            "revision 2",
+            2,
+            0,
+            "2 of 2 failing run policy bundle netpol revision 2; 0 of 4 healthy do"
+        )
+    );
+    let commit = f
+        .shared
+        .iter()
+        .find(|s| s.attribute == "gitops:fleet")
+        .unwrap_or_else(|| panic!("{:#?}", f.shared));
+    assert_eq!(commit.value, "commit 3f2a9c1d0e7b44aa");
+    // what every cluster runs separates nothing; nor is a week-old rollout a suspect
+    assert!(!f.shared.iter().any(|s| s.attribute == "release:agents"));
+    assert!(
+        f.suspects.iter().all(|s| s.release.is_none()),
+        "{:#?}",
+        f.suspects
+    );
+
+    // once the bundle is rolled back there, the clusters no longer run it
+    let mut m = machine();
+    six_clusters(&mut m, t0());
+    rolled_out(&mut m);
+    let mut back = batch("netpol", 2, 1, &["c5", "c6"], long_ago + Duration::hours(1));
+    back.payload.what = "rolled-back".into();
+    m.apply(Input::Release(&back));
+    let f = dns_fails_on(&mut m, ["c5", "c6"], t0() + Duration::seconds(60));
+    assert!(
+        !f.shared.iter().any(|s| s.attribute.starts_with("policy:")),
+        "{:#?}",
+        f.shared
+    );
 }

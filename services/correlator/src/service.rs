@@ -499,9 +499,10 @@ async fn judge_after_replay(core: Shared, ctx: Context, cfg: Config) {
 /// How often FLEET_RELEASE is read for new batches.
 const RELEASES_EVERY: Duration = Duration::from_secs(5);
 
-/// Follows the release batches on FLEET_RELEASE (`fleet.release.*.batch`: from 2 h back, then what is new
-/// every [`RELEASES_EVERY`]), so a fleet incident can name the release that reached its failing clusters
-/// as a suspect. A hub without the release role has no such stream yet: it is looked for again each round,
+/// Follows the release batches and rollbacks on FLEET_RELEASE (`fleet.release.*.batch` and
+/// `.rolled-back`: from the oldest, then what is new every [`RELEASES_EVERY`]), so a fleet incident can
+/// name the release that reached its failing clusters as a suspect, and what runs where is a cluster
+/// attribute. A hub without the release role has no such stream yet: it is looked for again each round,
 /// quietly.
 async fn follow_releases(core: Shared, ctx: Context) {
     let mut after: Option<u64> = None;
@@ -528,13 +529,19 @@ async fn follow_releases(core: Shared, ctx: Context) {
             missing_said = false;
             let start = match after {
                 Some(seq) => Start::After(seq),
-                None => Start::Since(Utc::now() - chrono::Duration::hours(2)),
+                // the whole history on the first round: what runs where (a shared attribute) may
+                // have been rolled out long ago; the store keeps it, so a restart reads it again for
+                // nothing but a few records per release
+                None => Start::Oldest,
             };
             let mut batches: Vec<multipilot_schemas::Envelope<ReleaseEvent>> = Vec::new();
             let read = js_kit::read_range(
                 &ctx.js,
                 "FLEET_RELEASE",
-                vec!["fleet.release.*.batch".into()],
+                vec![
+                    "fleet.release.*.batch".into(),
+                    "fleet.release.*.rolled-back".into(),
+                ],
                 start,
                 Some(last),
                 |s| {

@@ -67,6 +67,10 @@ pub struct ClusterState {
     /// [`ClusterState::MAX_RELEASES`]).
     #[serde(default)]
     pub releases: VecDeque<(DateTime<Utc>, multipilot_schemas::payload::ReleaseRef)>,
+    /// The releases that run here: the newest revision a batch applied, by release name, until it is
+    /// rolled back (at most [`ClusterState::MAX_RUNNING`], the most recently applied kept).
+    #[serde(default)]
+    pub running: BTreeMap<String, Running>,
     /// Spec hash per `kind/ns/name`: read only from a store written before the machine kept them per object
     /// (the store moves them when it opens one), never written.
     #[serde(default, skip_serializing)]
@@ -92,9 +96,64 @@ pub struct ClusterState {
     pub warnings_checked: Option<(u64, DateTime<Utc>)>,
 }
 
+/// A release as it runs on a cluster (from the release role's `batch` records).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Running {
+    /// The revision.
+    pub revision: u64,
+    /// The Git commit it came from.
+    #[serde(default)]
+    pub commit: Option<String>,
+    /// The fleet repository it came from (GitOps).
+    #[serde(default)]
+    pub repo: Option<String>,
+    /// A policy bundle (a fleet repository's `policies/`).
+    #[serde(default)]
+    pub policy: bool,
+    /// When its batch started here (hub time).
+    pub at: DateTime<Utc>,
+}
+
 impl ClusterState {
     /// How many release batches a cluster remembers.
     pub const MAX_RELEASES: usize = 50;
+    /// How many running releases a cluster remembers.
+    pub const MAX_RUNNING: usize = 200;
+
+    /// Records that `name` runs `r` here, unless a newer revision of it does.
+    pub fn running_applied(&mut self, name: &str, r: Running) {
+        if self
+            .running
+            .get(name)
+            .is_some_and(|x| (x.revision, x.at) >= (r.revision, r.at))
+        {
+            return;
+        }
+        self.running.insert(name.to_string(), r);
+        while self.running.len() > Self::MAX_RUNNING {
+            let Some(oldest) = self
+                .running
+                .iter()
+                .min_by_key(|(_, x)| x.at)
+                .map(|(n, _)| n.clone())
+            else {
+                break;
+            };
+            self.running.remove(&oldest);
+        }
+    }
+
+    /// Forgets `name` here if `revision` of it was rolled back (a rollback restores what ran before it,
+    /// which the correlator does not know).
+    pub fn running_rolled_back(&mut self, name: &str, revision: u64) {
+        if self
+            .running
+            .get(name)
+            .is_some_and(|x| x.revision == revision)
+        {
+            self.running.remove(name);
+        }
+    }
 
     /// Remembers a release batch applied here at `at` (hub time), forgetting those older than 2 h.
     pub fn release_applied(

@@ -386,6 +386,8 @@ impl Service {
         match state {
             "applying" => {
                 let s = format!("batch {index} starts: {}", clusters.join(", "));
+                // what the correlator tells the fleet's clusters apart by: a policy bundle, a repository
+                let detail = json!({"policy": r.source.policy, "repo": r.source.repo});
                 self.record(
                     &mut r,
                     "batch",
@@ -394,7 +396,7 @@ impl Service {
                     Some(index),
                     clusters,
                     s,
-                    json!({}),
+                    detail,
                 )
                 .await;
             }
