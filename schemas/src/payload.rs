@@ -1081,7 +1081,8 @@ pub struct Notification {
     pub id: String,
     /// Receiver name.
     pub receiver: String,
-    /// Group key (the group_by label values).
+    /// Alertmanager's `groupKey`: the route's matchers from the root down, then the group's labels, e.g.
+    /// `{}/{team="db"}:{alertname="DiskPressure", cluster="dev-1"}` (what receivers deduplicate by).
     pub group_key: String,
     /// Firing if any alert in the group fires.
     pub state: AlertState,

@@ -696,7 +696,8 @@ async fn status(State(api): State<Api>, asker: Asker) -> Response {
         serde_yaml::to_string(&v).unwrap_or_default()
     };
     Json(json!({
-        "cluster": { "name": api.instance, "status": "disabled", "peers": [] },
+        // as an Alertmanager without gossip says it: no name
+        "cluster": { "status": "disabled", "peers": [] },
         "config": { "original": original },
         "uptime": time_json(Some(api.started_at)),
         "versionInfo": {

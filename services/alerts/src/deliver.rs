@@ -539,17 +539,24 @@ pub fn webhook_payload(p: &Pending, max_alerts: usize) -> serde_json::Value {
     } else {
         max_alerts.min(n.alerts.len())
     };
+    // as Alertmanager: the status and the common labels are those of the alerts sent, not of the group
+    let sent = &n.alerts[..shown];
+    let status = if sent.iter().any(|a| a.state == AlertState::Firing) {
+        AlertState::Firing
+    } else {
+        AlertState::Resolved
+    };
     json!({
         "version": "4",
         "groupKey": n.group_key,
         "truncatedAlerts": n.alerts.len() - shown,
-        "status": state_str(n.state),
+        "status": state_str(status),
         "receiver": n.receiver,
         "groupLabels": p.group_labels,
-        "commonLabels": crate::engine::common(n.alerts.iter().map(|a| &a.labels)),
-        "commonAnnotations": crate::engine::common(n.alerts.iter().map(|a| &a.annotations)),
+        "commonLabels": crate::engine::common(sent.iter().map(|a| &a.labels)),
+        "commonAnnotations": crate::engine::common(sent.iter().map(|a| &a.annotations)),
         "externalURL": "",
-        "alerts": n.alerts.iter().take(shown).map(|a| json!({
+        "alerts": sent.iter().map(|a| json!({
             "status": state_str(a.state),
             "labels": a.labels,
             "annotations": a.annotations,

@@ -3,6 +3,7 @@
 //! only when Alertmanager would send one (new firing alerts, newly resolved ones for receivers that want
 //! them, everything resolved, or the repeat interval passed).
 
+use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use chrono::{DateTime, Duration, Utc};
@@ -23,9 +24,13 @@ use crate::template;
 #[derive(Debug, Clone)]
 struct Group {
     node: usize,
+    /// Alertmanager's `groupKey` of it.
+    group_key: String,
     labels: BTreeMap<String, String>,
     alerts: BTreeSet<String>,
     next_flush: DateTime<Utc>,
+    /// Flushed at least once (its first wait is over).
+    flushed: bool,
 }
 
 /// What mutes alerts, worked out once per flush: per inhibition rule, the firing sources by their `equal`
@@ -357,7 +362,11 @@ impl Engine {
 
     fn place(&mut self, a: &Alert, now: DateTime<Utc>) {
         for node in self.tree.matches(&a.labels) {
-            let (key, labels) = self.tree.group_of(node, &a.labels, &a.id);
+            let crate::route::Grouped {
+                key,
+                group_key,
+                labels,
+            } = self.tree.group_of(node, &a.labels, &a.id);
             let n = self.tree.node(node);
             let (wait, interval) = (
                 Duration::from_std(n.group_wait).unwrap_or_default(),
@@ -367,16 +376,28 @@ impl Engine {
                 .nflog
                 .get(&nflog_key(&n.receiver, &key))
                 .and_then(|e| e.at);
+            // as in Alertmanager, a posted alert that started longer than group_wait ago does not wait
+            // again (a Prometheus alert whose `for` is over): its group's first notification is due now
+            let first = if a.posted && a.starts_at + wait < now {
+                now
+            } else {
+                now + wait
+            };
             let g = self.groups.entry(key).or_insert_with(|| Group {
                 node,
+                group_key,
                 labels,
                 alerts: BTreeSet::new(),
                 next_flush: match last {
                     // notified before (a restart): the next flush comes group_interval after that one
                     Some(at) => (at + interval).max(now),
-                    None => now + wait,
+                    None => first,
                 },
+                flushed: last.is_some(),
             });
+            if !g.flushed {
+                g.next_flush = g.next_flush.min(first);
+            }
             g.alerts.insert(a.id.clone());
         }
     }
@@ -644,7 +665,7 @@ impl Engine {
             let pending = match &receiver {
                 Some(r) => {
                     let hold = (node.repeat_interval + node.group_interval).as_secs();
-                    self.notifications(r, key, &g.labels, (&firing, &resolved), now, hold)
+                    self.notifications(r, key, &g, (&firing, &resolved), now, hold)
                 }
                 None => Vec::new(),
             };
@@ -663,6 +684,7 @@ impl Engine {
             g.alerts.remove(id);
         }
         g.next_flush = now + interval;
+        g.flushed = true;
         if g.alerts.is_empty() {
             self.groups.remove(key);
         }
@@ -672,18 +694,21 @@ impl Engine {
     fn notifications(
         &self,
         r: &Receiver,
-        group_key: &str,
-        group_labels: &BTreeMap<String, String>,
+        key: &str,
+        g: &Group,
         (firing, resolved): (&[&Alert], &[&Alert]),
         now: DateTime<Utc>,
         hold_secs: u64,
     ) -> Vec<Pending> {
+        let group_labels = &g.labels;
         let status = if firing.is_empty() {
             "resolved"
         } else {
             "firing"
         };
-        let all: Vec<&Alert> = firing.iter().chain(resolved).copied().collect();
+        // in Alertmanager's order: by `job`, then `instance`, then the label sets
+        let mut all: Vec<&Alert> = firing.iter().chain(resolved).copied().collect();
+        all.sort_by(|a, b| alertmanager_order(&a.labels, &b.labels));
         fn tpl<'a>(a: &&'a Alert) -> TemplateAlert<'a> {
             TemplateAlert {
                 status: if a.firing() { "firing" } else { "resolved" },
@@ -715,7 +740,7 @@ impl Engine {
         };
         let id = stable_id(&[
             &r.name,
-            group_key,
+            key,
             &join(firing),
             &join(resolved),
             &now.to_rfc3339(),
@@ -735,7 +760,7 @@ impl Engine {
         let full = Notification {
             id,
             receiver: r.name.clone(),
-            group_key: group_key.to_string(),
+            group_key: g.group_key.clone(),
             state: if firing.is_empty() {
                 AlertState::Resolved
             } else {
@@ -920,6 +945,34 @@ impl Engine {
             })
             .collect()
     }
+}
+
+/// How Alertmanager orders the alerts of a notification (`types.AlertSlice`): by the `job` label, then
+/// `instance` (an alert that has it before one that doesn't), then the label sets — fewer labels first,
+/// then the first differing value in label-name order.
+fn alertmanager_order(a: &BTreeMap<String, String>, b: &BTreeMap<String, String>) -> Ordering {
+    for k in ["job", "instance"] {
+        match (a.get(k), b.get(k)) {
+            (None, None) => continue,
+            (Some(_), None) => return Ordering::Less,
+            (None, Some(_)) => return Ordering::Greater,
+            (Some(x), Some(y)) if x != y => return x.cmp(y),
+            _ => {}
+        }
+    }
+    if a.len() != b.len() {
+        return a.len().cmp(&b.len());
+    }
+    let names: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    for n in names {
+        match (a.get(n), b.get(n)) {
+            (None, _) => return Ordering::Less,
+            (_, None) => return Ordering::Greater,
+            (Some(x), Some(y)) if x != y => return x.cmp(y),
+            _ => {}
+        }
+    }
+    Ordering::Equal
 }
 
 fn wants_resolved(r: &Receiver) -> bool {

@@ -21,7 +21,7 @@ pub enum Op {
 }
 
 impl Op {
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Op::Eq => "=",
             Op::Ne => "!=",

@@ -20,8 +20,11 @@ pub enum GroupBy {
 /// One resolved node.
 #[derive(Debug, Clone)]
 pub struct Node {
-    /// Path in the tree, e.g. `0/1/0` (part of the group key).
+    /// Path in the tree, e.g. `0/1/0` (unique: part of the router's own group key).
     pub id: String,
+    /// Alertmanager's route key: the matchers of each node from the root down, e.g.
+    /// `{}/{team="db"}` (not unique in general; part of the `groupKey` receivers see).
+    pub key: String,
     /// Receiver.
     pub receiver: String,
     /// Grouping.
@@ -50,6 +53,7 @@ impl Tree {
         let mut t = Tree { nodes: Vec::new() };
         let defaults = Node {
             id: "0".into(),
+            key: String::new(),
             receiver: root.receiver.clone().unwrap_or_default(),
             group_by: GroupBy::Labels(Vec::new()),
             group_wait: Duration::from_secs(30),
@@ -64,21 +68,29 @@ impl Tree {
     }
 
     fn add(&mut self, r: &Route, parent: &Node, id: String, root: bool) -> usize {
+        let matchers = if root { Vec::new() } else { r.matchers.clone() };
         let node = Node {
             id: id.clone(),
+            key: if root {
+                matchers_key(&matchers)
+            } else {
+                format!("{}/{}", parent.key, matchers_key(&matchers))
+            },
             receiver: r
                 .receiver
                 .clone()
                 .unwrap_or_else(|| parent.receiver.clone()),
+            // as Alertmanager: labels given replace the parent's; `['...']` groups by all; absent or
+            // `[]` inherits the parent's grouping (labels, or all)
             group_by: match &r.group_by {
                 Some(l) if l.iter().any(|x| x == "...") => GroupBy::All,
-                Some(l) => GroupBy::Labels(l.clone()),
-                None => parent.group_by.clone(),
+                Some(l) if !l.is_empty() => GroupBy::Labels(l.clone()),
+                _ => parent.group_by.clone(),
             },
             group_wait: r.group_wait.unwrap_or(parent.group_wait),
             group_interval: r.group_interval.unwrap_or(parent.group_interval),
             repeat_interval: r.repeat_interval.unwrap_or(parent.repeat_interval),
-            matchers: if root { Vec::new() } else { r.matchers.clone() },
+            matchers,
             continue_: r.continue_,
             children: Vec::new(),
         };
@@ -123,13 +135,8 @@ impl Tree {
         true
     }
 
-    /// The group an alert falls into at a node: its key (node path + grouping label values) and labels.
-    pub fn group_of(
-        &self,
-        i: usize,
-        labels: &BTreeMap<String, String>,
-        alert_id: &str,
-    ) -> (String, BTreeMap<String, String>) {
+    /// The group an alert falls into at a node.
+    pub fn group_of(&self, i: usize, labels: &BTreeMap<String, String>, alert_id: &str) -> Grouped {
         let n = &self.nodes[i];
         let group_labels: BTreeMap<String, String> = match &n.group_by {
             GroupBy::All => labels.clone(),
@@ -152,8 +159,81 @@ impl Tree {
         if n.group_by == GroupBy::All {
             key.push_str(&format!("#{alert_id}"));
         }
-        (key, group_labels)
+        Grouped {
+            key,
+            group_key: format!("{}:{}", n.key, label_set(&group_labels)),
+            labels: group_labels,
+        }
     }
+}
+
+/// The group an alert falls into at a node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grouped {
+    /// The router's key: node path and grouping label values (unique per group).
+    pub key: String,
+    /// Alertmanager's `groupKey`: the route key, then the group's labels, e.g.
+    /// `{}/{team="db"}:{alertname="DiskPressure", cluster="dev-1"}` (receivers deduplicate by it).
+    pub group_key: String,
+    /// The grouping labels and their values.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A node's matchers as Alertmanager writes them in a route key: sorted by name, value, then type,
+/// `{a="1",b=~"x|y"}`, values escaped as OpenMetrics does (backslash, newline, double quote).
+fn matchers_key(ms: &[Matcher]) -> String {
+    let mut ms: Vec<&Matcher> = ms.iter().collect();
+    ms.sort_by(|a, b| (&a.name, &a.value, a.op.as_str()).cmp(&(&b.name, &b.value, b.op.as_str())));
+    let parts: Vec<String> = ms
+        .iter()
+        .map(|m| {
+            let v = m
+                .value
+                .replace('\\', "\\\\")
+                .replace('\n', "\\n")
+                .replace('"', "\\\"");
+            format!("{}{}\"{v}\"", m.name, m.op.as_str())
+        })
+        .collect();
+    format!("{{{}}}", parts.join(","))
+}
+
+/// A label set as Prometheus' `LabelSet.String()` writes it: sorted, `{a="1", b="2"}`, each value quoted
+/// as Go's `strconv.Quote` does.
+fn label_set(labels: &BTreeMap<String, String>) -> String {
+    let parts: Vec<String> = labels
+        .iter()
+        .map(|(k, v)| format!("{k}={}", go_quote(v)))
+        .collect();
+    format!("{{{}}}", parts.join(", "))
+}
+
+/// `strconv.Quote`: printable characters as they are, the usual escapes, `\xHH` for other bytes below
+/// 0x80 and `\uHHHH` for the other control characters.
+fn go_quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\u{7}' => out.push_str("\\a"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{b}' => out.push_str("\\v"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                out.push_str(&format!("\\x{:02x}", c as u32))
+            }
+            // the other control characters (C1): Go prints no other non-printable ones in label values
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 #[cfg(test)]
@@ -222,12 +302,66 @@ receivers: [{name: default}, {name: pager}, {name: team}, {name: gpu}]
             t.node(gpu).group_by,
             GroupBy::Labels(vec!["cluster".into(), "alertname".into()])
         );
-        let (key, gl) = t.group_of(
+        let g = t.group_of(
             gpu,
             &labels(&[("cluster", "a"), ("alertname", "x"), ("team", "gpu")]),
             "id",
         );
-        assert_eq!(key, "0/1/0:{alertname=\"x\",cluster=\"a\"}");
-        assert_eq!(gl.len(), 2);
+        assert_eq!(g.key, "0/1/0:{alertname=\"x\",cluster=\"a\"}");
+        assert_eq!(
+            g.group_key,
+            r#"{}/{env=~"prod|staging"}/{team="gpu"}:{alertname="x", cluster="a"}"#
+        );
+        assert_eq!(g.labels.len(), 2);
+    }
+
+    #[test]
+    fn group_by_is_inherited_as_alertmanager_does() {
+        let r: Routing = serde_yaml::from_str(
+            r#"
+route:
+  receiver: default
+  group_by: [cluster]
+  routes:
+    - matchers: ['a="1"']
+      group_by: []
+    - matchers: ['a="2"']
+      group_by: ['...']
+      routes:
+        - matchers: ['b="1"']
+        - matchers: ['b="2"']
+          group_by: [alertname]
+receivers: [{name: default}]
+"#,
+        )
+        .unwrap();
+        r.validate().unwrap();
+        let t = Tree::new(&r.route);
+        let by = |kv: &[(&str, &str)]| t.node(t.matches(&labels(kv))[0]).group_by.clone();
+        let cluster = GroupBy::Labels(vec!["cluster".into()]);
+        assert_eq!(by(&[("a", "1")]), cluster, "`[]` inherits");
+        assert_eq!(by(&[("a", "2")]), GroupBy::All);
+        assert_eq!(
+            by(&[("a", "2"), ("b", "1")]),
+            GroupBy::All,
+            "absent inherits all"
+        );
+        assert_eq!(
+            by(&[("a", "2"), ("b", "2")]),
+            GroupBy::Labels(vec!["alertname".into()])
+        );
+    }
+
+    #[test]
+    fn group_keys_are_written_as_alertmanager_writes_them() {
+        assert_eq!(
+            label_set(&labels(&[("b", "x\"y\\z\n"), ("a", "é\u{1}")])),
+            r#"{a="é\x01", b="x\"y\\z\n"}"#
+        );
+        let ms: Vec<Matcher> = ["z=\"1\"", "a!~\"x\\\\d\"", "a=\"x\""]
+            .iter()
+            .map(|m| Matcher::parse(m).unwrap())
+            .collect();
+        assert_eq!(matchers_key(&ms), r#"{a="x",a!~"x\\d",z="1"}"#);
     }
 }
