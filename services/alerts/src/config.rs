@@ -1,6 +1,7 @@
 //! Settings: the role's own (`alerts` section of the hub config) and the routing file, which follows
 //! Alertmanager's configuration shape (`route`, `receivers`, `inhibit_rules`) so operators reuse what they
-//! know. Unknown keys are errors, not silently ignored.
+//! know; an Alertmanager file as it is loads too, what the router does not use named (`compat`). Keys
+//! neither knows are errors, not silently ignored.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -363,11 +364,25 @@ impl Routing {
                 "the embedded alerts.yaml".into(),
             ),
         };
+        let (r, notes) = Routing::parse(&text, &from)?;
+        for n in notes {
+            tracing::warn!(routing = %from, "{n}");
+        }
+        Ok(r)
+    }
+
+    /// Reads a routing file — the router's own, or Alertmanager's `alertmanager.yml` as it is — and checks
+    /// it. Returns it with a note for each part of an Alertmanager file the router does not use.
+    pub fn parse(text: &str, from: &str) -> Result<(Routing, Vec<String>)> {
+        let mut doc: serde_yaml::Value =
+            serde_yaml::from_str(text).map_err(|e| ConfigError(format!("parsing {from}: {e}")))?;
+        let notes =
+            crate::compat::adapt(&mut doc).map_err(|e| e.within(format_args!("reading {from}")))?;
         let r: Routing =
-            serde_yaml::from_str(&text).map_err(|e| ConfigError(format!("parsing {from}: {e}")))?;
+            serde_yaml::from_value(doc).map_err(|e| ConfigError(format!("parsing {from}: {e}")))?;
         r.validate()
             .map_err(|e| e.within(format_args!("checking {from}")))?;
-        Ok(r)
+        Ok((r, notes))
     }
 
     /// Checks what serde can't: receivers exist and are unique, the root has a receiver, templates

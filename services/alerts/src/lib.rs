@@ -24,6 +24,7 @@
 //! flushed until the replay has caught up, so what the restored log says was notified is not sent again.
 
 pub mod api;
+pub mod compat;
 pub mod config;
 pub mod deliver;
 pub mod engine;

@@ -107,6 +107,12 @@ enum Command {
         #[arg(short = 'o', long, default_value = "table", value_parser = ["table", "json"])]
         output: String,
     },
+    /// Check an alert routing file — the router's own, or an Alertmanager `alertmanager.yml` as it is —
+    /// and say what the router uses of it and what it leaves out; exits non-zero if it can't be loaded.
+    CheckRouting {
+        /// The file.
+        file: String,
+    },
     /// Add, list or expire silences of the alert router (its HTTP API, `alerts.listen`).
     Silence {
         /// The alert router's API (default: http://<alerts.listen>).
@@ -234,6 +240,7 @@ async fn run() -> Result<()> {
             | Command::BlastRadius { .. }
             | Command::Compliance { .. }
             | Command::Silence { .. }
+            | Command::CheckRouting { .. }
             | Command::Fleet(_)
             | Command::Cluster { .. }
             | Command::Release {
@@ -323,6 +330,25 @@ async fn run() -> Result<()> {
             let client = multipilot_bus::connect::connect(&config.nats).await?;
             let only_fleet = fleet;
             return incidents::print(&client, all, only_fleet, watch, &output).await;
+        }
+        Command::CheckRouting { file } => {
+            let text = std::fs::read_to_string(&file).with_context(|| format!("reading {file}"))?;
+            let (routing, notes) = multipilot_alerts::config::Routing::parse(&text, &file)?;
+            for n in &notes {
+                println!("- {n}");
+            }
+            fn count(r: &multipilot_alerts::config::Route) -> usize {
+                1 + r.routes.iter().map(count).sum::<usize>()
+            }
+            let n = |k: usize, what: &str| format!("{k} {what}{}", if k == 1 { "" } else { "s" });
+            println!(
+                "{file}: loads: {}, {}, {}; {} not used",
+                n(count(&routing.route), "route"),
+                n(routing.receivers.len(), "receiver"),
+                n(routing.inhibit_rules.len(), "inhibition rule"),
+                n(notes.len(), "part"),
+            );
+            return Ok(());
         }
         Command::Silence { url, command } => {
             let url = url.unwrap_or_else(|| format!("http://{}", config.alerts.listen));

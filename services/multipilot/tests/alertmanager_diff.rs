@@ -395,3 +395,63 @@ async fn the_router_notifies_lists_and_groups_as_a_real_alertmanager_does() -> R
     );
     Ok(())
 }
+
+/// Debian's sample `alertmanager.yml` (e-mail and PagerDuty receivers, Go templates, `match` / `match_re`,
+/// `source_match` / `target_match`) as it is.
+const DEBIAN_SAMPLE: &str = "/etc/prometheus/alertmanager.yml";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn debians_sample_alertmanager_yml_loads_as_it_is_and_routes_as_alertmanager_does()
+-> Result<()> {
+    let text = std::fs::read_to_string(DEBIAN_SAMPLE).with_context(|| {
+        format!("reading {DEBIAN_SAMPLE}: install Debian's prometheus-alertmanager (./scripts/test does)")
+    })?;
+    // the CLI says what the router leaves out
+    let out = common::cli(&["check-routing", DEBIAN_SAMPLE], &[])?;
+    assert!(
+        out.contains("loads: 8 routes, 5 receivers, 1 inhibition rule;")
+            && out
+                .contains("receiver team-X-pager: email_configs, pagerduty_configs not supported"),
+        "{out}"
+    );
+    let am = Alertmanager::start(&text).await?;
+    let router = Router::start(&text).await?;
+    let starts = Utc::now().to_rfc3339();
+    let batch = Value::Array(
+        [
+            "alertname=Down,service=foo1,severity=critical,cluster=a",
+            "alertname=Down,service=foo1,severity=warning,cluster=a",
+            "alertname=Slow,service=baz,cluster=b",
+            "alertname=Full,service=files,severity=critical,cluster=c",
+            "alertname=Full,service=database,owner=team-Y,cluster=d",
+            "alertname=Full,service=database,cluster=d,database=orders",
+            "alertname=Other,cluster=e",
+        ]
+        .iter()
+        .map(|l| alert(l, &starts, None))
+        .collect(),
+    );
+    for api in [&am.api, &router.api] {
+        post(api, "/api/v2/alerts", &batch).await?;
+    }
+    // the same receivers for each alert, and the same inhibition (critical mutes the warning of the
+    // same alertname, cluster and service)
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (a, r) = (listed(&am.api).await?, listed(&router.api).await?);
+        if a.len() == 7 && a == r {
+            assert!(
+                a.iter().any(|x| x["inhibited"] == 1),
+                "the sample's inhibition rule muted nothing: {a:#?}"
+            );
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "alert lists differ:\n{a:#?}\n{r:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(groups(&am.api).await?, groups(&router.api).await?);
+    Ok(())
+}
