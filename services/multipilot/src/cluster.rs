@@ -30,7 +30,7 @@ use rand::RngCore as _;
 /// The cluster the accounts file's agent block is written for.
 const TEMPLATE_CLUSTER: &str = "prod-1";
 pub(crate) const AGENTS_MARK: &str = "# --- agents ---";
-const AGENTS_END: &str = "# --- end of agents ---";
+pub(crate) const AGENTS_END: &str = "# --- end of agents ---";
 /// The FLEET account's imports of the agents' command subjects.
 const COMMANDS_MARK: &str = "# --- agent commands ---";
 const COMMANDS_END: &str = "# --- end of agent commands ---";

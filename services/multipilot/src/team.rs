@@ -1,6 +1,6 @@
 //! `multipilot team add|list|rotate|remove`: access for another team to the clusters a label selector picks.
 //!
-//! A team gets two credentials, both scoped to its clusters:
+//! A team gets three credentials, all scoped to its clusters:
 //! - a NATS user `team-<name>` in the accounts file (between the `# --- teams ---` and `# --- hub roles ---`
 //!   marks) that may subscribe to its clusters' subjects (states, facts, heartbeats, probes, events,
 //!   incidents, event digests, compliance) and to its alert receiver's subject `fleet.alert.team-<name>`,
@@ -8,8 +8,12 @@
 //!   (a consumer's info, a stored message, a publish acknowledgement) to whatever reply subject the
 //!   requester names, inside the account, where a stream listening on that subject stores it — so a
 //!   user with any JetStream request could write into other clusters' subjects or the audit stream.
-//!   History is the APIs' (console, TSDB), scoped by the team's token; replay from the streams needs
-//!   the team in an account of its own, importing consumers the hub exports (not built yet);
+//! - a NATS user `team-<name>-replay` (the same password) in an account of the team's own, `team-<name>`
+//!   (between the `# --- team accounts ---` marks, made again from the team blocks on every change), which
+//!   imports from FLEET, under the API prefix `$JS.FLEET.API`, only the requests of its consumers
+//!   `<name>_<cluster>_<class>`: create with that class' filter of that cluster, pull, info, delete, ack
+//!   ([`replay_requests`]). It replays what the streams hold of its clusters, can't widen a filter or read
+//!   another consumer, and every answer goes back to its account;
 //! - an API token (kept as its SHA-256 in the hub's tokens file) with `team` and `clusters`: the console
 //!   lists only those clusters, the TSDB adds `cluster=~"<them>"` to every selector, the alert router
 //!   shows and silences only their alerts.
@@ -96,6 +100,136 @@ const SUBJECTS: [&str; 11] = [
     "fleet.facts.{c}.*",
     "fleet.hb.{c}.*",
 ];
+
+/// Marks the accounts of the teams' replay users (after the agents' accounts); made again from the teams'
+/// blocks whenever they change.
+const ACCOUNTS_MARK: &str = "# --- team accounts ---";
+const ACCOUNTS_END: &str = "# --- end of team accounts ---";
+
+/// What a team may replay, per cluster `{c}`: one consumer per class, on its stream, with these filters
+/// (facts and heartbeats carry the partition as one more token with partitions).
+const REPLAY: [(&str, &str, &[&str]); 9] = [
+    ("state", "FLEET_STATE", &["fleet.state.{c}.>"]),
+    ("resync", "FLEET_STATE", &["fleet.resync.{c}.>"]),
+    (
+        "facts",
+        "FLEET_FACTS",
+        &["fleet.facts.{c}", "fleet.facts.{c}.*"],
+    ),
+    ("hb", "FLEET_HEALTH", &["fleet.hb.{c}", "fleet.hb.{c}.*"]),
+    ("probe", "FLEET_HEALTH", &["fleet.probe.{c}.>"]),
+    ("event", "FLEET_EVENTS", &["fleet.event.{c}.>"]),
+    ("incident", "FLEET_INCIDENTS", &["fleet.incident.{c}.>"]),
+    ("digest", "FLEET_INCIDENTS", &["fleet.digest.{c}.>"]),
+    ("compliance", "FLEET_INCIDENTS", &["fleet.compliance.{c}"]),
+];
+
+/// The consumer a team replays a class of a cluster's subjects with: `<team>_<cluster>_<class>`.
+pub fn consumer_name(team: &str, cluster: &str, class: &str) -> String {
+    format!("{team}_{cluster}_{class}")
+}
+
+/// The JetStream API prefix of a team's account (`jetstream::with_prefix`): its requests there are
+/// FLEET's `$JS.API` ones it imports. (The account has no JetStream of its own, and the server answers
+/// `$JS.API` requests in such an account itself: "JetStream not enabled".)
+pub const REPLAY_API_PREFIX: &str = "$JS.FLEET.API";
+
+/// The JetStream requests a team's replay user makes, as `(in its account, in FLEET)`, each imported by
+/// its account from FLEET as a service: per cluster and class, creating its consumer with that filter (or
+/// a narrower one: the filter is part of the request subject, and the server checks it against the
+/// request), pulling from it, its info, deleting it, and acknowledging its messages. Nothing else of FLEET
+/// reaches the account, and the answers come back to it whatever reply subject it names.
+pub fn replay_requests(team: &str, clusters: &[String]) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut api = |what: String| {
+        out.push((
+            format!("{REPLAY_API_PREFIX}.{what}"),
+            format!("$JS.API.{what}"),
+        ))
+    };
+    let mut acks = Vec::new();
+    for c in clusters {
+        for (class, stream, filters) in REPLAY {
+            let name = consumer_name(team, c, class);
+            for f in filters {
+                api(format!(
+                    "CONSUMER.CREATE.{stream}.{name}.{}",
+                    f.replace("{c}", c)
+                ));
+            }
+            api(format!("CONSUMER.MSG.NEXT.{stream}.{name}"));
+            api(format!("CONSUMER.INFO.{stream}.{name}"));
+            api(format!("CONSUMER.DELETE.{stream}.{name}"));
+            // a message's acknowledgement subject is FLEET's: the same in the team's account
+            let ack = format!("$JS.ACK.{stream}.{name}.>");
+            acks.push((ack.clone(), ack));
+        }
+    }
+    out.extend(acks);
+    out
+}
+
+/// The account of a team's replay user, `team-<name>`: its user `team-<name>-replay` (the team's
+/// password) and its imports.
+fn account_block(t: &Team) -> String {
+    let pairs = replay_requests(&t.name, &t.clusters);
+    let requests: Vec<String> = pairs.iter().map(|(local, _)| local.clone()).collect();
+    let imports: Vec<String> = pairs
+        .iter()
+        .map(|(local, remote)| {
+            format!("{{ service: {{ account: FLEET, subject: \"{remote}\" }}, to: \"{local}\" }}")
+        })
+        .collect();
+    format!(
+        "  team-{name} {{\n\
+         \x20   # the replay user of team {name}: consumers of its clusters' subjects (see FLEET's exports)\n\
+         \x20   users: [\n\
+         \x20     {{\n\
+         \x20       user: team-{name}-replay, password: \"{hash}\"\n\
+         \x20       permissions: {{\n\
+         \x20         publish: {{ allow: [\n\
+         \x20           {requests}\n\
+         \x20         ] }}\n\
+         \x20         subscribe: {{ allow: [\"_INBOX_team-{name}.>\"] }}\n\
+         \x20       }}\n\
+         \x20     }}\n\
+         \x20   ]\n\
+         \x20   imports: [\n\
+         \x20     {imports}\n\
+         \x20   ]\n\
+         \x20 }}\n",
+        name = t.name,
+        hash = t.password_hash,
+        requests = quoted(&requests).replace("\n              ", "\n            "),
+        imports = imports.join(",\n      "),
+    )
+}
+
+/// The accounts file with the teams' accounts made again from their blocks (the section is added after
+/// the agents' accounts when there is none).
+fn sync_accounts(text: &str) -> Result<String> {
+    let mut text = text.to_string();
+    if !text.contains(ACCOUNTS_MARK) {
+        let at = text.find(crate::cluster::AGENTS_END).with_context(|| {
+            format!(
+                "no `{}` line in the accounts file",
+                crate::cluster::AGENTS_END
+            )
+        })?;
+        let line_end = text[at..]
+            .find('\n')
+            .map(|i| at + i + 1)
+            .unwrap_or(text.len());
+        text.insert_str(line_end, &format!("  {ACCOUNTS_MARK}\n  {ACCOUNTS_END}\n"));
+    }
+    let (from, to) = section(&text, ACCOUNTS_MARK, &[ACCOUNTS_END])?;
+    let blocks: String = teams(&text)?
+        .iter()
+        .map(|(_, _, t)| account_block(t))
+        .collect();
+    text.replace_range(from..to, &blocks);
+    Ok(text)
+}
 
 /// What a team's bus user may subscribe to: its clusters' subjects and its receiver's alerts. It may
 /// publish nothing: no JetStream request either, since the server answers any request on the reply
@@ -225,7 +359,7 @@ pub fn refresh_all(text: &str) -> Result<String> {
         t.clusters = pick(text, &t.selector)?;
         out.replace_range(from..to, &team_block(&t)?);
     }
-    Ok(out)
+    sync_accounts(&out)
 }
 
 /// After `cluster` was added: every team block made again; the teams that now hold the cluster.
@@ -334,6 +468,9 @@ fn write_credentials(
         "nats": {
             "user": format!("team-{}", t.name),
             "password": password,
+            // the same password; its account creates and reads the consumers named <team>_<cluster>_<class>
+            "replay_user": format!("team-{}-replay", t.name),
+            "inbox_prefix": format!("_INBOX_team-{}", t.name),
         },
         "api_token": token,
     }))?;
@@ -432,14 +569,20 @@ pub fn run(cmd: Command) -> Result<()> {
                 password_hash: hash(&password)?,
             };
             let (_, end) = team_section(&text)?;
-            let updated = format!("{}{}{}", &text[..end], team_block(&t)?, &text[end..]);
+            let updated = sync_accounts(&format!(
+                "{}{}{}",
+                &text[..end],
+                team_block(&t)?,
+                &text[end..]
+            ))?;
             let token = new_token();
             let creds = write_credentials(&files, &t, &password, &token)?;
             put_token(&files, &t, role, &token)?;
             write_atomic(&files.accounts, &updated)?;
             println!(
                 "team {name}: {} cluster(s): {}\n\
-                 NATS user team-{name} added to {}; API token ({}) added to {}\n\
+                 NATS users team-{name} (live) and team-{name}-replay (replay: consumers named \
+                 {name}_<cluster>_<class>) added to {}; API token ({}) added to {}\n\
                  its credentials (NATS password, API token): {} — hand them over, keep them out of Git\n\
                  next: {}",
                 t.clusters.len(),
@@ -471,6 +614,7 @@ pub fn run(cmd: Command) -> Result<()> {
             t.clusters = pick(&text, &t.selector)?;
             let mut updated = text.clone();
             updated.replace_range(from..to, &team_block(&t)?);
+            let updated = sync_accounts(&updated)?;
             let token = new_token();
             let role = role_of_token(&files, &name)?;
             let creds = write_credentials(&files, &t, &password, &token)?;
@@ -489,7 +633,7 @@ pub fn run(cmd: Command) -> Result<()> {
             else {
                 bail!("no such team: there is no team-{name} user");
             };
-            let updated = format!("{}{}", &text[..from], &text[to..]);
+            let updated = sync_accounts(&format!("{}{}", &text[..from], &text[to..]))?;
             let path = files.tokens();
             let mut entries = load_tokens(&path)?;
             let before = entries.len();
@@ -547,5 +691,16 @@ mod tests {
                 .all(|x| x.contains("prod-1") || x == "fleet.alert.team-payments")
         );
         assert!(subscribe.contains(&"fleet.incident.prod-1.>".to_string()));
+        // the team's account follows its block: made, made again the same, gone with the team
+        let with_account = sync_accounts(&added).unwrap();
+        assert!(with_account.contains("  team-payments {\n"));
+        assert!(with_account.contains(
+            "{ service: { account: FLEET, subject: \"$JS.API.CONSUMER.CREATE.FLEET_EVENTS.payments_prod-1_event.fleet.event.prod-1.>\" }, to: \"$JS.FLEET.API.CONSUMER.CREATE.FLEET_EVENTS.payments_prod-1_event.fleet.event.prod-1.>\" }"
+        ));
+        assert_eq!(sync_accounts(&with_account).unwrap(), with_account);
+        let (from, to, _) = teams(&with_account).unwrap().remove(0);
+        let removed =
+            sync_accounts(&format!("{}{}", &with_account[..from], &with_account[to..])).unwrap();
+        assert!(!removed.contains("team-payments"), "{removed}");
     }
 }

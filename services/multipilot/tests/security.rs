@@ -703,7 +703,7 @@ fn ok(out: std::process::Output) -> Result<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_team_receives_only_its_clusters_subjects_and_can_publish_nothing() -> Result<()> {
+async fn a_team_receives_and_replays_only_its_clusters_subjects_and_writes_nothing() -> Result<()> {
     let dir = shipped_accounts_copy()?;
     let overlays = dir.path().join("agents");
     let add_cluster = |name: &str, env: &str| {
@@ -890,6 +890,107 @@ async fn a_team_receives_only_its_clusters_subjects_and_can_publish_nothing() ->
         "no violation logged: {seen:?}"
     );
 
+    // replay: its replay user, in the team's own account, reads what was stored before, through the
+    // consumer named for the cluster and class, and acknowledges it
+    let replay = async_nats::ConnectOptions::new()
+        .user_and_password("team-payments-replay".into(), team_password.clone())
+        .custom_inbox_prefix("_INBOX_team-payments")
+        .request_timeout(Some(Duration::from_secs(2)))
+        .connect(nats.url())
+        .await?;
+    let rjs = jetstream::with_prefix(replay.clone(), "$JS.FLEET.API");
+    let events = rjs.get_stream_no_info("FLEET_EVENTS").await?;
+    let pull = |name: &str, filter: &str| jetstream::consumer::pull::Config {
+        name: Some(name.into()),
+        filter_subject: filter.into(),
+        deliver_policy: jetstream::consumer::DeliverPolicy::All,
+        ack_policy: jetstream::consumer::AckPolicy::Explicit,
+        ..Default::default()
+    };
+    let c = events
+        .create_consumer(pull("payments_gamma-3_event", "fleet.event.gamma-3.>"))
+        .await?;
+    let mut msgs = c
+        .fetch()
+        .max_messages(10)
+        .expires(Duration::from_secs(2))
+        .messages()
+        .await?;
+    let mut replayed = Vec::new();
+    while let Some(m) = msgs.next().await {
+        let m = m.map_err(|e| anyhow::anyhow!("{e}"))?;
+        replayed.push(m.subject.to_string());
+        m.double_ack().await.map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
+    anyhow::ensure!(
+        replayed == ["fleet.event.gamma-3.Pod", "fleet.event.gamma-3.Node"],
+        "{replayed:?}"
+    );
+    let mut c = c;
+    anyhow::ensure!(
+        c.info().await?.num_ack_pending == 0,
+        "acks did not reach FLEET"
+    );
+    // it can't widen its filter, read another cluster under its own name, take a role's consumer's name,
+    // pull from a role's consumer or ask for stream information
+    for (name, filter) in [
+        ("payments_gamma-3_event", "fleet.event.beta-2.>"),
+        ("payments_gamma-3_event", "fleet.event.>"),
+        ("payments_beta-2_event", "fleet.event.beta-2.>"),
+        ("correlator-events", "fleet.event.gamma-3.>"),
+    ] {
+        anyhow::ensure!(
+            events.create_consumer(pull(name, filter)).await.is_err(),
+            "the team created {name} with {filter}"
+        );
+    }
+    for subj in [
+        "$JS.FLEET.API.CONSUMER.MSG.NEXT.FLEET_EVENTS.correlator-events",
+        "$JS.FLEET.API.STREAM.INFO.FLEET_EVENTS",
+        "$JS.FLEET.API.STREAM.NAMES",
+        "$JS.API.CONSUMER.MSG.NEXT.FLEET_EVENTS.correlator-events",
+    ] {
+        anyhow::ensure!(
+            replay.request(subj, "{}".into()).await.is_err(),
+            "the team's {subj} was answered"
+        );
+    }
+    // whatever reply subject it names, the answer (and a pull's messages) come back to its account
+    for (subj, reply) in [
+        (
+            "$JS.FLEET.API.CONSUMER.INFO.FLEET_EVENTS.payments_gamma-3_event",
+            "fleet.audit.forged",
+        ),
+        (
+            "$JS.FLEET.API.CONSUMER.MSG.NEXT.FLEET_EVENTS.payments_gamma-3_event",
+            "fleet.event.beta-2.forged",
+        ),
+    ] {
+        replay
+            .publish_with_reply(subj, reply, r#"{"batch": 5, "no_wait": true}"#.into())
+            .await?;
+    }
+    replay.flush().await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let stored = |stream: &'static str, subj: &'static str| {
+        let admin = admin.clone();
+        async move {
+            jetstream::new(admin)
+                .get_stream(stream)
+                .await?
+                .get_last_raw_message_by_subject(subj)
+                .await
+                .map_err(anyhow::Error::from)
+        }
+    };
+    anyhow::ensure!(
+        stored("FLEET_AUDIT", "fleet.audit.forged").await.is_err()
+            && stored("FLEET_EVENTS", "fleet.event.beta-2.forged")
+                .await
+                .is_err(),
+        "a replay answer was stored in FLEET"
+    );
+
     // removed: its credentials are refused by a server with the new accounts file
     ok(team_cmd(&["remove", "payments"], dir.path())?)?;
     let tokens = std::fs::read_to_string(dir.path().join("secrets/material/tokens.yaml"))?;
@@ -898,15 +999,21 @@ async fn a_team_receives_only_its_clusters_subjects_and_can_publish_nothing() ->
     drop(nats);
     let accounts = accounts_from(&dir.path().join("accounts.conf"))?;
     let nats = NatsServer::start_with(|_| format!("{accounts}\nno_auth_user: admin\n")).await?;
-    let refused = async_nats::ConnectOptions::new()
-        .user_and_password("team-payments".into(), team_password)
-        .connection_timeout(Duration::from_secs(2))
-        .connect(nats.url());
-    let refused = tokio::time::timeout(Duration::from_secs(5), refused).await;
     anyhow::ensure!(
-        !matches!(refused, Ok(Ok(_))),
-        "a removed team could still connect"
+        !accounts.contains("team-payments"),
+        "the removed team's users or account are still in the accounts file"
     );
+    for user in ["team-payments", "team-payments-replay"] {
+        let refused = async_nats::ConnectOptions::new()
+            .user_and_password(user.into(), team_password.clone())
+            .connection_timeout(Duration::from_secs(2))
+            .connect(nats.url());
+        let refused = tokio::time::timeout(Duration::from_secs(5), refused).await;
+        anyhow::ensure!(
+            !matches!(refused, Ok(Ok(_))),
+            "a removed team could still connect as {user}"
+        );
+    }
     Ok(())
 }
 
@@ -947,6 +1054,9 @@ struct Spec {
     kv: Vec<String>,
     /// Other JetStream API requests.
     api: Vec<String>,
+    /// Consumers it creates and reads from an account of its own, through `$JS.FLEET.API`: stream, the
+    /// consumer's name and the filters it may be created with.
+    replays: Vec<(String, String, Vec<String>)>,
     /// No restriction (`admin`).
     all: bool,
 }
@@ -966,6 +1076,7 @@ fn spec(user: &str, inbox: &str) -> Spec {
         direct_get: vec![],
         kv: vec![],
         api: vec![],
+        replays: vec![],
         all: false,
     }
 }
@@ -996,6 +1107,41 @@ fn team_spec(team: &str, clusters: &[&str]) -> Spec {
         subscribe,
         // it has no inbox: it makes no requests
         ..spec(&format!("team-{team}"), "")
+    }
+}
+
+/// A team's replay user (in the account `team-<team>`): per cluster, one consumer per class of its
+/// subjects, created with that class' filter, pulled from, acknowledged.
+fn team_replay_spec(team: &str, clusters: &[&str]) -> Spec {
+    let mut replays = Vec::new();
+    for c in clusters {
+        for (class, stream, filters) in [
+            ("state", "FLEET_STATE", vec!["state.{c}.>"]),
+            ("resync", "FLEET_STATE", vec!["resync.{c}.>"]),
+            ("facts", "FLEET_FACTS", vec!["facts.{c}", "facts.{c}.*"]),
+            ("hb", "FLEET_HEALTH", vec!["hb.{c}", "hb.{c}.*"]),
+            ("probe", "FLEET_HEALTH", vec!["probe.{c}.>"]),
+            ("event", "FLEET_EVENTS", vec!["event.{c}.>"]),
+            ("incident", "FLEET_INCIDENTS", vec!["incident.{c}.>"]),
+            ("digest", "FLEET_INCIDENTS", vec!["digest.{c}.>"]),
+            ("compliance", "FLEET_INCIDENTS", vec!["compliance.{c}"]),
+        ] {
+            replays.push((
+                stream.to_string(),
+                format!("{team}_{c}_{class}"),
+                filters
+                    .iter()
+                    .map(|f| format!("fleet.{}", f.replace("{c}", c)))
+                    .collect(),
+            ));
+        }
+    }
+    Spec {
+        replays,
+        ..spec(
+            &format!("team-{team}-replay"),
+            &format!("_INBOX_team-{team}"),
+        )
     }
 }
 
@@ -1042,6 +1188,7 @@ fn specs(minted: &str) -> Vec<Spec> {
         agent_spec("prod-1"),
         agent_spec(minted),
         team_spec("payments", &["prod-1"]),
+        team_replay_spec("payments", &["prod-1"]),
         Spec {
             publish: s(&[
                 "fleet.incident.>",
@@ -1192,6 +1339,15 @@ impl Spec {
         for d in &self.direct_get {
             p.push(format!("$JS.API.DIRECT.GET.{d}"));
         }
+        for (st, name, filters) in &self.replays {
+            for f in filters {
+                p.push(format!("$JS.FLEET.API.CONSUMER.CREATE.{st}.{name}.{f}"));
+            }
+            for f in ["CONSUMER.MSG.NEXT", "CONSUMER.INFO", "CONSUMER.DELETE"] {
+                p.push(format!("$JS.FLEET.API.{f}.{st}.{name}"));
+            }
+            p.push(format!("$JS.ACK.{st}.{name}.>"));
+        }
         for b in &self.kv {
             let st = format!("KV_{b}");
             for f in [
@@ -1313,6 +1469,18 @@ fn candidates(users: &[Spec], clusters: &[&str]) -> Vec<Op> {
         pubs.push(format!(
             "$JS.API.CONSUMER.MSG.NEXT.FLEET_EVENTS.payments_{c}_event"
         ));
+        // the same through a team account's prefix
+        for other in clusters {
+            pubs.push(format!(
+                "$JS.FLEET.API.CONSUMER.CREATE.FLEET_EVENTS.payments_{c}_event.fleet.event.{other}.Pod"
+            ));
+        }
+        pubs.push(format!(
+            "$JS.FLEET.API.CONSUMER.CREATE.FLEET_EVENTS.payments_{c}_event.fleet.event.x"
+        ));
+        pubs.push(format!(
+            "$JS.FLEET.API.CONSUMER.CREATE.FLEET_EVENTS.payments_{c}_event.fleet.>"
+        ));
         // direct gets of each cluster's subjects, the partitioned form and a wildcard across clusters
         for (st, x) in [
             ("FLEET_STATE", "state.{c}.Deployment.shop.web"),
@@ -1381,6 +1549,16 @@ fn candidates(users: &[Spec], clusters: &[&str]) -> Vec<Op> {
         pubs.push(format!("$JS.API.{x}"));
     }
     pubs.push("$JS.API.DIRECT.GET.FLEET_STATE.fleet.*.>".into());
+    for x in [
+        "INFO",
+        "STREAM.NAMES",
+        "STREAM.INFO.FLEET_EVENTS",
+        "CONSUMER.MSG.NEXT.FLEET_EVENTS.correlator-events",
+        "CONSUMER.CREATE.FLEET_EVENTS.correlator-events.fleet.event.prod-1.>",
+        "DIRECT.GET.FLEET_EVENTS.fleet.event.prod-1.Pod",
+    ] {
+        pubs.push(format!("$JS.FLEET.API.{x}"));
+    }
     let topology = Topology::embedded();
     for st in STREAMS {
         for f in [
@@ -1481,7 +1659,7 @@ fn matrix<'a>(users: impl IntoIterator<Item = &'a Spec>) -> String {
             ));
             continue;
         }
-        let reads: Vec<String> = u
+        let mut reads: Vec<String> = u
             .reads
             .iter()
             .map(|(st, how)| match how {
@@ -1490,6 +1668,16 @@ fn matrix<'a>(users: impl IntoIterator<Item = &'a Spec>) -> String {
                 Read::Durables(n) => format!("{st} ({})", n.join(", ")),
             })
             .collect();
+        reads.extend(u.replays.iter().map(|(st, name, filters)| {
+            format!(
+                "{st} (`{name}` on {}, through `$JS.FLEET.API`)",
+                filters
+                    .iter()
+                    .map(|f| format!("`{f}`"))
+                    .collect::<Vec<_>>()
+                    .join(" or ")
+            )
+        }));
 
         let mut api = u.api.clone();
         api.extend(u.direct_get.iter().map(|d| format!("DIRECT.GET.{d}")));
@@ -1510,7 +1698,7 @@ fn matrix<'a>(users: impl IntoIterator<Item = &'a Spec>) -> String {
             if reads.is_empty() {
                 "—".into()
             } else {
-                reads.join(", ")
+                generic(reads.join(", "))
             },
             generic(list(&api)),
             generic(list(&sub)),
@@ -1588,7 +1776,7 @@ async fn every_user_can_do_exactly_what_the_permission_matrix_says() -> Result<(
     for u in &users {
         let pw = match u.user.as_str() {
             "agent-beta-2" => minted_password.clone(),
-            "team-payments" => team_password.clone(),
+            "team-payments" | "team-payments-replay" => team_password.clone(),
             _ => password(&u.user),
         };
         let client = async_nats::ConnectOptions::new()
