@@ -482,6 +482,25 @@ async fn a_team_token_sees_only_its_clusters_and_is_refused_beyond_them() -> Res
         let (status, body) = team(path).await?;
         assert_eq!(status, 403, "{path}: {body}");
     }
+    // the CLI with the team's token: its clusters only, and a refusal it says so for the others
+    let env = [
+        ("MULTIPILOT_CONSOLE_URL", c.base.as_str()),
+        ("MULTIPILOT_TOKEN", TEAM),
+        ("HOME", "/nonexistent"),
+    ];
+    let cli = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_multipilot"))
+            .args(args)
+            .envs(env)
+            .env_remove("MULTIPILOT_CONFIG")
+            .output()
+    };
+    let listed = cli(&["clusters", "-o", "name"])?;
+    assert!(listed.status.success(), "{listed:?}");
+    assert_eq!(String::from_utf8_lossy(&listed.stdout).trim(), "prod-a");
+    let refused = cli(&["compare", "prod-a", "prod-b"])?;
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && err.contains("403"), "{err}");
     // the whole fleet's viewer still sees both
     let (_, st) = c
         .request(reqwest::Method::GET, "/api/v1/status", Some(VIEWER))
