@@ -1,8 +1,9 @@
 //! Alertmanager's own `alertmanager.yml`, as people have it, read into the router's routing file: what the
 //! router supports is taken over (the deprecated `match` / `match_re` and `source_match*` / `target_match*`
 //! become matchers, `global.slack_api_url` fills Slack receivers' `api_url`), and what it does not is taken
-//! out and named in one note each — integrations it does not have, Go template files, time intervals,
-//! `http_config` — so such a file loads with a clear account instead of a parse error.
+//! out and named in one note each — integrations it does not have, Go template files, `http_config` — so
+//! such a file loads with a clear account instead of a parse error. (Time intervals it has: the older
+//! top-level `mute_time_intervals` list is read into `time_intervals`.)
 //!
 //! Works on the YAML tree before it is decoded; anything neither Alertmanager nor the router knows stays
 //! in, so the decoder still names a misspelt key.
@@ -64,25 +65,17 @@ pub fn adapt(doc: &mut Value) -> Result<Vec<String>, ConfigError> {
             compact(&files)
         ));
     }
-    for key in ["time_intervals", "mute_time_intervals"] {
-        if let Some(v) = top.remove(key) {
-            let names: Vec<String> = v
-                .as_sequence()
-                .map(|s| {
-                    s.iter()
-                        .filter_map(|i| i.get("name").and_then(Value::as_str))
-                        .map(str::to_string)
-                        .collect()
-                })
-                .unwrap_or_default();
-            notes.push(format!(
-                "{key} ({}) are not supported: routes that name them notify at any time",
-                names.join(", ")
-            ));
+    // Alertmanager's older name for the same list: read into `time_intervals`
+    if let Some(Value::Sequence(old)) = top.remove("mute_time_intervals") {
+        match top.get_mut("time_intervals") {
+            Some(Value::Sequence(list)) => list.extend(old),
+            _ => {
+                top.insert("time_intervals".into(), Value::Sequence(old));
+            }
         }
     }
     if let Some(route) = top.get_mut("route") {
-        adapt_route(route, "route", &mut notes)?;
+        adapt_route(route, "route")?;
     }
     if let Some(Value::Sequence(rules)) = top.get_mut("inhibit_rules") {
         for (i, rule) in rules.iter_mut().enumerate() {
@@ -101,22 +94,14 @@ pub fn adapt(doc: &mut Value) -> Result<Vec<String>, ConfigError> {
     Ok(notes)
 }
 
-fn adapt_route(route: &mut Value, at: &str, notes: &mut Vec<String>) -> Result<(), ConfigError> {
+fn adapt_route(route: &mut Value, at: &str) -> Result<(), ConfigError> {
     let Some(m) = route.as_mapping_mut() else {
         return Ok(());
     };
     fold_matchers(m, "", at)?;
-    for key in ["mute_time_intervals", "active_time_intervals"] {
-        if let Some(v) = m.remove(key) {
-            notes.push(format!(
-                "{at}: {key} {} not supported: this route notifies at any time",
-                compact(&v)
-            ));
-        }
-    }
     if let Some(Value::Sequence(children)) = m.get_mut("routes") {
         for (i, c) in children.iter_mut().enumerate() {
-            adapt_route(c, &format!("{at}.routes[{i}]"), notes)?;
+            adapt_route(c, &format!("{at}.routes[{i}]"))?;
         }
     }
     Ok(())
@@ -331,8 +316,6 @@ time_intervals:
         for said in [
             "global: resolve_timeout, smtp_smarthost, smtp_from not used",
             "templates: the Go template files [\"/etc/alertmanager/template/*.tmpl\"] are not read",
-            "time_intervals (offhours) are not supported",
-            "route.routes[0].routes[0]: mute_time_intervals [\"offhours\"] not supported",
             "receiver team-X-mails: email_configs not supported by the router: nothing is sent",
             "receiver team-X-pager: email_configs, pagerduty_configs not supported by the router: the rest",
             "receiver team-X-pager slack_configs[0]: title not used",
@@ -362,6 +345,12 @@ time_intervals:
             ["team-DB-pager"]
         );
         assert_eq!(at(&[("service", "database")]), ["team-X-mails"]);
+        // its time interval is the router's too
+        assert_eq!(r.time_intervals[0].name, "offhours");
+        assert_eq!(
+            r.route.routes[0].routes[0].mute_time_intervals,
+            ["offhours"]
+        );
         let slack = &r.receiver("team-X-pager").unwrap().slack_configs[0];
         assert_eq!(
             slack.api_url,

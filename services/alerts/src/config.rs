@@ -170,6 +170,10 @@ pub struct Routing {
     /// `false` notifies the members as well.
     #[serde(default = "yes")]
     pub mute_fleet_members: bool,
+    /// Named time intervals that routes mute or limit their notifications with (Alertmanager's
+    /// `time_intervals`; its older `mute_time_intervals` list is read into this one).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub time_intervals: Vec<crate::timeinterval::Named>,
 }
 
 /// One node of the route tree. Unset timings and receiver are inherited from the parent.
@@ -200,6 +204,12 @@ pub struct Route {
     /// Child routes.
     #[serde(default)]
     pub routes: Vec<Route>,
+    /// No notifications from this route while any of these time intervals holds (not inherited).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mute_time_intervals: Vec<String>,
+    /// Notifications from this route only while one of these time intervals holds (not inherited).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub active_time_intervals: Vec<String>,
 }
 
 /// An inhibition rule: while an alert matching `source_matchers` fires, alerts matching `target_matchers`
@@ -429,7 +439,24 @@ impl Routing {
             self.route.receiver.is_some(),
             "the root route needs a receiver"
         );
-        fn walk(r: &Route, names: &BTreeSet<&str>) -> Result<()> {
+        ensure!(
+            self.route.mute_time_intervals.is_empty()
+                && self.route.active_time_intervals.is_empty(),
+            "the root route must not have mute or active time intervals"
+        );
+        let mut intervals = BTreeSet::new();
+        for t in &self.time_intervals {
+            ensure!(
+                intervals.insert(t.name.as_str()),
+                "time interval {:?} is defined twice",
+                t.name
+            );
+            for spec in &t.time_intervals {
+                spec.compile()
+                    .map_err(|e| e.within(format_args!("time interval {}", t.name)))?;
+            }
+        }
+        fn walk(r: &Route, names: &BTreeSet<&str>, intervals: &BTreeSet<&str>) -> Result<()> {
             if let Some(n) = &r.receiver
                 && !names.contains(n.as_str())
             {
@@ -437,15 +464,40 @@ impl Routing {
                     "route refers to receiver {n:?}, which is not defined"
                 )));
             }
+            for t in r.mute_time_intervals.iter().chain(&r.active_time_intervals) {
+                ensure!(
+                    intervals.contains(t.as_str()),
+                    "route refers to time interval {t:?}, which is not defined"
+                );
+            }
             for d in [r.group_interval, r.repeat_interval].into_iter().flatten() {
                 ensure!(
                     !d.is_zero(),
                     "group_interval and repeat_interval must be > 0"
                 );
             }
-            r.routes.iter().try_for_each(|c| walk(c, names))
+            r.routes.iter().try_for_each(|c| walk(c, names, intervals))
         }
-        walk(&self.route, &names)
+        walk(&self.route, &names, &intervals)
+    }
+
+    /// The time intervals, compiled, by name (those that don't compile are left out: `validate` refuses
+    /// them first).
+    pub fn intervals(
+        &self,
+    ) -> std::collections::BTreeMap<String, Vec<crate::timeinterval::Interval>> {
+        self.time_intervals
+            .iter()
+            .map(|t| {
+                (
+                    t.name.clone(),
+                    t.time_intervals
+                        .iter()
+                        .filter_map(|s| s.compile().ok())
+                        .collect(),
+                )
+            })
+            .collect()
     }
 
     /// A receiver by name.

@@ -72,6 +72,8 @@ pub struct Engine {
     /// The durable store.
     pub store: Store,
     routing: Routing,
+    /// The routing's time intervals, compiled, by name.
+    intervals: BTreeMap<String, Vec<crate::timeinterval::Interval>>,
     tree: Tree,
     alerts: HashMap<String, Alert>,
     groups: BTreeMap<String, Group>,
@@ -315,7 +317,9 @@ impl Engine {
         now: DateTime<Utc>,
     ) -> Result<Engine, Error> {
         let tree = Tree::new(&routing.route);
+        let intervals = routing.intervals();
         let mut e = Engine {
+            intervals,
             alerts: store::all::<Alert>(&store.alerts).into_iter().collect(),
             silences: store::all::<Silence>(&store.silences).into_iter().collect(),
             nflog: store::all::<NflogEntry>(&store.nflog).into_iter().collect(),
@@ -644,9 +648,10 @@ impl Engine {
         let firing_ids: BTreeSet<String> = firing.iter().map(|a| a.id.clone()).collect();
         let resolved_ids: BTreeSet<String> = resolved.iter().map(|a| a.id.clone()).collect();
         let repeat = Duration::from_std(node.repeat_interval).unwrap_or(Duration::hours(4));
-        // as in Alertmanager, a group whose every alert is muted (silenced or inhibited) is not judged at
-        // all: its log entry stays as it was, so when the mute ends what was notified is not notified again
-        let all_muted = firing.is_empty() && resolved.is_empty();
+        // as in Alertmanager, a group whose every alert is muted (silenced or inhibited), or whose route
+        // is muted by a time interval now, is not judged at all: its log entry stays as it was, so when the
+        // mute ends what was notified is not notified again (and what was not, is)
+        let all_muted = (firing.is_empty() && resolved.is_empty()) || self.time_muted(&node, now);
         let needs = match entry {
             _ if all_muted => false,
             None => !firing_ids.is_empty(),
@@ -689,6 +694,19 @@ impl Engine {
             self.groups.remove(key);
         }
         Ok(enqueued)
+    }
+
+    /// Whether a route sends nothing at `now`: one of its mute time intervals holds, or it has active
+    /// ones and none holds.
+    fn time_muted(&self, node: &crate::route::Node, now: DateTime<Utc>) -> bool {
+        let holds = |name: &String| {
+            self.intervals
+                .get(name)
+                .is_some_and(|v| v.iter().any(|i| i.contains(now)))
+        };
+        node.mute_time_intervals.iter().any(holds)
+            || (!node.active_time_intervals.is_empty()
+                && !node.active_time_intervals.iter().any(holds))
     }
 
     fn notifications(

@@ -32,6 +32,7 @@ pub mod matcher;
 pub mod route;
 pub mod store;
 pub mod template;
+pub mod timeinterval;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

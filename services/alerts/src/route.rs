@@ -35,6 +35,10 @@ pub struct Node {
     pub group_interval: Duration,
     /// Delay before an unchanged notification is sent again.
     pub repeat_interval: Duration,
+    /// Time intervals during which it sends nothing (its own, not inherited, as in Alertmanager).
+    pub mute_time_intervals: Vec<String>,
+    /// Time intervals outside which it sends nothing (its own, not inherited).
+    pub active_time_intervals: Vec<String>,
     matchers: Vec<Matcher>,
     continue_: bool,
     children: Vec<usize>,
@@ -59,6 +63,8 @@ impl Tree {
             group_wait: Duration::from_secs(30),
             group_interval: Duration::from_secs(300),
             repeat_interval: Duration::from_secs(4 * 3600),
+            mute_time_intervals: Vec::new(),
+            active_time_intervals: Vec::new(),
             matchers: Vec::new(),
             continue_: false,
             children: Vec::new(),
@@ -90,6 +96,8 @@ impl Tree {
             group_wait: r.group_wait.unwrap_or(parent.group_wait),
             group_interval: r.group_interval.unwrap_or(parent.group_interval),
             repeat_interval: r.repeat_interval.unwrap_or(parent.repeat_interval),
+            mute_time_intervals: r.mute_time_intervals.clone(),
+            active_time_intervals: r.active_time_intervals.clone(),
             matchers,
             continue_: r.continue_,
             children: Vec::new(),

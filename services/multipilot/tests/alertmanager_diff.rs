@@ -1,6 +1,6 @@
 //! The alert router against a real Alertmanager (Debian's `prometheus-alertmanager`), side by side: the same
 //! routing file (nested routes, `continue`, regex and negative matchers, `group_by` given, `[]`, `['...']`
-//! and absent, `max_alerts`, an inhibition rule), the same silence and the same posted alerts — one of them
+//! and absent, `max_alerts`, mute and active time intervals, an inhibition rule), the same silence and the same posted alerts — one of them
 //! already resolved — go to both; then some alerts resolve. Their alert lists, groups and webhook payloads
 //! (a sink per side records them) must agree: receiver, `groupKey`, status, group and common labels, the
 //! alerts in each notification in order, `truncatedAlerts`. Alertmanager must be installed (`./scripts/test`
@@ -39,6 +39,13 @@ route:
     - matchers: ['severity=~"critical|page"']
       receiver: pager
       group_by: ['...']
+    # time intervals: muted all day (in Berlin), or active only in a year long past
+    - matchers: ['team="quiet"']
+      receiver: db
+      mute_time_intervals: [all-day]
+    - matchers: ['team="later"']
+      receiver: db
+      active_time_intervals: [last-century]
     - matchers: ['team="web"']
       receiver: web
       group_by: [service]
@@ -57,6 +64,13 @@ receivers:
     webhook_configs: [{{url: "{base}/web"}}]
   - name: web-dev
     webhook_configs: [{{url: "{base}/web-dev", max_alerts: 1}}]
+time_intervals:
+  - name: all-day
+    time_intervals:
+      - times: [{{start_time: '00:00', end_time: '24:00'}}]
+        location: Europe/Berlin
+  - name: last-century
+    time_intervals: [{{years: ['1999']}}]
 inhibit_rules:
   - source_matchers: ['alertname="ClusterDown"']
     target_matchers: ['alertname!="ClusterDown"']
@@ -315,6 +329,9 @@ async fn the_router_notifies_lists_and_groups_as_a_real_alertmanager_does() -> R
         "alertname=Errors,cluster=c,team=web,service=shop,env=prod",
         "alertname=Latency,cluster=e,team=web,service=checkout,env=dev",
         ERRORS_E,
+        // routes muted by a time interval, or outside their active one: nothing sent
+        "alertname=Backup,cluster=g,team=quiet",
+        "alertname=Backup,cluster=g,team=later",
         // the inhibition: ClusterDown on f mutes f's other alerts
         "alertname=ClusterDown,cluster=f",
         "alertname=PodCrash,cluster=f,pod=web-1",
