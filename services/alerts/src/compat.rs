@@ -15,14 +15,11 @@ use serde_yaml::{Mapping, Value};
 use crate::config::ConfigError;
 
 /// The integrations a receiver can have in the router.
-const RECEIVER_KEYS: &[&str] = &[
-    "name",
+const INTEGRATIONS: &[&str] = &[
     "webhook_configs",
     "alertmanager_configs",
     "slack_configs",
     "nats_configs",
-    "templates",
-    "delivery",
 ];
 
 /// What the router does with each Alertmanager webhook setting it does not have.
@@ -160,13 +157,13 @@ fn adapt_receiver(
         .to_string();
     let unsupported: Vec<String> = keys(m)
         .into_iter()
-        .filter(|k| k.ends_with("_configs") && !RECEIVER_KEYS.contains(&k.as_str()))
+        .filter(|k| k.ends_with("_configs") && !INTEGRATIONS.contains(&k.as_str()))
         .collect();
     for k in &unsupported {
         m.remove(k.as_str());
     }
     if !unsupported.is_empty() {
-        let left = RECEIVER_KEYS[1..5].iter().any(|k| {
+        let left = INTEGRATIONS.iter().any(|k| {
             m.get(*k)
                 .and_then(Value::as_sequence)
                 .is_some_and(|s| !s.is_empty())

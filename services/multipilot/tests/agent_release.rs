@@ -183,18 +183,22 @@ impl H {
         Ok(multipilot_release::call(&self.client, verb, body, T).await?)
     }
 
+    /// The role's answer to `history` of a release: it and its history.
+    async fn history(&self, name: &str) -> Result<Reply> {
+        self.call(
+            "history",
+            &NameRequest {
+                release: Some(name.into()),
+                actor: String::new(),
+            },
+        )
+        .await
+    }
+
     async fn wait_state(&self, name: &str, secs: u64) -> Result<Reply> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
         loop {
-            let r = self
-                .call(
-                    "history",
-                    &NameRequest {
-                        release: Some(name.into()),
-                        actor: String::new(),
-                    },
-                )
-                .await?;
+            let r = self.history(name).await?;
             if let Some(rel) = &r.release
                 && !rel.state.busy()
             {
@@ -793,15 +797,7 @@ async fn a_fleet_incident_that_names_a_release_first_is_kept_in_its_history_once
     fleet_incident(&h, "fi-2", 1, "cfg").await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let history = loop {
-        let r = h
-            .call(
-                "history",
-                &NameRequest {
-                    release: Some("cfg".into()),
-                    actor: String::new(),
-                },
-            )
-            .await?;
+        let r = h.history("cfg").await?;
         if r.history
             .iter()
             .any(|e| e.what == "incident" && e.detail["fleet_incident"] == "fi-2")
@@ -831,15 +827,7 @@ async fn a_fleet_incident_that_names_a_release_first_is_kept_in_its_history_once
         e.summary
     );
     // the state of the release is not changed by it: an attribution after the soak is a record
-    let r = h
-        .call(
-            "history",
-            &NameRequest {
-                release: Some("cfg".into()),
-                actor: String::new(),
-            },
-        )
-        .await?;
+    let r = h.history("cfg").await?;
     assert_eq!(r.release.map(|r| r.state), Some(State::Succeeded));
     Ok(())
 }

@@ -8,7 +8,6 @@
 //! Reads (ordered consumer, from the start, then live): `fleet.fleet-incident.>` on FLEET_INCIDENTS.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_nats::jetstream::consumer;
 use futures::StreamExt as _;
@@ -23,15 +22,11 @@ pub const WHAT: &str = "incident";
 impl Service {
     /// Follows the fleet incidents until cancelled, starting again after a failure.
     pub async fn follow_attributions(self: Arc<Self>) {
-        loop {
-            if let Err(e) = self.clone().follow_attributions_once().await {
-                tracing::warn!(error = %e, "following fleet incidents for release attribution failed; retrying");
-            }
-            tokio::select! {
-                _ = self.cancel.cancelled() => return,
-                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-            }
-        }
+        self.keep_following(
+            "fleet incidents for release attribution",
+            Self::follow_attributions_once,
+        )
+        .await
     }
 
     async fn follow_attributions_once(self: Arc<Self>) -> Result<(), String> {

@@ -595,15 +595,8 @@ struct Heal {
 impl Service {
     /// Follows FLEET_STATE and judges drift until the role stops.
     pub async fn follow_drift(self: Arc<Self>) {
-        loop {
-            if let Err(e) = self.clone().follow_state_once().await {
-                tracing::warn!(error = %e, "following FLEET_STATE for release drift failed; retrying");
-            }
-            tokio::select! {
-                _ = self.cancel.cancelled() => return,
-                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-            }
-        }
+        self.keep_following("FLEET_STATE for release drift", Self::follow_state_once)
+            .await
     }
 
     /// Re-reads the releases into the drift judge (after a release was planned, applied or rolled back).

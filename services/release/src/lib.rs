@@ -166,6 +166,23 @@ fn actor_or_system(a: &str) -> String {
 }
 
 impl Service {
+    /// Runs `once` (a reader of a stream) until the role stops, starting it again 2 s after it fails.
+    pub(crate) async fn keep_following<F, Fut>(self: Arc<Self>, what: &str, once: F)
+    where
+        F: Fn(Arc<Self>) -> Fut,
+        Fut: std::future::Future<Output = Result<(), String>>,
+    {
+        loop {
+            if let Err(e) = once(self.clone()).await {
+                tracing::warn!(error = %e, "following {what} failed; retrying");
+            }
+            tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
+            }
+        }
+    }
+
     /// Records a history entry: stored with the release (durably), then published on FLEET_RELEASE and as an
     /// audit record on FLEET_AUDIT. A failed publish is logged; the stored history stays the reference.
     #[allow(clippy::too_many_arguments)]
