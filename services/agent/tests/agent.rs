@@ -283,6 +283,7 @@ type Latest = Arc<Mutex<HashMap<(String, String), String>>>;
 async fn watch_probes(h: &Harness) -> Result<Latest> {
     let client = h.nats.client().await?;
     let mut sub = client.subscribe("fleet.probe.>").await?;
+    multipilot_testkit::wait::round_trip(&client).await?;
     let latest: Latest = Arc::default();
     let l = latest.clone();
     tokio::spawn(async move {

@@ -66,6 +66,7 @@ async fn probe_rounds_become_an_incident_that_is_queried_acknowledged_and_surviv
     Topology::embedded().provision(&js).await?;
     let dir = tempfile::tempdir()?;
     let mut published = client.subscribe("fleet.incident.>").await?;
+    multipilot_testkit::wait::round_trip(&client).await?;
     let running = start(&client, dir.path());
     eventually("the correlator answers queries", 30, async || {
         incidents(&client).await.ok()

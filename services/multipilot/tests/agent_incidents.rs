@@ -59,6 +59,7 @@ async fn each_simulator_fault_becomes_its_incident_and_resolves() -> Result<()> 
     let client = h.nats.client().await?;
     let seen: Seen = Arc::default();
     let mut sub = client.subscribe("fleet.incident.>").await?;
+    multipilot_testkit::wait::round_trip(&client).await?;
     {
         let seen = seen.clone();
         tokio::spawn(async move {

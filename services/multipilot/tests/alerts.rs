@@ -114,6 +114,7 @@ async fn routes_groups_inhibits_and_silences() -> Result<()> {
     let mut r = Router::start(&routing(&rx.url, "")).await?;
     // a subscriber of the pager's NATS subject
     let mut pager_sub = r.client.subscribe(subject::alert("pager")).await?;
+    multipilot_testkit::wait::round_trip(&r.client).await?;
 
     // --- routing and the first grouping window: three alerts on a, one on b, within group_wait
     use IncidentStatus::*;
@@ -375,6 +376,7 @@ async fn retries_receiver_errors_and_dead_letters_the_hopeless() -> Result<()> {
     let rx = Receiver::start().await?;
     let mut r = Router::start(&routing(&rx.url, "")).await?;
     let mut dlq = r.client.subscribe(subject::dlq("alerts")).await?;
+    multipilot_testkit::wait::round_trip(&r.client).await?;
     // garbage on the API gets a clear 4xx, never a 500 or a crash
     let http = reqwest::Client::new();
     for (body, want) in [

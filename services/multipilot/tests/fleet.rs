@@ -80,7 +80,7 @@ async fn the_same_failure_on_three_clusters_is_one_fleet_incident_paged_once() -
         async_nats::connect(format!("127.0.0.1:{}", sys.var("MULTIPILOT_NATS_PORT"))).await?;
     // every notification the router sends on the default route (`fleet.alert.fleet`)
     let mut notes = nats.subscribe("fleet.alert.>").await?;
-    nats.flush().await?;
+    multipilot_testkit::wait::round_trip(&nats).await?;
 
     // an ingress setting changed on one prod cluster: the fleet-consistency report names it, and
     // nothing else differs in the simulator's quiet fleet

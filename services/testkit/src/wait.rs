@@ -49,6 +49,22 @@ pub async fn until_every<T>(
     }
 }
 
+/// Waits until the server has read everything `client` sent so far, its subscriptions included.
+/// async-nats' `flush` only writes the socket: a message another connection publishes right after can
+/// reach the server before the subscription does, and be missed. A message to itself on a fresh inbox
+/// comes back only once the server has read all that came before it. (Its user must be allowed to
+/// publish and subscribe on its inbox; for one that may not, publish until the subscriber receives.)
+pub async fn round_trip(client: &async_nats::Client) -> Result<()> {
+    let inbox = client.new_inbox();
+    let mut echo = client.subscribe(inbox.clone()).await?;
+    client.publish(inbox, "".into()).await?;
+    client.flush().await?;
+    match tokio::time::timeout(Duration::from_secs(10), futures::StreamExt::next(&mut echo)).await {
+        Ok(Some(_)) => Ok(()),
+        _ => bail!("no round trip to the server within 10s"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
