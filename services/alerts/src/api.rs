@@ -23,15 +23,16 @@ use serde_json::json;
 use tokio::sync::Mutex;
 
 use crate::deliver::Metrics;
-use crate::engine::{AlertView, Engine};
+use crate::engine::AlertView;
 use crate::matcher::{ApiMatcher, Matcher};
+use crate::router::Router;
 use crate::store::{self, Alert, Pending, Silence};
 
 /// What the handlers share.
 #[derive(Clone)]
 pub struct Api {
     /// The dispatcher.
-    pub engine: Arc<Mutex<Engine>>,
+    pub router: Arc<Mutex<Router>>,
     /// Required tokens: viewers read, operators change silences (`None`: open, on loopback only).
     pub tokens: Option<Arc<Tokens>>,
     /// For audit records.
@@ -200,7 +201,8 @@ async fn list_silences(
         Err(r) => return error(StatusCode::BAD_REQUEST, r),
     };
     let now = Utc::now();
-    let e = api.engine.lock().await;
+    let r = api.router.lock().await;
+    let e = &r.engine;
     let mut v: Vec<&Silence> = e
         .silences()
         .filter(|s| {
@@ -218,7 +220,8 @@ async fn list_silences(
 }
 
 async fn get_silence(State(api): State<Api>, asker: Asker, Path(id): Path<String>) -> Response {
-    let e = api.engine.lock().await;
+    let r = api.router.lock().await;
+    let e = &r.engine;
     match e
         .silences()
         .find(|s| s.id == id && sees_silence(&asker, &s.matchers))
@@ -292,9 +295,15 @@ async fn post_silence(
     } else {
         p.created_by
     };
-    let mut e = api.engine.lock().await;
+    let mut r = api.router.lock().await;
     let id = match p.id {
-        Some(id) if e.silences().any(|s| s.id == id && visible(&s.matchers)) => id,
+        Some(id)
+            if r.engine
+                .silences()
+                .any(|s| s.id == id && visible(&s.matchers)) =>
+        {
+            id
+        }
         Some(id) => return error(StatusCode::NOT_FOUND, format!("no silence {id} to update")),
         None => stable_id(&[&created_by, &now.to_rfc3339(), &p.comment])[..16].to_string(),
     };
@@ -307,10 +316,10 @@ async fn post_silence(
         comment: p.comment,
         updated_at: now,
     };
-    if let Err(err) = e.put_silence(s.clone()).await {
+    if let Err(err) = r.put_silence(s.clone()).await {
         return error(StatusCode::INTERNAL_SERVER_ERROR, err.to_string());
     }
-    drop(e);
+    drop(r);
     api.audit(
         if actor.is_empty() {
             &s.created_by
@@ -331,17 +340,18 @@ async fn expire_silence(
     Path(id): Path<String>,
 ) -> Response {
     let now = Utc::now();
-    let mut e = api.engine.lock().await;
-    if !e
+    let mut r = api.router.lock().await;
+    if !r
+        .engine
         .silences()
         .any(|s| s.id == id && sees_silence(&principal, &s.matchers))
     {
         return error(StatusCode::NOT_FOUND, format!("no silence {id}"));
     }
     let actor = actor(principal);
-    let r = e.expire_silence(&id, now).await;
-    drop(e);
-    match r {
+    let ended = r.expire_silence(&id, now).await;
+    drop(r);
+    match ended {
         Ok(Some(s)) => {
             let who = if actor.is_empty() {
                 "api".to_string()
@@ -480,7 +490,8 @@ async fn list_alerts(
         Ok(q) => q,
         Err(r) => return error(StatusCode::BAD_REQUEST, r),
     };
-    let e = api.engine.lock().await;
+    let r = api.router.lock().await;
+    let e = &r.engine;
     let v: Vec<serde_json::Value> = e
         .alerts(Utc::now())
         .iter()
@@ -499,7 +510,8 @@ async fn list_groups(
         Ok(q) => q,
         Err(r) => return error(StatusCode::BAD_REQUEST, r),
     };
-    let e = api.engine.lock().await;
+    let r = api.router.lock().await;
+    let e = &r.engine;
     let v: Vec<serde_json::Value> = e
         .group_views(Utc::now())
         .into_iter()
@@ -540,6 +552,23 @@ fn is_label_name(n: &str) -> bool {
         && c.all(|ch| ch.is_ascii_alphanumeric() || ch == '_')
 }
 
+/// Why a posted alert is refused, in Alertmanager's words (its 400 answer joins them).
+#[derive(Debug, thiserror::Error)]
+enum Invalid {
+    /// `endsAt` before `startsAt`.
+    #[error("start time must be before end time")]
+    EndsBeforeStart,
+    /// A label name that is not one.
+    #[error("invalid label set: invalid name {0:?}")]
+    LabelName(String),
+    /// No labels (or only empty values).
+    #[error("at least one label pair required")]
+    NoLabels,
+    /// An annotation name that is not a label name.
+    #[error("invalid annotations: invalid name {0:?}")]
+    AnnotationName(String),
+}
+
 /// The alert a posted one becomes, or why it is invalid, in Alertmanager's words (its `postAlertsHandler`
 /// and `types.Alert.Validate`): empty label values are dropped; without `startsAt` it starts now (or at
 /// `endsAt`); without `endsAt` it resolves `resolve_timeout` from now unless posted again; an `endsAt`
@@ -549,7 +578,7 @@ fn posted_alert(
     labels: BTreeMap<String, String>,
     now: DateTime<Utc>,
     resolve_timeout: chrono::Duration,
-) -> Result<Alert, String> {
+) -> Result<Alert, Invalid> {
     let set = |t: Option<DateTime<Utc>>| t.filter(|t| t.year() > 1);
     let (starts_at, ends_at) = (set(p.starts_at), set(p.ends_at));
     let starts_at = starts_at.or(ends_at).unwrap_or(now);
@@ -558,16 +587,16 @@ fn posted_alert(
         labels.into_iter().filter(|(_, v)| !v.is_empty()).collect();
     let annotations = p.annotations.unwrap_or_default();
     if ends_at < starts_at {
-        return Err("start time must be before end time".into());
+        return Err(Invalid::EndsBeforeStart);
     }
     if let Some(n) = labels.keys().find(|n| !is_label_name(n)) {
-        return Err(format!("invalid label set: invalid name {n:?}"));
+        return Err(Invalid::LabelName(n.clone()));
     }
     if labels.is_empty() {
-        return Err("at least one label pair required".into());
+        return Err(Invalid::NoLabels);
     }
     if let Some(n) = annotations.keys().find(|n| !is_label_name(n)) {
-        return Err(format!("invalid annotations: invalid name {n:?}"));
+        return Err(Invalid::AnnotationName(n.clone()));
     }
     let resolved = ends_at <= now;
     Ok(Alert {
@@ -629,20 +658,18 @@ async fn post_alerts(State(api): State<Api>, asker: Asker, body: axum::body::Byt
         let labels = p.labels.take().unwrap_or_default();
         match posted_alert(p, labels, now, timeout) {
             Ok(a) => valid.push(a),
-            Err(reason) => invalid.push(reason),
+            Err(reason) => invalid.push(reason.to_string()),
         }
     }
-    let mut e = api.engine.lock().await;
-    for a in valid {
-        if let Err(err) = e.on_posted(a, now) {
-            return error(StatusCode::INTERNAL_SERVER_ERROR, err.to_string());
-        }
-    }
-    if let Err(err) = e.store.flush().await {
+    let mut r = api.router.lock().await;
+    if let Err(err) = r.post(valid, now) {
         return error(StatusCode::INTERNAL_SERVER_ERROR, err.to_string());
     }
-    let store = e.store.clone();
-    drop(e);
+    if let Err(err) = r.store.flush().await {
+        return error(StatusCode::INTERNAL_SERVER_ERROR, err.to_string());
+    }
+    let store = r.store.clone();
+    drop(r);
     if let Err(err) = store.replicate().await {
         tracing::warn!(error = %err, "posted alerts stored locally; replicating them will be retried");
     }
@@ -654,7 +681,8 @@ async fn post_alerts(State(api): State<Api>, asker: Asker, body: axum::body::Byt
 }
 
 async fn list_receivers(State(api): State<Api>) -> Response {
-    let e = api.engine.lock().await;
+    let r = api.router.lock().await;
+    let e = &r.engine;
     let v: Vec<serde_json::Value> = e
         .routing()
         .receivers
@@ -690,7 +718,8 @@ async fn status(State(api): State<Api>, asker: Asker) -> Response {
         // the routing names every team's receivers and clusters: not a team's to read
         String::new()
     } else {
-        let e = api.engine.lock().await;
+        let r = api.router.lock().await;
+        let e = &r.engine;
         let mut v = serde_yaml::to_value(e.routing()).unwrap_or_default();
         redact(&mut v);
         serde_yaml::to_string(&v).unwrap_or_default()
@@ -716,9 +745,10 @@ async fn receivers(State(api): State<Api>, asker: Asker) -> Response {
     if let Some(refused) = refuse_scoped(&asker, "the delivery state of every receiver") {
         return refused;
     }
-    let e = api.engine.lock().await;
-    let pending = store::all::<Pending>(&e.store.pending);
-    let dead = store::all::<Pending>(&e.store.dead);
+    let r = api.router.lock().await;
+    let e = &r.engine;
+    let pending = store::all::<Pending>(&r.store.pending);
+    let dead = store::all::<Pending>(&r.store.dead);
     let out: Vec<serde_json::Value> = e
         .routing()
         .receivers
@@ -761,8 +791,8 @@ async fn dead(State(api): State<Api>, asker: Asker) -> Response {
     if let Some(refused) = refuse_scoped(&asker, "the dead notifications of every receiver") {
         return refused;
     }
-    let e = api.engine.lock().await;
-    let v: Vec<serde_json::Value> = store::all::<Pending>(&e.store.dead)
+    let r = api.router.lock().await;
+    let v: Vec<serde_json::Value> = store::all::<Pending>(&r.store.dead)
         .into_iter()
         .map(|(_, p)| {
             json!({

@@ -1,7 +1,13 @@
-//! The dispatcher: alerts into route-tree groups; on each group's timer, what is firing and resolved (minus
-//! silenced and inhibited alerts) is compared with the notification log, and a notification is enqueued
-//! only when Alertmanager would send one (new firing alerts, newly resolved ones for receivers that want
-//! them, everything resolved, or the repeat interval passed).
+//! The dispatcher's core: alerts into route-tree groups; on each group's timer, what is firing and resolved
+//! (minus silenced and inhibited alerts) is compared with the notification log, and a notification is
+//! decided only when Alertmanager would send one (new firing alerts, newly resolved ones for receivers that
+//! want them, everything resolved, or the repeat interval passed).
+//!
+//! It does no I/O and reads no clock: every input carries its time (`now`), [`Engine::tick`] returns the
+//! groups' decisions ([`Notify`]: the notifications and the log entry they imply) and
+//! [`Engine::take_changes`] what else changed, for the shell ([`crate::router`]) to make durable (and
+//! write through to the KV buckets) before anything is sent. It starts from what the store held
+//! ([`Snapshot`]).
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -17,7 +23,7 @@ use serde::Serialize;
 use crate::config::{Receiver, Routing};
 use crate::matcher::all_match;
 use crate::route::Tree;
-use crate::store::{self, Alert, Error, NflogEntry, Pending, Silence, Store, nflog_key};
+use crate::store::{Alert, NflogEntry, Pending, Silence, nflog_key};
 use crate::template;
 
 /// One aggregation group.
@@ -28,9 +34,25 @@ struct Group {
     group_key: String,
     labels: BTreeMap<String, String>,
     alerts: BTreeSet<String>,
-    next_flush: DateTime<Utc>,
-    /// Flushed at least once (its first wait is over).
-    flushed: bool,
+    phase: Phase,
+}
+
+/// Where a group is in its timers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Its first wait (group_wait), due at this time; an alert whose wait is already over brings it
+    /// forward.
+    Waiting(DateTime<Utc>),
+    /// Judged at least once (or notified before a restart): due again at this time, group_interval after.
+    Flushed(DateTime<Utc>),
+}
+
+impl Phase {
+    fn due(self) -> DateTime<Utc> {
+        match self {
+            Phase::Waiting(t) | Phase::Flushed(t) => t,
+        }
+    }
 }
 
 /// What mutes alerts, worked out once per flush: per inhibition rule, the firing sources by their `equal`
@@ -66,11 +88,72 @@ pub struct Stats {
     pub notifications: u64,
 }
 
+/// What an input did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Taken {
+    /// The alert is new or changed: held, grouped, and to be written.
+    Placed,
+    /// An older or repeated revision (a redelivery): ignored.
+    Stale,
+    /// A re-post of an alert already resolved at that same time: nothing changes.
+    Unchanged,
+}
+
+/// What the store held, to start from.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// Alerts.
+    pub alerts: Vec<Alert>,
+    /// Silences.
+    pub silences: Vec<Silence>,
+    /// The notification log by [`nflog_key`].
+    pub nflog: Vec<(String, NflogEntry)>,
+}
+
+/// What changed since the last [`Engine::take_changes`], for the store to write. The store writes a
+/// posted alert through to its bucket with it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Changes {
+    /// Alerts new or changed (an incident's alert once however many revisions came in between).
+    pub alerts: Vec<Alert>,
+    /// Alerts forgotten (resolved longer than `retain_resolved`).
+    pub forgotten: Vec<Alert>,
+    /// Notification log entries forgotten (their group gone, older than the retention).
+    pub nflog_forgotten: Vec<String>,
+}
+
+impl Changes {
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.alerts.is_empty() && self.forgotten.is_empty() && self.nflog_forgotten.is_empty()
+    }
+}
+
+/// One group's decision at a flush: the notifications to send (one per integration of the receiver that
+/// gets any of its alerts) and the notification log entry they imply. Both are made durable together before
+/// anything is sent; the entry alone when nothing is to be sent (a receiver without integrations).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Notify {
+    /// The log key ([`nflog_key`] of the receiver and the group).
+    pub nflog_key: String,
+    /// What the receiver is now told about the group.
+    pub entry: NflogEntry,
+    /// The notifications, with the receiver, Alertmanager's `groupKey` and the alerts.
+    pub pending: Vec<Pending>,
+}
+
+/// What ending a silence does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Ending {
+    /// It ends now: this is it ended, to be stored.
+    Ends(Silence),
+    /// It had ended already: unchanged.
+    Over(Silence),
+}
+
 /// The dispatcher's state.
 #[derive(Debug)]
 pub struct Engine {
-    /// The durable store.
-    pub store: Store,
     routing: Routing,
     /// The routing's time intervals, compiled, by name.
     intervals: BTreeMap<String, Vec<crate::timeinterval::Interval>>,
@@ -82,9 +165,13 @@ pub struct Engine {
     retain_resolved: Duration,
     nflog_retention: Duration,
     replaying: bool,
-    /// Alerts changed since the last [`Engine::save`] (an incident's alert is written once per consumed
-    /// batch, however many revisions of it the batch held).
+    /// Alerts changed since the last [`Engine::take_changes`] (an incident's alert is written once per
+    /// consumed batch, however many revisions of it the batch held).
     unsaved: BTreeSet<String>,
+    /// Alerts forgotten since then.
+    forgotten: BTreeMap<String, Alert>,
+    /// Log entries forgotten since then.
+    nflog_forgotten: BTreeSet<String>,
     /// Counters.
     pub stats: Stats,
 }
@@ -308,22 +395,25 @@ pub(crate) fn common<'a>(
 }
 
 impl Engine {
-    /// Opens the dispatcher on its store: alerts, silences and the notification log come back, and the
+    /// The dispatcher on what the store held: alerts, silences and the notification log come back, and the
     /// groups are rebuilt (a group already notified waits out its group_interval since then).
-    pub fn open(
-        store: Store,
+    pub fn new(
         routing: Routing,
         retain_resolved: std::time::Duration,
+        held: Snapshot,
         now: DateTime<Utc>,
-    ) -> Result<Engine, Error> {
+    ) -> Engine {
         let tree = Tree::new(&routing.route);
         let intervals = routing.intervals();
         let mut e = Engine {
             intervals,
-            alerts: store::all::<Alert>(&store.alerts).into_iter().collect(),
-            silences: store::all::<Silence>(&store.silences).into_iter().collect(),
-            nflog: store::all::<NflogEntry>(&store.nflog).into_iter().collect(),
-            store,
+            alerts: held.alerts.into_iter().map(|a| (a.id.clone(), a)).collect(),
+            silences: held
+                .silences
+                .into_iter()
+                .map(|s| (s.id.clone(), s))
+                .collect(),
+            nflog: held.nflog.into_iter().collect(),
             routing,
             tree,
             groups: BTreeMap::new(),
@@ -331,13 +421,15 @@ impl Engine {
             nflog_retention: Duration::hours(120),
             replaying: false,
             unsaved: BTreeSet::new(),
+            forgotten: BTreeMap::new(),
+            nflog_forgotten: BTreeSet::new(),
             stats: Stats::default(),
         };
         let alerts: Vec<Alert> = e.alerts.values().cloned().collect();
         for a in &alerts {
             e.place(a, now);
         }
-        Ok(e)
+        e
     }
 
     /// Forgets notification log entries this long after they were written, once their group is gone
@@ -392,33 +484,28 @@ impl Engine {
                 group_key,
                 labels,
                 alerts: BTreeSet::new(),
-                next_flush: match last {
+                phase: match last {
                     // notified before (a restart): the next flush comes group_interval after that one
-                    Some(at) => (at + interval).max(now),
-                    None => first,
+                    Some(at) => Phase::Flushed((at + interval).max(now)),
+                    None => Phase::Waiting(first),
                 },
-                flushed: last.is_some(),
             });
-            if !g.flushed {
-                g.next_flush = g.next_flush.min(first);
+            if let Phase::Waiting(due) = &mut g.phase {
+                *due = (*due).min(first);
             }
             g.alerts.insert(a.id.clone());
         }
     }
 
     /// Takes in one incident change. Older revisions than the one held are ignored (redeliveries).
-    pub fn on_incident(&mut self, inc: &Incident, now: DateTime<Utc>) -> Result<(), Error> {
+    pub fn on_incident(&mut self, inc: &Incident, now: DateTime<Utc>) -> Taken {
         self.stats.incidents_in += 1;
         self.upsert(alert_of(inc, now), now)
     }
 
     /// Takes in one fleet incident change. Its members' alerts are muted while it fires (unless the
     /// routing file says `mute_fleet_members: false`); a member that joins later is muted from then on.
-    pub fn on_fleet_incident(
-        &mut self,
-        f: &FleetIncident,
-        now: DateTime<Utc>,
-    ) -> Result<(), Error> {
+    pub fn on_fleet_incident(&mut self, f: &FleetIncident, now: DateTime<Utc>) -> Taken {
         self.stats.incidents_in += 1;
         self.upsert(alert_of_fleet(f, now), now)
     }
@@ -432,7 +519,7 @@ impl Engine {
         stored_at: DateTime<Utc>,
         now: DateTime<Utc>,
         ttl: std::time::Duration,
-    ) -> Result<(), Error> {
+    ) -> Taken {
         self.stats.incidents_in += 1;
         let ttl = Duration::from_std(ttl).unwrap_or(Duration::hours(1));
         let mut alert = alert_of_digest(d, now, ttl);
@@ -456,13 +543,13 @@ impl Engine {
     /// re-post that overlaps the alert held continues it (keeping the earlier start); one that starts
     /// after the held alert resolved is a new episode. Re-posts of an alert already resolved at that same
     /// time change nothing.
-    pub fn on_posted(&mut self, mut alert: Alert, now: DateTime<Utc>) -> Result<(), Error> {
+    pub fn on_posted(&mut self, mut alert: Alert, now: DateTime<Utc>) -> Taken {
         if let Some(old) = self.alerts.get(&alert.id) {
             if old.ends_at.is_some()
                 && old.ends_at == alert.ends_at
                 && old.annotations == alert.annotations
             {
-                return Ok(());
+                return Taken::Unchanged;
             }
             let old_end = old.ends_at.or(old.expires_at);
             if old_end.is_none_or(|end| alert.starts_at <= end) {
@@ -473,35 +560,59 @@ impl Engine {
         self.upsert(alert, now)
     }
 
-    fn upsert(&mut self, alert: Alert, now: DateTime<Utc>) -> Result<(), Error> {
+    fn upsert(&mut self, alert: Alert, now: DateTime<Utc>) -> Taken {
         if let Some(old) = self.alerts.get(&alert.id)
             && (old.revision > alert.revision
                 || (old.revision == alert.revision && old.ends_at == alert.ends_at))
         {
             self.stats.stale_ignored += 1;
-            return Ok(());
+            return Taken::Stale;
         }
-        if alert.posted {
-            // posted through the API: written (and queued for its bucket) before the post is answered
-            self.store.put_alert(&alert)?;
-        } else {
-            self.unsaved.insert(alert.id.clone());
-        }
+        self.changed(&alert.id);
         self.place(&alert, now);
         self.alerts.insert(alert.id.clone(), alert);
-        Ok(())
+        Taken::Placed
     }
 
-    /// Writes the alerts changed since the last save (not yet flushed: the caller flushes the store
-    /// before it acks what it consumed). What could not be written stays to be saved next time.
-    pub fn save(&mut self) -> Result<(), Error> {
-        while let Some(id) = self.unsaved.first().cloned() {
-            if let Some(a) = self.alerts.get(&id) {
-                self.store.put_alert(a)?;
-            }
-            self.unsaved.remove(&id);
+    fn changed(&mut self, id: &str) {
+        self.forgotten.remove(id);
+        self.unsaved.insert(id.to_string());
+    }
+
+    /// What changed since the last call, for the store (not flushed: the shell flushes it before it acks
+    /// what it consumed, answers a post, or sends).
+    pub fn take_changes(&mut self) -> Changes {
+        let unsaved = std::mem::take(&mut self.unsaved);
+        Changes {
+            alerts: unsaved
+                .iter()
+                .filter_map(|id| self.alerts.get(id).cloned())
+                .collect(),
+            forgotten: std::mem::take(&mut self.forgotten).into_values().collect(),
+            nflog_forgotten: std::mem::take(&mut self.nflog_forgotten)
+                .into_iter()
+                .collect(),
         }
-        Ok(())
+    }
+
+    /// Takes back changes the store could not write: they come again with the next
+    /// [`Engine::take_changes`] (unless changed again meanwhile: then as they are then).
+    pub fn unsaved(&mut self, c: Changes) {
+        for a in c.alerts {
+            if !self.forgotten.contains_key(&a.id) {
+                self.unsaved.insert(a.id);
+            }
+        }
+        for a in c.forgotten {
+            if !self.alerts.contains_key(&a.id) {
+                self.forgotten.insert(a.id.clone(), a);
+            }
+        }
+        for k in c.nflog_forgotten {
+            if !self.nflog.contains_key(&k) {
+                self.nflog_forgotten.insert(k);
+            }
+        }
     }
 
     fn inhibition_index(&self) -> Index {
@@ -568,32 +679,34 @@ impl Engine {
         m
     }
 
-    /// Flushes the groups that are due, enqueues the notifications they call for (durably, with their
-    /// notification-log entries), and forgets long-resolved alerts. Returns how many were enqueued.
-    pub fn tick(&mut self, now: DateTime<Utc>, instance: &str) -> Result<usize, Error> {
+    /// Flushes the groups that are due at `now` and returns what they decided (the notification log is
+    /// already updated: the shell makes the decisions durable before it sends them); then forgets
+    /// long-resolved alerts and resolves expired event alerts (see [`Engine::take_changes`]). Nothing while
+    /// replaying.
+    pub fn tick(&mut self, now: DateTime<Utc>) -> Vec<Notify> {
         if self.replaying {
-            return Ok(0);
+            return Vec::new();
         }
         let due: Vec<String> = self
             .groups
             .iter()
-            .filter(|(_, g)| g.next_flush <= now)
+            .filter(|(_, g)| g.phase.due() <= now)
             .map(|(k, _)| k.clone())
             .collect();
-        let mut enqueued = 0;
+        let mut decided = Vec::new();
         if !due.is_empty() {
             let index = self.inhibition_index();
             for key in due {
-                enqueued += self.flush(&key, &index, now, instance)?;
+                decided.extend(self.flush(&key, &index, now));
             }
         }
-        self.gc(now)?;
-        self.expire(now)?;
-        Ok(enqueued)
+        self.gc(now);
+        self.expire(now);
+        decided
     }
 
     /// Resolves event alerts nobody refreshed within their TTL.
-    fn expire(&mut self, now: DateTime<Utc>) -> Result<(), Error> {
+    fn expire(&mut self, now: DateTime<Utc>) {
         let due: Vec<Alert> = self
             .alerts
             .values()
@@ -603,23 +716,14 @@ impl Engine {
         for mut a in due {
             a.ends_at = a.expires_at;
             a.updated_at = now;
-            self.store.put_alert(&a)?;
+            self.changed(&a.id);
             self.place(&a, now);
             self.alerts.insert(a.id.clone(), a);
         }
-        Ok(())
     }
 
-    fn flush(
-        &mut self,
-        key: &str,
-        index: &Index,
-        now: DateTime<Utc>,
-        _instance: &str,
-    ) -> Result<usize, Error> {
-        let Some(g) = self.groups.get(key).cloned() else {
-            return Ok(0);
-        };
+    fn flush(&mut self, key: &str, index: &Index, now: DateTime<Utc>) -> Option<Notify> {
+        let g = self.groups.get(key)?.clone();
         let node = self.tree.node(g.node).clone();
         let receiver = self.routing.receiver(&node.receiver).cloned();
         let mut firing = Vec::new();
@@ -660,11 +764,11 @@ impl Engine {
             Some(e) if send_resolved && !resolved_ids.is_subset(&e.resolved) => true,
             Some(e) => e.at.is_none_or(|at| at + repeat <= now),
         };
-        let mut enqueued = 0;
+        let mut decided = None;
         if needs {
-            let new_entry = NflogEntry {
-                firing: firing_ids.clone(),
-                resolved: resolved_ids.clone(),
+            let entry = NflogEntry {
+                firing: firing_ids,
+                resolved: resolved_ids,
                 at: Some(now),
             };
             let pending = match &receiver {
@@ -674,13 +778,16 @@ impl Engine {
                 }
                 None => Vec::new(),
             };
-            self.store
-                .enqueue(&pending, &[(nkey.clone(), new_entry.clone())])?;
-            self.nflog.insert(nkey, new_entry);
-            enqueued = pending.len();
             if !pending.is_empty() {
                 self.stats.notifications += 1;
             }
+            self.nflog.insert(nkey.clone(), entry.clone());
+            self.nflog_forgotten.remove(&nkey);
+            decided = Some(Notify {
+                nflog_key: nkey,
+                entry,
+                pending,
+            });
         }
         // resolved alerts have been dealt with: they leave the group
         let interval = Duration::from_std(node.group_interval).unwrap_or(Duration::minutes(5));
@@ -688,12 +795,11 @@ impl Engine {
         for id in &resolved_now {
             g.alerts.remove(id);
         }
-        g.next_flush = now + interval;
-        g.flushed = true;
+        g.phase = Phase::Flushed(now + interval);
         if g.alerts.is_empty() {
             self.groups.remove(key);
         }
-        Ok(enqueued)
+        decided
     }
 
     /// Whether a route sends nothing at `now`: one of its mute time intervals holds, or it has active
@@ -824,7 +930,7 @@ impl Engine {
         out
     }
 
-    fn gc(&mut self, now: DateTime<Utc>) -> Result<(), Error> {
+    fn gc(&mut self, now: DateTime<Utc>) {
         // long resolved first (cheap, and usually none): the set of grouped alerts is built only then (it
         // was most of the router's CPU when built every tick)
         let mut old: Vec<String> = self
@@ -839,8 +945,8 @@ impl Engine {
         }
         for id in old {
             if let Some(a) = self.alerts.remove(&id) {
-                self.store.remove_alert(&a)?;
                 self.unsaved.remove(&id);
+                self.forgotten.insert(id, a);
             }
         }
         // log entries of groups long gone: the bucket drops them after the same max age
@@ -854,13 +960,10 @@ impl Engine {
             })
             .map(|(k, _)| k.clone())
             .collect();
-        if !stale.is_empty() {
-            self.store.remove_nflog(&stale)?;
-            for k in &stale {
-                self.nflog.remove(k);
-            }
+        for k in stale {
+            self.nflog.remove(&k);
+            self.nflog_forgotten.insert(k);
         }
-        Ok(())
     }
 
     /// Every alert, with what mutes it and where it routes.
@@ -894,34 +997,22 @@ impl Engine {
         self.silences.values()
     }
 
-    /// Adds or replaces a silence (on disk when this returns, and in the replicated bucket unless that is
-    /// unreachable: then the dispatcher's loop retries, and holds deliveries until it succeeded).
-    pub async fn put_silence(&mut self, s: Silence) -> Result<(), Error> {
-        self.store.put_silence(&s)?;
-        self.store.flush().await?;
+    /// Adds or replaces a silence (the shell has stored it).
+    pub fn set_silence(&mut self, s: Silence) {
         self.silences.insert(s.id.clone(), s);
-        if let Err(e) = self.store.replicate().await {
-            tracing::warn!(error = %e, "silence stored locally; replicating it will be retried");
-        }
-        Ok(())
     }
 
-    /// Ends a silence now. Returns it, or `None` if there is no such silence.
-    pub async fn expire_silence(
-        &mut self,
-        id: &str,
-        now: DateTime<Utc>,
-    ) -> Result<Option<Silence>, Error> {
-        let Some(mut s) = self.silences.get(id).cloned() else {
-            return Ok(None);
-        };
-        if s.ends_at > now {
-            s.ends_at = now;
-            s.starts_at = s.starts_at.min(now);
-            s.updated_at = now;
-            self.put_silence(s.clone()).await?;
+    /// A silence ended at `now` (for the shell to store and then [`Engine::set_silence`]), or `None` if
+    /// there is no such silence.
+    pub fn ending(&self, id: &str, now: DateTime<Utc>) -> Option<Ending> {
+        let mut s = self.silences.get(id).cloned()?;
+        if s.ends_at <= now {
+            return Some(Ending::Over(s));
         }
-        Ok(Some(s))
+        s.ends_at = now;
+        s.starts_at = s.starts_at.min(now);
+        s.updated_at = now;
+        Some(Ending::Ends(s))
     }
 
     /// Every group: its labels, its receiver and its alerts (Alertmanager's `/api/v2/alerts/groups`).
@@ -999,3 +1090,7 @@ fn wants_resolved(r: &Receiver) -> bool {
         || r.slack_configs.iter().any(|s| s.send_resolved)
         || r.nats_configs.iter().any(|n| n.send_resolved)
 }
+
+#[cfg(test)]
+#[path = "engine_tests.rs"]
+mod tests;

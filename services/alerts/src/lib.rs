@@ -30,6 +30,7 @@ pub mod deliver;
 pub mod engine;
 pub mod matcher;
 pub mod route;
+pub mod router;
 pub mod store;
 pub mod template;
 pub mod timeinterval;
@@ -47,7 +48,7 @@ use tokio::sync::Mutex;
 pub use config::{Config, Routing};
 
 use crate::deliver::{Deliverer, Metrics};
-use crate::engine::Engine;
+use crate::router::Router;
 use crate::store::{Replica, Store};
 
 /// Why the alert router could not start or stopped.
@@ -110,33 +111,35 @@ pub const ALERTS_BUCKET: &str = "MULTIPILOT_ALERTS";
 const INCIDENTS: (&str, &str) = ("FLEET_INCIDENTS", "alerts");
 
 struct H {
-    engine: Arc<Mutex<Engine>>,
+    router: Arc<Mutex<Router>>,
     events: config::EventThreshold,
     event_ttl: std::time::Duration,
 }
 
 impl Handler<Input> for H {
     async fn handle(&mut self, msg: Received<Input>) -> Outcome {
-        let mut e = self.engine.lock().await;
-        let r = match &msg.envelope.payload {
-            Input::Incident(inc) => e.on_incident(inc, Utc::now()),
-            Input::Digest(d) if self.events.passes(d.severity) => {
-                e.on_digest(d, msg.ingest_time, Utc::now(), self.event_ttl)
+        // taken in memory; written when the batch is committed, before it is acked
+        let e = &mut self.router.lock().await.engine;
+        match &msg.envelope.payload {
+            Input::Incident(inc) => {
+                e.on_incident(inc, Utc::now());
             }
-            Input::Digest(_) => Ok(()),
-            Input::Fleet(f) => e.on_fleet_incident(f, Utc::now()),
-        };
-        match r {
-            Ok(()) => Outcome::Done,
-            Err(err) => Outcome::Retry(err.to_string()),
+            Input::Digest(d) if self.events.passes(d.severity) => {
+                e.on_digest(d, msg.ingest_time, Utc::now(), self.event_ttl);
+            }
+            Input::Digest(_) => {}
+            Input::Fleet(f) => {
+                e.on_fleet_incident(f, Utc::now());
+            }
         }
+        Outcome::Done
     }
 
     async fn commit(&mut self) -> Result<(), CommitError> {
         let store = {
-            let mut e = self.engine.lock().await;
-            e.save().map_err(CommitError::retryable)?;
-            e.store.clone()
+            let mut r = self.router.lock().await;
+            r.save().map_err(CommitError::retryable)?;
+            r.store.clone()
         };
         store.flush().await.map_err(CommitError::retryable)
     }
@@ -292,16 +295,15 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     let replay_until = store
         .replay_until()
         .map_err(store_err::<store::Error>("reading the alerts store"))?;
-    let mut engine = Engine::open(
+    let mut router = Router::open(
         store.clone(),
         (*routing).clone(),
         config.retain_resolved,
+        config.nflog_retention,
         Utc::now(),
-    )
-    .map_err(store_err::<store::Error>("loading the alert state"))?
-    .with_nflog_retention(config.nflog_retention);
-    engine.set_replaying(replay_until.is_some());
-    let engine = Arc::new(Mutex::new(engine));
+    );
+    router.engine.set_replaying(replay_until.is_some());
+    let router = Arc::new(Mutex::new(router));
     let metrics = {
         let mut reg = ctx.registry.write().unwrap_or_else(|e| e.into_inner());
         Metrics::register(&mut reg)
@@ -319,7 +321,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     ctx.health.register("alerts");
 
     let api = api::Api {
-        engine: engine.clone(),
+        router: router.clone(),
         tokens,
         js: ctx.js.clone(),
         instance: ctx.instance.clone(),
@@ -349,7 +351,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
             ctx.bus_metrics.clone(),
         );
         let mut h = H {
-            engine: engine.clone(),
+            router: router.clone(),
             events: config.event_min_severity,
             event_ttl: config.event_ttl,
         };
@@ -361,11 +363,10 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         });
     }
     {
-        let (engine, deliverer, cancel, instance, js) = (
-            engine.clone(),
+        let (router, deliverer, cancel, js) = (
+            router.clone(),
             deliverer.clone(),
             ctx.cancel.clone(),
-            ctx.instance.clone(),
             ctx.js.clone(),
         );
         let every = config.tick.max(std::time::Duration::from_millis(50));
@@ -381,12 +382,12 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
                 if let Some(target) = replay_until {
                     match replay_done(&js, target).await {
                         Ok(true) => {
-                            let mut e = engine.lock().await;
-                            if let Err(err) = e.store.set_replay_until(None) {
+                            let mut r = router.lock().await;
+                            if let Err(err) = r.store.set_replay_until(None) {
                                 tracing::error!(error = %err, "recording the end of the replay failed; will retry");
                                 continue;
                             }
-                            e.set_replaying(false);
+                            r.engine.set_replaying(false);
                             replay_until = None;
                             tracing::info!(target, "incidents replayed; notifying again");
                         }
@@ -399,9 +400,9 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
                 }
                 let now = Utc::now();
                 let (n, store) = {
-                    let mut e = engine.lock().await;
-                    match e.tick(now, &instance) {
-                        Ok(n) => (n, e.store.clone()),
+                    let mut r = router.lock().await;
+                    match r.tick(now) {
+                        Ok(n) => (n, r.store.clone()),
                         Err(err) => {
                             tracing::error!(error = %err, "flushing alert groups failed; will retry");
                             continue;
@@ -435,11 +436,11 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     tracing::info!(%addr, data_dir = %config.data_dir, receivers = routing.receivers.len(), "alert router running; API on http://{addr}");
     while tasks.join_next().await.is_some() {}
     let _ = server.await;
-    let e = engine.lock().await;
-    e.store
+    let r = router.lock().await;
+    r.store
         .flush()
         .await
         .map_err(store_err::<store::Error>("flushing the alerts store"))?;
-    tracing::info!(stats = ?e.stats, "alert router stopped");
+    tracing::info!(stats = ?r.engine.stats, "alert router stopped");
     Ok(())
 }

@@ -1,0 +1,640 @@
+//! The dispatcher's core on its own: alerts and silences in with their times, the clock moved by hand,
+//! decisions out; no store, no server. Timing (group_wait, group_interval, repeat_interval, mutes) is
+//! checked here to the second, where the end-to-end tests only check the wiring.
+
+use chrono::{TimeZone, Utc};
+use multipilot_schemas::payload::{Incident, IncidentStatus, Severity};
+
+use super::*;
+use crate::matcher::Matcher;
+use crate::store::fingerprint;
+
+/// The routing of these tests: `ops` gets everything by cluster, `pager` the ClusterDown alerts (and not
+/// their resolution), `quiet` team=quiet outside office hours (09:00–17:00 UTC), `web` team=web at most two
+/// alerts per payload. ClusterDown mutes its cluster's other alerts.
+const ROUTING: &str = r#"
+route:
+  receiver: ops
+  group_by: [cluster]
+  group_wait: 30s
+  group_interval: 5m
+  repeat_interval: 4h
+  routes:
+    - matchers: ['alertname="ClusterDown"']
+      receiver: pager
+      group_by: [alertname]
+    - matchers: ['team="quiet"']
+      receiver: quiet
+      mute_time_intervals: [office-hours]
+    - matchers: ['team="web"']
+      receiver: web
+receivers:
+  - name: ops
+    webhook_configs: [{url: "http://ops.test/hook"}]
+  - name: pager
+    webhook_configs: [{url: "http://pager.test/hook", send_resolved: false}]
+  - name: quiet
+    webhook_configs: [{url: "http://quiet.test/hook"}]
+  - name: web
+    webhook_configs: [{url: "http://web.test/hook", max_alerts: 2}]
+time_intervals:
+  - name: office-hours
+    time_intervals: [{times: [{start_time: '09:00', end_time: '17:00'}]}]
+inhibit_rules:
+  - source_matchers: ['alertname="ClusterDown"']
+    target_matchers: ['alertname!="ClusterDown"']
+    equal: [cluster]
+"#;
+
+/// Tuesday 1 December 2026, 10:00 UTC (within office hours).
+fn t0() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 12, 1, 10, 0, 0)
+        .single()
+        .expect("valid time")
+}
+
+fn secs(n: i64) -> Duration {
+    Duration::seconds(n)
+}
+
+fn mins(n: i64) -> Duration {
+    Duration::minutes(n)
+}
+
+fn routing() -> Routing {
+    Routing::parse(ROUTING, "the test routing")
+        .expect("the test routing is valid")
+        .0
+}
+
+fn engine(now: DateTime<Utc>) -> Engine {
+    engine_from(Snapshot::default(), now)
+}
+
+fn engine_from(held: Snapshot, now: DateTime<Utc>) -> Engine {
+    Engine::new(routing(), std::time::Duration::from_secs(3600), held, now)
+}
+
+fn labels(spec: &str) -> BTreeMap<String, String> {
+    spec.split(',')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// An alert as `POST /api/v2/alerts` takes it in (`a=1,b=2` labels), starting at `starts_at`.
+fn posted(spec: &str, starts_at: DateTime<Utc>, ends_at: Option<DateTime<Utc>>) -> Alert {
+    let labels = labels(spec);
+    Alert {
+        id: fingerprint(&labels),
+        annotations: BTreeMap::from([("summary".to_string(), spec.to_string())]),
+        labels,
+        starts_at,
+        ends_at,
+        revision: 0,
+        updated_at: starts_at,
+        expires_at: None,
+        posted: true,
+        generator_url: None,
+        members: Vec::new(),
+    }
+}
+
+fn post(e: &mut Engine, spec: &str, now: DateTime<Utc>) -> Taken {
+    e.on_posted(posted(spec, now, None), now)
+}
+
+fn resolve(e: &mut Engine, spec: &str, started: DateTime<Utc>, now: DateTime<Utc>) -> Taken {
+    e.on_posted(posted(spec, started, Some(now)), now)
+}
+
+/// Per notification, its receiver and its alerts as `alertname@cluster:state`.
+type Sent = Vec<(String, Vec<String>)>;
+
+/// What a tick sent.
+fn sent(decided: &[Notify]) -> Sent {
+    decided
+        .iter()
+        .flat_map(|d| &d.pending)
+        .map(|p| {
+            let n = &p.notification;
+            let alerts = n
+                .alerts
+                .iter()
+                .map(|a| {
+                    format!(
+                        "{}@{}:{}",
+                        a.labels["alertname"],
+                        a.labels.get("cluster").map_or("", String::as_str),
+                        format!("{:?}", a.state).to_lowercase()
+                    )
+                })
+                .collect();
+            (n.receiver.clone(), alerts)
+        })
+        .collect()
+}
+
+fn one(receiver: &str, alerts: &[&str]) -> Sent {
+    vec![(
+        receiver.to_string(),
+        alerts.iter().map(|a| a.to_string()).collect(),
+    )]
+}
+
+/// Ticks every `step` from `from` up to and including `to`; returns what was sent, with when.
+fn run(
+    e: &mut Engine,
+    from: DateTime<Utc>,
+    to: DateTime<Utc>,
+    step: Duration,
+) -> Vec<(DateTime<Utc>, Sent)> {
+    let mut out = Vec::new();
+    let mut now = from;
+    while now <= to {
+        let s = sent(&e.tick(now));
+        if !s.is_empty() {
+            out.push((now, s));
+        }
+        now += step;
+    }
+    out
+}
+
+#[test]
+fn a_new_group_waits_group_wait_and_sends_what_it_gathered_in_one_notification() {
+    let mut e = engine(t0());
+    assert_eq!(
+        post(&mut e, "alertname=Disk,cluster=a", t0()),
+        Taken::Placed
+    );
+    assert!(e.tick(t0()).is_empty());
+    post(&mut e, "alertname=Latency,cluster=a", t0() + secs(10));
+    assert!(e.tick(t0() + secs(29)).is_empty(), "group_wait is 30 s");
+    let d = e.tick(t0() + secs(30));
+    assert_eq!(sent(&d), one("ops", &["Disk@a:firing", "Latency@a:firing"]));
+    let n = &d[0].pending[0].notification;
+    assert_eq!(n.group_key, r#"{}:{cluster="a"}"#);
+    assert_eq!(n.state, AlertState::Firing);
+    assert_eq!(d[0].nflog_key, nflog_key("ops", r#"0:{cluster="a"}"#));
+    assert_eq!(d[0].entry.firing.len(), 2);
+    assert_eq!(d[0].entry.at, Some(t0() + secs(30)));
+    assert_eq!(e.stats.notifications, 1);
+}
+
+#[test]
+fn a_posted_alert_whose_wait_is_over_is_sent_at_the_next_tick() {
+    // a Prometheus alert whose `for` is over: started a minute before it was posted
+    let mut e = engine(t0());
+    e.on_posted(
+        posted("alertname=Disk,cluster=a", t0() - mins(1), None),
+        t0(),
+    );
+    assert_eq!(sent(&e.tick(t0())), one("ops", &["Disk@a:firing"]));
+}
+
+#[test]
+fn a_change_waits_for_the_group_interval() {
+    let mut e = engine(t0());
+    post(&mut e, "alertname=Disk,cluster=a", t0());
+    let first = t0() + secs(30);
+    assert_eq!(sent(&e.tick(first)), one("ops", &["Disk@a:firing"]));
+    post(&mut e, "alertname=Latency,cluster=a", first + mins(1));
+    // nothing until group_interval (5 min) after the first notification, then the group as it is
+    let got = run(&mut e, first + mins(1), first + mins(6), secs(1));
+    assert_eq!(
+        got,
+        vec![(
+            first + mins(5),
+            one("ops", &["Disk@a:firing", "Latency@a:firing"])
+        )]
+    );
+}
+
+#[test]
+fn an_unchanged_group_is_sent_again_after_the_repeat_interval() {
+    let mut e = engine(t0());
+    post(&mut e, "alertname=Disk,cluster=a", t0());
+    let first = t0() + secs(30);
+    assert_eq!(sent(&e.tick(first)).len(), 1);
+    // judged every group_interval; sent again once 4 h passed since it was last sent, and 4 h after that
+    let got = run(&mut e, first + mins(1), first + Duration::hours(9), mins(1));
+    let at: Vec<DateTime<Utc>> = got.iter().map(|(t, _)| *t).collect();
+    assert_eq!(at, [first + Duration::hours(4), first + Duration::hours(8)]);
+    assert_eq!(got[0].1, one("ops", &["Disk@a:firing"]));
+}
+
+#[test]
+fn a_resolved_alert_is_sent_to_receivers_that_want_it_and_leaves_its_group() {
+    let mut e = engine(t0());
+    post(&mut e, "alertname=Disk,cluster=a", t0());
+    post(&mut e, "alertname=Latency,cluster=a", t0());
+    let first = t0() + secs(30);
+    assert_eq!(sent(&e.tick(first))[0].1.len(), 2);
+    resolve(&mut e, "alertname=Disk,cluster=a", t0(), first + mins(1));
+    // the next flush tells of the resolution, with what still fires
+    let d = e.tick(first + mins(5));
+    assert_eq!(
+        sent(&d),
+        one("ops", &["Disk@a:resolved", "Latency@a:firing"])
+    );
+    assert_eq!(d[0].pending[0].notification.state, AlertState::Firing);
+    assert_eq!(
+        e.groups(),
+        [(r#"0:{cluster="a"}"#.to_string(), "ops".to_string(), 1)]
+    );
+    // everything resolved: a resolved notification, and the group is gone
+    resolve(&mut e, "alertname=Latency,cluster=a", t0(), first + mins(6));
+    let d = e.tick(first + mins(10));
+    assert_eq!(sent(&d), one("ops", &["Latency@a:resolved"]));
+    assert_eq!(d[0].pending[0].notification.state, AlertState::Resolved);
+    assert!(e.groups().is_empty());
+    assert!(e.tick(first + mins(15)).is_empty());
+}
+
+#[test]
+fn a_receiver_without_send_resolved_is_not_told_but_its_log_is() {
+    let mut e = engine(t0());
+    post(&mut e, "alertname=ClusterDown,cluster=a", t0());
+    assert_eq!(
+        sent(&e.tick(t0() + secs(30))),
+        one("pager", &["ClusterDown@a:firing"])
+    );
+    resolve(
+        &mut e,
+        "alertname=ClusterDown,cluster=a",
+        t0(),
+        t0() + mins(1),
+    );
+    let d = e.tick(t0() + secs(30) + mins(5));
+    assert_eq!(d.len(), 1, "judged: the log says it resolved");
+    assert!(d[0].pending.is_empty(), "but nothing is sent");
+    assert!(d[0].entry.firing.is_empty());
+    assert_eq!(d[0].entry.resolved.len(), 1);
+}
+
+#[test]
+fn an_alert_posted_already_resolved_is_in_no_notification() {
+    let mut e = engine(t0());
+    let ended = posted(
+        "alertname=Disk,cluster=dev-2",
+        t0() - mins(10),
+        Some(t0() - mins(1)),
+    );
+    assert_eq!(e.on_posted(ended.clone(), t0()), Taken::Placed);
+    assert_eq!(e.groups().len(), 1);
+    assert!(run(&mut e, t0(), t0() + mins(10), mins(1)).is_empty());
+    assert!(e.groups().is_empty(), "dealt with at its first flush");
+    // posted again as it was: nothing changes
+    assert_eq!(e.on_posted(ended, t0() + mins(10)), Taken::Unchanged);
+    assert!(e.groups().is_empty());
+    assert!(run(&mut e, t0() + mins(10), t0() + Duration::hours(5), mins(1)).is_empty());
+}
+
+#[test]
+fn a_muted_time_interval_holds_notifications_and_keeps_the_log() {
+    // notified before office hours; a second alert comes during them, when the route is muted
+    let early = Utc
+        .with_ymd_and_hms(2026, 12, 1, 8, 50, 0)
+        .single()
+        .expect("valid time");
+    let mut e = engine(early);
+    post(&mut e, "alertname=Backup,cluster=g,team=quiet", early);
+    assert_eq!(
+        sent(&e.tick(early + secs(30))),
+        one("quiet", &["Backup@g:firing"])
+    );
+    let five = Utc
+        .with_ymd_and_hms(2026, 12, 1, 17, 0, 0)
+        .single()
+        .expect("valid time");
+    assert!(run(&mut e, early + mins(1), t0() - mins(1), mins(1)).is_empty());
+    post(&mut e, "alertname=Restore,cluster=g,team=quiet", t0());
+    let got = run(&mut e, t0(), five - mins(1), mins(1));
+    assert!(
+        got.is_empty(),
+        "muted 09:00–17:00, repeats included: {got:?}"
+    );
+    // the first flush after the mute: what was not sent is, with what was
+    let got = run(&mut e, five - mins(1), five + mins(10), secs(30));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert!(got[0].0 >= five && got[0].0 < five + mins(5));
+    assert_eq!(
+        got[0].1,
+        one("quiet", &["Backup@g:firing", "Restore@g:firing"])
+    );
+}
+
+#[test]
+fn a_group_muted_from_its_start_is_sent_when_the_mute_ends() {
+    let mut e = engine(t0());
+    post(&mut e, "alertname=Backup,cluster=g,team=quiet", t0());
+    let five = t0() + Duration::hours(7);
+    assert!(run(&mut e, t0(), five - secs(1), mins(1)).is_empty());
+    let got = run(&mut e, five, five + mins(5), secs(10));
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].1, one("quiet", &["Backup@g:firing"]));
+}
+
+fn silence(id: &str, matcher: &str, from: DateTime<Utc>, to: DateTime<Utc>) -> Silence {
+    Silence {
+        id: id.into(),
+        matchers: vec![Matcher::parse(matcher).expect("a valid matcher")],
+        starts_at: from,
+        ends_at: to,
+        created_by: "test".into(),
+        comment: "maintenance".into(),
+        updated_at: from,
+    }
+}
+
+#[test]
+fn a_silenced_alert_is_held_until_its_silence_ends() {
+    let mut e = engine(t0());
+    e.set_silence(silence(
+        "s1",
+        "cluster=\"d\"",
+        t0(),
+        t0() + Duration::hours(1),
+    ));
+    post(&mut e, "alertname=Disk,cluster=d", t0());
+    post(&mut e, "alertname=Disk,cluster=a", t0());
+    // a is sent, d is not (its group, all silenced, is not even judged)
+    assert_eq!(
+        sent(&e.tick(t0() + secs(30))),
+        one("ops", &["Disk@a:firing"])
+    );
+    let views = e.alerts(t0() + secs(30));
+    let d = views
+        .iter()
+        .find(|v| v.alert.labels["cluster"] == "d")
+        .expect("d listed");
+    assert_eq!(d.muted.silenced_by, ["s1"]);
+    assert!(run(&mut e, t0() + mins(1), t0() + mins(21), secs(30)).is_empty());
+    // ended early: the next flush of d's group sends it
+    let ended = match e.ending("s1", t0() + mins(21)) {
+        Some(Ending::Ends(s)) => s,
+        other => panic!("the silence was active: {other:?}"),
+    };
+    assert_eq!(ended.ends_at, t0() + mins(21));
+    e.set_silence(ended);
+    assert!(matches!(
+        e.ending("s1", t0() + mins(22)),
+        Some(Ending::Over(_))
+    ));
+    assert_eq!(e.ending("nope", t0()), None);
+    let got = run(
+        &mut e,
+        t0() + mins(21) + secs(30),
+        t0() + mins(30),
+        secs(30),
+    );
+    assert_eq!(
+        got,
+        vec![(t0() + secs(30) + mins(25), one("ops", &["Disk@d:firing"]))]
+    );
+}
+
+#[test]
+fn an_inhibited_alert_is_left_out_of_its_groups_notification() {
+    let mut e = engine(t0());
+    post(&mut e, "alertname=ClusterDown,cluster=c", t0());
+    post(&mut e, "alertname=PodCrash,cluster=c", t0());
+    post(&mut e, "alertname=Disk,cluster=c", t0());
+    post(&mut e, "alertname=PodCrash,cluster=b", t0());
+    let mut got = sent(&e.tick(t0() + secs(30)));
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            ("ops".to_string(), vec!["PodCrash@b:firing".to_string()]),
+            (
+                "pager".to_string(),
+                vec!["ClusterDown@c:firing".to_string()]
+            ),
+        ],
+        "c's other alerts are inhibited, b's are not"
+    );
+    let views = e.alerts(t0());
+    let crash = views
+        .iter()
+        .find(|v| v.alert.labels["cluster"] == "c" && v.alert.labels["alertname"] == "PodCrash")
+        .expect("listed");
+    assert_eq!(
+        crash.muted.inhibited_by,
+        [fingerprint(&labels("alertname=ClusterDown,cluster=c"))]
+    );
+}
+
+#[test]
+fn an_inhibition_that_ends_resends_nothing_already_sent() {
+    let mut e = engine(t0());
+    post(&mut e, "alertname=NodeNotReady,cluster=e", t0());
+    let first = t0() + secs(30);
+    assert_eq!(sent(&e.tick(first)), one("ops", &["NodeNotReady@e:firing"]));
+    // e goes down: its alert is inhibited through several group intervals, then e is back
+    post(&mut e, "alertname=ClusterDown,cluster=e", first + mins(1));
+    let got = run(&mut e, first + mins(1), first + mins(20), mins(1));
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].1, one("pager", &["ClusterDown@e:firing"]));
+    resolve(
+        &mut e,
+        "alertname=ClusterDown,cluster=e",
+        first + mins(1),
+        first + mins(21),
+    );
+    // ops already told of NodeNotReady: nothing more until the repeat interval
+    let got = run(
+        &mut e,
+        first + mins(21),
+        first + Duration::hours(3),
+        mins(1),
+    );
+    assert!(got.is_empty(), "{got:?}");
+    let got = run(
+        &mut e,
+        first + Duration::hours(3),
+        first + Duration::hours(4),
+        mins(1),
+    );
+    assert_eq!(
+        got,
+        vec![(
+            first + Duration::hours(4),
+            one("ops", &["NodeNotReady@e:firing"])
+        )]
+    );
+}
+
+#[test]
+fn a_fleet_incident_mutes_its_members() {
+    let mut e = engine(t0());
+    let member = posted("alertname=DnsFailure,cluster=a", t0(), None);
+    let mut fleet = posted("alertname=DnsFailure,scope=fleet", t0(), None);
+    fleet.members = vec![member.id.clone()];
+    e.on_posted(member, t0());
+    e.on_posted(fleet, t0());
+    assert_eq!(
+        sent(&e.tick(t0() + secs(30))),
+        one("ops", &["DnsFailure@:firing"])
+    );
+}
+
+#[test]
+fn max_alerts_truncates_the_webhook_payload() {
+    let mut e = engine(t0());
+    for name in ["A", "B", "C"] {
+        post(
+            &mut e,
+            &format!("alertname={name},cluster=w,team=web"),
+            t0(),
+        );
+    }
+    let d = e.tick(t0() + secs(30));
+    let p = &d[0].pending[0];
+    assert_eq!(p.notification.alerts.len(), 3, "the notification holds all");
+    let max = e
+        .routing()
+        .receiver("web")
+        .expect("the web receiver")
+        .webhook_configs[0]
+        .max_alerts;
+    let body = crate::deliver::webhook_payload(p, max);
+    assert_eq!(body["alerts"].as_array().map(Vec::len), Some(2));
+    assert_eq!(body["truncatedAlerts"], 1);
+    assert_eq!(body["alerts"][0]["labels"]["alertname"], "A");
+    assert_eq!(body["groupKey"], r#"{}/{team="web"}:{cluster="w"}"#);
+}
+
+#[test]
+fn a_restarted_engine_continues_the_notification_log() {
+    let mut e = engine(t0());
+    post(&mut e, "alertname=Disk,cluster=a", t0());
+    let first = t0() + secs(30);
+    let d = e.tick(first);
+    assert_eq!(sent(&d).len(), 1);
+    // what the store holds: the changed alerts and the log entry, written with the decision
+    let changes = e.take_changes();
+    assert_eq!(changes.alerts.len(), 1);
+    let held = Snapshot {
+        alerts: changes.alerts,
+        silences: Vec::new(),
+        nflog: d
+            .iter()
+            .map(|n| (n.nflog_key.clone(), n.entry.clone()))
+            .collect(),
+    };
+    // restarted two minutes later: not sent again; the group waits out its interval since then
+    let restart = first + mins(2);
+    let mut e = engine_from(held.clone(), restart);
+    assert!(run(&mut e, restart, first + mins(20), secs(10)).is_empty());
+    post(&mut e, "alertname=Latency,cluster=a", first + mins(21));
+    let got = run(&mut e, first + mins(21), first + mins(30), secs(10));
+    assert_eq!(
+        got,
+        vec![(
+            first + mins(25),
+            one("ops", &["Disk@a:firing", "Latency@a:firing"])
+        )]
+    );
+    // without the log, the same alert would be sent again after group_wait
+    let mut blank = engine_from(
+        Snapshot {
+            nflog: Vec::new(),
+            ..held
+        },
+        restart,
+    );
+    assert_eq!(
+        sent(&blank.tick(restart + secs(30))),
+        one("ops", &["Disk@a:firing"])
+    );
+}
+
+fn incident(rev: u64, status: IncidentStatus, at: DateTime<Utc>) -> Incident {
+    Incident {
+        id: "inc-1".into(),
+        cluster: "a".into(),
+        kind: "node-not-ready".into(),
+        severity: Severity::Warning,
+        status,
+        summary: "node n1 is not ready".into(),
+        opened_at: t0(),
+        updated_at: at,
+        resolved_at: (status == IncidentStatus::Resolved).then_some(at),
+        ingest_time: None,
+        evidence: Vec::new(),
+        labels: BTreeMap::new(),
+        revision: rev,
+        acknowledged_by: None,
+        blast_radius: None,
+    }
+}
+
+#[test]
+fn an_older_revision_redelivered_changes_nothing() {
+    let mut e = engine(t0());
+    assert_eq!(
+        e.on_incident(&incident(1, IncidentStatus::Open, t0()), t0()),
+        Taken::Placed
+    );
+    let first = t0() + secs(30);
+    assert_eq!(
+        sent(&e.tick(first)),
+        one("ops", &["node-not-ready@a:firing"])
+    );
+    e.on_incident(&incident(2, IncidentStatus::Resolved, first), first);
+    assert_eq!(
+        sent(&e.tick(first + mins(5))),
+        one("ops", &["node-not-ready@a:resolved"])
+    );
+    // an older revision, and the same one again
+    for (rev, status) in [(1, IncidentStatus::Open), (2, IncidentStatus::Resolved)] {
+        assert_eq!(
+            e.on_incident(&incident(rev, status, first), first + mins(6)),
+            Taken::Stale
+        );
+    }
+    assert_eq!(e.stats.stale_ignored, 2);
+    assert!(run(&mut e, first + mins(6), first + Duration::hours(5), mins(1)).is_empty());
+}
+
+#[test]
+fn changes_name_each_alert_once_and_what_was_forgotten() {
+    let mut e = engine(t0());
+    for rev in 1..=3 {
+        e.on_incident(&incident(rev, IncidentStatus::Open, t0()), t0());
+    }
+    let c = e.take_changes();
+    assert_eq!(c.alerts.len(), 1, "written once per batch");
+    assert_eq!(c.alerts[0].revision, 3);
+    assert!(e.take_changes().is_empty());
+    // a write that failed comes again
+    e.on_incident(
+        &incident(4, IncidentStatus::Resolved, t0() + mins(1)),
+        t0() + mins(1),
+    );
+    let failed = e.take_changes();
+    e.unsaved(failed.clone());
+    assert_eq!(e.take_changes(), failed);
+    // resolved longer than retain_resolved (1 h), its group dealt with: forgotten
+    e.tick(t0() + mins(10));
+    assert!(e.take_changes().forgotten.is_empty());
+    e.tick(t0() + Duration::hours(2));
+    let c = e.take_changes();
+    assert_eq!(c.forgotten.len(), 1);
+    assert!(e.alerts(t0()).is_empty());
+}
+
+#[test]
+fn nothing_is_flushed_while_replaying() {
+    let mut e = engine(t0());
+    e.set_replaying(true);
+    post(&mut e, "alertname=Disk,cluster=a", t0());
+    assert!(e.tick(t0() + mins(1)).is_empty());
+    e.set_replaying(false);
+    assert_eq!(
+        sent(&e.tick(t0() + mins(1))),
+        one("ops", &["Disk@a:firing"])
+    );
+}

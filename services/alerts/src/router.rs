@@ -1,0 +1,135 @@
+//! The dispatcher's shell: the [`Engine`] on its [`Store`]. It starts the engine from what sled holds,
+//! writes what the engine decided and changed (a flush's notifications with their log entries in one sled
+//! transaction, which also queues the log entries, posted alerts and silences for the KV buckets), and
+//! keeps what the store could not write to write it next time. Flushing sled, draining the outbox into
+//! the buckets and waking the deliverer are the caller's (the tick loop in `lib.rs`, the API).
+
+use chrono::{DateTime, Utc};
+
+use crate::config::Routing;
+use crate::engine::{Changes, Ending, Engine, Notify, Snapshot};
+use crate::store::{self, Alert, Error, NflogEntry, Pending, Silence, Store};
+
+/// The engine and its store.
+#[derive(Debug)]
+pub struct Router {
+    /// The state machine.
+    pub engine: Engine,
+    /// The durable store.
+    pub store: Store,
+    /// Decisions the store failed to write: written before the next ones.
+    unwritten: Vec<Notify>,
+}
+
+impl Router {
+    /// Opens the dispatcher on its store: alerts, silences and the notification log come back.
+    pub fn open(
+        store: Store,
+        routing: Routing,
+        retain_resolved: std::time::Duration,
+        nflog_retention: std::time::Duration,
+        now: DateTime<Utc>,
+    ) -> Router {
+        let held = Snapshot {
+            alerts: store::all::<Alert>(&store.alerts)
+                .into_iter()
+                .map(|(_, a)| a)
+                .collect(),
+            silences: store::all::<Silence>(&store.silences)
+                .into_iter()
+                .map(|(_, s)| s)
+                .collect(),
+            nflog: store::all::<NflogEntry>(&store.nflog),
+        };
+        Router {
+            engine: Engine::new(routing, retain_resolved, held, now)
+                .with_nflog_retention(nflog_retention),
+            store,
+            unwritten: Vec::new(),
+        }
+    }
+
+    /// Writes what the engine changed (not flushed: the caller flushes the store before it acks what it
+    /// consumed or answers a post). What could not be written is written next time.
+    pub fn save(&mut self) -> Result<(), Error> {
+        let changes = self.engine.take_changes();
+        if changes.is_empty() {
+            return Ok(());
+        }
+        if let Err(e) = write(&self.store, &changes) {
+            self.engine.unsaved(changes);
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Takes in alerts posted to the API and writes them (and queues them for their bucket).
+    pub fn post(&mut self, alerts: Vec<Alert>, now: DateTime<Utc>) -> Result<(), Error> {
+        for a in alerts {
+            self.engine.on_posted(a, now);
+        }
+        self.save()
+    }
+
+    /// Flushes the groups due at `now` and writes the notifications they decided with their log entries,
+    /// atomically, then what else changed. Returns how many notifications were enqueued.
+    pub fn tick(&mut self, now: DateTime<Utc>) -> Result<usize, Error> {
+        let mut decided = std::mem::take(&mut self.unwritten);
+        decided.extend(self.engine.tick(now));
+        let pending: Vec<Pending> = decided
+            .iter()
+            .flat_map(|n| n.pending.iter().cloned())
+            .collect();
+        if !decided.is_empty() {
+            let nflog: Vec<(String, NflogEntry)> = decided
+                .iter()
+                .map(|n| (n.nflog_key.clone(), n.entry.clone()))
+                .collect();
+            if let Err(e) = self.store.enqueue(&pending, &nflog) {
+                self.unwritten = decided;
+                return Err(e);
+            }
+        }
+        self.save()?;
+        Ok(pending.len())
+    }
+
+    /// Adds or replaces a silence (on disk when this returns, and in the replicated bucket unless that is
+    /// unreachable: then the tick loop retries, and holds deliveries until it succeeded).
+    pub async fn put_silence(&mut self, s: Silence) -> Result<(), Error> {
+        self.store.put_silence(&s)?;
+        self.store.flush().await?;
+        self.engine.set_silence(s);
+        if let Err(e) = self.store.replicate().await {
+            tracing::warn!(error = %e, "silence stored locally; replicating it will be retried");
+        }
+        Ok(())
+    }
+
+    /// Ends a silence now. Returns it, or `None` if there is no such silence.
+    pub async fn expire_silence(
+        &mut self,
+        id: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Silence>, Error> {
+        match self.engine.ending(id, now) {
+            None => Ok(None),
+            Some(Ending::Over(s)) => Ok(Some(s)),
+            Some(Ending::Ends(s)) => {
+                self.put_silence(s.clone()).await?;
+                Ok(Some(s))
+            }
+        }
+    }
+}
+
+/// Writes alerts changed and forgotten, and forgets log entries.
+fn write(store: &Store, c: &Changes) -> Result<(), Error> {
+    for a in &c.alerts {
+        store.put_alert(a)?;
+    }
+    for a in &c.forgotten {
+        store.remove_alert(a)?;
+    }
+    store.remove_nflog(&c.nflog_forgotten)
+}
