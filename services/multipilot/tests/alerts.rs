@@ -1,7 +1,11 @@
 //! The alert router (the real `multipilot alerts` process) against a real nats-server and local HTTP
-//! receivers: routing, grouping windows, inhibition, silences (through the CLI), retries after receiver
-//! errors, dead letters, no duplicates and no loss across a kill -9, the storm bound, the NATS receiver,
-//! and a hand-off to a real Prometheus Alertmanager read back through Alertmanager's own API.
+//! receivers: routing, grouping, inhibition, silences (through the CLI), retries after receiver errors,
+//! dead letters, no duplicates and no loss across a kill -9, the storm bound, the NATS receiver, and a
+//! hand-off to a real Prometheus Alertmanager read back through Alertmanager's own API.
+//!
+//! These check the wiring and wait on what they expect to see. When notifications are due (group_wait,
+//! group_interval, repeat_interval, mutes ending, a stale revision, a restart continuing the log) is the
+//! engine's, checked to the second with its clock in hand: `services/alerts/src/engine_tests.rs`.
 
 mod common;
 
@@ -182,7 +186,7 @@ async fn routes_groups_inhibits_and_silences() -> Result<()> {
             .all(|g| g.body["groupLabels"]["cluster"] != "b")
     );
 
-    // --- the group interval: a new alert in a's group comes in the next notification, not sooner
+    // --- a new alert in a's group comes in its next notification, with the rest of the group
     r.incident("a", "etcd-slow", Warning, Open, 1, &[]).await?;
     let second_a = eventually("a's second notification", 30, async || {
         rx.got("/default")
@@ -191,11 +195,6 @@ async fn routes_groups_inhibits_and_silences() -> Result<()> {
             .nth(1)
     })
     .await?;
-    assert!(
-        second_a.at.duration_since(first_a.at) >= Duration::from_millis(2900),
-        "group_interval (3 s) respected: {:?}",
-        second_a.at.duration_since(first_a.at)
-    );
     assert_eq!(alerts_of(&second_a).len(), 3);
 
     // --- inhibition: c unreachable mutes c's other alerts
@@ -203,7 +202,8 @@ async fn routes_groups_inhibits_and_silences() -> Result<()> {
         .await?;
     r.incident("c", "scheduler-down", Warning, Open, 1, &[])
         .await?;
-    // the critical one pages (grouped by alertname); the warning, routed to default, is inhibited
+    // the critical one pages (grouped by alertname); the warning, routed to default, is inhibited (what
+    // an inhibition does to a group's notifications, and when it ends, is the engine's tests')
     eventually("c's page", 30, async || {
         rx.got("/pager").into_iter().find(|g| {
             alerts_of(g)
@@ -212,13 +212,10 @@ async fn routes_groups_inhibits_and_silences() -> Result<()> {
         })
     })
     .await?;
-    tokio::time::sleep(Duration::from_secs(2)).await; // past default's group_wait
-    assert!(
-        rx.got("/default")
-            .iter()
-            .all(|g| g.body["groupLabels"]["cluster"] != "c"),
-        "scheduler-down is inhibited by cluster-unreachable"
-    );
+    eventually("scheduler-down inhibited", 30, async || {
+        alert_in_state(&r, "c", "scheduler-down", "suppressed").await
+    })
+    .await?;
     let alerts = r.get("/api/v2/alerts").await?;
     let sched = alerts
         .as_array()
@@ -226,49 +223,9 @@ async fn routes_groups_inhibits_and_silences() -> Result<()> {
         .iter()
         .find(|a| a["labels"]["alertname"] == "scheduler-down")
         .context("scheduler-down listed")?;
-    assert_eq!(sched["status"]["state"], "suppressed");
     assert_eq!(
         sched["status"]["inhibitedBy"][0],
         stable_id(&["c", "cluster-unreachable"])
-    );
-
-    // --- a mute that ends re-sends nothing (Alertmanager's dedup): e's alert is notified, then e becomes
-    // unreachable (its alert inhibited through a few group intervals), then reachable again
-    r.incident("e", "node-not-ready", Warning, Open, 1, &[])
-        .await?;
-    let on_e = |rx: &Receiver| {
-        rx.got("/default")
-            .into_iter()
-            .filter(|g| g.body["groupLabels"]["cluster"] == "e")
-            .count()
-    };
-    eventually("e's notification", 30, async || {
-        (on_e(&rx) == 1).then_some(())
-    })
-    .await?;
-    r.incident("e", "cluster-unreachable", Critical, Open, 1, &[])
-        .await?;
-    eventually("e's alert inhibited", 30, async || {
-        alert_in_state(&r, "e", "node-not-ready", "suppressed").await
-    })
-    .await?;
-    tokio::time::sleep(Duration::from_secs(7)).await; // two group intervals while muted
-    r.incident("e", "cluster-unreachable", Critical, Resolved, 2, &[])
-        .await?;
-    eventually("e's alert active again", 30, async || {
-        alert_in_state(&r, "e", "node-not-ready", "active").await
-    })
-    .await?;
-    tokio::time::sleep(Duration::from_secs(7)).await; // two group intervals unmuted
-    assert_eq!(
-        on_e(&rx),
-        1,
-        "an alert already notified is not notified again when its inhibition ends: {:?}",
-        rx.got("/default")
-            .iter()
-            .filter(|g| g.body["groupLabels"]["cluster"] == "e")
-            .map(alerts_of)
-            .collect::<Vec<_>>()
     );
 
     // --- silences through the CLI: d is silenced, then the silence expires and d is notified
@@ -304,12 +261,6 @@ async fn routes_groups_inhibits_and_silences() -> Result<()> {
     })
     .await?;
     assert_eq!(silenced["status"]["state"], "suppressed");
-    tokio::time::sleep(Duration::from_secs(3)).await; // past group_wait: still nothing
-    assert!(
-        rx.got("/default")
-            .iter()
-            .all(|g| g.body["groupLabels"]["cluster"] != "d")
-    );
     assert!(r.cli(&["silence", "expire", &id])?.contains("expired"));
     assert!(
         r.cli(&["silence", "list", "--expired", "-o", "json"])?
@@ -352,15 +303,7 @@ async fn routes_groups_inhibits_and_silences() -> Result<()> {
     })
     .await?;
     assert_eq!(resolved.body["attachments"][0]["color"], "good");
-    // an older revision redelivered changes nothing
-    r.incident("b", "cert-expiring", Warning, Open, 1, &[("env", "prod")])
-        .await?;
-    tokio::time::sleep(Duration::from_secs(4)).await;
-    assert_eq!(
-        rx.got("/slack").len(),
-        2,
-        "no re-fire from a stale revision"
-    );
+    assert_eq!(rx.got("/slack").len(), 2);
     // nothing was created twice: receipts sharing a notification id (a re-send after a lost answer on a
     // loaded machine) carry the same notification
     let mut by_id: BTreeMap<String, Value> = BTreeMap::new();
@@ -535,7 +478,9 @@ async fn kill_9_neither_resends_nor_loses() -> Result<()> {
     })
     .await
     .map_err(|e| anyhow::anyhow!("{e}\n{}", r.log()))?;
-    tokio::time::sleep(Duration::from_secs(5)).await; // a group interval and more: nothing else comes
+    // nothing else comes: a group notified before the kill waits out its group_interval (3 s) from its
+    // log entry, so a re-send would have come by now
+    tokio::time::sleep(Duration::from_secs(4)).await;
     // A notification is created once per group; an HTTP delivery may be repeated only when the receiver's
     // answer was lost (a timeout on this loaded machine), and then carries the same notification id.
     let got = rx.got("/default");
@@ -809,22 +754,15 @@ async fn hands_off_to_a_real_alertmanager() -> Result<()> {
             .stderr(std::fs::File::create(dir.path().join("am.log"))?),
     )?;
     let http = reqwest::Client::new();
-    let mut up = false;
-    for _ in 0..100 {
-        if let Ok(r) = http.get(format!("{am_url}/-/ready")).send().await
-            && r.status().is_success()
-        {
-            up = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    if !up {
-        bail!(
-            "Alertmanager did not start: {}",
-            std::fs::read_to_string(dir.path().join("am.log"))?
-        );
-    }
+    eventually("Alertmanager ready", 10, async || {
+        let r = http.get(format!("{am_url}/-/ready")).send().await.ok()?;
+        r.status().is_success().then_some(())
+    })
+    .await
+    .map_err(|e| {
+        let log = std::fs::read_to_string(dir.path().join("am.log")).unwrap_or_default();
+        anyhow::anyhow!("{e}: Alertmanager did not start: {log}")
+    })?;
     let routing = format!(
         r#"
 route:
