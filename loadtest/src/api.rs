@@ -108,6 +108,17 @@ async fn handle(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let started = std::time::Instant::now();
+    let q = parse_query(&uri);
+    let verb = match method {
+        Method::GET if is_true(q.get("watch")) => "WATCH",
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::PATCH => "PATCH",
+        Method::DELETE => "DELETE",
+        _ => "OTHER",
+    };
     let path = uri.path().to_string();
     if !is_public(&path) {
         let ok = headers
@@ -129,10 +140,10 @@ async fn handle(
                 ApiError::internal("etcdserver: request timed out")
             };
             c.stats.count(method.as_str(), "", e.code);
+            c.stats.observe(verb, started.elapsed().as_secs_f64());
             return error_response(&e);
         }
     }
-    let q = parse_query(&uri);
     let mut resp = match route(&c, &method, &path, &q, &headers, body).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
@@ -140,6 +151,9 @@ async fn handle(
     let date = c.now().format("%a, %d %b %Y %H:%M:%S GMT").to_string();
     if let Ok(v) = HeaderValue::from_str(&date) {
         resp.headers_mut().insert(header::DATE, v);
+    }
+    if path != "/metrics" {
+        c.stats.observe(verb, started.elapsed().as_secs_f64());
     }
     resp
 }

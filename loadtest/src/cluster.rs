@@ -88,6 +88,24 @@ pub struct Stats {
     pub watches: AtomicU64,
     /// Deprecated API versions requested: (group, version, resource, removed_release) → count.
     pub deprecated: Mutex<BTreeMap<(String, String, String, String), u64>>,
+    /// Request latency by verb, exported as `apiserver_request_duration_seconds`.
+    pub latency: Mutex<BTreeMap<&'static str, Latency>>,
+}
+
+/// The upper bounds of the apiserver's request latency histogram (a subset of the real one's).
+pub const LATENCY_BUCKETS: [f64; 12] = [
+    0.005, 0.025, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 1.0, 2.0, 5.0, 10.0,
+];
+
+/// One verb's latency histogram: cumulative counts per bucket of [`LATENCY_BUCKETS`], then sum and count.
+#[derive(Debug, Default, Clone)]
+pub struct Latency {
+    /// Requests at or under each bound.
+    pub buckets: [u64; LATENCY_BUCKETS.len()],
+    /// Seconds, summed.
+    pub sum: f64,
+    /// Requests.
+    pub count: u64,
 }
 
 impl Stats {
@@ -96,6 +114,19 @@ impl Stats {
         let mut m = self.requests.lock().unwrap_or_else(|e| e.into_inner());
         *m.entry((verb.to_string(), resource.to_string(), code))
             .or_default() += 1;
+    }
+
+    /// Observes one request's latency.
+    pub fn observe(&self, verb: &'static str, seconds: f64) {
+        let mut m = self.latency.lock().unwrap_or_else(|e| e.into_inner());
+        let h = m.entry(verb).or_default();
+        for (n, le) in h.buckets.iter_mut().zip(LATENCY_BUCKETS) {
+            if seconds <= le {
+                *n += 1;
+            }
+        }
+        h.sum += seconds;
+        h.count += 1;
     }
 }
 

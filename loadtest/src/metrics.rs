@@ -87,6 +87,41 @@ pub fn apiserver(c: &Cluster) -> String {
     );
     family(
         &mut out,
+        "apiserver_request_duration_seconds",
+        "histogram",
+        "[STABLE] Response latency distribution in seconds for each verb, dry run value, group, version, resource, subresource, scope and component.",
+    );
+    let latency = c
+        .stats
+        .latency
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
+    for (verb, h) in &latency {
+        for (n, le) in h.buckets.iter().zip(crate::cluster::LATENCY_BUCKETS) {
+            let _ = writeln!(
+                out,
+                "apiserver_request_duration_seconds_bucket{{component=\"apiserver\",verb=\"{verb}\",le=\"{le}\"}} {n}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "apiserver_request_duration_seconds_bucket{{component=\"apiserver\",verb=\"{verb}\",le=\"+Inf\"}} {}",
+            h.count
+        );
+        let _ = writeln!(
+            out,
+            "apiserver_request_duration_seconds_sum{{component=\"apiserver\",verb=\"{verb}\"}} {}",
+            h.sum
+        );
+        let _ = writeln!(
+            out,
+            "apiserver_request_duration_seconds_count{{component=\"apiserver\",verb=\"{verb}\"}} {}",
+            h.count
+        );
+    }
+    family(
+        &mut out,
         "etcd_request_duration_seconds",
         "histogram",
         "[ALPHA] Etcd request latency in seconds for each operation and object type.",
