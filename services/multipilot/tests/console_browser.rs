@@ -153,12 +153,54 @@ impl Browser {
         let r = self
             .call("Page.captureScreenshot", json!({"format": "png"}))
             .await?;
-        let data = r["data"].as_str().context("no screenshot data")?;
-        let bytes = base64_decode(data)?;
-        let path = std::env::temp_dir().join(name);
-        std::fs::write(&path, bytes)?;
-        Ok(path)
+        save_png(r, name)
     }
+
+    /// A picture of one element of the page (scrolled to, the whole element even where it is taller than
+    /// the window).
+    async fn screenshot_of(&mut self, selector: &str, name: &str) -> Result<PathBuf> {
+        let rect = self
+            .eval(&format!(
+                "(() => {{ document.querySelector('header').style.position = 'static'; \
+                 const e = document.querySelector({}); e.scrollIntoView(); const r = e.getBoundingClientRect(); \
+                 return {{x: r.left + scrollX, y: r.top + scrollY, width: Math.max(1, r.width), height: Math.max(1, r.height), scale: 1}}; }})()",
+                json!(selector)
+            ))
+            .await?;
+        let r = self
+            .call(
+                "Page.captureScreenshot",
+                json!({"format": "png", "clip": rect, "captureBeyondViewport": true}),
+            )
+            .await?;
+        save_png(r, name)
+    }
+}
+
+/// Where the screenshots go for a person to look at: `$MULTIPILOT_TEST_OUTPUT` or
+/// `target/test-output/console/`.
+fn output_dir() -> PathBuf {
+    std::env::var_os("MULTIPILOT_TEST_OUTPUT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            // target/<profile>/deps/<this test> → target/test-output
+            std::env::current_exe()
+                .ok()
+                .and_then(|p| p.ancestors().nth(3).map(Path::to_path_buf))
+                .unwrap_or_else(std::env::temp_dir)
+                .join("test-output")
+        })
+        .join("console")
+}
+
+fn save_png(answer: Value, name: &str) -> Result<PathBuf> {
+    let data = answer["data"].as_str().context("no screenshot data")?;
+    let dir = output_dir();
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join(name);
+    std::fs::write(&path, base64_decode(data)?)?;
+    eprintln!("screenshot: {}", path.display());
+    Ok(path)
 }
 
 fn base64_decode(s: &str) -> Result<Vec<u8>> {
@@ -349,8 +391,7 @@ async fn the_console_page_shows_the_fleet_a_live_incident_and_a_cross_cluster_di
             .await?,
         json!("spec differs")
     );
-    let shot = br.screenshot("console-e2e.png").await?;
-    eprintln!("screenshot of the diff: {}", shot.display());
+    br.screenshot("console-diff.png").await?;
 
     // 4. the compliance tab: each rule once, with the clusters failing it (the simulated fleet has team
     // namespaces without a Pod Security level everywhere). The correlator judges each cluster when its
@@ -390,7 +431,140 @@ async fn the_console_page_shows_the_fleet_a_live_incident_and_a_cross_cluster_di
         commits.iter().all(|c| head == c.as_str()),
         "{commits:?} vs head {head}"
     );
+
+    // 6. the pictures, each with data
+    pictures(&mut br, &sys, victim).await?;
     drop(br);
     drop(sys);
+    Ok(())
+}
+
+/// The console's pictures hold what the hub has: every cluster's vital signs from the TSDB, the incident
+/// picked up above on the 24-hour timeline, the release × cluster matrix, a rollout's batches with their
+/// steps and gates, and the GPU pool as bars; a screenshot of each goes to the test's output.
+async fn pictures(br: &mut Browser, sys: &System, victim: &str) -> Result<()> {
+    // the last quarter of an hour: the system under test is a few minutes old
+    br.eval(
+        "document.querySelector('#tabs button[data-tab=\"fleet\"]').click(); \
+             document.querySelector('#vitals-range').value = '15m'; true",
+    )
+    .await?;
+    // every vital of every cluster with points (the agent scrapes every 15 s; a rate needs two samples);
+    // the page reads them again at most every 5 s while waiting
+    let ready = br
+        .wait_for(
+            "every cluster's six vital signs with data",
+            "(() => { if (!window.__vt || Date.now() - window.__vt > 5000) { window.__vt = Date.now(); loadVitals(); } \
+               const rows = [...document.querySelectorAll('#vitals-table tbody tr[data-cluster]')]; \
+               const full = rows.length === 6 && rows.every(r => { const cells = [...r.querySelectorAll('td.vital')]; \
+                 return cells.length === 6 && cells.every(td => +td.querySelector('svg.spark').dataset.points >= 2); }); \
+               return full ? rows.map(r => r.querySelector('td[data-vital=\"nodes_ready\"] .last').textContent) : null; })()",
+            240,
+        )
+        .await?;
+    // the simulated nodes are all ready: the picture says so, from the TSDB
+    assert_eq!(ready, json!(vec!["100 %"; 6]), "nodes ready per cluster");
+    br.screenshot_of("#vitals-table", "console-vitals.png")
+        .await?;
+
+    // the incident raised above is a bar in its cluster's lane; every fleet incident of the last 24 h is
+    // one in the fleet lane
+    let lanes = br
+        .wait_for(
+            "the incident on the 24-hour timeline",
+            &format!(
+                "(() => {{ renderTimeline(); const box = document.querySelector('#incident-timeline'); \
+                   const mine = box.querySelectorAll('rect.tl-incident[data-cluster=\"{victim}\"]').length; \
+                   const day = Date.now() - 86400e3; \
+                   const fleet = state.fleet.filter(f => !f.resolved_at || Date.parse(f.resolved_at) > day).length; \
+                   return mine >= 1 && box.querySelectorAll('rect.tl-fleet').length === fleet \
+                     ? [mine, fleet, box.querySelectorAll('rect.tl-incident').length] : null; }})()"
+            ),
+            30,
+        )
+        .await?;
+    eprintln!("timeline: [victim's bars, fleet incidents, all bars] = {lanes}");
+    br.screenshot_of("#incident-timeline", "console-timeline.png")
+        .await?;
+
+    // GitOps: the policy bundle synced on all six clusters in the matrix, its revision in each cell
+    br.eval("document.querySelector('#tabs button[data-tab=\"gitops\"]').click(); true")
+        .await?;
+    let cells = br
+        .wait_for(
+            "policy-rbac synced in every cell of the release × cluster matrix",
+            "(() => { const cells = [...document.querySelectorAll('#gitops-matrix-table tr[data-release=\"policy-rbac\"] td.cell.Synced')]; \
+               return cells.length === 6 ? cells.map(c => c.textContent) : null; })()",
+            60,
+        )
+        .await?;
+    let cells: Vec<String> = serde_json::from_value(cells)?;
+    assert!(
+        cells
+            .iter()
+            .all(|c| c.starts_with('r') && c[1..].parse::<u64>().is_ok()),
+        "{cells:?}"
+    );
+    br.screenshot_of("#gitops-matrix", "console-gitops-matrix.png")
+        .await?;
+
+    // Releases: policy-rbac's rollout, its batch passed its gate, a step per cluster
+    br.eval("document.querySelector('#tabs button[data-tab=\"releases\"]').click(); true")
+        .await?;
+    let steps = br
+        .wait_for(
+            "policy-rbac's rollout with a passed gate and its steps",
+            "(() => { const pic = document.querySelector('svg.rollout[data-release=\"policy-rbac\"]'); \
+               if (!pic || !pic.querySelector('rect.rollout-batch[data-outcome=\"passed\"]') \
+                 || !pic.querySelector('path.rollout-gate[data-outcome=\"passed\"]')) return null; \
+               return pic.querySelectorAll('line.rollout-step').length; })()",
+            60,
+        )
+        .await?;
+    assert!(steps.as_u64() >= Some(6), "steps drawn: {steps}");
+    br.screenshot_of(
+        "div.box[data-release=\"policy-rbac\"] .picture",
+        "console-rollout.png",
+    )
+    .await?;
+
+    // GPU pool: a bar per cluster with GPUs, its free count as the API says
+    let console = format!(
+        "http://127.0.0.1:{}/api/v1/gpu",
+        sys.var("MULTIPILOT_CONSOLE_PORT")
+    );
+    let pools: Vec<Value> = reqwest::Client::new()
+        .get(console)
+        .bearer_auth(sys.token("operator")?)
+        .send()
+        .await?
+        .json()
+        .await?;
+    anyhow::ensure!(!pools.is_empty(), "the simulated fleet has GPUs");
+    br.eval("document.querySelector('#tabs button[data-tab=\"gpu\"]').click(); true")
+        .await?;
+    let bars = br
+        .wait_for(
+            "a GPU bar per cluster",
+            &format!(
+                "(() => {{ const b = [...document.querySelectorAll('#gpu-svg g.gpu-bar')]; \
+                   return b.length === {} ? Object.fromEntries(b.map(g => [g.dataset.cluster, [+g.dataset.allocatable, +g.dataset.free]])) : null; }})()",
+                pools.len()
+            ),
+            30,
+        )
+        .await?;
+    for p in &pools {
+        let c = p["cluster"].as_str().unwrap_or_default();
+        // a cluster's GPUs are its nodes' (fixed); how many are free moves with its pods
+        let (allocatable, free) = (bars[c][0].as_u64(), bars[c][1].as_u64());
+        anyhow::ensure!(
+            allocatable.is_some()
+                && allocatable == p["allocatable"].as_u64()
+                && free <= allocatable,
+            "{c}: bar {allocatable:?} with {free:?} free, the API {p}"
+        );
+    }
+    br.screenshot_of("#gpu-bars", "console-gpu.png").await?;
     Ok(())
 }

@@ -46,6 +46,26 @@ pub const CAPACITY: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// The time window of a range query ending now: `range` (default 1 h, 1 min to 7 days) and `step`
+/// (default: the range in `points` steps; at least 15 s, the scrape interval) → (start, end, step).
+pub fn window(
+    range: Option<&str>,
+    step: Option<&str>,
+    points: u32,
+) -> Result<(i64, i64, Duration), ApiError> {
+    let range = humantime::parse_duration(range.unwrap_or("1h"))
+        .map_err(|e| ApiError::bad(format!("range: {e}")))?
+        .min(Duration::from_secs(7 * 86_400))
+        .max(Duration::from_secs(60));
+    let step = match step {
+        Some(s) => humantime::parse_duration(s).map_err(|e| ApiError::bad(format!("step: {e}")))?,
+        None => range / points,
+    }
+    .max(Duration::from_secs(15));
+    let end = Utc::now().timestamp();
+    Ok((end - range.as_secs() as i64, end, step))
+}
+
 /// The PromQL of a capacity series, limited to one cluster when given.
 pub fn capacity_query(template: &str, cluster: Option<&str>) -> String {
     let m = cluster
@@ -77,64 +97,29 @@ pub(super) async fn capacity(
     State(app): State<App>,
     Query(q): Query<CapacityQuery>,
 ) -> ApiResult<Value> {
-    let range = humantime::parse_duration(q.range.as_deref().unwrap_or("1h"))
-        .map_err(|e| ApiError::bad(format!("range: {e}")))?
-        .min(Duration::from_secs(7 * 86_400))
-        .max(Duration::from_secs(60));
-    let step = match q.step.as_deref() {
-        Some(s) => humantime::parse_duration(s).map_err(|e| ApiError::bad(format!("step: {e}")))?,
-        None => range / 60,
-    }
-    .max(Duration::from_secs(15));
-    let end = Utc::now().timestamp();
-    let start = end - range.as_secs() as i64;
+    let (start, end, step) = window(q.range.as_deref(), q.step.as_deref(), 60)?;
     let cluster = q.cluster.as_deref().filter(|c| !c.is_empty());
-    let url = format!("{}/api/v1/query_range", app.tsdb_url.trim_end_matches('/'));
     let calls = CAPACITY.iter().map(|(name, unit, tpl)| {
         let query = capacity_query(tpl, cluster);
-        let (http, url) = (app.http.clone(), url.clone());
+        let app = app.clone();
         async move {
-            let resp = http
-                .get(&url)
-                .query(&[
-                    ("query", query.as_str()),
-                    ("start", &start.to_string()),
-                    ("end", &end.to_string()),
-                    ("step", &step.as_secs().to_string()),
-                ])
-                .timeout(Duration::from_secs(10))
-                .send()
-                .await;
-            let body: Result<Value, String> = match resp {
-                Ok(r) => r.json().await.map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
-            };
-            (name, unit, query, body)
+            let got = query_range(&app, &query, start, end, step).await;
+            (name, unit, query, got)
         }
     });
     let results = futures::future::join_all(calls).await;
     let (mut series, mut errors) = (Vec::new(), Vec::new());
-    for (name, unit, query, body) in results {
-        match body {
-            Ok(b) if b["status"] == "success" => {
-                let points: Vec<Value> = b["data"]["result"]
-                    .as_array()
-                    .and_then(|r| r.first())
-                    .and_then(|s| s["values"].as_array())
-                    .map(|vals| {
-                        vals.iter()
-                            .filter_map(|p| {
-                                let t = p[0].as_f64()?;
-                                let v: f64 = p[1].as_str()?.parse().ok()?;
-                                v.is_finite().then(|| json!([t, v]))
-                            })
-                            .collect()
-                    })
+    for (name, unit, query, got) in results {
+        match got {
+            Ok(result) => {
+                let points = result
+                    .into_iter()
+                    .next()
+                    .map(|s| s.points)
                     .unwrap_or_default();
                 series
                     .push(json!({"metric": name, "unit": unit, "query": query, "points": points}));
             }
-            Ok(b) => errors.push(json!({"metric": name, "query": query, "error": b["error"]})),
             Err(e) => errors.push(json!({"metric": name, "query": query, "error": e})),
         }
     }
@@ -151,6 +136,71 @@ pub(super) async fn capacity(
         "cluster": cluster, "start": start, "end": end, "step": step.as_secs(),
         "series": series, "errors": errors,
     })))
+}
+
+/// One series of a range query's answer: its labels and its `[unix seconds, value]` points (non-finite
+/// values left out).
+#[derive(Debug, Clone, Serialize)]
+pub struct RangeSeries {
+    /// The series' labels.
+    pub labels: BTreeMap<String, String>,
+    /// `[t, v]`.
+    pub points: Vec<[f64; 2]>,
+}
+
+/// A PromQL range query to the TSDB (`/api/v1/query_range`); the error says what went wrong in a line.
+pub async fn query_range(
+    app: &App,
+    query: &str,
+    start: i64,
+    end: i64,
+    step: Duration,
+) -> Result<Vec<RangeSeries>, String> {
+    let url = format!("{}/api/v1/query_range", app.tsdb_url.trim_end_matches('/'));
+    let body: Value = app
+        .http
+        .get(&url)
+        .query(&[
+            ("query", query),
+            ("start", &start.to_string()),
+            ("end", &end.to_string()),
+            ("step", &step.as_secs().to_string()),
+        ])
+        .timeout(Duration::from_secs(10))
+        .send()
+        .await
+        .map_err(|e| e.to_string())?
+        .json()
+        .await
+        .map_err(|e| e.to_string())?;
+    if body["status"] != "success" {
+        return Err(body["error"]
+            .as_str()
+            .unwrap_or("the TSDB failed")
+            .to_string());
+    }
+    let result = body["data"]["result"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    Ok(result
+        .iter()
+        .map(|s| RangeSeries {
+            labels: serde_json::from_value(s["metric"].clone()).unwrap_or_default(),
+            points: s["values"]
+                .as_array()
+                .map(|vals| {
+                    vals.iter()
+                        .filter_map(|p| {
+                            let t = p[0].as_f64()?;
+                            let v: f64 = p[1].as_str()?.parse().ok()?;
+                            v.is_finite().then_some([t, v])
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+        })
+        .collect())
 }
 
 #[cfg(test)]

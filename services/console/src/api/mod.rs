@@ -37,10 +37,12 @@ mod incidents;
 mod page;
 mod releases;
 mod resources;
+mod vitals;
 
 #[allow(unused_imports)] // the sections use each other
 use self::{
     capacity::*, compliance::*, fleet::*, gpu::*, incidents::*, page::*, releases::*, resources::*,
+    vitals::*,
 };
 
 pub use self::fleet::{ClusterOverview, Health, overview};
@@ -169,6 +171,7 @@ pub fn router(app: App) -> Router {
         .route("/api/v1/resource", get(resource))
         .route("/api/v1/diff", get(diff_handler))
         .route("/api/v1/compare", get(compare))
+        .route("/api/v1/vitals", get(vitals))
         .merge(
             Router::new()
                 .route("/api/v1/gpu", get(gpu))

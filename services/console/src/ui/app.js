@@ -3,7 +3,7 @@
 
 const TOKEN_KEY = 'multipilot.token';
 const $ = (sel, root = document) => root.querySelector(sel);
-const state = { clusters: [], incidents: new Map(), whoami: null, source: null, fresh: new Set() };
+const state = { clusters: [], incidents: new Map(), fleet: [], whoami: null, source: null, fresh: new Set() };
 
 function token() { return localStorage.getItem(TOKEN_KEY) || ''; }
 
@@ -17,6 +17,18 @@ function el(tag, attrs = {}, ...children) {
     else if (k.startsWith('data')) e.setAttribute(k.replace(/[A-Z]/g, (m) => '-' + m.toLowerCase()), v);
     else e.setAttribute(k, v);
   }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+const SVG_NS = 'http://www.w3.org/2000/svg';
+// an SVG element: attributes as given, children appended (text for strings)
+function svg(tag, attrs = {}, ...children) {
+  const e = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs)) if (v !== undefined && v !== null) e.setAttribute(k, v);
   for (const c of children.flat()) {
     if (c === null || c === undefined) continue;
     e.append(c instanceof Node ? c : document.createTextNode(String(c)));
@@ -64,6 +76,7 @@ function fmtLag(ms) {
 function showTab(name) {
   for (const b of document.querySelectorAll('#tabs button')) b.classList.toggle('active', b.dataset.tab === name);
   for (const s of document.querySelectorAll('section.tab')) s.hidden = s.id !== 'tab-' + name;
+  if (name === 'fleet') loadVitals();
   if (name === 'gpu') loadGpu();
   if (name === 'compliance') loadCompliance();
   if (name === 'releases') loadReleases();
@@ -139,6 +152,8 @@ function fleetSoon() {
 async function loadFleetIncidents() {
   let list;
   try { list = await api('/api/v1/fleet-incidents?status=all'); } catch (e) { return; }
+  state.fleet = list;
+  renderTimeline();
   const want = $('#incident-status').value;
   list = list.filter((f) => want === 'all' || (want === 'resolved' ? f.status === 'resolved' : f.status !== 'resolved'));
   $('#fleet-count').textContent = list.length ? list.length + ' shown' : 'none';
@@ -223,6 +238,7 @@ function renderIncidents() {
   }));
   state.fresh.clear();
   $('#incident-count').textContent = list.length + ' shown';
+  renderTimeline();
 }
 
 function connectStream() {
@@ -379,6 +395,7 @@ async function loadCompliance() {
 async function loadGpu() {
   let pools;
   try { pools = await api('/api/v1/gpu'); } catch (e) { banner('gpu: ' + e.message); return; }
+  $('#gpu-bars').replaceChildren(gpuBars(pools));
   $('#gpu-table tbody').replaceChildren(...pools.map((g) => el('tr', { dataCluster: g.cluster },
     el('td', {}, g.cluster), el('td', {}, el('b', {}, g.free)), el('td', {}, g.allocated), el('td', {}, g.allocatable),
     el('td', {}, g.models.map((m) => m.model + ' ×' + m.allocatable).join(', ')),
@@ -398,6 +415,7 @@ async function loadReleases() {
   }
   box.replaceChildren(...r.releases.map((rel) => el('div', { class: 'box', dataRelease: rel.release },
     el('h3', {}, rel.release, ' ', el('span', { class: 'muted' }, 'last change ' + ago(rel.last_change) + ' ago; clusters: ' + rel.clusters.join(', '))),
+    rel.rollout && (rel.rollout.batches.length || rel.rollout.moments.length) ? rolloutPicture(rel.release, rel.rollout) : null,
     el('table', {}, el('tbody', {}, rel.records.map((x) => el('tr', {},
       el('td', {}, ago(x.ingest_time)), el('td', {}, x.what), el('td', {}, x.cluster), el('td', {}, x.schema),
       el('td', { class: 'mono' }, JSON.stringify(x.payload).slice(0, 240)))))))));
@@ -414,6 +432,7 @@ async function loadGitops() {
     el('td', { class: 'mono' }, x.synced || '-'), el('td', {}, x.fetched_at ? ago(x.fetched_at) + ' ago' : 'never'),
     el('td', { class: x.error ? 'health-unhealthy' : '' }, x.error || '')))
     : [el('tr', {}, el('td', { colspan: 6, class: 'muted' }, 'No fleet repository followed (release.gitops.repos).'))]));
+  $('#gitops-matrix').replaceChildren(gitopsMatrix(r.releases));
   const rows = [];
   for (const rel of r.releases) {
     for (const c of rel.clusters) {
@@ -441,38 +460,27 @@ const COLORS = ['#2457c5', '#9aa5b1'];
 function svgChart(title, series, scale) {
   const W = 420, H = 160, P = 34;
   const pts = series.flatMap((s) => s.points);
-  const ns = 'http://www.w3.org/2000/svg';
-  const svg = document.createElementNS(ns, 'svg');
-  svg.setAttribute('width', W); svg.setAttribute('height', H); svg.setAttribute('viewBox', `0 0 ${W} ${H}`);
-  const box = el('div', { class: 'chart', dataChart: title }, el('h3', {}, title), svg,
+  const chart = svg('svg', { width: W, height: H, viewBox: `0 0 ${W} ${H}` });
+  const box = el('div', { class: 'chart', dataChart: title }, el('h3', {}, title), chart,
     el('div', { class: 'legend' }, series.map((s, i) => el('span', { style: 'color:' + COLORS[i % 2] }, '● ' + s.metric + (s.points.length ? ' ' + (s.points[s.points.length - 1][1] * scale).toFixed(1) : '')))));
   if (!pts.length) {
-    const t = document.createElementNS(ns, 'text');
-    t.setAttribute('x', W / 2); t.setAttribute('y', H / 2); t.setAttribute('text-anchor', 'middle'); t.setAttribute('fill', '#6b7280');
-    t.textContent = 'no data yet';
-    svg.append(t);
+    chart.append(svg('text', { x: W / 2, y: H / 2, 'text-anchor': 'middle' }, 'no data yet'));
     return box;
   }
   const t0 = Math.min(...pts.map((p) => p[0])), t1 = Math.max(...pts.map((p) => p[0]));
   const vmax = Math.max(...pts.map((p) => p[1] * scale)) * 1.1 || 1;
   const x = (t) => P + (t1 === t0 ? 0 : (t - t0) / (t1 - t0)) * (W - P - 6);
   const y = (v) => H - 18 - (v * scale / vmax) * (H - 28);
-  const axis = document.createElementNS(ns, 'path');
-  axis.setAttribute('d', `M${P} 6 V${H - 18} H${W - 6}`); axis.setAttribute('stroke', '#dde1e7'); axis.setAttribute('fill', 'none');
-  svg.append(axis);
+  chart.append(svg('path', { d: `M${P} 6 V${H - 18} H${W - 6}`, stroke: '#dde1e7', fill: 'none' }));
   for (const [v, yy] of [[vmax, 10], [0, H - 18]]) {
-    const t = document.createElementNS(ns, 'text');
-    t.setAttribute('x', 2); t.setAttribute('y', yy + 4); t.setAttribute('font-size', '10'); t.setAttribute('fill', '#6b7280');
-    t.textContent = v >= 100 ? v.toFixed(0) : v.toFixed(1);
-    svg.append(t);
+    chart.append(svg('text', { x: 2, y: yy + 4, 'font-size': 10 }, v >= 100 ? v.toFixed(0) : v.toFixed(1)));
   }
   series.forEach((s, i) => {
     if (!s.points.length) return;
-    const path = document.createElementNS(ns, 'path');
-    path.setAttribute('d', s.points.map((p, j) => (j ? 'L' : 'M') + x(p[0]).toFixed(1) + ' ' + y(p[1]).toFixed(1)).join(' '));
-    path.setAttribute('stroke', COLORS[i % 2]); path.setAttribute('fill', 'none'); path.setAttribute('stroke-width', '1.6');
-    path.setAttribute('data-metric', s.metric);
-    svg.append(path);
+    chart.append(svg('path', {
+      d: s.points.map((p, j) => (j ? 'L' : 'M') + x(p[0]).toFixed(1) + ' ' + y(p[1]).toFixed(1)).join(' '),
+      stroke: COLORS[i % 2], fill: 'none', 'stroke-width': 1.6, 'data-metric': s.metric,
+    }));
   });
   return box;
 }
@@ -486,6 +494,205 @@ async function loadCapacity() {
   const by = Object.fromEntries(r.series.map((s) => [s.metric, s]));
   $('#capacity-charts').replaceChildren(...CHARTS.map(([title, names, scale]) =>
     svgChart(title, names.map((n) => by[n] || { metric: n, points: [] }), scale || 1)));
+}
+
+// ------------------------------------------------------------------------------------------------ pictures
+const SEV_COLOR = { critical: '#8b1d1d', warning: '#b7791f', info: '#9aa5b1' };
+const SEV_RANK = { info: 0, warning: 1, critical: 2 };
+
+function fmtVital(unit, v) {
+  if (v === undefined || v === null) return 'no data';
+  if (unit === 'seconds') return v < 1 ? (v * 1000).toFixed(0) + ' ms' : v.toFixed(2) + ' s';
+  if (unit === 'ratio') return (v * 100).toFixed(v > 0 && v < 0.1 ? 2 : 0) + ' %';
+  return v.toFixed(v > 0 && v < 10 && v % 1 ? 1 : 0);
+}
+
+// a last value that wants a look (the same limits as the shipped alert rules' spirit: errors, unready
+// nodes, a slow API server, nearly full nodes, restarting containers)
+function vitalBad(name, v) {
+  if (v === undefined || v === null) return false;
+  return { api_latency_p99: v > 1, api_error_ratio: v > 0.01, nodes_ready: v < 1, restarts: v >= 5 && v > 2 * (state.restartsMedian || 0),
+    cpu_used: v > 0.9, memory_used: v > 0.9 }[name] || false;
+}
+
+// a small line over [start, end] (every cluster's on the same time axis)
+function sparkline(points, unit, name, start, end) {
+  const W = 120, H = 26;
+  const s = svg('svg', { class: 'spark', width: W, height: H, viewBox: `0 0 ${W} ${H}`, 'data-points': points.length });
+  if (!points.length) { s.append(svg('text', { x: 2, y: 16 }, 'no data')); return s; }
+  let lo = Math.min(...points.map((p) => p[1])), hi = Math.max(...points.map((p) => p[1]));
+  if (unit !== 'seconds') lo = Math.min(lo, 0);
+  if (name === 'nodes_ready' || (unit === 'ratio' && hi > 0.5)) hi = Math.max(hi, 1);
+  if (hi === lo) hi = lo + (lo === 0 ? 1 : Math.abs(lo) * 0.1);
+  const x = (t) => ((t - start) / Math.max(1, end - start)) * (W - 2) + 1;
+  const y = (v) => H - 2 - ((v - lo) / (hi - lo)) * (H - 4);
+  const line = points.map((p, j) => (j ? 'L' : 'M') + x(p[0]).toFixed(1) + ' ' + y(p[1]).toFixed(1)).join(' ');
+  const color = vitalBad(name, points[points.length - 1][1]) ? 'var(--bad)' : 'var(--accent)';
+  s.append(svg('path', { d: line + ` L${x(points[points.length - 1][0]).toFixed(1)} ${H - 1} L${x(points[0][0]).toFixed(1)} ${H - 1} Z`, fill: color, opacity: 0.12, stroke: 'none' }));
+  s.append(svg('path', { d: line, fill: 'none', stroke: color, 'stroke-width': 1.3 }));
+  s.append(svg('title', {}, name + ': ' + fmtVital(unit, lo) + ' … ' + fmtVital(unit, hi)));
+  return s;
+}
+
+async function loadVitals() {
+  let r;
+  try { r = await api('/api/v1/vitals?range=' + encodeURIComponent($('#vitals-range').value)); } catch (e) {
+    $('#vitals-note').textContent = e.message === 'unauthorized' ? '' : 'vital signs: ' + e.message;
+    return;
+  }
+  $('#vitals-note').textContent = r.errors.length ? r.errors.map((e) => e.vital + ': ' + e.error).join('; ') : 'updated ' + new Date().toLocaleTimeString();
+  // restarts differ by workload mix: a cluster wants a look when it restarts far more than the fleet's median
+  const lastOf = (c, name) => { const p = c.series[name] || []; return p.length ? p[p.length - 1][1] : null; };
+  const restarts = r.clusters.map((c) => lastOf(c, 'restarts')).filter((v) => v !== null).sort((a, b) => a - b);
+  state.restartsMedian = restarts.length ? restarts[Math.floor(restarts.length / 2)] : 0;
+  $('#vitals-table thead tr').replaceChildren(el('th', {}, 'cluster'), ...r.vitals.map((v) => el('th', { title: v.query }, v.title)));
+  const order = state.clusters.map((c) => c.name);
+  const rows = [...r.clusters].sort((a, b) => (order.indexOf(a.cluster) + 1 || 1e9) - (order.indexOf(b.cluster) + 1 || 1e9) || a.cluster.localeCompare(b.cluster));
+  $('#vitals-table tbody').replaceChildren(...rows.map((c) => el('tr', { dataCluster: c.cluster },
+    el('td', {}, c.cluster),
+    ...r.vitals.map((v) => {
+      const pts = c.series[v.name] || [];
+      const last = pts.length ? pts[pts.length - 1][1] : null;
+      return el('td', { class: 'vital', dataVital: v.name },
+        sparkline(pts, v.unit, v.name, r.start, r.end),
+        el('span', { class: 'last' + (vitalBad(v.name, last) ? ' bad' : '') }, fmtVital(v.unit, last)));
+    }))));
+}
+
+// when each cluster was hurting over the last 24 h (cluster clocks), fleet incidents in a lane on top
+function renderTimeline() {
+  const box = $('#incident-timeline');
+  const now = Date.now(), from = now - 24 * 3600e3;
+  const names = [...new Set([...state.clusters.map((c) => c.name), ...[...state.incidents.values()].map((i) => i.cluster)])].sort();
+  const lanes = ['fleet', ...names];
+  const LANE = 16, LEFT = 120, TOP = 16, RIGHT = 8;
+  const W = Math.max(640, box.clientWidth - 16), H = TOP + lanes.length * LANE + 4;
+  const x = (t) => LEFT + ((t - from) / (now - from)) * (W - LEFT - RIGHT);
+  const y = (lane) => TOP + lanes.indexOf(lane) * LANE;
+  const pic = svg('svg', { width: W, height: H, viewBox: `0 0 ${W} ${H}`, id: 'timeline-svg' });
+  for (let h = 0; h <= 24; h += 3) {
+    const t = from + h * 3600e3;
+    pic.append(svg('line', { x1: x(t), x2: x(t), y1: TOP - 4, y2: H, stroke: '#eef0f3' }));
+    pic.append(svg('text', { x: x(t), y: 11, 'text-anchor': h === 24 ? 'end' : 'middle' },
+      h === 24 ? 'now' : new Date(t).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit' })));
+  }
+  for (const lane of lanes) {
+    pic.append(svg('text', { x: 2, y: y(lane) + 11, 'font-weight': lane === 'fleet' ? 600 : null }, lane === 'fleet' ? 'fleet incidents' : lane));
+    pic.append(svg('line', { x1: LEFT, x2: W - RIGHT, y1: y(lane) + LANE - 1, y2: y(lane) + LANE - 1, stroke: '#f1f3f6' }));
+  }
+  const span = (i) => {
+    const start = Date.parse(i.opened_at);
+    const end = i.resolved_at ? Date.parse(i.resolved_at) : i.status === 'resolved' ? Date.parse(i.updated_at) : now;
+    return [Math.max(start, from), Math.min(Math.max(end, start), now)];
+  };
+  const bar = (i, lane, attrs) => {
+    const [a, b] = span(i);
+    if (b < from) return null;
+    return svg('rect', Object.assign({ x: x(a).toFixed(1), y: y(lane) + 2, width: Math.max(2, x(b) - x(a)).toFixed(1), height: LANE - 5, rx: 2,
+      fill: SEV_COLOR[i.severity] || SEV_COLOR.info, opacity: i.status === 'resolved' ? 0.55 : 0.95 }, attrs),
+    svg('title', {}, i.kind + ' (' + i.severity + ', ' + i.status + ') ' + i.opened_at + (i.resolved_at ? ' → ' + i.resolved_at : '') + '\n' + i.summary));
+  };
+  let drawn = 0;
+  for (const f of state.fleet || []) {
+    const r = bar(f, 'fleet', { class: 'tl-fleet', 'data-fleet-id': f.id, 'data-members': f.members.length });
+    if (r) { pic.append(r); drawn++; }
+  }
+  const incs = [...state.incidents.values()].sort((a, b) => (SEV_RANK[a.severity] || 0) - (SEV_RANK[b.severity] || 0));
+  for (const i of incs) {
+    const r = bar(i, i.cluster, { class: 'tl-incident', 'data-incident-id': i.id, 'data-cluster': i.cluster, 'data-severity': i.severity });
+    if (r) { pic.append(r); drawn++; }
+  }
+  box.dataset.bars = drawn;
+  box.replaceChildren(pic, drawn ? '' : el('p', { class: 'muted' }, 'No incident in the last 24 hours.'));
+}
+
+// release × cluster, a cell per release on a cluster coloured by its sync status, its revision in it
+function gitopsMatrix(releases) {
+  const clusters = [...new Set(releases.flatMap((r) => r.clusters.map((c) => c.cluster)))].sort();
+  if (!releases.length) return el('p', { class: 'muted' }, 'No release or policy bundle yet.');
+  return el('table', { class: 'matrix', id: 'gitops-matrix-table' },
+    el('thead', {}, el('tr', {}, el('th', {}, 'release'), clusters.map((c) => el('th', {}, c)))),
+    el('tbody', {}, releases.map((rel) => {
+      const by = Object.fromEntries(rel.clusters.map((c) => [c.cluster, c]));
+      return el('tr', { dataRelease: rel.release },
+        el('td', {}, rel.release, rel.policy ? el('span', { class: 'muted' }, ' (policy)') : null),
+        clusters.map((c) => {
+          const x = by[c];
+          if (!x) return el('td', { class: 'cell none', dataCluster: c }, '—');
+          return el('td', { class: 'cell ' + x.status, dataCluster: c, dataStatus: x.status, title: x.status + (x.commit ? ' at ' + x.commit : '') + (x.message ? ': ' + x.message : '') },
+            x.revision !== null && x.revision !== undefined ? 'r' + x.revision : x.status);
+        }));
+    })));
+}
+
+// a release's newest revision: a lane per batch from its start to its gate, a tick per cluster applied,
+// the release's moments as lines
+function rolloutPicture(name, r) {
+  const times = [];
+  for (const m of r.moments) times.push(Date.parse(m.at));
+  for (const b of r.batches) {
+    for (const t of [b.started_at, b.ended_at]) if (t) times.push(Date.parse(t));
+    for (const s of b.steps) times.push(Date.parse(s.at));
+  }
+  const running = r.batches.some((b) => b.outcome === 'running');
+  if (running) times.push(Date.now());
+  const t0 = Math.min(...times), t1 = Math.max(...times, t0 + 1000);
+  const LANE = 18, LEFT = 170, TOP = 40, W = 900, H = TOP + Math.max(1, r.batches.length) * LANE + 8;
+  const x = (t) => LEFT + ((t - t0) / (t1 - t0)) * (W - LEFT - 12);
+  const pic = svg('svg', { class: 'rollout', width: W, height: H, viewBox: `0 0 ${W} ${H}`, 'data-release': name, 'data-revision': r.revision });
+  const secs = (t1 - t0) / 1000;
+  pic.append(svg('text', { x: LEFT, y: 10 }, new Date(t0).toLocaleString()), svg('text', { x: W - 12, y: 10, 'text-anchor': 'end' }, '+' + (secs < 120 ? secs.toFixed(0) + ' s' : (secs / 60).toFixed(1) + ' min')));
+  // the moments' names on two rows, so that close ones stay readable; near the right edge, right-aligned
+  r.moments.forEach((m, k) => {
+    const xx = x(Date.parse(m.at));
+    const color = m.ok === false || /roll|fail|incident/.test(m.what) ? 'var(--bad)' : '#9aa5b1';
+    pic.append(svg('line', { x1: xx, x2: xx, y1: 24 + (k % 2) * 10 - 8, y2: H, stroke: color, 'stroke-dasharray': '3 2', class: 'rollout-moment', 'data-what': m.what }, svg('title', {}, m.what + ': ' + m.summary)));
+    const right = xx > W - 80;
+    pic.append(svg('text', { x: right ? xx - 3 : xx + 3, y: 24 + (k % 2) * 10, fill: color, 'text-anchor': right ? 'end' : 'start' }, m.what));
+  });
+  const OUT = { passed: 'var(--ok)', failed: 'var(--bad)', running: 'var(--accent)', waiting: 'var(--warn)', pending: '#9aa5b1' };
+  r.batches.forEach((b, k) => {
+    const yy = TOP + k * LANE;
+    const cl = b.clusters || [];
+    pic.append(svg('text', { x: 2, y: yy + 12 }, 'batch ' + b.batch + ': ' + (cl.length > 2 ? cl.length + ' clusters' : cl.join(', ')), svg('title', {}, cl.join(', '))));
+    if (b.started_at) {
+      const a = Date.parse(b.started_at), e = b.ended_at ? Date.parse(b.ended_at) : Date.now();
+      pic.append(svg('rect', { class: 'rollout-batch', 'data-batch': b.batch, 'data-outcome': b.outcome, x: x(a).toFixed(1), y: yy + 3, width: Math.max(3, x(e) - x(a)).toFixed(1), height: LANE - 7, rx: 2, fill: OUT[b.outcome], opacity: 0.35 },
+        svg('title', {}, 'batch ' + b.batch + ' ' + b.outcome + (b.gate ? ': ' + b.gate : ''))));
+      if (b.ended_at) {
+        const gx = x(e), gy = yy + LANE / 2 - 1;
+        pic.append(svg('path', { class: 'rollout-gate', 'data-outcome': b.outcome, d: `M${gx} ${gy - 6} L${gx + 6} ${gy} L${gx} ${gy + 6} L${gx - 6} ${gy} Z`, fill: OUT[b.outcome] }, svg('title', {}, 'gate: ' + (b.gate || b.outcome))));
+      }
+    }
+    if (!b.started_at) {
+      const last = r.batches.slice(0, k).reverse().find((p) => p.ended_at);
+      const wx = last ? x(Date.parse(last.ended_at)) + 8 : LEFT;
+      pic.append(svg('text', { class: 'rollout-batch', 'data-batch': b.batch, 'data-outcome': b.outcome, x: wx, y: yy + 12, fill: OUT[b.outcome] }, b.outcome === 'waiting' ? 'waits: ' + (b.gate || '') : 'not started'));
+    }
+    for (const s of b.steps) {
+      const sx = x(Date.parse(s.at));
+      pic.append(svg('line', { class: 'rollout-step', x1: sx, x2: sx, y1: yy + 2, y2: yy + LANE - 3, stroke: s.ok === false ? 'var(--bad)' : 'var(--fg)', 'stroke-width': 2 }, svg('title', {}, s.summary)));
+    }
+  });
+  return el('div', { class: 'picture' }, el('div', {}, el('b', {}, 'revision ' + r.revision), ' ', el('span', { class: 'muted' }, r.state || '')), pic);
+}
+
+// the GPU pool: a bar per cluster, allocated then free, as long as its allocatable (one scale for all)
+function gpuBars(pools) {
+  if (!pools.length) return el('p', { class: 'muted' }, 'No cluster has nvidia.com/gpu.');
+  const max = Math.max(1, ...pools.map((g) => g.allocatable));
+  const ROW = 20, LEFT = 130, W = 720, H = pools.length * ROW + 4;
+  const x = (n) => (n / max) * (W - LEFT - 120);
+  const pic = svg('svg', { width: W, height: H, viewBox: `0 0 ${W} ${H}`, id: 'gpu-svg' });
+  pools.forEach((g, k) => {
+    const yy = k * ROW + 2;
+    pic.append(svg('g', { class: 'gpu-bar', 'data-cluster': g.cluster, 'data-free': g.free, 'data-allocatable': g.allocatable },
+      svg('text', { x: 2, y: yy + 13 }, g.cluster),
+      svg('rect', { x: LEFT, y: yy + 2, width: x(g.allocated).toFixed(1), height: ROW - 6, fill: 'var(--accent)' }, svg('title', {}, g.allocated + ' allocated')),
+      svg('rect', { x: (LEFT + x(g.allocated)).toFixed(1), y: yy + 2, width: x(g.free).toFixed(1), height: ROW - 6, fill: 'var(--ok)', opacity: 0.7 }, svg('title', {}, g.free + ' free')),
+      svg('text', { x: LEFT + x(g.allocatable) + 6, y: yy + 13 }, g.free + ' free of ' + g.allocatable)));
+  });
+  return el('div', {}, pic, el('div', { class: 'legend' }, el('span', { style: 'color:var(--accent)' }, '■ allocated'), el('span', { style: 'color:var(--ok)' }, '■ free')));
 }
 
 // ------------------------------------------------------------------------------------------------ start
@@ -506,6 +713,7 @@ async function whoami() {
 async function start() {
   if (!(await whoami())) return;
   await loadClusters();
+  loadVitals();
   // the list now, and again once the live stream is up (so nothing that changed in between is missed)
   loadIncidents();
   connectStream();
@@ -532,12 +740,15 @@ document.addEventListener('DOMContentLoaded', () => {
   $('#cap-range').addEventListener('change', loadCapacity);
   setInterval(() => { if (state.whoami) loadClusters(); }, 5000);
   setInterval(() => { if (state.whoami) renderIncidents(); }, 30000);
+  setInterval(() => { if (state.whoami && !$('#tab-fleet').hidden) loadVitals(); }, 30000);
+  $('#vitals-range').addEventListener('change', loadVitals);
   // the open report tab follows the fleet too (compliance verdicts, GPU state and sync status change)
   setInterval(() => {
     if (!state.whoami) return;
     if (!$('#tab-compliance').hidden) loadCompliance();
     if (!$('#tab-gpu').hidden) loadGpu();
     if (!$('#tab-gitops').hidden) loadGitops();
+    if (!$('#tab-releases').hidden) loadReleases();
   }, 10000);
   start();
 });
