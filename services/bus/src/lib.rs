@@ -8,6 +8,8 @@
 //!   `Nats-Msg-Id` so JetStream drops replays.
 //! - [`consume`]: the consumer runner: pull in batches, ack after the handler's work is durable, nak with
 //!   backoff on retryable errors, dead-letter what can't be decoded or is invalid, rate-limit per key.
+//! - [`follow`]: a stream as a picture of now: the last message per subject (or everything kept), then
+//!   live, through an ordered consumer created again (and resumed) when lost.
 //! - [`jetstream`]: durables per partition (and recreated to replay), an ordered history reader, typed
 //!   not-found checks, header and decoding helpers.
 //! - [`request`]: scatter-gather request/reply to every instance of a partitioned role.
@@ -17,6 +19,7 @@
 
 pub mod connect;
 pub mod consume;
+pub mod follow;
 pub mod jetstream;
 pub mod kv;
 pub mod limit;

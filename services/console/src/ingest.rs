@@ -14,11 +14,10 @@
 //! in `multipilot_console_skipped_total` and logged; the console never dead-letters (it owns no durable).
 
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer};
+use async_nats::jetstream;
 use chrono::Utc;
-use futures::StreamExt;
+use multipilot_bus::follow::{Follower, Next, Replay};
 use multipilot_schemas::payload::{ClusterFacts, FleetIncident};
 use multipilot_schemas::streams::{HealthMsg, IncidentsMsg, StateMsg};
 use multipilot_schemas::{Envelope, HEADER_SCHEMA, Payload, codec::DEFAULT_MAX_BYTES};
@@ -78,31 +77,15 @@ impl Feed {
         }
     }
 
-    fn config(self) -> consumer::pull::OrderedConfig {
-        let (subjects, deliver): (&[&str], _) = match self {
-            Feed::State => (
-                &["fleet.state.>", "fleet.resync.>"],
-                consumer::DeliverPolicy::LastPerSubject,
-            ),
-            Feed::Facts => (&["fleet.facts.>"], consumer::DeliverPolicy::LastPerSubject),
-            Feed::Health => (
-                &["fleet.hb.>", "fleet.probe.>"],
-                consumer::DeliverPolicy::LastPerSubject,
-            ),
-            Feed::Incidents => (
-                &["fleet.incident.>", "fleet.fleet-incident.>"],
-                consumer::DeliverPolicy::All,
-            ),
-            Feed::Compliance => (
-                &["fleet.compliance.>"],
-                consumer::DeliverPolicy::LastPerSubject,
-            ),
-            Feed::Releases => (&["fleet.release.>"], consumer::DeliverPolicy::All),
-        };
-        consumer::pull::OrderedConfig {
-            filter_subjects: subjects.iter().map(|s| s.to_string()).collect(),
-            deliver_policy: deliver,
-            ..Default::default()
+    /// The subjects it follows, and from where.
+    fn subjects(self) -> (&'static [&'static str], Replay) {
+        match self {
+            Feed::State => (&["fleet.state.>", "fleet.resync.>"], Replay::LastPerSubject),
+            Feed::Facts => (&["fleet.facts.>"], Replay::LastPerSubject),
+            Feed::Health => (&["fleet.hb.>", "fleet.probe.>"], Replay::LastPerSubject),
+            Feed::Incidents => (&["fleet.incident.>", "fleet.fleet-incident.>"], Replay::All),
+            Feed::Compliance => (&["fleet.compliance.>"], Replay::LastPerSubject),
+            Feed::Releases => (&["fleet.release.>"], Replay::All),
         }
     }
 }
@@ -228,75 +211,28 @@ fn apply(
     Ok(())
 }
 
-/// Follows one feed until cancelled; a lost consumer is recreated after a pause.
+/// Follows one feed until cancelled (a lost consumer is created again and resumed by the follower).
 pub async fn follow(js: jetstream::Context, feed: Feed, shared: Shared, cancel: CancellationToken) {
-    let mut pause = Duration::from_millis(200);
-    loop {
-        if cancel.is_cancelled() {
-            return;
-        }
-        match run_once(&js, feed, &shared, &cancel).await {
-            Ok(()) => return,
-            Err(e) => {
-                tracing::warn!(feed = feed.name(), error = %e, retry_in = ?pause, "console feed interrupted");
-                tokio::select! {
-                    _ = cancel.cancelled() => return,
-                    _ = tokio::time::sleep(pause) => {}
-                }
-                pause = (pause * 2).min(Duration::from_secs(5));
-            }
-        }
-    }
-}
-
-/// Why a feed's reader stopped (it is started again).
-#[derive(Debug, thiserror::Error)]
-#[error("following {stream}: {reason}")]
-pub struct FollowError {
-    stream: &'static str,
-    reason: String,
-}
-
-async fn run_once(
-    js: &jetstream::Context,
-    feed: Feed,
-    shared: &Shared,
-    cancel: &CancellationToken,
-) -> Result<(), FollowError> {
-    let fail = |reason: &dyn std::fmt::Display| FollowError {
-        stream: feed.stream(),
-        reason: reason.to_string(),
-    };
-    let stream = multipilot_bus::jetstream::get_stream(js, feed.stream())
-        .await
-        .map_err(|e| fail(&e))?;
-    let consumer = stream
-        .create_consumer(feed.config())
-        .await
-        .map_err(|e| fail(&e))?;
-    let pending_at_start = consumer.cached_info().num_pending;
-    if pending_at_start == 0 {
-        shared
-            .synced
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(feed.name());
-    }
-    let mut messages = consumer.messages().await.map_err(|e| fail(&e))?;
+    let (subjects, replay) = feed.subjects();
+    let mut f = Follower::new(js, feed.stream(), subjects.iter().copied(), replay);
     loop {
         let next = tokio::select! {
-            _ = cancel.cancelled() => return Ok(()),
-            n = messages.next() => n,
+            _ = cancel.cancelled() => return,
+            n = f.next() => n,
         };
-        let Some(msg) = next else {
-            return Err(fail(&"the ordered consumer ended"));
+        let msg = match next {
+            Next::Message(m) => m,
+            Next::CaughtUp => {
+                shared
+                    .synced
+                    .write()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(feed.name());
+                tracing::info!(feed = feed.name(), "console feed caught up");
+                continue;
+            }
         };
-        let msg = msg.map_err(|e| fail(&e))?;
-        let (seq, stored, pending) = match msg.info() {
-            Ok(i) => (i.stream_sequence, i.published, i.pending),
-            Err(_) => (0, Utc::now(), 0),
-        };
-        match apply(feed, shared, &msg.message, seq, stored) {
+        match apply(feed, &shared, &msg.message, msg.stream_seq, msg.published) {
             Ok(()) => shared.metrics.applied(feed.name()),
             Err((reason, error)) => {
                 shared.metrics.skipped(feed.name(), reason);
@@ -306,14 +242,7 @@ async fn run_once(
                     .unwrap_or_else(|e| e.into_inner())
                     .counts
                     .skipped += 1;
-                tracing::warn!(feed = feed.name(), subject = %msg.subject, seq, reason, %error, "skipped a message the console can't use");
-            }
-        }
-        if pending == 0 {
-            let mut s = shared.synced.write().unwrap_or_else(|e| e.into_inner());
-            if !s.contains(feed.name()) {
-                s.insert(feed.name());
-                tracing::info!(feed = feed.name(), "console feed caught up");
+                tracing::warn!(feed = feed.name(), subject = %msg.message.subject, seq = msg.stream_seq, reason, %error, "skipped a message the console can't use");
             }
         }
     }
