@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Instant;
 
 use multipilot_correlator::dedup::Dedup;
-use multipilot_correlator::stream::ShapeStream;
+use multipilot_eventshapes::stream::ShapeStream;
 use multipilot_schemas::payload::Severity;
 
 fn pct(part: u64, of: u64) -> f64 {

@@ -15,8 +15,6 @@
 //!   clusters, [`rules`] as data;
 //! - [`store`]: its durable state and outbox in sled, written atomically;
 //! - [`service`]: the NATS wiring, as named tasks;
-//! - [`shapes`]: the message shapes of real components' events that [`mask`] is tested on, and
-//!   [`stream`], a realistic fleet stream made of them (the dedup benchmark and its tests).
 
 pub mod baseline;
 pub mod blast;
@@ -28,10 +26,8 @@ pub mod machine;
 pub mod mask;
 pub mod rules;
 pub mod service;
-pub mod shapes;
 pub mod state;
 pub mod store;
-pub mod stream;
 
 use std::time::Duration;
 

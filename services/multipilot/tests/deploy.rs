@@ -27,8 +27,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail, ensure};
-use multipilot_testkit::compose;
-use multipilot_testkit::kubelet::{ApiServer, Manifests, Node, Options};
+use multipilot_kubelet::compose;
+use multipilot_kubelet::{ApiServer, Manifests, Node, Options};
 use tokio_util::sync::CancellationToken;
 
 fn root() -> PathBuf {

@@ -4,8 +4,6 @@
 //! No test talks to a NATS server it didn't start. The binary is found through `NATS_SERVER_BIN`, else
 //! `nats-server` on `PATH`; `./scripts/test` installs a pinned one when missing.
 
-pub mod compose;
-pub mod kubelet;
 pub mod wait;
 
 use std::net::TcpListener;

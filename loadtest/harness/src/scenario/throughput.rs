@@ -315,7 +315,7 @@ fn warning_messages(n: usize, clusters: usize) -> Result<Vec<(String, Vec<u8>)>>
 }
 
 fn stream_messages(n: usize, clusters: usize, warnings: bool) -> Result<Vec<(String, Vec<u8>)>> {
-    let mut stream = multipilot_correlator::stream::ShapeStream::new(7);
+    let mut stream = multipilot_eventshapes::stream::ShapeStream::new(7);
     let now = chrono::Utc::now();
     let mut out = Vec::with_capacity(n);
     for i in 0..n {

@@ -16,6 +16,8 @@
 //! limits, probes other than HTTP GET and TCP, init containers, service-links environment variables, and
 //! scheduling. It needs root, `ip` (iproute2), `unshare`, `setpriv` and `mount`.
 
+pub mod compose;
+
 use std::collections::BTreeMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};

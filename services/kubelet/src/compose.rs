@@ -1,4 +1,4 @@
-//! `compose.yaml` as the [`crate::kubelet`] node runs it: each compose service becomes a pod (a Deployment, or
+//! `compose.yaml` as the [`crate`] node runs it: each compose service becomes a pod (a Deployment, or
 //! a Job for `restart: on-failure`) with a headless Service of its name, so services find each other by
 //! name as on a compose network.
 //!
@@ -14,7 +14,7 @@ use std::path::Path;
 use anyhow::{Context as _, Result, bail};
 use serde_json::{Value, json};
 
-use crate::kubelet::Manifests;
+use crate::Manifests;
 
 /// What an image brings that a compose file doesn't say: its entrypoint and its user.
 #[derive(Debug, Clone, Default)]
