@@ -1,6 +1,34 @@
 //! What each stream carries, for consumers that read a stream holding several payload types: one union per
 //! stream (or per durable's filter), decoded by the `Multipilot-Schema` header of each message.
 
+/// The streams' names, as `deploy/streams.yaml` defines them (the bus' topology test checks they agree).
+pub mod name {
+    /// Resource states and resync markers.
+    pub const STATE: &str = "FLEET_STATE";
+    /// Cluster facts.
+    pub const FACTS: &str = "FLEET_FACTS";
+    /// Heartbeats and probe results.
+    pub const HEALTH: &str = "FLEET_HEALTH";
+    /// Kubernetes events.
+    pub const EVENTS: &str = "FLEET_EVENTS";
+    /// Metric batches.
+    pub const METRICS: &str = "FLEET_METRICS";
+    /// Incidents, event digests, fleet incidents and compliance reports.
+    pub const INCIDENTS: &str = "FLEET_INCIDENTS";
+    /// Notifications.
+    pub const ALERTS: &str = "FLEET_ALERTS";
+    /// Release records.
+    pub const RELEASE: &str = "FLEET_RELEASE";
+    /// Audit records.
+    pub const AUDIT: &str = "FLEET_AUDIT";
+    /// Dead letters.
+    pub const DLQ: &str = "FLEET_DLQ";
+    /// Every stream.
+    pub const ALL: [&str; 10] = [
+        STATE, FACTS, HEALTH, EVENTS, METRICS, INCIDENTS, ALERTS, RELEASE, AUDIT, DLQ,
+    ];
+}
+
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 

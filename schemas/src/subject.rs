@@ -93,6 +93,142 @@ pub fn is_valid_token(token: &str) -> bool {
             .any(|b| b == b'.' || b == b'*' || b == b'>' || b.is_ascii_whitespace())
 }
 
+/// A family of subjects: `fleet.<class>` and how many tokens follow it. Readers filter with it instead of
+/// spelling subjects out: [`Family::all`] (`fleet.state.>`), [`Family::partition`] (the subjects of one
+/// partition, whose token the server's subject mapping appends on partitioned streams) and
+/// [`Family::contains`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Family {
+    prefix: &'static str,
+    tokens: usize,
+}
+
+impl Family {
+    /// `fleet.<class>`.
+    pub const fn prefix(self) -> &'static str {
+        self.prefix
+    }
+
+    /// Every subject of the family: `fleet.<class>.>`.
+    pub fn all(self) -> String {
+        format!("{}.>", self.prefix)
+    }
+
+    /// The family's subjects of one cluster: `fleet.<class>.<cluster>.>` (or the subject itself when the
+    /// cluster is its last token).
+    pub fn of_cluster(self, cluster: &str) -> String {
+        if self.tokens == 1 {
+            format!("{}.{}", self.prefix, escape(cluster))
+        } else {
+            format!("{}.{}.>", self.prefix, escape(cluster))
+        }
+    }
+
+    /// The family's subjects in partition `k`: its tokens as wildcards, then `k`.
+    pub fn partition(self, k: u32) -> String {
+        format!("{}{}.{k}", self.prefix, ".*".repeat(self.tokens))
+    }
+
+    /// The family's subjects whose last token is `last` (escaped), whatever comes before:
+    /// `RELEASE.ending_in("batch")` is `fleet.release.*.batch`.
+    pub fn ending_in(self, last: &str) -> String {
+        format!(
+            "{}{}.{}",
+            self.prefix,
+            ".*".repeat(self.tokens.saturating_sub(1)),
+            escape(last)
+        )
+    }
+
+    /// Whether `subject` belongs to the family.
+    pub fn contains(self, subject: &str) -> bool {
+        subject
+            .strip_prefix(self.prefix)
+            .is_some_and(|rest| rest.starts_with('.'))
+    }
+}
+
+/// [`state`]: `fleet.state.<cluster>.<kind>.<namespace>.<name>`.
+pub const STATE: Family = Family {
+    prefix: "fleet.state",
+    tokens: 4,
+};
+/// [`resync`]: `fleet.resync.<cluster>.<kind>`.
+pub const RESYNC: Family = Family {
+    prefix: "fleet.resync",
+    tokens: 2,
+};
+/// [`facts`]: `fleet.facts.<cluster>`.
+pub const FACTS: Family = Family {
+    prefix: "fleet.facts",
+    tokens: 1,
+};
+/// [`heartbeat`]: `fleet.hb.<cluster>`.
+pub const HEARTBEAT: Family = Family {
+    prefix: "fleet.hb",
+    tokens: 1,
+};
+/// [`probe`]: `fleet.probe.<cluster>.<probe>`.
+pub const PROBE: Family = Family {
+    prefix: "fleet.probe",
+    tokens: 2,
+};
+/// [`event`]: `fleet.event.<cluster>.<involved kind>`.
+pub const EVENT: Family = Family {
+    prefix: "fleet.event",
+    tokens: 2,
+};
+/// [`metrics`]: `fleet.metrics.<cluster>`.
+pub const METRICS: Family = Family {
+    prefix: "fleet.metrics",
+    tokens: 1,
+};
+/// [`incident`]: `fleet.incident.<cluster>.<kind>`.
+pub const INCIDENT: Family = Family {
+    prefix: "fleet.incident",
+    tokens: 2,
+};
+/// [`fleet_incident`]: `fleet.fleet-incident.<kind>`.
+pub const FLEET_INCIDENT: Family = Family {
+    prefix: "fleet.fleet-incident",
+    tokens: 1,
+};
+/// [`digest`]: `fleet.digest.<cluster>.<involved kind>`.
+pub const DIGEST: Family = Family {
+    prefix: "fleet.digest",
+    tokens: 2,
+};
+/// [`compliance`]: `fleet.compliance.<cluster>`.
+pub const COMPLIANCE: Family = Family {
+    prefix: "fleet.compliance",
+    tokens: 1,
+};
+/// [`alert`]: `fleet.alert.<receiver>`.
+pub const ALERT: Family = Family {
+    prefix: "fleet.alert",
+    tokens: 1,
+};
+/// [`release`]: `fleet.release.<release>.<what>`.
+pub const RELEASE: Family = Family {
+    prefix: "fleet.release",
+    tokens: 2,
+};
+/// [`audit`]: `fleet.audit.<role>.<action>`.
+pub const AUDIT: Family = Family {
+    prefix: "fleet.audit",
+    tokens: 2,
+};
+/// [`dlq`]: `fleet.dlq.<stream>`.
+pub const DLQ: Family = Family {
+    prefix: "fleet.dlq",
+    tokens: 1,
+};
+/// [`command`]: `fleet.cmd.<cluster>.<verb>`.
+pub const COMMAND: Family = Family {
+    prefix: "fleet.cmd",
+    tokens: 2,
+};
+
 /// Token for an optional namespace: `_` for cluster-scoped objects.
 fn ns(namespace: Option<&str>) -> Cow<'_, str> {
     escape(namespace.unwrap_or(""))
@@ -208,6 +344,47 @@ pub fn cluster_of(subject: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_family_filters_what_its_builder_makes() {
+        let s = state("prod-1", "Deployment", Some("shop"), "web");
+        assert!(STATE.contains(&s) && !RESYNC.contains(&s) && !STATE.contains("fleet.stateful.x"));
+        assert_eq!(STATE.all(), "fleet.state.>");
+        assert_eq!(STATE.partition(3), "fleet.state.*.*.*.*.3");
+        assert_eq!(HEARTBEAT.partition(0), "fleet.hb.*.0");
+        assert_eq!(
+            RELEASE.ending_in("rolled-back"),
+            "fleet.release.*.rolled-back"
+        );
+        assert_eq!(
+            FACTS.of_cluster("a.b"),
+            format!("fleet.facts.{}", escape("a.b"))
+        );
+        assert_eq!(INCIDENT.of_cluster("prod-1"), "fleet.incident.prod-1.>");
+        // each family's token count is what its builder makes
+        for (family, subject) in [
+            (STATE, s.clone()),
+            (RESYNC, resync("c", "Pod")),
+            (FACTS, facts("c")),
+            (HEARTBEAT, heartbeat("c")),
+            (PROBE, probe("c", "dns")),
+            (EVENT, event("c", "Pod")),
+            (METRICS, metrics("c")),
+            (INCIDENT, incident("c", "x")),
+            (FLEET_INCIDENT, fleet_incident("x")),
+            (DIGEST, digest("c", "Pod")),
+            (COMPLIANCE, compliance("c")),
+            (ALERT, alert("r")),
+            (RELEASE, release("r", "plan")),
+            (AUDIT, audit("r", "a")),
+            (DLQ, dlq("FLEET_EVENTS")),
+            (COMMAND, command("c", "apply")),
+        ] {
+            let tokens = subject.split('.').count() - family.prefix().split('.').count();
+            assert!(family.contains(&subject), "{subject}");
+            assert_eq!(tokens, family.tokens, "{subject}");
+        }
+    }
 
     fn hostile() -> Vec<String> {
         vec![

@@ -400,7 +400,7 @@ impl Deliverer {
     async fn dead_letter(&self, p: &Pending) {
         let body = serde_json::to_vec(&p.notification).unwrap_or_default();
         let dl = DeadLetter {
-            stream: "FLEET_ALERTS".into(),
+            stream: multipilot_schemas::streams::name::ALERTS.into(),
             consumer: "alerts".into(),
             subject: format!("{}:{}-{}", p.notification.receiver, p.integration, p.index),
             stream_seq: 0,

@@ -108,7 +108,7 @@ pub const NFLOG_BUCKET: &str = "MULTIPILOT_NFLOG";
 /// The posted alerts bucket.
 pub const ALERTS_BUCKET: &str = "MULTIPILOT_ALERTS";
 /// The stream and durable consumer the router reads.
-const INCIDENTS: (&str, &str) = ("FLEET_INCIDENTS", "alerts");
+const INCIDENTS: (&str, &str) = (multipilot_schemas::streams::name::INCIDENTS, "alerts");
 
 struct H {
     router: Arc<Mutex<Router>>,
@@ -342,8 +342,8 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         let runner = Runner::new(
             ctx.js.clone(),
             consume::Config {
-                stream: "FLEET_INCIDENTS".into(),
-                durable: "alerts".into(),
+                stream: INCIDENTS.0.into(),
+                durable: INCIDENTS.1.into(),
                 batch: config.batch,
                 rate: config.rate.clone(),
                 ..Default::default()

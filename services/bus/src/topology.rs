@@ -339,6 +339,50 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_contracts_stream_names_and_families_are_the_topologys() {
+        use multipilot_schemas::{streams::name, subject};
+        let t = Topology::embedded();
+        let names: Vec<&str> = t.streams.iter().map(|s| s.name.as_str()).collect();
+        let mut ours = name::ALL.to_vec();
+        ours.sort();
+        let mut theirs = names.clone();
+        theirs.sort();
+        assert_eq!(ours, theirs);
+        // every family is stored by the stream the contract says
+        let stores = |stream: &str, family: subject::Family| {
+            t.streams.iter().any(|s| {
+                s.name == stream
+                    && s.subjects.iter().any(|f| {
+                        f == &family.all() || f.starts_with(&format!("{}.", family.prefix()))
+                    })
+            })
+        };
+        for (stream, family) in [
+            (name::STATE, subject::STATE),
+            (name::STATE, subject::RESYNC),
+            (name::FACTS, subject::FACTS),
+            (name::HEALTH, subject::HEARTBEAT),
+            (name::HEALTH, subject::PROBE),
+            (name::EVENTS, subject::EVENT),
+            (name::INCIDENTS, subject::DIGEST),
+            (name::METRICS, subject::METRICS),
+            (name::INCIDENTS, subject::INCIDENT),
+            (name::INCIDENTS, subject::FLEET_INCIDENT),
+            (name::INCIDENTS, subject::COMPLIANCE),
+            (name::ALERTS, subject::ALERT),
+            (name::RELEASE, subject::RELEASE),
+            (name::AUDIT, subject::AUDIT),
+            (name::DLQ, subject::DLQ),
+        ] {
+            assert!(
+                stores(stream, family),
+                "{stream} does not store {}",
+                family.all()
+            );
+        }
+    }
+
+    #[test]
     fn shipped_definition_is_valid_and_covers_every_subject_class() {
         let t = Topology::embedded();
         for (subject, stream) in [

@@ -19,7 +19,7 @@ use async_nats::jetstream;
 use chrono::Utc;
 use multipilot_bus::follow::{Follower, Next, Replay};
 use multipilot_schemas::payload::{ClusterFacts, FleetIncident};
-use multipilot_schemas::streams::{HealthMsg, IncidentsMsg, StateMsg};
+use multipilot_schemas::streams::{HealthMsg, IncidentsMsg, StateMsg, name};
 use multipilot_schemas::{Envelope, HEADER_SCHEMA, Payload, codec::DEFAULT_MAX_BYTES};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
@@ -69,24 +69,28 @@ impl Feed {
 
     fn stream(self) -> &'static str {
         match self {
-            Feed::State => "FLEET_STATE",
-            Feed::Facts => "FLEET_FACTS",
-            Feed::Health => "FLEET_HEALTH",
-            Feed::Incidents | Feed::Compliance => "FLEET_INCIDENTS",
-            Feed::Releases => "FLEET_RELEASE",
+            Feed::State => name::STATE,
+            Feed::Facts => name::FACTS,
+            Feed::Health => name::HEALTH,
+            Feed::Incidents | Feed::Compliance => name::INCIDENTS,
+            Feed::Releases => name::RELEASE,
         }
     }
 
     /// The subjects it follows, and from where.
-    fn subjects(self) -> (&'static [&'static str], Replay) {
-        match self {
-            Feed::State => (&["fleet.state.>", "fleet.resync.>"], Replay::LastPerSubject),
-            Feed::Facts => (&["fleet.facts.>"], Replay::LastPerSubject),
-            Feed::Health => (&["fleet.hb.>", "fleet.probe.>"], Replay::LastPerSubject),
-            Feed::Incidents => (&["fleet.incident.>", "fleet.fleet-incident.>"], Replay::All),
-            Feed::Compliance => (&["fleet.compliance.>"], Replay::LastPerSubject),
-            Feed::Releases => (&["fleet.release.>"], Replay::All),
-        }
+    fn subjects(self) -> (Vec<String>, Replay) {
+        use multipilot_schemas::subject::{
+            COMPLIANCE, FACTS, FLEET_INCIDENT, HEARTBEAT, INCIDENT, PROBE, RELEASE, RESYNC, STATE,
+        };
+        let (families, replay): (&[_], _) = match self {
+            Feed::State => (&[STATE, RESYNC], Replay::LastPerSubject),
+            Feed::Facts => (&[FACTS], Replay::LastPerSubject),
+            Feed::Health => (&[HEARTBEAT, PROBE], Replay::LastPerSubject),
+            Feed::Incidents => (&[INCIDENT, FLEET_INCIDENT], Replay::All),
+            Feed::Compliance => (&[COMPLIANCE], Replay::LastPerSubject),
+            Feed::Releases => (&[RELEASE], Replay::All),
+        };
+        (families.iter().map(|f| f.all()).collect(), replay)
     }
 }
 
@@ -214,7 +218,7 @@ fn apply(
 /// Follows one feed until cancelled (a lost consumer is created again and resumed by the follower).
 pub async fn follow(js: jetstream::Context, feed: Feed, shared: Shared, cancel: CancellationToken) {
     let (subjects, replay) = feed.subjects();
-    let mut f = Follower::new(js, feed.stream(), subjects.iter().copied(), replay);
+    let mut f = Follower::new(js, feed.stream(), subjects, replay);
     loop {
         let next = tokio::select! {
             _ = cancel.cancelled() => return,

@@ -127,17 +127,15 @@ impl Default for Config {
 /// The subjects of one partition of a stream the correlator reads (the partition is the last token the
 /// server's subject mapping adds).
 pub fn partition_filters(stream: &str, partition: u32) -> Vec<String> {
-    let k = partition;
-    match stream {
-        "FLEET_EVENTS" => vec![format!("fleet.event.*.*.{k}")],
-        "FLEET_HEALTH" => vec![format!("fleet.hb.*.{k}"), format!("fleet.probe.*.*.{k}")],
-        "FLEET_STATE" => vec![
-            format!("fleet.state.*.*.*.*.{k}"),
-            format!("fleet.resync.*.*.{k}"),
-        ],
-        "FLEET_FACTS" => vec![format!("fleet.facts.*.{k}")],
-        _ => Vec::new(),
-    }
+    use multipilot_schemas::{streams::name, subject};
+    let families: &[subject::Family] = match stream {
+        name::EVENTS => &[subject::EVENT],
+        name::HEALTH => &[subject::HEARTBEAT, subject::PROBE],
+        name::STATE => &[subject::STATE, subject::RESYNC],
+        name::FACTS => &[subject::FACTS],
+        _ => &[],
+    };
+    families.iter().map(|f| f.partition(partition)).collect()
 }
 
 /// The partition of a cluster as the server's `partition(n, …)` mapping computes it: FNV-1a (32 bit) of

@@ -20,8 +20,8 @@ use multipilot_schemas::control::{
 use multipilot_schemas::payload::{
     ClusterFacts, ComplianceReport, FleetIncident, Incident, KubeEvent, ReleaseEvent,
 };
-use multipilot_schemas::streams::{HealthMsg, StateMsg};
-use multipilot_schemas::{Payload, codec::DEFAULT_MAX_BYTES};
+use multipilot_schemas::streams::{HealthMsg, StateMsg, name};
+use multipilot_schemas::{Payload, codec::DEFAULT_MAX_BYTES, subject};
 use tokio::sync::Mutex;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -194,10 +194,10 @@ impl<T: Fed> Handler<T> for Feed {
 }
 
 /// The topology consumers the correlator reads, by stream.
-const EVENTS: (&str, &str) = ("FLEET_EVENTS", "correlator-events");
-const HEALTH: (&str, &str) = ("FLEET_HEALTH", "correlator-health");
-const STATE: (&str, &str) = ("FLEET_STATE", "correlator-state");
-const FACTS: (&str, &str) = ("FLEET_FACTS", "correlator-facts");
+const EVENTS: (&str, &str) = (name::EVENTS, "correlator-events");
+const HEALTH: (&str, &str) = (name::HEALTH, "correlator-health");
+const STATE: (&str, &str) = (name::STATE, "correlator-state");
+const FACTS: (&str, &str) = (name::FACTS, "correlator-facts");
 
 /// This instance's durable on a topology consumer: the shared one, or its partition's own.
 fn durable(cfg: &Config, (stream, base): (&str, &str)) -> Durable {
@@ -238,13 +238,13 @@ async fn read_incidents(js: &async_nats::jetstream::Context, cfg: &Config) -> Re
                 .nth(2)
                 .is_some_and(|t| crate::partition_of(t, cfg.partitions) == cfg.partition)
     };
-    let mut filters = vec!["fleet.incident.>".into(), "fleet.compliance.>".into()];
+    let mut filters = vec![subject::INCIDENT.all(), subject::COMPLIANCE.all()];
     if cfg.partitions <= 1 {
-        filters.push("fleet.fleet-incident.>".into());
+        filters.push(subject::FLEET_INCIDENT.all());
     }
-    js_kit::read_history(js, "FLEET_INCIDENTS", filters, Start::Oldest, |s| {
+    js_kit::read_history(js, name::INCIDENTS, filters, Start::Oldest, |s| {
         let m = s.message;
-        if m.subject.starts_with("fleet.fleet-incident.") {
+        if subject::FLEET_INCIDENT.contains(&m.subject) {
             if let Ok(env) = js_kit::decode::<FleetIncident>(m, usize::MAX) {
                 let f = env.payload;
                 if fleet
@@ -259,7 +259,7 @@ async fn read_incidents(js: &async_nats::jetstream::Context, cfg: &Config) -> Re
         if !mine(&m.subject) {
             return;
         }
-        if m.subject.starts_with("fleet.incident.") {
+        if subject::INCIDENT.contains(&m.subject) {
             if let Ok(env) = js_kit::decode::<Incident>(m, usize::MAX) {
                 let inc = env.payload;
                 if incidents
@@ -509,7 +509,7 @@ async fn follow_releases(core: Shared, ctx: Context) {
     let mut missing_said = false;
     loop {
         // nothing is read (no consumer made) while the stream holds nothing new
-        let last = match js_kit::get_stream(&ctx.js, "FLEET_RELEASE").await {
+        let last = match js_kit::get_stream(&ctx.js, name::RELEASE).await {
             Ok(mut stream) => stream.info().await.map(|i| i.state.last_sequence).ok(),
             Err(js_kit::Error::NoStream { .. }) => {
                 if !missing_said {
@@ -537,10 +537,10 @@ async fn follow_releases(core: Shared, ctx: Context) {
             let mut batches: Vec<multipilot_schemas::Envelope<ReleaseEvent>> = Vec::new();
             let read = js_kit::read_range(
                 &ctx.js,
-                "FLEET_RELEASE",
+                name::RELEASE,
                 vec![
-                    "fleet.release.*.batch".into(),
-                    "fleet.release.*.rolled-back".into(),
+                    subject::RELEASE.ending_in("batch"),
+                    subject::RELEASE.ending_in("rolled-back"),
                 ],
                 start,
                 Some(last),

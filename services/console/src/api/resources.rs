@@ -161,9 +161,14 @@ pub(super) async fn fetch_state(
 ) -> Result<Option<multipilot_schemas::payload::ResourceState>, ApiError> {
     let stream = app
         .js
-        .get_stream_no_info("FLEET_STATE")
+        .get_stream_no_info(multipilot_schemas::streams::name::STATE)
         .await
-        .map_err(|e| ApiError::new(StatusCode::BAD_GATEWAY, format!("FLEET_STATE: {e}")))?;
+        .map_err(|e| {
+            ApiError::new(
+                StatusCode::BAD_GATEWAY,
+                format!("{}: {e}", multipilot_schemas::streams::name::STATE),
+            )
+        })?;
     for attempt in 0..5 {
         let seq = {
             let st = app.shared.store.read().unwrap_or_else(|e| e.into_inner());
