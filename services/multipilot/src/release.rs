@@ -464,11 +464,11 @@ pub fn print_plan(r: &Release) {
                 "{:<20} {:<6} {:<17} {:<48} {}",
                 c.cluster,
                 c.version,
-                o.action.to_uppercase(),
+                o.action.as_str().to_uppercase(),
                 name,
                 note
             );
-            let created = o.action.ends_with("create");
+            let created = o.action.as_str().ends_with("create");
             for d in o.diff.iter().filter(|_| !created).take(20) {
                 let show = |v: &Option<serde_json::Value>| match v {
                     None => "(none)".to_string(),

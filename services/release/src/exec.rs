@@ -37,6 +37,12 @@ pub enum Error {
     /// The command couldn't be signed.
     #[error("signing: {0}")]
     Sign(String),
+    /// The command couldn't be encoded.
+    #[error("encoding the command: {0}")]
+    Encode(String),
+    /// One attempt got no answer (no responders, a timeout): worth another.
+    #[error("{0}")]
+    Unanswered(String),
 }
 
 /// How commands are sent.
@@ -114,8 +120,8 @@ impl Sender {
     pub async fn send_envelope(
         &self,
         env: &Envelope<ReleaseCommand>,
-    ) -> Result<ReleaseResult, String> {
-        let body = multipilot_schemas::encode(env).map_err(|e| e.to_string())?;
+    ) -> Result<ReleaseResult, Error> {
+        let body = multipilot_schemas::encode(env).map_err(|e| Error::Encode(e.to_string()))?;
         let mut headers = async_nats::HeaderMap::new();
         headers.insert(
             multipilot_schemas::HEADER_CONTENT_TYPE,
@@ -133,7 +139,7 @@ impl Sender {
             .nats
             .send_request(subject::command(&env.payload.cluster, "release"), req)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| Error::Unanswered(e.to_string()))?;
         let h = msg.headers.as_ref();
         let env: Envelope<ReleaseResult> = multipilot_schemas::decode(
             h.and_then(|h| h.get(multipilot_schemas::HEADER_CONTENT_TYPE))
@@ -143,7 +149,10 @@ impl Sender {
             &msg.payload,
             64 << 20,
         )
-        .map_err(|e| format!("decode: {e}"))?;
+        .map_err(|e| Error::Decode {
+            cluster: env.payload.cluster.clone(),
+            reason: format!("decode: {e}"),
+        })?;
         Ok(env.payload)
     }
 
@@ -154,16 +163,12 @@ impl Sender {
             let env = self.build(c)?;
             match self.send_envelope(&env).await {
                 Ok(r) => return Ok(r),
-                Err(e) if e.starts_with("decode:") => {
-                    return Err(Error::Decode {
-                        cluster: c.cluster.clone(),
-                        reason: e,
-                    });
-                }
-                Err(e) => {
+                Err(Error::Unanswered(e)) => {
                     tracing::warn!(cluster = %c.cluster, command = %c.id, attempt, error = %e, "no answer to a release command");
                     last = e;
                 }
+                // neither a new nonce nor waiting makes it encodable or decodable
+                Err(e) => return Err(e),
             }
             if attempt < self.attempts {
                 tokio::time::sleep(Duration::from_millis(500 * u64::from(attempt))).await;

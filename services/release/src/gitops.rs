@@ -35,7 +35,7 @@ use tokio::sync::Mutex;
 use crate::Service;
 use crate::config::Repo;
 use crate::drift::DriftItem;
-use crate::model::{Release, Source, State};
+use crate::model::{BatchState, Release, Source, State};
 use crate::spec::Spec;
 
 /// What the role knows of one followed repository.
@@ -764,7 +764,7 @@ fn cluster_sync(
         .batches
         .iter()
         .find(|b| b.clusters.iter().any(|c| c == cluster));
-    let batch_done = batch.is_some_and(|b| b.state == "done");
+    let batch_done = batch.is_some_and(|b| b.state == BatchState::Done);
     let at_revision = dep.is_some_and(|d| d.revision == r.revision);
     let (status, message) = if r.state.busy() && !batch_done {
         let why = if r.changed.iter().any(|c| c == cluster) {

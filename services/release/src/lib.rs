@@ -301,7 +301,10 @@ impl Service {
             Some(p) => p.revision + 1,
             None => 1,
         };
-        let plan = self.make_plan(&spec, revision).await?;
+        let plan = self
+            .make_plan(&spec, revision)
+            .await
+            .map_err(|e| e.to_string())?;
         let now = Utc::now();
         let _g = self.lock.lock().await;
         if let Some(p) = self.store.get(&spec.name).map_err(|e| e.to_string())?
@@ -451,7 +454,7 @@ impl Service {
             let waiting: Vec<String> = r
                 .batches
                 .iter()
-                .filter(|b| b.state != "done")
+                .filter(|b| b.state != model::BatchState::Done)
                 .flat_map(|b| b.clusters.clone())
                 .collect();
             let s = format!("apply resumes: {}", waiting.join(", "));

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
-use multipilot_schemas::payload::{ObjectRef, ReleaseEvent};
+use multipilot_schemas::payload::{ApplyOutcome, ObjectRef, ReleaseEvent};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -62,6 +62,143 @@ impl State {
     }
 }
 
+impl std::fmt::Display for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
+    }
+}
+
+/// Where a batch stands (`pending`, `applying`, `waiting-health`, `soaking`, `done`, `failed` in sled, the
+/// KV bucket and the replies).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum BatchState {
+    /// Not started.
+    Pending,
+    /// Snapshots taken and objects applied.
+    Applying,
+    /// Applied; its workloads' rollouts must complete.
+    WaitingHealth,
+    /// Healthy; no new incident may open on its clusters for the soak.
+    Soaking,
+    /// Healthy and soaked: its clusters run the revision.
+    Done,
+    /// Stopped the release (see `error`).
+    Failed,
+}
+
+impl BatchState {
+    /// The kebab-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            BatchState::Pending => "pending",
+            BatchState::Applying => "applying",
+            BatchState::WaitingHealth => "waiting-health",
+            BatchState::Soaking => "soaking",
+            BatchState::Done => "done",
+            BatchState::Failed => "failed",
+        }
+    }
+}
+
+impl std::fmt::Display for BatchState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.name())
+    }
+}
+
+/// Compared with its name, as clients that read the JSON do.
+impl PartialEq<&str> for BatchState {
+    fn eq(&self, other: &&str) -> bool {
+        self.name() == *other
+    }
+}
+
+/// What the plan says will happen to an object on a cluster (its name in sled and the replies).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Action {
+    /// Not judged by the cluster: its render failed or its agent didn't answer (or no dry-run yet).
+    NotTried,
+    /// The cluster does not serve its apiVersion (or the kind was removed): never applied.
+    Blocked,
+    /// The dry-run failed (see the object's `error`).
+    Error,
+    /// Dry-run: would be created.
+    WouldCreate,
+    /// Dry-run: would change.
+    WouldConfigure,
+    /// Dry-run: nothing would change.
+    Unchanged,
+    /// A deletion of an object that exists.
+    WouldDelete,
+    /// A deletion of an object that does not exist.
+    Absent,
+    /// Another outcome of the agent's dry-run (`created`, `configured`, `deleted`, `present`, `other`):
+    /// what a newer agent may answer.
+    Created,
+    /// See [`Action::Created`].
+    Configured,
+    /// See [`Action::Created`].
+    Deleted,
+    /// See [`Action::Created`].
+    Present,
+    /// See [`Action::Created`].
+    Other,
+}
+
+impl Action {
+    /// The kebab-case name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::NotTried => "not-tried",
+            Action::Blocked => "blocked",
+            Action::Error => "error",
+            Action::WouldCreate => "would-create",
+            Action::WouldConfigure => "would-configure",
+            Action::Unchanged => "unchanged",
+            Action::WouldDelete => "would-delete",
+            Action::Absent => "absent",
+            Action::Created => "created",
+            Action::Configured => "configured",
+            Action::Deleted => "deleted",
+            Action::Present => "present",
+            Action::Other => "other",
+        }
+    }
+}
+
+/// The dry-run's outcome of an object applied (not deleted).
+impl From<ApplyOutcome> for Action {
+    fn from(o: ApplyOutcome) -> Action {
+        match o {
+            ApplyOutcome::Created => Action::Created,
+            ApplyOutcome::Configured => Action::Configured,
+            ApplyOutcome::Unchanged => Action::Unchanged,
+            ApplyOutcome::Deleted => Action::Deleted,
+            ApplyOutcome::WouldCreate => Action::WouldCreate,
+            ApplyOutcome::WouldConfigure => Action::WouldConfigure,
+            ApplyOutcome::Present => Action::Present,
+            ApplyOutcome::Absent => Action::Absent,
+            ApplyOutcome::Error => Action::Error,
+            ApplyOutcome::Other => Action::Other,
+        }
+    }
+}
+
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// Compared with its name, as clients that read the JSON do.
+impl PartialEq<&str> for Action {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 /// Where the spec came from.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Source {
@@ -101,9 +238,8 @@ impl Source {
 pub struct PlannedObject {
     /// The object (namespace as the agent resolved it, once dry-run).
     pub object: ObjectRef,
-    /// `would-create`, `would-configure`, `unchanged`, `would-delete`, `absent`, `blocked`, `error`,
-    /// `not-tried` (the cluster's render failed or its agent didn't answer).
-    pub action: String,
+    /// What will happen to it.
+    pub action: Action,
     /// The apiVersion judgement.
     #[serde(default)]
     pub verdict: Verdict,
@@ -121,6 +257,13 @@ pub struct PlannedObject {
     /// Whether this is a deletion.
     #[serde(default)]
     pub delete: bool,
+}
+
+impl PlannedObject {
+    /// Whether an apply sends it: not a deletion, not blocked.
+    pub fn applied(&self) -> bool {
+        !self.delete && self.action != Action::Blocked
+    }
 }
 
 /// One cluster's plan.
@@ -210,8 +353,8 @@ pub struct BatchProgress {
     pub index: u32,
     /// Clusters.
     pub clusters: Vec<String>,
-    /// `pending`, `applying`, `waiting-health`, `soaking`, `done`, `failed`.
-    pub state: String,
+    /// Where it stands.
+    pub state: BatchState,
     /// Started.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub started_at: Option<DateTime<Utc>>,
@@ -309,7 +452,11 @@ impl Release {
             state: self.state,
             clusters: self.plan.clusters.len(),
             batches: self.plan.batches.len(),
-            done_batches: self.batches.iter().filter(|b| b.state == "done").count(),
+            done_batches: self
+                .batches
+                .iter()
+                .filter(|b| b.state == BatchState::Done)
+                .count(),
             commit: self.source.commit_label(),
             updated_at: self.updated_at,
             error: self.error.clone(),
@@ -438,5 +585,54 @@ impl Reply {
             release: Some(Box::new(r)),
             ..Default::default()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_and_actions_keep_their_stored_names() {
+        for (s, name) in [
+            (BatchState::Pending, "pending"),
+            (BatchState::Applying, "applying"),
+            (BatchState::WaitingHealth, "waiting-health"),
+            (BatchState::Soaking, "soaking"),
+            (BatchState::Done, "done"),
+            (BatchState::Failed, "failed"),
+        ] {
+            assert_eq!(serde_json::to_value(s).expect("json"), name);
+            assert_eq!(s.name(), name);
+            let back: BatchState = serde_json::from_value(name.into()).expect("loads");
+            assert_eq!(back, s);
+        }
+        for name in [
+            "not-tried",
+            "blocked",
+            "error",
+            "would-create",
+            "would-configure",
+            "unchanged",
+            "would-delete",
+            "absent",
+            "created",
+            "configured",
+            "deleted",
+            "present",
+            "other",
+        ] {
+            let a: Action = serde_json::from_value(name.into()).expect("loads");
+            assert_eq!(a.as_str(), name);
+            assert_eq!(serde_json::to_value(a).expect("json"), name);
+        }
+        for o in [
+            ApplyOutcome::WouldCreate,
+            ApplyOutcome::Unchanged,
+            ApplyOutcome::Other,
+        ] {
+            assert_eq!(Action::from(o).as_str(), o.as_str());
+        }
+        assert_eq!(format!("{:<9}|", BatchState::Done), "done     |");
     }
 }

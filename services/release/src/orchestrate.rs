@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 
 use crate::Service;
 use crate::exec::Command;
-use crate::model::{BatchProgress, ClusterPlan, Deployed, Release, State, obj_name};
+use crate::model::{BatchProgress, BatchState, ClusterPlan, Deployed, Release, State, obj_name};
 use crate::spec::{GATE_APPROVAL, Selector};
 
 /// The object as it can be applied again: status and server-set metadata removed.
@@ -151,7 +151,7 @@ impl Service {
             let index = bi as u32 + 1;
             if r.batches
                 .iter()
-                .any(|b| b.index == index && b.state == "done")
+                .any(|b| b.index == index && b.state == BatchState::Done)
             {
                 continue;
             }
@@ -181,8 +181,16 @@ impl Service {
                 }
             }
             let started = Utc::now();
-            self.batch_state(name, index, "applying", None, Some(started), actor, None)
-                .await?;
+            self.batch_state(
+                name,
+                index,
+                BatchState::Applying,
+                None,
+                Some(started),
+                actor,
+                None,
+            )
+            .await?;
             // 1. snapshots, durable before anything changes
             let futs: Vec<_> = batch
                 .iter()
@@ -197,8 +205,16 @@ impl Service {
                 .collect()
                 .await;
             if let Some(e) = snaps.into_iter().find_map(Result::err) {
-                self.batch_state(name, index, "failed", Some(e.clone()), None, actor, None)
-                    .await?;
+                self.batch_state(
+                    name,
+                    index,
+                    BatchState::Failed,
+                    Some(e.clone()),
+                    None,
+                    actor,
+                    None,
+                )
+                .await?;
                 return Err(format!("batch {index}: {e}"));
             }
             // 2. the clusters count as changed from here on
@@ -231,24 +247,48 @@ impl Service {
             let errs: Vec<String> = applied.into_iter().filter_map(Result::err).collect();
             if !errs.is_empty() {
                 let e = errs.join("; ");
-                self.batch_state(name, index, "failed", Some(e.clone()), None, actor, None)
-                    .await?;
+                self.batch_state(
+                    name,
+                    index,
+                    BatchState::Failed,
+                    Some(e.clone()),
+                    None,
+                    actor,
+                    None,
+                )
+                .await?;
                 return Err(format!("batch {index}: {e}"));
             }
             // 4. health gate
-            self.batch_state(name, index, "waiting-health", None, None, actor, None)
-                .await?;
+            self.batch_state(
+                name,
+                index,
+                BatchState::WaitingHealth,
+                None,
+                None,
+                actor,
+                None,
+            )
+            .await?;
             if let Err(e) = self
                 .clone()
                 .wait_healthy(r.clone(), batch, health_timeout)
                 .await
             {
-                self.batch_state(name, index, "failed", Some(e.clone()), None, actor, None)
-                    .await?;
+                self.batch_state(
+                    name,
+                    index,
+                    BatchState::Failed,
+                    Some(e.clone()),
+                    None,
+                    actor,
+                    None,
+                )
+                .await?;
                 return Err(format!("batch {index}: health gate: {e}"));
             }
             // 5. soak
-            self.batch_state(name, index, "soaking", None, None, actor, None)
+            self.batch_state(name, index, BatchState::Soaking, None, None, actor, None)
                 .await?;
             tokio::select! {
                 _ = self.cancel.cancelled() => return Err("the release role is stopping".into()),
@@ -258,21 +298,37 @@ impl Service {
                 Ok(found) if found.is_empty() => {}
                 Ok(found) => {
                     let e = format!("new incidents during the soak: {}", found.join("; "));
-                    self.batch_state(name, index, "failed", Some(e.clone()), None, actor, None)
-                        .await?;
+                    self.batch_state(
+                        name,
+                        index,
+                        BatchState::Failed,
+                        Some(e.clone()),
+                        None,
+                        actor,
+                        None,
+                    )
+                    .await?;
                     return Err(format!("batch {index}: {e}"));
                 }
                 Err(e) => {
                     let e = format!("cannot tell whether incidents opened: {e}");
-                    self.batch_state(name, index, "failed", Some(e.clone()), None, actor, None)
-                        .await?;
+                    self.batch_state(
+                        name,
+                        index,
+                        BatchState::Failed,
+                        Some(e.clone()),
+                        None,
+                        actor,
+                        None,
+                    )
+                    .await?;
                     return Err(format!("batch {index}: {e}"));
                 }
             }
             self.batch_state(
                 name,
                 index,
-                "done",
+                BatchState::Done,
                 None,
                 None,
                 actor,
@@ -325,7 +381,7 @@ impl Service {
             let objects = plan
                 .objects
                 .iter()
-                .filter(|o| !o.delete && o.action != "blocked")
+                .filter(|o| o.applied())
                 .map(|o| {
                     let mut v = o.rendered.clone();
                     if let (Some(ns), Some(meta)) = (
@@ -363,7 +419,7 @@ impl Service {
         &self,
         name: &str,
         index: u32,
-        state: &str,
+        state: BatchState,
         error: Option<String>,
         started: Option<DateTime<Utc>>,
         actor: &str,
@@ -374,17 +430,17 @@ impl Service {
         let Some(b) = r.batches.iter_mut().find(|b| b.index == index) else {
             return Err(format!("batch {index} missing"));
         };
-        b.state = state.into();
+        b.state = state;
         if let Some(s) = started {
             b.started_at = Some(s);
         }
-        if matches!(state, "done" | "failed") {
+        if matches!(state, BatchState::Done | BatchState::Failed) {
             b.finished_at = Some(Utc::now());
         }
         b.error = error.clone();
         let clusters = b.clusters.clone();
         match state {
-            "applying" => {
+            BatchState::Applying => {
                 let s = format!("batch {index} starts: {}", clusters.join(", "));
                 // what the correlator tells the fleet's clusters apart by: a policy bundle, a repository
                 let detail = json!({"policy": r.source.policy, "repo": r.source.repo});
@@ -400,7 +456,7 @@ impl Service {
                 )
                 .await;
             }
-            "done" => {
+            BatchState::Done => {
                 let s = done_summary.unwrap_or_default();
                 self.record(
                     &mut r,
@@ -414,7 +470,7 @@ impl Service {
                 )
                 .await;
             }
-            "failed" => {
+            BatchState::Failed => {
                 let e = error.unwrap_or_default();
                 self.record(
                     &mut r,
@@ -441,7 +497,7 @@ impl Service {
         let applies = plan
             .objects
             .iter()
-            .filter(|o| !o.delete && o.action != "blocked")
+            .filter(|o| o.applied())
             .map(|o| o.rendered.clone())
             .collect();
         let deletes = plan
@@ -584,7 +640,7 @@ impl Service {
                 let w: Vec<Value> = p
                     .objects
                     .iter()
-                    .filter(|o| !o.delete && o.action != "blocked" && is_workload(&o.object.kind))
+                    .filter(|o| o.applied() && is_workload(&o.object.kind))
                     .map(|o| o.rendered.clone())
                     .collect();
                 if !w.is_empty() {
@@ -951,7 +1007,7 @@ impl Service {
             .map(|(i, b)| BatchProgress {
                 index: i as u32 + 1,
                 clusters: b.clone(),
-                state: "pending".into(),
+                state: BatchState::Pending,
                 started_at: None,
                 finished_at: None,
                 error: None,

@@ -14,7 +14,7 @@ use serde_json::Value;
 use crate::Service;
 use crate::exec::Command;
 use crate::judge::{self, Verdict};
-use crate::model::{ClusterPlan, Plan, PlannedObject};
+use crate::model::{Action, ClusterPlan, Plan, PlannedObject};
 use crate::render;
 use crate::spec::{Selector, Spec};
 
@@ -29,8 +29,48 @@ pub fn selector_labels(name: &str, facts: &ClusterFacts) -> BTreeMap<String, Str
     l
 }
 
+/// Why no plan could be made.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The spec names clusters the registry does not know.
+    #[error("{}", unknown_text(.unknown, .known, .more))]
+    UnknownClusters {
+        /// The clusters not known.
+        unknown: Vec<String>,
+        /// The first 30 clusters known.
+        known: Vec<String>,
+        /// Whether more than 30 are known.
+        more: bool,
+    },
+    /// Neither the names nor the selector choose a cluster.
+    #[error("no cluster matches the targets (selector {selector:?}; {known} clusters known)")]
+    NoMatch {
+        /// The selector.
+        selector: String,
+        /// Clusters the registry knows.
+        known: usize,
+    },
+    /// The spec's selectors or batches.
+    #[error(transparent)]
+    Spec(#[from] crate::spec::Error),
+}
+
+fn unknown_text(unknown: &[String], known: &[String], more: &bool) -> String {
+    format!(
+        "unknown cluster{} {}: the registry (FLEET_FACTS) knows {}{}",
+        if unknown.len() > 1 { "s" } else { "" },
+        unknown.join(", "),
+        if known.is_empty() {
+            "no cluster yet (is an agent running?)".to_string()
+        } else {
+            known.join(", ")
+        },
+        if *more { ", …" } else { "" }
+    )
+}
+
 /// The target clusters of a spec, sorted; unknown explicit clusters and empty selections are errors.
-pub fn targets(spec: &Spec, reg: &BTreeMap<String, ClusterFacts>) -> Result<Vec<String>, String> {
+pub fn targets(spec: &Spec, reg: &BTreeMap<String, ClusterFacts>) -> Result<Vec<String>, Error> {
     let mut out = BTreeSet::new();
     let mut unknown = Vec::new();
     for c in &spec.targets.clusters {
@@ -41,25 +81,14 @@ pub fn targets(spec: &Spec, reg: &BTreeMap<String, ClusterFacts>) -> Result<Vec<
         }
     }
     if !unknown.is_empty() {
-        let known: Vec<&String> = reg.keys().take(30).collect();
-        return Err(format!(
-            "unknown cluster{} {}: the registry (FLEET_FACTS) knows {}{}",
-            if unknown.len() > 1 { "s" } else { "" },
-            unknown.join(", "),
-            if known.is_empty() {
-                "no cluster yet (is an agent running?)".to_string()
-            } else {
-                known
-                    .iter()
-                    .map(|s| s.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            },
-            if reg.len() > 30 { ", …" } else { "" }
-        ));
+        return Err(Error::UnknownClusters {
+            unknown,
+            known: reg.keys().take(30).cloned().collect(),
+            more: reg.len() > 30,
+        });
     }
     if let Some(text) = &spec.targets.selector {
-        let sel = Selector::parse(text).map_err(|e| e.to_string())?;
+        let sel = Selector::parse(text)?;
         for (name, facts) in reg {
             if sel.matches(&selector_labels(name, facts)) {
                 out.insert(name.clone());
@@ -67,11 +96,10 @@ pub fn targets(spec: &Spec, reg: &BTreeMap<String, ClusterFacts>) -> Result<Vec<
         }
     }
     if out.is_empty() {
-        return Err(format!(
-            "no cluster matches the targets (selector {:?}; {} clusters known)",
-            spec.targets.selector.as_deref().unwrap_or(""),
-            reg.len()
-        ));
+        return Err(Error::NoMatch {
+            selector: spec.targets.selector.clone().unwrap_or_default(),
+            known: reg.len(),
+        });
     }
     Ok(out.into_iter().collect())
 }
@@ -128,11 +156,10 @@ pub fn judge_cluster(spec: &Spec, cluster: &str, facts: &ClusterFacts, batch: u3
                 plan.objects.push(PlannedObject {
                     object: r,
                     action: if blocked.is_some() {
-                        "blocked"
+                        Action::Blocked
                     } else {
-                        "not-tried"
-                    }
-                    .into(),
+                        Action::NotTried
+                    },
                     risks: judge::risks(&obj),
                     verdict,
                     diff: Vec::new(),
@@ -149,7 +176,7 @@ pub fn judge_cluster(spec: &Spec, cluster: &str, facts: &ClusterFacts, batch: u3
         plan.objects.push(PlannedObject {
             risks: vec![judge::deletion(&d.kind, &crate::model::obj_name(&r))],
             object: r,
-            action: "not-tried".into(),
+            action: Action::NotTried,
             verdict: Verdict {
                 served: facts.api_versions.contains(&d.api_version),
                 ..Default::default()
@@ -165,13 +192,13 @@ pub fn judge_cluster(spec: &Spec, cluster: &str, facts: &ClusterFacts, batch: u3
 
 impl Service {
     /// Makes a plan for `spec` at `revision` (renders, judges, dry-runs everywhere).
-    pub async fn make_plan(&self, spec: &Spec, revision: u64) -> Result<Plan, String> {
+    pub async fn make_plan(&self, spec: &Spec, revision: u64) -> Result<Plan, Error> {
         self.registry.wait_loaded(self.config.registry_wait).await;
         let reg = self.registry.snapshot();
         let clusters = targets(spec, &reg)?;
-        let mut batches = spec.batches(&clusters).map_err(|e| e.to_string())?;
+        let mut batches = spec.batches(&clusters)?;
         if let Some(text) = &spec.sync.approval_selector {
-            let sel = Selector::parse(text).map_err(|e| e.to_string())?;
+            let sel = Selector::parse(text)?;
             batches = gated_last(batches, |c| {
                 reg.get(c)
                     .is_some_and(|f| sel.matches(&selector_labels(c, f)))
@@ -200,9 +227,9 @@ impl Service {
         for c in &results {
             errors += usize::from(c.error.is_some());
             for o in &c.objects {
-                match o.action.as_str() {
-                    "blocked" => blocked += 1,
-                    "error" => errors += 1,
+                match o.action {
+                    Action::Blocked => blocked += 1,
+                    Action::Error => errors += 1,
                     _ => {}
                 }
                 required.extend(o.risks.iter().filter_map(|r| r.approval.clone()));
@@ -237,7 +264,7 @@ impl Service {
             return plan;
         }
         let applies: Vec<usize> = (0..plan.objects.len())
-            .filter(|&i| !plan.objects[i].delete && plan.objects[i].action != "blocked")
+            .filter(|&i| plan.objects[i].applied())
             .collect();
         let deletes: Vec<usize> = (0..plan.objects.len())
             .filter(|&i| plan.objects[i].delete)
@@ -284,17 +311,16 @@ impl Service {
                         o.object.namespace = out.object.namespace.clone();
                         o.object.uid = out.object.uid.clone();
                         if out.outcome == ApplyOutcome::Error {
-                            o.action = "error".into();
+                            o.action = Action::Error;
                             o.error = out.error;
                         } else if o.delete {
                             o.action = if out.live.is_some() {
-                                "would-delete"
+                                Action::WouldDelete
                             } else {
-                                "absent"
-                            }
-                            .into();
+                                Action::Absent
+                            };
                         } else {
-                            o.action = out.outcome.as_str().into();
+                            o.action = out.outcome.into();
                             if let Some(after) = &out.result {
                                 o.diff = crate::diff::diff(out.live.as_ref(), after);
                             }
@@ -380,12 +406,16 @@ mod tests {
             targets(&spec("{clusters: [c], selector: 'version<1.25'}"), &reg).expect("t"),
             vec!["a", "c"]
         );
-        let e = targets(&spec("{clusters: [zz]}"), &reg).expect_err("unknown");
+        let e = targets(&spec("{clusters: [zz]}"), &reg)
+            .expect_err("unknown")
+            .to_string();
         assert!(
             e.contains("unknown cluster zz") && e.contains("a, b, c"),
             "{e}"
         );
-        let e = targets(&spec("{selector: env=qa}"), &reg).expect_err("none");
+        let e = targets(&spec("{selector: env=qa}"), &reg)
+            .expect_err("none")
+            .to_string();
         assert!(e.contains("no cluster matches"), "{e}");
     }
 }
