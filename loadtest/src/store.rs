@@ -532,17 +532,7 @@ fn decode_continue(token: &str) -> Result<(u64, ObjKey), ApiError> {
 
 /// A parsed label selector (`a=b`, `a!=b`, `a in (x,y)`, `a notin (x)`, `a`, `!a`).
 #[derive(Debug, Clone, Default)]
-pub struct LabelSelector(Vec<Requirement>);
-
-#[derive(Debug, Clone)]
-enum Requirement {
-    Eq(String, String),
-    Ne(String, String),
-    In(String, Vec<String>),
-    NotIn(String, Vec<String>),
-    Exists(String),
-    NotExists(String),
-}
+pub struct LabelSelector(multipilot_schemas::selector::Selector);
 
 impl LabelSelector {
     /// Whether it selects everything.
@@ -550,73 +540,21 @@ impl LabelSelector {
         self.0.is_empty()
     }
 
-    /// Parses a selector; `400` with the reason when malformed.
+    /// Parses a selector (the product's grammar is the API server's); `400` with the reason when
+    /// malformed.
     pub fn parse(s: &str) -> Result<Self, ApiError> {
-        let mut reqs = Vec::new();
-        for part in split_top(s) {
-            let part = part.trim();
-            if part.is_empty() {
-                continue;
-            }
-            let bad = || ApiError::bad_request(&format!("unable to parse requirement: {part:?}"));
-            let req = if let Some(rest) = part.strip_prefix('!') {
-                Requirement::NotExists(rest.trim().to_string())
-            } else if let Some((k, v)) = part.split_once("!=") {
-                Requirement::Ne(k.trim().into(), v.trim().into())
-            } else if let Some((k, v)) = part.split_once("==") {
-                Requirement::Eq(k.trim().into(), v.trim().into())
-            } else if let Some((k, v)) = part.split_once('=') {
-                Requirement::Eq(k.trim().into(), v.trim().into())
-            } else if let Some((k, v)) = part.split_once(" notin ") {
-                Requirement::NotIn(k.trim().into(), set(v).ok_or_else(bad)?)
-            } else if let Some((k, v)) = part.split_once(" in ") {
-                Requirement::In(k.trim().into(), set(v).ok_or_else(bad)?)
-            } else if part.contains(' ') || part.contains('(') {
-                return Err(bad());
-            } else {
-                Requirement::Exists(part.to_string())
-            };
-            reqs.push(req);
-        }
-        Ok(LabelSelector(reqs))
+        multipilot_schemas::selector::Selector::parse(s)
+            .map(LabelSelector)
+            .map_err(|e| {
+                ApiError::bad_request(&format!("unable to parse requirement: {}", e.reason))
+            })
     }
 
     /// Whether `labels` satisfy every requirement.
     pub fn matches(&self, labels: Option<&Map<String, Value>>) -> bool {
-        let get = |k: &str| labels.and_then(|l| l.get(k)).and_then(Value::as_str);
-        self.0.iter().all(|r| match r {
-            Requirement::Eq(k, v) => get(k) == Some(v.as_str()),
-            Requirement::Ne(k, v) => get(k) != Some(v.as_str()),
-            Requirement::In(k, vs) => get(k).is_some_and(|x| vs.iter().any(|v| v == x)),
-            Requirement::NotIn(k, vs) => get(k).is_none_or(|x| vs.iter().all(|v| v != x)),
-            Requirement::Exists(k) => get(k).is_some(),
-            Requirement::NotExists(k) => get(k).is_none(),
-        })
+        self.0
+            .matches(|k| labels.and_then(|l| l.get(k)).and_then(Value::as_str))
     }
-}
-
-fn set(v: &str) -> Option<Vec<String>> {
-    let v = v.trim().strip_prefix('(')?.strip_suffix(')')?;
-    Some(v.split(',').map(|s| s.trim().to_string()).collect())
-}
-
-/// Splits on commas outside parentheses.
-fn split_top(s: &str) -> Vec<&str> {
-    let mut out = Vec::new();
-    let (mut depth, mut start) = (0i32, 0usize);
-    for (i, c) in s.char_indices() {
-        match c {
-            '(' => depth += 1,
-            ')' => depth -= 1,
-            ',' if depth == 0 => {
-                out.push(&s[start..i]);
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    out.push(&s[start..]);
-    out
 }
 
 /// A parsed field selector: `path=value` / `path!=value` on dotted paths (`metadata.name`,

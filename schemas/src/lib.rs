@@ -11,9 +11,10 @@
 //! - [`codec`]: encode/decode with header checks, size limits and clear errors.
 //! - [`subject`]: subject tokens escaped from Kubernetes names, and the subject builders.
 //! - [`catalog`]: the list of payload types and their generated JSON Schemas.
-//! - [`streams`]: the unions of payloads a stream (or a durable's filter) carries.
+//! - [`streams`]: the streams' names, and the unions of payloads a stream (or a durable's filter) carries.
 //! - [`control`]: request/reply subjects between hub roles and their JSON bodies.
 //! - [`probes`]: the health probes every agent runs.
+//! - [`selector`]: label selectors, the one grammar of kubectl and the API server (plus version comparisons).
 //! - [`deprecations`]: the Kubernetes API deprecation table the agent and the release planner judge by.
 
 pub mod catalog;
@@ -23,6 +24,7 @@ pub mod deprecations;
 pub mod envelope;
 pub mod payload;
 pub mod probes;
+pub mod selector;
 pub mod streams;
 pub mod subject;
 

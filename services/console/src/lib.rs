@@ -12,7 +12,7 @@ pub mod api;
 pub use multipilot_runtime::auth;
 pub mod diff;
 pub mod ingest;
-pub mod selector;
+pub use multipilot_schemas::selector;
 pub mod store;
 pub mod telemetry;
 
