@@ -25,6 +25,7 @@ pub mod drift;
 pub mod exec;
 pub mod gitops;
 pub mod judge;
+pub mod machine;
 pub mod model;
 pub mod orchestrate;
 pub mod plan;

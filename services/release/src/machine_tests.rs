@@ -1,0 +1,834 @@
+//! The release machine fed by hand, with its own clock: batches in order, gates, soaks, failures and
+//! rollbacks, without a store, NATS or a timer.
+
+use chrono::TimeZone;
+use multipilot_schemas::Envelope;
+use multipilot_schemas::payload::{ApplyOutcome, ObjectRef};
+
+use super::*;
+use crate::model::{Action, ClusterPlan, Plan, PlannedObject};
+use crate::spec::Spec;
+
+fn t(secs: i64) -> DateTime<Utc> {
+    Utc.timestamp_opt(1_700_000_000 + secs, 0)
+        .single()
+        .expect("a time")
+}
+
+fn oref(kind: &str, name: &str) -> ObjectRef {
+    ObjectRef {
+        api_version: if kind == "Deployment" {
+            "apps/v1"
+        } else {
+            "v1"
+        }
+        .into(),
+        kind: kind.into(),
+        namespace: Some("default".into()),
+        name: name.into(),
+        uid: None,
+    }
+}
+
+fn planned(kind: &str, name: &str, action: Action) -> PlannedObject {
+    let o = oref(kind, name);
+    PlannedObject {
+        rendered: json!({"apiVersion": o.api_version, "kind": kind, "metadata": {"name": name},
+            "spec": {"replicas": 2}}),
+        object: o,
+        action,
+        verdict: Default::default(),
+        diff: Vec::new(),
+        error: None,
+        risks: Vec::new(),
+        delete: false,
+    }
+}
+
+/// A planned release `web` with a Deployment and a ConfigMap on every cluster.
+fn release(batches: &[&[&str]]) -> Release {
+    let all: Vec<&str> = batches.iter().flat_map(|b| b.iter().copied()).collect();
+    let spec = Spec::parse(&format!(
+        "name: web\nmanifests: x\ntargets: {{clusters: [{}]}}\n",
+        all.join(", ")
+    ))
+    .expect("spec");
+    let clusters = batches
+        .iter()
+        .enumerate()
+        .flat_map(|(i, b)| {
+            b.iter().map(move |c| ClusterPlan {
+                cluster: c.to_string(),
+                version: "1.31".into(),
+                batch: i as u32 + 1,
+                objects: vec![
+                    planned("Deployment", "web", Action::WouldCreate),
+                    planned("ConfigMap", "web", Action::WouldConfigure),
+                ],
+                error: None,
+            })
+        })
+        .collect();
+    Release {
+        name: "web".into(),
+        revision: 2,
+        state: State::Planned,
+        spec,
+        source: Default::default(),
+        actor: "ann".into(),
+        created_at: t(0),
+        updated_at: t(0),
+        plan: Plan {
+            planned_at: t(0),
+            batches: batches
+                .iter()
+                .map(|b| b.iter().map(|c| c.to_string()).collect())
+                .collect(),
+            clusters,
+            required_approvals: Default::default(),
+            blocked: 0,
+            errors: 0,
+            dry_run_ms: 5,
+        },
+        approvals: Default::default(),
+        batches: Vec::new(),
+        changed: Vec::new(),
+        rollbacks: 0,
+        error: None,
+        events: 0,
+        deployed: Default::default(),
+        deployed_before: Default::default(),
+    }
+}
+
+fn policy() -> Policy {
+    Policy {
+        soak: Duration::from_secs(30),
+        health_timeout: Duration::from_secs(120),
+        health_interval: Duration::from_secs(1),
+        field_manager: "multipilot".into(),
+        gated: None,
+    }
+}
+
+/// A release and its run, on a clock the test moves.
+struct Run {
+    m: Machine,
+    r: Release,
+    now: DateTime<Utc>,
+    /// Every entry recorded, as `what` (`what:false` when not ok).
+    entries: Vec<String>,
+}
+
+impl Run {
+    fn new(r: Release, policy: Policy) -> Run {
+        Run {
+            m: Machine::new(policy, "ann"),
+            r,
+            now: t(100),
+            entries: Vec::new(),
+        }
+    }
+
+    /// Starts applying (as `release apply` does) and returns the first decisions.
+    fn start(&mut self) -> Vec<Decision> {
+        let e = start(&mut self.r, "ann").expect("starts");
+        self.entries.push(e.what);
+        self.feed(Input::Start)
+    }
+
+    fn feed(&mut self, input: Input) -> Vec<Decision> {
+        let out = self.m.on(&mut self.r, input, self.now);
+        for d in &out {
+            if let Decision::Record(e) = d {
+                self.entries.push(if e.ok {
+                    e.what.clone()
+                } else {
+                    format!("{}:false", e.what)
+                });
+            }
+        }
+        out
+    }
+
+    /// Feeds one answer per cluster.
+    fn each(&mut self, clusters: &[String], input: impl Fn(&str) -> Input) -> Vec<Decision> {
+        let mut out = Vec::new();
+        for c in clusters {
+            out = self.feed(input(c));
+        }
+        out
+    }
+
+    fn batch(&self, index: u32) -> &BatchProgress {
+        self.r
+            .batches
+            .iter()
+            .find(|b| b.index == index)
+            .expect("the batch")
+    }
+
+    /// Moves the clock to the time a `WaitUntil` among `out` names and ticks.
+    fn wait(&mut self, out: &[Decision]) -> Vec<Decision> {
+        let at = out
+            .iter()
+            .find_map(|d| match d {
+                Decision::WaitUntil(at) => Some(*at),
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no wait in {out:?}"));
+        self.now = at;
+        self.feed(Input::Tick)
+    }
+
+    /// Takes a batch from its snapshots to the end of its soak, every cluster fine and no incident;
+    /// returns what comes after.
+    fn pass_batch(&mut self, out: Vec<Decision>) -> Vec<Decision> {
+        let clusters = snapshot_of(&out);
+        let out = self.each(&clusters, |c| Input::Snapshot {
+            cluster: c.into(),
+            failure: None,
+        });
+        assert_eq!(apply_of(&out), clusters, "{out:?}");
+        let out = self.each(&clusters, |c| step(c, None));
+        let workloads = health_of(&out);
+        assert_eq!(workloads.keys().cloned().collect::<Vec<_>>(), clusters);
+        self.now += chrono::TimeDelta::seconds(5);
+        let out = self.feed(Input::Health(
+            clusters.iter().map(|c| read(c, complete())).collect(),
+        ));
+        let out = self.wait(&out);
+        assert!(
+            matches!(&out[..], [Decision::ReadIncidents { clusters: c, .. }] if *c == clusters),
+            "{out:?}"
+        );
+        self.feed(Input::Incidents {
+            incidents: Vec::new(),
+            fleet: Vec::new(),
+        })
+    }
+}
+
+/// A one-cluster release applied, healthy and at the end of its soak.
+fn soak_ended() -> Run {
+    let mut run = Run::new(release(&[&["a"]]), policy());
+    run.start();
+    run.feed(Input::Snapshot {
+        cluster: "a".into(),
+        failure: None,
+    });
+    run.feed(step("a", None));
+    let out = run.feed(Input::Health(vec![read("a", complete())]));
+    run.wait(&out);
+    run
+}
+
+fn snapshot_of(out: &[Decision]) -> Vec<String> {
+    out.iter()
+        .find_map(|d| match d {
+            Decision::Snapshot { clusters, .. } => Some(clusters.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no snapshot in {out:?}"))
+}
+
+fn apply_of(out: &[Decision]) -> Vec<String> {
+    out.iter()
+        .find_map(|d| match d {
+            Decision::Apply { clusters, .. } => Some(clusters.clone()),
+            _ => None,
+        })
+        .unwrap_or_default()
+}
+
+fn health_of(out: &[Decision]) -> BTreeMap<String, Vec<Value>> {
+    out.iter()
+        .find_map(|d| match d {
+            Decision::ReadHealth { workloads } => Some(workloads.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no health read in {out:?}"))
+}
+
+fn rollback_of(out: &[Decision]) -> Vec<String> {
+    out.iter()
+        .find_map(|d| match d {
+            Decision::RollBack { clusters } => Some(clusters.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no rollback in {out:?}"))
+}
+
+fn outcome(kind: &str, o: ApplyOutcome, error: Option<&str>) -> ObjectOutcome {
+    ObjectOutcome {
+        object: oref(kind, "web"),
+        outcome: o,
+        error: error.map(str::to_string),
+        live: None,
+        result: None,
+    }
+}
+
+fn step(cluster: &str, failure: Option<&str>) -> Input {
+    Input::Step {
+        cluster: cluster.into(),
+        outcome: StepOutcome::Sent {
+            outcomes: vec![
+                outcome("Deployment", ApplyOutcome::Configured, None),
+                outcome(
+                    "ConfigMap",
+                    if failure.is_some() {
+                        ApplyOutcome::Error
+                    } else {
+                        ApplyOutcome::Created
+                    },
+                    failure,
+                ),
+            ],
+            failure: failure
+                .map(|e| format!("{cluster}: apply failed: ConfigMap default/web: {e}")),
+        },
+    }
+}
+
+fn restored(cluster: &str) -> Input {
+    Input::Restored {
+        cluster: cluster.into(),
+        outcome: StepOutcome::Sent {
+            outcomes: vec![outcome("Deployment", ApplyOutcome::Configured, None)],
+            failure: None,
+        },
+    }
+}
+
+fn deployment(updated: i64) -> Value {
+    json!({"kind": "Deployment", "metadata": {"generation": 2}, "spec": {"replicas": 2},
+        "status": {"observedGeneration": 2, "updatedReplicas": updated, "availableReplicas": updated,
+            "replicas": 2}})
+}
+
+fn complete() -> Vec<ObjectOutcome> {
+    let mut o = outcome("Deployment", ApplyOutcome::Present, None);
+    o.live = Some(deployment(2));
+    vec![o]
+}
+
+fn stuck() -> Vec<ObjectOutcome> {
+    let mut o = outcome("Deployment", ApplyOutcome::Present, None);
+    o.live = Some(deployment(1));
+    vec![o]
+}
+
+fn read(cluster: &str, objects: Vec<ObjectOutcome>) -> HealthRead {
+    HealthRead {
+        cluster: cluster.into(),
+        objects,
+        error: None,
+    }
+}
+
+fn sample<T: serde::de::DeserializeOwned>(name: &str) -> T {
+    let entry = multipilot_schemas::catalog::entries()
+        .into_iter()
+        .find(|e| e.name == name)
+        .expect("the catalog has it");
+    rmp_serde::from_slice::<Envelope<T>>(&entry.sample)
+        .expect("the sample decodes")
+        .payload
+}
+
+fn names(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+#[test]
+fn batches_go_in_order_and_each_waits_for_its_health_and_soak() {
+    let mut run = Run::new(release(&[&["a"], &["b", "c"]]), policy());
+    let out = run.start();
+    assert_eq!(run.r.state, State::Applying);
+    assert_eq!(snapshot_of(&out), names(&["a"]));
+    assert_eq!(run.batch(1).state, BatchState::Applying);
+    assert_eq!(run.batch(1).started_at, Some(t(100)));
+    // nothing counts as changed before its snapshot is stored
+    assert!(run.r.changed.is_empty());
+    let out = run.feed(Input::Snapshot {
+        cluster: "a".into(),
+        failure: None,
+    });
+    assert_eq!(out[0], Decision::Persist, "{out:?}");
+    assert_eq!(run.r.changed, names(&["a"]));
+    assert_eq!(apply_of(&out), names(&["a"]));
+    let out = run.feed(step("a", None));
+    assert_eq!(run.batch(1).state, BatchState::WaitingHealth);
+    // only the workload is watched
+    let w = health_of(&out);
+    assert_eq!(w["a"].len(), 1);
+    assert_eq!(w["a"][0]["kind"], "Deployment");
+    let out = run.feed(Input::Health(vec![read("a", complete())]));
+    assert_eq!(run.batch(1).state, BatchState::Soaking);
+    assert_eq!(
+        out.last(),
+        Some(&Decision::WaitUntil(t(130))),
+        "a 30 s soak: {out:?}"
+    );
+    // an early tick waits on
+    run.now = t(120);
+    assert_eq!(run.feed(Input::Tick), vec![Decision::WaitUntil(t(130))]);
+    let out = run.wait(&out);
+    assert_eq!(
+        out,
+        vec![Decision::ReadIncidents {
+            clusters: names(&["a"]),
+            since: t(100)
+        }]
+    );
+    let out = run.feed(Input::Incidents {
+        incidents: Vec::new(),
+        fleet: Vec::new(),
+    });
+    assert_eq!(run.batch(1).state, BatchState::Done);
+    assert_eq!(run.batch(1).finished_at, Some(t(130)));
+    assert_eq!(run.r.deployed["a"].revision, 2);
+    assert_eq!(run.r.deployed["a"].field_manager, "multipilot");
+    assert_eq!(run.r.deployed["a"].objects.len(), 2);
+    assert!(!run.r.deployed.contains_key("b"));
+    // the second batch only now
+    assert_eq!(snapshot_of(&out), names(&["b", "c"]));
+    let out = run.pass_batch(out);
+    assert_eq!(out.last(), Some(&Decision::Stop));
+    assert!(run.m.is_over());
+    assert_eq!(run.r.state, State::Succeeded);
+    assert_eq!(run.r.changed, names(&["a", "b", "c"]));
+    assert_eq!(
+        run.entries,
+        [
+            "apply", "batch", "step", "health", "batch", "step", "step", "health", "done"
+        ]
+    );
+}
+
+#[test]
+fn a_failed_step_stops_the_batch_and_rolls_back_every_changed_cluster() {
+    let mut r = release(&[&["a"], &["b", "c"]]);
+    // what `a` ran before this revision comes back with the rollback; `b` ran nothing of it
+    let before = Deployed {
+        revision: 1,
+        commit: None,
+        at: t(0),
+        field_manager: "multipilot".into(),
+        objects: Vec::new(),
+    };
+    r.deployed.insert("a".into(), before.clone());
+    let mut run = Run::new(r, policy());
+    let out = run.start();
+    let out = run.pass_batch(out);
+    assert_eq!(run.r.deployed["a"].revision, 2);
+    let clusters = snapshot_of(&out);
+    run.each(&clusters, |c| Input::Snapshot {
+        cluster: c.into(),
+        failure: None,
+    });
+    run.feed(step("b", Some("forbidden")));
+    let out = run.feed(step("c", None));
+    // the batch fails with the step's error, the release with the batch's
+    let b = run.batch(2);
+    assert_eq!(b.state, BatchState::Failed);
+    assert_eq!(
+        b.error.as_deref(),
+        Some("b: apply failed: ConfigMap default/web: forbidden")
+    );
+    assert_eq!(
+        run.r.error.as_deref(),
+        Some("batch 2: b: apply failed: ConfigMap default/web: forbidden")
+    );
+    assert_eq!(run.r.state, State::RollingBack);
+    assert_eq!(run.r.rollbacks, 1);
+    // no health gate for a failed batch; the last changed cluster is restored first
+    assert!(!out.iter().any(|d| matches!(d, Decision::ReadHealth { .. })));
+    assert_eq!(rollback_of(&out), names(&["c", "b", "a"]));
+    // the failure is recorded in the state it happened in
+    let states: Vec<(String, State)> = out
+        .iter()
+        .filter_map(|d| match d {
+            Decision::Record(e) => Some((e.what.clone(), e.state)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        states,
+        [
+            ("step".to_string(), State::Applying),
+            ("batch".to_string(), State::Applying),
+            ("failed".to_string(), State::RollingBack),
+            ("rollback".to_string(), State::RollingBack),
+        ]
+    );
+    let out = run.each(&names(&["c", "b", "a"]), restored);
+    assert_eq!(out.last(), Some(&Decision::Stop));
+    assert_eq!(run.r.state, State::RolledBack);
+    assert_eq!(run.r.deployed.get("a"), Some(&before));
+    assert!(!run.r.deployed.contains_key("b"));
+    assert_eq!(
+        &run.entries[run.entries.len() - 9..],
+        [
+            "step:false",
+            "step",
+            "batch:false",
+            "failed:false",
+            "rollback",
+            "rollback-step",
+            "rollback-step",
+            "rollback-step",
+            "rolled-back"
+        ]
+    );
+    assert!(run.m.is_over());
+}
+
+#[test]
+fn a_new_incident_during_the_soak_rolls_back() {
+    let mut run = soak_ended();
+    let mut before: Incident = sample("Incident");
+    before.opened_at = t(50);
+    before.status = IncidentStatus::Open;
+    let mut resolved: Incident = sample("Incident");
+    resolved.opened_at = t(110);
+    resolved.status = IncidentStatus::Resolved;
+    let mut fleet: FleetIncident = sample("FleetIncident");
+    fleet.status = IncidentStatus::Open;
+    fleet.suspects.clear();
+    // an incident from before the batch, a resolved one and a fleet incident naming nobody don't stop it
+    assert!(new_incidents("web", t(100), &[before.clone(), resolved], &[fleet]).is_empty());
+    let mut new: Incident = sample("Incident");
+    new.opened_at = t(120);
+    new.status = IncidentStatus::Open;
+    new.cluster = "a".into();
+    let out = run.feed(Input::Incidents {
+        incidents: vec![before, new.clone()],
+        fleet: Vec::new(),
+    });
+    let want = format!(
+        "new incidents during the soak: {} on a ({:?}): {}",
+        new.kind, new.severity, new.summary
+    );
+    assert_eq!(run.batch(1).state, BatchState::Failed);
+    assert_eq!(run.batch(1).error.as_deref(), Some(want.as_str()));
+    assert_eq!(run.r.error, Some(format!("batch 1: {want}")));
+    assert!(run.r.deployed.is_empty());
+    assert_eq!(rollback_of(&out), names(&["a"]));
+    run.feed(restored("a"));
+    assert_eq!(run.r.state, State::RolledBack);
+}
+
+#[test]
+fn incidents_that_cannot_be_read_fail_the_soak() {
+    let mut run = soak_ended();
+    run.feed(Input::IncidentsUnknown("no stream".into()));
+    assert_eq!(
+        run.r.error.as_deref(),
+        Some("batch 1: cannot tell whether incidents opened: no stream")
+    );
+}
+
+#[test]
+fn a_fleet_incident_stops_the_soak_of_the_release_it_names_first() {
+    let suspect = |name: &str, verdict| multipilot_schemas::payload::Suspect {
+        verdict,
+        object: ObjectRef {
+            api_version: String::new(),
+            kind: "Release".into(),
+            namespace: None,
+            name: name.into(),
+            uid: None,
+        },
+        failing: 2,
+        failing_total: 2,
+        healthy: 0,
+        healthy_total: 4,
+        last_changed: t(0),
+        summary: String::new(),
+        release: Some(multipilot_schemas::payload::ReleaseRef {
+            name: name.into(),
+            revision: 3,
+            batch: Some(1),
+            commit: None,
+        }),
+    };
+    let mut f: FleetIncident = sample("FleetIncident");
+    f.status = IncidentStatus::Open;
+    f.suspects = vec![
+        suspect("agents", SuspectVerdict::Common),
+        suspect("web", SuspectVerdict::Suspect),
+    ];
+    assert!(names_first(&f, "web"));
+    // a release seen as often on healthy clusters is not named
+    assert!(!names_first(&f, "agents"));
+    let found = new_incidents("web", t(100), &[], std::slice::from_ref(&f));
+    assert_eq!(
+        found,
+        [format!(
+            "fleet incident {} names this release first: {}",
+            f.id, f.summary
+        )]
+    );
+    f.suspects.retain(|s| s.verdict == SuspectVerdict::Common);
+    assert!(!names_first(&f, "web"));
+}
+
+#[test]
+fn the_gate_holds_a_batch_until_approved() {
+    let gated = || Policy {
+        gated: Some(Box::new(|b: &[String]| {
+            b.iter().any(|c| c.starts_with("prod"))
+        })),
+        ..policy()
+    };
+    let mut run = Run::new(release(&[&["dev"], &["prod"]]), gated());
+    let out = run.start();
+    let out = run.pass_batch(out);
+    assert_eq!(out.last(), Some(&Decision::Stop), "{out:?}");
+    assert_eq!(run.r.state, State::WaitingApproval);
+    assert_eq!(run.batch(2).state, BatchState::Pending);
+    let Some(Decision::Record(e)) = out.iter().rfind(|d| matches!(d, Decision::Record(_))) else {
+        panic!("no entry in {out:?}")
+    };
+    assert_eq!(
+        e.summary,
+        "batch 2 (prod) waits for approval: multipilot release approve web gate"
+    );
+    // another approval doesn't open the gate
+    assert_eq!(resume(&mut run.r, "bob"), None);
+    run.r.approvals.insert(
+        GATE_APPROVAL.into(),
+        crate::model::Approval {
+            actor: "bob".into(),
+            at: t(200),
+        },
+    );
+    let e = resume(&mut run.r, "bob").expect("resumes");
+    assert_eq!(e.summary, "apply resumes: prod");
+    assert_eq!(run.r.state, State::Applying);
+    // a new run goes on with the batch it held
+    let mut run = Run {
+        m: Machine::new(gated(), "bob"),
+        ..run
+    };
+    let out = run.feed(Input::Start);
+    assert_eq!(snapshot_of(&out), names(&["prod"]));
+    let out = run.pass_batch(out);
+    assert_eq!(out.last(), Some(&Decision::Stop));
+    assert_eq!(run.r.state, State::Succeeded);
+}
+
+#[test]
+fn rolling_back_a_partly_applied_batch_restores_what_it_reached() {
+    let mut run = Run::new(release(&[&["a", "b", "c"]]), policy());
+    run.start();
+    // a's snapshot fails: the batch changed nothing, and nothing is rolled back but the empty set
+    run.feed(Input::Snapshot {
+        cluster: "b".into(),
+        failure: None,
+    });
+    let out = run.each(&names(&["a", "c"]), |c| Input::Snapshot {
+        cluster: c.into(),
+        failure: (c == "a").then(|| "no answer from the agent of cluster a".into()),
+    });
+    assert_eq!(
+        run.r.error.as_deref(),
+        Some("batch 1: no answer from the agent of cluster a")
+    );
+    assert!(run.r.changed.is_empty());
+    assert_eq!(out.last(), Some(&Decision::Stop));
+    assert_eq!(run.r.state, State::RolledBack);
+    assert!(run.entries.ends_with(&[
+        "batch:false".into(),
+        "failed:false".into(),
+        "rollback".into(),
+        "rolled-back".into()
+    ]));
+
+    // applied on a, stopped by b: a rollback asked for by hand restores both
+    let mut run = Run::new(release(&[&["a", "b"]]), policy());
+    run.start();
+    run.each(&names(&["a", "b"]), |c| Input::Snapshot {
+        cluster: c.into(),
+        failure: None,
+    });
+    run.feed(step("a", None));
+    run.r.state = State::Failed;
+    let mut r = run.r.clone();
+    r.changed.clear();
+    assert_eq!(
+        request_rollback(&mut r).expect_err("nothing").to_string(),
+        "release web (revision 2) changed no cluster: nothing to roll back"
+    );
+    request_rollback(&mut run.r).expect("accepted");
+    assert_eq!(
+        request_rollback(&mut run.r.clone())
+            .expect_err("busy")
+            .to_string(),
+        "release web is rolling-back: wait for it"
+    );
+    let mut rb = Run {
+        m: Machine::new(policy(), "carol"),
+        ..run
+    };
+    let out = rb.feed(Input::RollBack);
+    assert_eq!(rollback_of(&out), names(&["b", "a"]));
+    let Some(Decision::Record(e)) = out.first() else {
+        panic!("{out:?}")
+    };
+    assert_eq!(
+        (e.actor.as_str(), e.summary.as_str()),
+        ("carol", "rollback 1 starts: a, b")
+    );
+    rb.feed(restored("b"));
+    let out = rb.feed(Input::Restored {
+        cluster: "a".into(),
+        outcome: StepOutcome::NotSent("a: no snapshot stored".into()),
+    });
+    assert_eq!(out.last(), Some(&Decision::Stop));
+    assert_eq!(rb.r.state, State::RollbackFailed);
+    assert_eq!(
+        rb.r.error.as_deref(),
+        Some("rollback failed: a: no snapshot stored")
+    );
+    // what could not be sent has no step of its own
+    assert_eq!(
+        &rb.entries[rb.entries.len() - 3..],
+        ["rollback", "rollback-step", "rolled-back:false"]
+    );
+}
+
+#[test]
+fn a_restart_resumes_from_the_stored_release() {
+    let gated = || Policy {
+        gated: Some(Box::new(|b: &[String]| b.contains(&"c".to_string()))),
+        ..policy()
+    };
+    let mut run = Run::new(release(&[&["a"], &["b"], &["c"]]), gated());
+    let out = run.start();
+    let out = run.pass_batch(out);
+    let out = run.pass_batch(out);
+    assert_eq!(out.last(), Some(&Decision::Stop));
+    // stored and read back by another process
+    let text = serde_json::to_string(&run.r).expect("json");
+    let mut r: Release = serde_json::from_str(&text).expect("loads");
+    assert_eq!(r, run.r);
+    r.approvals.insert(
+        GATE_APPROVAL.into(),
+        crate::model::Approval {
+            actor: "bob".into(),
+            at: t(300),
+        },
+    );
+    resume(&mut r, "bob").expect("resumes");
+    let mut m = Machine::new(gated(), "bob");
+    let out = m.on(&mut r, Input::Start, t(400));
+    assert_eq!(snapshot_of(&out), names(&["c"]));
+    assert_eq!(r.changed, names(&["a", "b"]));
+    // a role that stops while applying leaves it busy: the next one marks it interrupted, never guesses
+    let e = interrupted(&mut r).expect("busy");
+    assert_eq!(r.state, State::Interrupted);
+    assert_eq!(e.what, "interrupted");
+    assert_eq!(e.detail, json!({"was": "applying"}));
+    assert_eq!(
+        r.error.as_deref(),
+        Some(
+            "the release role restarted while applying; changed clusters: a, b — roll back with \
+             `multipilot release rollback web` or plan again"
+        )
+    );
+    assert_eq!(interrupted(&mut r), None);
+}
+
+#[test]
+fn the_health_gate_times_out() {
+    let mut run = Run::new(release(&[&["a", "b"]]), policy());
+    run.start();
+    run.each(&names(&["a", "b"]), |c| Input::Snapshot {
+        cluster: c.into(),
+        failure: None,
+    });
+    run.each(&names(&["a", "b"]), |c| step(c, None));
+    // b completes; a does not, and is read again every second
+    let out = run.feed(Input::Health(vec![
+        read("a", stuck()),
+        read("b", complete()),
+    ]));
+    assert_eq!(out, vec![Decision::WaitUntil(t(101))]);
+    let out = run.wait(&out);
+    assert_eq!(
+        health_of(&out).keys().collect::<Vec<_>>(),
+        ["a"],
+        "only what is not complete"
+    );
+    run.now = t(219);
+    let out = run.feed(Input::Health(vec![read("a", stuck())]));
+    assert_eq!(out, vec![Decision::WaitUntil(t(220))]);
+    run.now = t(220);
+    run.feed(Input::Health(vec![read("a", stuck())]));
+    let e =
+        "rollout not complete after 120s: a: Deployment default/web: updated 1/2, available 1/2";
+    assert_eq!(run.batch(1).error.as_deref(), Some(e));
+    assert_eq!(run.r.error, Some(format!("batch 1: health gate: {e}")));
+    assert_eq!(run.r.state, State::RollingBack);
+}
+
+#[test]
+fn a_stopping_role_fails_the_wait_it_was_in() {
+    let mut run = Run::new(release(&[&["a"]]), policy());
+    run.start();
+    run.feed(Input::Snapshot {
+        cluster: "a".into(),
+        failure: None,
+    });
+    run.feed(step("a", None));
+    run.feed(Input::Stopping);
+    assert_eq!(
+        run.r.error.as_deref(),
+        Some("batch 1: health gate: the release role is stopping")
+    );
+}
+
+#[test]
+fn a_start_is_refused_with_what_is_missing() {
+    let mut r = release(&[&["a"]]);
+    r.plan.required_approvals.insert("external-ips".into());
+    let refused = start(&mut r, "ann").expect_err("an approval is missing");
+    assert_eq!(
+        refused.error.to_string(),
+        "apply refused: needs approval: external-ips (give --approve external-ips)"
+    );
+    assert!(refused.entry.is_some_and(|e| !e.ok));
+    assert_eq!(r.state, State::Planned);
+    r.plan.blocked = 1;
+    let refused = start(&mut r, "ann").expect_err("blocked");
+    assert!(
+        refused
+            .error
+            .to_string()
+            .starts_with("apply refused: the plan has 1 blocked objects and 0 errors:\n  "),
+        "{}",
+        refused.error
+    );
+    r.state = State::Succeeded;
+    assert_eq!(
+        start(&mut r, "ann").expect_err("ran").error.to_string(),
+        "release web is succeeded (revision 2): plan it again to apply it"
+    );
+}
+
+#[test]
+fn rollout_rules() {
+    let d = |generation, obs, upd, avail, reps| {
+        json!({"kind": "Deployment", "metadata": {"generation": generation}, "spec": {"replicas": 2},
+            "status": {"observedGeneration": obs, "updatedReplicas": upd, "availableReplicas": avail, "replicas": reps}})
+    };
+    assert!(rollout_missing(&d(2, 2, 2, 2, 2)).is_none());
+    assert!(rollout_missing(&d(3, 2, 2, 2, 2)).is_some());
+    assert!(rollout_missing(&d(2, 2, 1, 2, 2)).is_some());
+    assert!(rollout_missing(&d(2, 2, 2, 1, 2)).is_some());
+    assert!(rollout_missing(&d(2, 2, 2, 2, 3)).is_some());
+    assert!(rollout_missing(&json!({"kind": "ConfigMap"})).is_none());
+}
