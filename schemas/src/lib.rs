@@ -8,6 +8,7 @@
 //!
 //! - [`envelope`]: the envelope and the [`Payload`] trait every payload implements.
 //! - [`payload`]: every payload type (resource state, events, probes, metrics, incidents, …).
+//! - [`object`]: what of a Kubernetes object an apply owns (the content the agent and the release role compare).
 //! - [`codec`]: encode/decode with header checks, size limits and clear errors.
 //! - [`subject`]: subject tokens escaped from Kubernetes names, and the subject builders.
 //! - [`catalog`]: the list of payload types and their generated JSON Schemas.
@@ -22,6 +23,7 @@ pub mod codec;
 pub mod control;
 pub mod deprecations;
 pub mod envelope;
+pub mod object;
 pub mod payload;
 pub mod probes;
 pub mod selector;

@@ -26,6 +26,7 @@ use ed25519_dalek::{Signature, Verifier, VerifyingKey};
 use futures::StreamExt;
 use kube::api::{Api, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::discovery::{ApiResource, Scope};
+use multipilot_schemas::object::content;
 use multipilot_schemas::payload::{
     ApplyOutcome, ObjectOutcome, ObjectRef, ReleaseAction, ReleaseCommand, ReleaseResult,
 };
@@ -574,26 +575,6 @@ async fn flush(tree: &sled::Tree) -> Result<(), String> {
 fn trim(mut v: Value) -> Value {
     if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
         m.remove("managedFields");
-    }
-    v
-}
-
-/// What an apply can change: everything but status and server-set metadata.
-fn content(v: &Value) -> Value {
-    let mut v = v.clone();
-    if let Some(o) = v.as_object_mut() {
-        o.remove("status");
-    }
-    if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
-        for k in [
-            "resourceVersion",
-            "generation",
-            "managedFields",
-            "creationTimestamp",
-            "uid",
-        ] {
-            m.remove(k);
-        }
     }
     v
 }

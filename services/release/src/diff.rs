@@ -19,29 +19,7 @@ pub struct Change {
     pub after: Option<Value>,
 }
 
-/// What an apply can change (status and server-set metadata removed).
-pub fn content(v: &Value) -> Value {
-    let mut v = v.clone();
-    if let Some(o) = v.as_object_mut() {
-        o.remove("status");
-    }
-    if let Some(m) = v.get_mut("metadata").and_then(Value::as_object_mut) {
-        for k in [
-            "resourceVersion",
-            "generation",
-            "managedFields",
-            "creationTimestamp",
-            "uid",
-            "selfLink",
-        ] {
-            m.remove(k);
-        }
-        if let Some(a) = m.get_mut("annotations").and_then(Value::as_object_mut) {
-            a.remove("deployment.kubernetes.io/revision");
-        }
-    }
-    v
-}
+pub use multipilot_schemas::object::content;
 
 /// The changes from `before` (None: the object is created) to `after`.
 pub fn diff(before: Option<&Value>, after: &Value) -> Vec<Change> {
