@@ -36,6 +36,9 @@ pub struct SelectorError {
     pub reason: String,
 }
 
+/// Why one requirement doesn't parse.
+struct Invalid(String);
+
 /// Splits on commas outside parentheses.
 fn split_top(s: &str) -> Vec<&str> {
     let (mut out, mut depth, mut start) = (Vec::new(), 0i32, 0usize);
@@ -85,31 +88,31 @@ impl Selector {
             if p.is_empty() {
                 return Err(bad("empty requirement".into()));
             }
-            reqs.push(Self::requirement(p).map_err(bad)?);
+            reqs.push(Self::requirement(p).map_err(|Invalid(reason)| bad(reason))?);
         }
         Ok(Selector(reqs))
     }
 
-    fn requirement(p: &str) -> Result<Req, String> {
-        let key = |k: &str| -> Result<String, String> {
+    fn requirement(p: &str) -> Result<Req, Invalid> {
+        let key = |k: &str| -> Result<String, Invalid> {
             let k = k.trim();
             if valid_key(k) {
                 Ok(k.to_string())
             } else {
-                Err(format!("bad key {k:?}"))
+                Err(Invalid(format!("bad key {k:?}")))
             }
         };
-        let set = |rest: &str| -> Result<Vec<String>, String> {
+        let set = |rest: &str| -> Result<Vec<String>, Invalid> {
             let vals: Vec<String> = rest
                 .trim()
                 .strip_prefix('(')
                 .and_then(|r| r.strip_suffix(')'))
-                .ok_or("a set needs parentheses: key in (a,b)")?
+                .ok_or_else(|| Invalid("a set needs parentheses: key in (a,b)".into()))?
                 .split(',')
                 .map(|v| v.trim().to_string())
                 .collect();
             if vals.iter().any(String::is_empty) {
-                return Err("empty value in a set".into());
+                return Err(Invalid("empty value in a set".into()));
             }
             Ok(vals)
         };
@@ -144,13 +147,15 @@ impl Selector {
             };
             let (k, v) = (key(k)?, v.trim());
             if v.contains(['=', '<', '>', '!', '(', ')', ' ']) {
-                return Err(format!("bad value {v:?}"));
+                return Err(Invalid(format!("bad value {v:?}")));
             }
             return Ok(match (op, cmp) {
                 ("!=", _) => Req::Ne(k, v.into()),
                 (_, Some((ord, eq))) => {
                     let n = numbers(v).ok_or_else(|| {
-                        format!("{op} compares dotted numbers such as 1.25, not {v:?}")
+                        Invalid(format!(
+                            "{op} compares dotted numbers such as 1.25, not {v:?}"
+                        ))
                     })?;
                     Req::Cmp(k, ord, eq, n)
                 }
@@ -163,7 +168,7 @@ impl Selector {
         if valid_key(p) {
             return Ok(Req::Exists(p.into()));
         }
-        Err(format!("cannot read {p:?}"))
+        Err(Invalid(format!("cannot read {p:?}")))
     }
 
     /// Whether the labels `get` looks up satisfy every requirement.

@@ -5,11 +5,11 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use chrono::Utc;
 use futures::StreamExt;
-use multipilot_schemas::Envelope;
 use multipilot_schemas::payload::{
     BlastRadius, CheckStatus, ComplianceReport, FleetIncident, Incident, IncidentStatus,
     SettingDivergence, SuspectVerdict,
 };
+use multipilot_schemas::{Envelope, subject};
 
 fn ago(t: chrono::DateTime<Utc>) -> String {
     let s = (Utc::now() - t).num_seconds().max(0);
@@ -205,11 +205,11 @@ pub async fn print(
         return Ok(());
     }
     let mut subs = futures::stream::select(
-        client.subscribe("fleet.fleet-incident.>").await?,
-        client.subscribe("fleet.incident.>").await?,
+        client.subscribe(subject::FLEET_INCIDENT.all()).await?,
+        client.subscribe(subject::INCIDENT.all()).await?,
     );
     while let Some(m) = subs.next().await {
-        if m.subject.starts_with("fleet.fleet-incident.") {
+        if subject::FLEET_INCIDENT.contains(&m.subject) {
             match rmp_serde::from_slice::<Envelope<FleetIncident>>(&m.payload) {
                 Ok(env) if output == "json" => {
                     println!("{}", serde_json::to_string(&env.payload)?)

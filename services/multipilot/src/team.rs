@@ -31,8 +31,10 @@ use std::path::Path;
 
 use anyhow::{Context as _, Result, bail, ensure};
 use clap::Subcommand;
-use multipilot_console::selector::Selector;
 use multipilot_runtime::auth::{Role, sha256_hex};
+use multipilot_schemas::selector::Selector;
+use multipilot_schemas::streams::name;
+use multipilot_schemas::subject::{self, Family};
 
 use crate::cluster::{
     Files, ROLES_MARK, TEAMS_MARK, blocks_in, check_name, hash, new_password, read, registry,
@@ -85,44 +87,35 @@ struct Team {
     password_hash: String,
 }
 
-/// The per-cluster subjects a team's user receives (`{c}`: the cluster).
-const SUBJECTS: [&str; 11] = [
-    "fleet.state.{c}.>",
-    "fleet.resync.{c}.>",
-    "fleet.facts.{c}",
-    "fleet.hb.{c}",
-    "fleet.probe.{c}.>",
-    "fleet.event.{c}.>",
-    "fleet.incident.{c}.>",
-    "fleet.digest.{c}.>",
-    "fleet.compliance.{c}",
-    // with partitions, facts and heartbeats carry the partition as one more token
-    "fleet.facts.{c}.*",
-    "fleet.hb.{c}.*",
+/// The classes of a cluster's subjects a team reads and may replay: the class (its consumer's suffix), the
+/// stream that keeps it, the subject family, and whether the hub's partition mapping appends a token to
+/// the family's subjects (a one-token family then needs `<cluster>.*` as well).
+const CLASSES: [(&str, &str, Family, bool); 9] = [
+    ("state", name::STATE, subject::STATE, true),
+    ("resync", name::STATE, subject::RESYNC, true),
+    ("facts", name::FACTS, subject::FACTS, true),
+    ("hb", name::HEALTH, subject::HEARTBEAT, true),
+    ("probe", name::HEALTH, subject::PROBE, true),
+    ("event", name::EVENTS, subject::EVENT, true),
+    ("incident", name::INCIDENTS, subject::INCIDENT, false),
+    ("digest", name::INCIDENTS, subject::DIGEST, false),
+    ("compliance", name::INCIDENTS, subject::COMPLIANCE, false),
 ];
+
+/// The filters of one class of cluster `c`'s subjects.
+fn class_filters(family: Family, partitioned: bool, c: &str) -> Vec<String> {
+    let own = family.of_cluster(c);
+    if partitioned && !own.ends_with('>') {
+        vec![own.clone(), format!("{own}.*")]
+    } else {
+        vec![own]
+    }
+}
 
 /// Marks the accounts of the teams' replay users (after the agents' accounts); made again from the teams'
 /// blocks whenever they change.
 const ACCOUNTS_MARK: &str = "# --- team accounts ---";
 const ACCOUNTS_END: &str = "# --- end of team accounts ---";
-
-/// What a team may replay, per cluster `{c}`: one consumer per class, on its stream, with these filters
-/// (facts and heartbeats carry the partition as one more token with partitions).
-const REPLAY: [(&str, &str, &[&str]); 9] = [
-    ("state", "FLEET_STATE", &["fleet.state.{c}.>"]),
-    ("resync", "FLEET_STATE", &["fleet.resync.{c}.>"]),
-    (
-        "facts",
-        "FLEET_FACTS",
-        &["fleet.facts.{c}", "fleet.facts.{c}.*"],
-    ),
-    ("hb", "FLEET_HEALTH", &["fleet.hb.{c}", "fleet.hb.{c}.*"]),
-    ("probe", "FLEET_HEALTH", &["fleet.probe.{c}.>"]),
-    ("event", "FLEET_EVENTS", &["fleet.event.{c}.>"]),
-    ("incident", "FLEET_INCIDENTS", &["fleet.incident.{c}.>"]),
-    ("digest", "FLEET_INCIDENTS", &["fleet.digest.{c}.>"]),
-    ("compliance", "FLEET_INCIDENTS", &["fleet.compliance.{c}"]),
-];
 
 /// The consumer a team replays a class of a cluster's subjects with: `<team>_<cluster>_<class>`.
 pub fn consumer_name(team: &str, cluster: &str, class: &str) -> String {
@@ -149,13 +142,10 @@ pub fn replay_requests(team: &str, clusters: &[String]) -> Vec<(String, String)>
     };
     let mut acks = Vec::new();
     for c in clusters {
-        for (class, stream, filters) in REPLAY {
+        for (class, stream, family, partitioned) in CLASSES {
             let name = consumer_name(team, c, class);
-            for f in filters {
-                api(format!(
-                    "CONSUMER.CREATE.{stream}.{name}.{}",
-                    f.replace("{c}", c)
-                ));
+            for f in class_filters(family, partitioned, c) {
+                api(format!("CONSUMER.CREATE.{stream}.{name}.{f}"));
             }
             api(format!("CONSUMER.MSG.NEXT.{stream}.{name}"));
             api(format!("CONSUMER.INFO.{stream}.{name}"));
@@ -237,9 +227,13 @@ fn sync_accounts(text: &str) -> Result<String> {
 pub fn permissions(team: &str, clusters: &[String]) -> Vec<String> {
     let mut subscribe: Vec<String> = clusters
         .iter()
-        .flat_map(|c| SUBJECTS.iter().map(move |s| s.replace("{c}", c)))
+        .flat_map(|c| {
+            CLASSES.iter().flat_map(move |(_, _, family, partitioned)| {
+                class_filters(*family, *partitioned, c)
+            })
+        })
         .collect();
-    subscribe.push(format!("fleet.alert.team-{team}"));
+    subscribe.push(subject::alert(&format!("team-{team}")));
     subscribe
 }
 

@@ -105,7 +105,7 @@ impl Default for Config {
             out_of_order_window: Duration::from_secs(3600),
             listen: "127.0.0.1:9466".into(),
             consumer: consume::Config {
-                stream: "FLEET_METRICS".into(),
+                stream: multipilot_schemas::streams::name::METRICS.into(),
                 durable: "tsdb".into(),
                 batch: 500,
                 ..Default::default()
@@ -397,7 +397,7 @@ pub async fn open_store(config: &Config) -> Result<Arc<Store>, Error> {
 
 /// The subject filter of partition `k` (the partition is the last token the server's mapping adds).
 pub fn partition_filter(partition: u32) -> String {
-    format!("fleet.metrics.*.{partition}")
+    multipilot_schemas::subject::METRICS.partition(partition)
 }
 
 /// Sets up the durable consumer this instance reads with and returns the runner's settings: the shared
