@@ -2,10 +2,11 @@
 //!
 //! Reads (ephemeral ordered consumers, see [`ingest`]): `fleet.state.>` + `fleet.resync.>` and
 //! `fleet.facts.>` (last per subject), `fleet.hb.>` + `fleet.probe.>` (last per subject),
-//! `fleet.incident.>` (all) and `fleet.compliance.>` (last per subject), `fleet.release.>` (all). Never calls
+//! `fleet.incident.>` + `fleet.fleet-incident.>` (all) and `fleet.compliance.>` (last per subject),
+//! `fleet.release.>` (all), each through `multipilot_bus::follow`. Never calls
 //! a cluster. Asks the correlator over request/reply `fleet.ctl.incident` to acknowledge or resolve an
 //! incident (the correlator publishes the new revision and the audit record), and the TSDB role's
-//! Prometheus API for capacity charts. Serves the API and the page on `console.listen` (default
+//! Prometheus API for the capacity charts and the vital signs. Serves the API and the page on `console.listen` (default
 //! `127.0.0.1:9468`).
 
 pub mod api;

@@ -6,7 +6,8 @@
 //! `fleet.fleet-incident.<kind>` (one failure across clusters: the cluster incidents it links),
 //! `fleet.digest.<cluster>.<kind>` (deduplicated event problems) and `fleet.compliance.<cluster>` (baseline
 //! reports), and `fleet.audit.console.incident-<action>` for the incident commands it carries out. Answers
-//! `fleet.query.incidents`, `fleet.query.fleet-incidents` and `fleet.query.compliance` (request/reply, JSON) and the incident commands on
+//! `fleet.query.incidents`, `fleet.query.fleet-incidents`, `fleet.query.compliance`,
+//! `fleet.query.blast-radius` and `fleet.query.consistency` (request/reply, JSON) and the incident commands on
 //! `fleet.ctl.incident` (acknowledge, resolve); their types are in `multipilot_schemas::control`.
 //!
 //! Layers:

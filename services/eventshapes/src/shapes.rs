@@ -2,8 +2,9 @@
 //! reason, the type, the message template exactly as the reporting component formats it (with typed
 //! placeholders for the parts that change), and whether it is a problem or normal lifecycle.
 //!
-//! It feeds [`crate::stream`] (a realistic fleet event stream) and the fingerprint tests below: every
-//! problem shape must collapse to one fingerprint per object whatever its placeholders say.
+//! It feeds [`crate::stream`] (a realistic fleet event stream) and the correlator's fingerprint tests
+//! (`services/correlator/tests/shapes.rs`): every problem shape must collapse to one fingerprint per object
+//! whatever its placeholders say.
 //!
 //! Covered, with the source each format was checked against (Kubernetes files are in
 //! `github.com/kubernetes/kubernetes` unless another repository is named):
