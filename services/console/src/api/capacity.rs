@@ -120,7 +120,7 @@ pub(super) async fn capacity(
                 series
                     .push(json!({"metric": name, "unit": unit, "query": query, "points": points}));
             }
-            Err(e) => errors.push(json!({"metric": name, "query": query, "error": e})),
+            Err(e) => errors.push(json!({"metric": name, "query": query, "error": e.to_string()})),
         }
     }
     if series.is_empty() && !errors.is_empty() {
@@ -148,14 +148,25 @@ pub struct RangeSeries {
     pub points: Vec<[f64; 2]>,
 }
 
-/// A PromQL range query to the TSDB (`/api/v1/query_range`); the error says what went wrong in a line.
+/// Why a range query got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    /// The TSDB could not be reached, or its answer was not JSON.
+    #[error("{0}")]
+    Http(#[from] reqwest::Error),
+    /// The TSDB refused the query (its own error message).
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// A PromQL range query to the TSDB (`/api/v1/query_range`).
 pub async fn query_range(
     app: &App,
     query: &str,
     start: i64,
     end: i64,
     step: Duration,
-) -> Result<Vec<RangeSeries>, String> {
+) -> Result<Vec<RangeSeries>, QueryError> {
     let url = format!("{}/api/v1/query_range", app.tsdb_url.trim_end_matches('/'));
     let body: Value = app
         .http
@@ -168,16 +179,16 @@ pub async fn query_range(
         ])
         .timeout(Duration::from_secs(10))
         .send()
-        .await
-        .map_err(|e| e.to_string())?
+        .await?
         .json()
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     if body["status"] != "success" {
-        return Err(body["error"]
-            .as_str()
-            .unwrap_or("the TSDB failed")
-            .to_string());
+        return Err(QueryError::Refused(
+            body["error"]
+                .as_str()
+                .unwrap_or("the TSDB failed")
+                .to_string(),
+        ));
     }
     let result = body["data"]["result"]
         .as_array()

@@ -97,7 +97,7 @@ pub(super) async fn vitals(
                     }
                 }
             }
-            Err(e) => errors.push(json!({"vital": v.name, "error": e})),
+            Err(e) => errors.push(json!({"vital": v.name, "error": e.to_string()})),
         }
     }
     if errors.len() == VITALS.len() {
