@@ -2,7 +2,7 @@
 //! fleet incident (its batches reached the failing clusters, and few healthy ones, shortly before), the
 //! release's history says so: an `incident` entry with the fleet incident, its members and the suspect's
 //! support, once per fleet incident and release revision. During the soak the batch also stops on it
-//! (`Service::new_incidents`); the history entry is what remains when nobody watches the rollout any more
+//! (`machine::new_incidents`); the history entry is what remains when nobody watches the rollout any more
 //! (`multipilot release history`, the console).
 //!
 //! Reads (ordered consumer, from the start, then live): `fleet.fleet-incident.>` on FLEET_INCIDENTS.

@@ -681,9 +681,9 @@ impl Service {
     }
 
     /// Repositories and every release's sync status.
-    pub async fn report(&self) -> Result<Report, String> {
+    pub async fn report(&self) -> Result<Report, crate::store::Error> {
         let repos: Vec<RepoStatus> = self.gitops.repos.lock().await.values().cloned().collect();
-        let all = self.store.all().map_err(|e| e.to_string())?;
+        let all = self.store.all()?;
         let drift = self.drift.lock().await;
         let mut releases = Vec::new();
         for r in all {

@@ -20,6 +20,7 @@
 
 pub mod attribution;
 pub mod config;
+pub mod ctl;
 pub mod diff;
 pub mod drift;
 pub mod exec;
@@ -48,6 +49,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::Config;
 
+use crate::machine::Entry;
 use crate::model::{
     ApplyRequest, Approval, ApproveRequest, NameRequest, PlanRequest, Release, Reply, Source, State,
 };
@@ -168,10 +170,11 @@ fn actor_or_system(a: &str) -> String {
 
 impl Service {
     /// Runs `once` (a reader of a stream) until the role stops, starting it again 2 s after it fails.
-    pub(crate) async fn keep_following<F, Fut>(self: Arc<Self>, what: &str, once: F)
+    pub(crate) async fn keep_following<F, Fut, E>(self: Arc<Self>, what: &str, once: F)
     where
         F: Fn(Arc<Self>) -> Fut,
-        Fut: std::future::Future<Output = Result<(), String>>,
+        Fut: std::future::Future<Output = Result<(), E>>,
+        E: std::fmt::Display,
     {
         loop {
             if let Err(e) = once(self.clone()).await {
@@ -184,8 +187,7 @@ impl Service {
         }
     }
 
-    /// Records a history entry: stored with the release (durably), then published on FLEET_RELEASE and as an
-    /// audit record on FLEET_AUDIT. A failed publish is logged; the stored history stays the reference.
+    /// Records a history entry in the release's current state (see [`Service::record_entry`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn record(
         &self,
@@ -198,19 +200,27 @@ impl Service {
         summary: String,
         detail: Value,
     ) {
+        let e = machine::entry(r, what, ok, actor, batch, clusters, summary, detail);
+        self.record_entry(r, e).await
+    }
+
+    /// Records a history entry: stored with the release (durably), then published on FLEET_RELEASE and as an
+    /// audit record on FLEET_AUDIT. A failed publish is logged; the stored history stays the reference.
+    pub(crate) async fn record_entry(&self, r: &mut Release, e: Entry) {
         r.events += 1;
         r.updated_at = Utc::now();
+        let what = e.what.as_str();
         let ev = ReleaseEvent {
             release: r.name.clone(),
             revision: r.revision,
             what: what.into(),
-            state: r.state.name().into(),
-            actor: actor_or_system(actor),
-            batch,
-            clusters,
-            ok,
-            summary,
-            detail,
+            state: e.state.name().into(),
+            actor: actor_or_system(&e.actor),
+            batch: e.batch,
+            clusters: e.clusters,
+            ok: e.ok,
+            summary: e.summary,
+            detail: e.detail,
             commit: r.source.commit_label(),
             at: r.updated_at,
         };
@@ -256,7 +266,7 @@ impl Service {
             role: "release".into(),
             action: format!("release.{what}"),
             target: format!("{}@{}", r.name, r.revision),
-            outcome: if ok { "ok" } else { "failed" }.into(),
+            outcome: if ev.ok { "ok" } else { "failed" }.into(),
             detail: json!({"summary": ev.summary, "batch": ev.batch, "clusters": ev.clusters,
                 "state": ev.state, "detail": ev.detail}),
             commit: ev.commit.clone(),
@@ -279,20 +289,19 @@ impl Service {
         spec_text: &str,
         source: Source,
         actor: &str,
-    ) -> Result<Release, String> {
-        let spec = Spec::parse(spec_text).map_err(|e| e.to_string())?;
+    ) -> Result<Release, ctl::Error> {
+        let spec = Spec::parse(spec_text)?;
         let prev = {
             let _g = self.lock.lock().await;
-            let prev = self.store.get(&spec.name).map_err(|e| e.to_string())?;
+            let prev = self.store.get(&spec.name)?;
             if let Some(p) = &prev
                 && p.state.busy()
             {
-                return Err(format!(
-                    "release {} is {} (revision {}): wait for it or roll it back",
-                    p.name,
-                    p.state.name(),
-                    p.revision
-                ));
+                return Err(ctl::Error::Busy {
+                    name: p.name.clone(),
+                    state: p.state,
+                    revision: p.revision,
+                });
             }
             prev
         };
@@ -302,16 +311,13 @@ impl Service {
             Some(p) => p.revision + 1,
             None => 1,
         };
-        let plan = self
-            .make_plan(&spec, revision)
-            .await
-            .map_err(|e| e.to_string())?;
+        let plan = self.make_plan(&spec, revision).await?;
         let now = Utc::now();
         let _g = self.lock.lock().await;
-        if let Some(p) = self.store.get(&spec.name).map_err(|e| e.to_string())?
+        if let Some(p) = self.store.get(&spec.name)?
             && p.state.busy()
         {
-            return Err(format!("release {} started meanwhile", p.name));
+            return Err(ctl::Error::StartedMeanwhile(p.name));
         }
         // approvals given to a plan re-made in place for the same spec still hold
         let kept_approvals = prev
@@ -342,7 +348,7 @@ impl Service {
             deployed: prev.map(|p| p.deployed).unwrap_or_default(),
             deployed_before: Default::default(),
         };
-        r.batches = Self::fresh_batches(&r);
+        r.batches = machine::fresh_batches(&r);
         let p = &r.plan;
         let n_objs: usize = p.clusters.iter().map(|c| c.objects.len()).sum();
         let risks: Vec<Value> = p
@@ -394,13 +400,9 @@ impl Service {
         name: &str,
         approvals: &[String],
         actor: &str,
-    ) -> Result<Release, String> {
+    ) -> Result<Release, ctl::Error> {
         let _g = self.lock.lock().await;
-        let mut r = self
-            .store
-            .get(name)
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("no release named {name}"))?;
+        let mut r = self.stored(name)?;
         let fresh: Vec<String> = approvals
             .iter()
             .filter(|a| !a.trim().is_empty() && !r.approvals.contains_key(*a))
@@ -439,37 +441,30 @@ impl Service {
         name: &str,
         approvals: &[String],
         actor: &str,
-    ) -> Result<Release, String> {
+    ) -> Result<Release, ctl::Error> {
         let mut r = self.approve(name, approvals, actor).await?;
         if r.state == State::WaitingApproval && r.approvals.contains_key(spec::GATE_APPROVAL) {
             let _g = self.lock.lock().await;
-            r = self
-                .store
-                .get(name)
-                .map_err(|e| e.to_string())?
-                .ok_or_else(|| format!("no release named {name}"))?;
-            if r.state != State::WaitingApproval {
-                return Ok(r);
+            r = self.stored(name)?;
+            if let Some(e) = machine::resume(&mut r, actor) {
+                self.record_entry(&mut r, e).await;
+                tokio::spawn(
+                    self.clone()
+                        .run_apply(name.to_string(), actor_or_system(actor)),
+                );
             }
-            r.state = State::Applying;
-            let waiting: Vec<String> = r
-                .batches
-                .iter()
-                .filter(|b| b.state != model::BatchState::Done)
-                .flat_map(|b| b.clusters.clone())
-                .collect();
-            let s = format!("apply resumes: {}", waiting.join(", "));
-            self.record(&mut r, "apply", true, actor, None, waiting, s, json!({}))
-                .await;
-            tokio::spawn(
-                self.clone()
-                    .run_apply(name.to_string(), actor_or_system(actor)),
-            );
         }
         Ok(r)
     }
 
-    async fn apply(self: &Arc<Self>, req: ApplyRequest) -> Result<Release, String> {
+    /// The release stored as `name`.
+    fn stored(&self, name: &str) -> Result<Release, ctl::Error> {
+        self.store
+            .get(name)?
+            .ok_or_else(|| ctl::Error::NoRelease(name.to_string()))
+    }
+
+    async fn apply(self: &Arc<Self>, req: ApplyRequest) -> Result<Release, ctl::Error> {
         let name = match (&req.spec, &req.release) {
             (Some(text), _) => {
                 self.plan_new(text, req.source.clone(), &req.actor)
@@ -478,19 +473,15 @@ impl Service {
             }
             (None, Some(name)) => {
                 // re-plan the stored spec: the dry-run must pass again just before anything changes
-                let r = self
-                    .store
-                    .get(name)
-                    .map_err(|e| e.to_string())?
-                    .ok_or_else(|| format!("no release named {name}"))?;
+                let r = self.stored(name)?;
                 if !matches!(r.state, State::Planned | State::Blocked) {
-                    return Err(format!(
-                        "release {name} is {} (revision {}): plan it again with -f spec.yaml",
-                        r.state.name(),
-                        r.revision
-                    ));
+                    return Err(ctl::Error::NotPlanned {
+                        name: name.clone(),
+                        state: r.state,
+                        revision: r.revision,
+                    });
                 }
-                let text = serde_yaml::to_string(&r.spec).map_err(|e| e.to_string())?;
+                let text = serde_yaml::to_string(&r.spec)?;
                 let approvals: Vec<String> = r.approvals.keys().cloned().collect();
                 let planned = self.plan_new(&text, r.source.clone(), &req.actor).await?;
                 if !approvals.is_empty() {
@@ -498,7 +489,7 @@ impl Service {
                 }
                 planned.name
             }
-            (None, None) => return Err("apply needs a release name or a spec".into()),
+            (None, None) => return Err(ctl::Error::NothingToApply),
         };
         if !req.approve.is_empty() {
             self.approve(&name, &req.approve, &req.actor).await?;
@@ -508,105 +499,33 @@ impl Service {
 
     /// Starts applying a planned release: refused (and recorded) when its plan is not clean or an approval
     /// is missing.
-    async fn start(self: &Arc<Self>, name: &str, actor: &str) -> Result<Release, String> {
-        let name = name.to_string();
-        let req = NameRequest {
-            release: Some(name.clone()),
-            actor: actor.to_string(),
-        };
+    async fn start(self: &Arc<Self>, name: &str, actor: &str) -> Result<Release, ctl::Error> {
         let _g = self.lock.lock().await;
-        let mut r = self
-            .store
-            .get(&name)
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("no release named {name}"))?;
-        if !matches!(r.state, State::Planned | State::Blocked) {
-            return Err(format!(
-                "release {name} is {} (revision {}): plan it again to apply it",
-                r.state.name(),
-                r.revision
-            ));
+        let mut r = self.stored(name)?;
+        match machine::start(&mut r, actor) {
+            Ok(e) => {
+                self.record_entry(&mut r, e).await;
+                tokio::spawn(
+                    self.clone()
+                        .run_apply(name.to_string(), actor_or_system(actor)),
+                );
+                Ok(r)
+            }
+            Err(refused) => {
+                if let Some(e) = refused.entry {
+                    self.record_entry(&mut r, *e).await;
+                }
+                Err(refused.error.into())
+            }
         }
-        if !r.plan.clean() {
-            let problems = r.plan.problems();
-            let s = format!(
-                "apply refused: the plan has {} blocked objects and {} errors",
-                r.plan.blocked, r.plan.errors
-            );
-            self.record(
-                &mut r,
-                "apply",
-                false,
-                &req.actor,
-                None,
-                vec![],
-                s.clone(),
-                json!({"problems": problems}),
-            )
-            .await;
-            return Err(format!("{s}:\n  {}", problems.join("\n  ")));
-        }
-        let missing = r.missing_approvals();
-        if !missing.is_empty() {
-            let s = format!(
-                "apply refused: needs approval: {} (give --approve {})",
-                missing.join(", "),
-                missing.join(" --approve ")
-            );
-            self.record(
-                &mut r,
-                "apply",
-                false,
-                &req.actor,
-                None,
-                vec![],
-                s.clone(),
-                json!({"missing": missing}),
-            )
-            .await;
-            return Err(s);
-        }
-        r.state = State::Applying;
-        r.batches = Self::fresh_batches(&r);
-        r.changed.clear();
-        r.error = None;
-        r.deployed_before = r.deployed.clone();
-        let clusters: Vec<String> = r.plan.clusters.iter().map(|c| c.cluster.clone()).collect();
-        let s = format!(
-            "apply starts: {} clusters in {} batches",
-            clusters.len(),
-            r.plan.batches.len()
-        );
-        let detail = json!({"approvals": r.approvals});
-        self.record(&mut r, "apply", true, &req.actor, None, clusters, s, detail)
-            .await;
-        let this = self.clone();
-        let actor = actor_or_system(&req.actor);
-        tokio::spawn(this.run_apply(name, actor));
-        Ok(r)
     }
 
-    async fn rollback(self: &Arc<Self>, name: &str, actor: &str) -> Result<Release, String> {
+    async fn rollback(self: &Arc<Self>, name: &str, actor: &str) -> Result<Release, ctl::Error> {
         let r = {
             let _g = self.lock.lock().await;
-            let r = self
-                .store
-                .get(name)
-                .map_err(|e| e.to_string())?
-                .ok_or_else(|| format!("no release named {name}"))?;
-            if r.state.busy() {
-                return Err(format!("release {name} is {}: wait for it", r.state.name()));
-            }
-            if r.changed.is_empty() {
-                return Err(format!(
-                    "release {name} (revision {}) changed no cluster: nothing to roll back",
-                    r.revision
-                ));
-            }
-            // busy from here: an approval arriving now can't resume an apply next to the rollback
-            let mut r = r;
-            r.state = State::RollingBack;
-            self.store.put(&r).await.map_err(|e| e.to_string())?;
+            let mut r = self.stored(name)?;
+            machine::request_rollback(&mut r)?;
+            self.store.put(&r).await?;
             r
         };
         let this = self.clone();
@@ -626,9 +545,9 @@ impl Service {
                 }
             };
         }
-        let done = |r: Result<Release, String>| match r {
+        let done = |r: Result<Release, ctl::Error>| match r {
             Ok(r) => Reply::with(r),
-            Err(e) => Reply::error(e),
+            Err(e) => Reply::error(e.to_string()),
         };
         match verb {
             "plan" => {
@@ -695,7 +614,7 @@ impl Service {
                         gitops: Some(Box::new(report)),
                         ..Default::default()
                     },
-                    Err(e) => Reply::error(e),
+                    Err(e) => Reply::error(e.to_string()),
                 }
             }
             other => Reply::error(format!(
@@ -711,31 +630,9 @@ impl Service {
             .all()
             .map_err(store_err::<store::Error>("reading the releases"))?
         {
-            if r.state.busy() {
-                let was = r.state.name();
-                r.state = State::Interrupted;
-                r.error = Some(format!(
-                    "the release role restarted while {was}; changed clusters: {} — roll back with `multipilot release rollback {}` or plan again",
-                    if r.changed.is_empty() {
-                        "none".to_string()
-                    } else {
-                        r.changed.join(", ")
-                    },
-                    r.name
-                ));
-                let clusters = r.changed.clone();
-                let s = r.error.clone().unwrap_or_default();
-                self.record(
-                    &mut r,
-                    "interrupted",
-                    false,
-                    "system",
-                    None,
-                    clusters,
-                    s,
-                    json!({"was": was}),
-                )
-                .await;
+            let was = r.state.name();
+            if let Some(e) = machine::interrupted(&mut r) {
+                self.record_entry(&mut r, e).await;
                 tracing::warn!(release = %r.name, was, "release interrupted by a restart");
             }
         }

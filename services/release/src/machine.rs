@@ -428,8 +428,9 @@ pub struct Refused {
     pub entry: Option<Box<Entry>>,
 }
 
+/// An entry in the release's current state.
 #[allow(clippy::too_many_arguments)]
-fn entry(
+pub(crate) fn entry(
     r: &Release,
     what: &str,
     ok: bool,

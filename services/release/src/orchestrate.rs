@@ -1,32 +1,75 @@
-//! Applying a planned release batch by batch, and rolling back.
+//! The shell of a release's apply and rollback: it runs the [`crate::machine`] and carries out its
+//! decisions — the release and the history in sled (written through to the KV bucket), snapshots, applies,
+//! rollout reads and restores as signed commands to the clusters' agents, incidents read from
+//! FLEET_INCIDENTS, and the timers — feeding what came of them back as the machine's inputs.
 //!
 //! Per batch: snapshot every object of the release on each of its clusters (stored durably before anything
 //! changes), mark the clusters changed (durably), server-side apply with the release's field manager (force
-//! only when the spec says so), delete what the spec deletes; then the health gate: every Deployment,
-//! StatefulSet and DaemonSet applied must complete its rollout (observedGeneration ≥ generation, updated ==
-//! available == desired replicas) within the health timeout, then a soak window with no new incident
-//! (`fleet.incident.<cluster>.>` on FLEET_INCIDENTS, opened since the batch started) on those clusters.
-//! The first failing batch stops the release and every changed cluster is rolled back: the snapshots are
-//! re-applied (force, same field manager) and objects the release created are deleted.
+//! only when the spec says so), delete what the spec deletes; then the health gate and the soak
+//! (`fleet.incident.<cluster>.>` and `fleet.fleet-incident.>` on FLEET_INCIDENTS, since the batch started).
+//! A rollback re-applies the snapshots (force, same field manager) and deletes objects the release created.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
-use multipilot_schemas::payload::{
-    ApplyOutcome, FleetIncident, Incident, IncidentStatus, ObjectOutcome, ReleaseAction,
-    SuspectVerdict,
-};
+use multipilot_schemas::payload::{ApplyOutcome, FleetIncident, Incident, ReleaseAction};
 use multipilot_schemas::{Envelope, subject};
 use serde_json::{Value, json};
 
 use crate::Service;
-use crate::exec::Command;
-use crate::model::{BatchProgress, BatchState, ClusterPlan, Deployed, Release, State, obj_name};
-use crate::spec::{GATE_APPROVAL, Selector};
+use crate::exec::{self, Command};
+use crate::machine::{Decision, HealthRead, Input, Machine, Policy, StepOutcome};
+use crate::model::{ClusterPlan, Release, obj_name};
+use crate::spec::Selector;
+use crate::store;
+
+/// Why a step of a run could not be carried out.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The release is no longer stored.
+    #[error("release {0} vanished")]
+    Vanished(String),
+    /// The store failed (retryable: the disk or the bucket may come back).
+    #[error(transparent)]
+    Store(#[from] store::Error),
+    /// A cluster's agent did not answer, or not understandably (retryable).
+    #[error(transparent)]
+    Agent(#[from] exec::Error),
+    /// The cluster is not in the release's plan.
+    #[error("cluster not in the plan")]
+    NotInPlan,
+    /// The agent could not read the objects before the change.
+    #[error("{cluster}: snapshot failed: {reason}")]
+    Snapshot {
+        /// Cluster.
+        cluster: String,
+        /// The agent's error.
+        reason: String,
+    },
+    /// A rollback found no snapshot of the cluster.
+    #[error("{cluster}: no snapshot stored")]
+    NoSnapshot {
+        /// Cluster.
+        cluster: String,
+    },
+    /// FLEET_INCIDENTS could not be read (retryable).
+    #[error("{0}")]
+    Incidents(String),
+}
+
+impl Error {
+    /// Whether trying again later may succeed.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::Store(_) | Error::Agent(_) | Error::Incidents(_)
+        )
+    }
+}
 
 /// The object as it can be applied again: status and server-set metadata removed.
 pub fn restorable(live: &Value) -> Value {
@@ -40,64 +83,22 @@ pub fn restorable(live: &Value) -> Value {
     v
 }
 
-/// Whether a workload's rollout is complete; `Err` says what is missing.
-pub fn rollout_complete(obj: &Value) -> Result<(), String> {
-    let kind = obj.get("kind").and_then(Value::as_str).unwrap_or_default();
-    let i = |p: &str| obj.pointer(p).and_then(Value::as_i64);
-    let generation = i("/metadata/generation").unwrap_or(0);
-    let observed = i("/status/observedGeneration").unwrap_or(0);
-    if observed < generation {
-        return Err(format!(
-            "observedGeneration {observed} < generation {generation}"
-        ));
-    }
-    let (desired, updated, available) = match kind {
-        "Deployment" => (
-            i("/spec/replicas").unwrap_or(1),
-            i("/status/updatedReplicas").unwrap_or(0),
-            i("/status/availableReplicas").unwrap_or(0),
-        ),
-        "StatefulSet" => (
-            i("/spec/replicas").unwrap_or(1),
-            i("/status/updatedReplicas").unwrap_or(0),
-            i("/status/availableReplicas")
-                .or(i("/status/readyReplicas"))
-                .unwrap_or(0),
-        ),
-        "DaemonSet" => (
-            i("/status/desiredNumberScheduled").unwrap_or(0),
-            i("/status/updatedNumberScheduled").unwrap_or(0),
-            i("/status/numberAvailable").unwrap_or(0),
-        ),
-        _ => return Ok(()),
-    };
-    let total = i("/status/replicas").unwrap_or(desired);
-    if updated == desired && available == desired && (kind == "DaemonSet" || total == desired) {
-        Ok(())
+/// What an agent's failed answer says: each object's error, or the command's.
+fn failure_text(res: &multipilot_schemas::payload::ReleaseResult) -> String {
+    let errs: Vec<String> = res
+        .objects
+        .iter()
+        .filter_map(|o| {
+            o.error
+                .as_ref()
+                .map(|e| format!("{} {}: {e}", o.object.kind, obj_name(&o.object)))
+        })
+        .collect();
+    if errs.is_empty() {
+        res.error.clone().unwrap_or_default()
     } else {
-        Err(format!(
-            "updated {updated}/{desired}, available {available}/{desired}"
-        ))
+        errs.join("; ")
     }
-}
-
-fn is_workload(kind: &str) -> bool {
-    matches!(kind, "Deployment" | "StatefulSet" | "DaemonSet")
-}
-
-fn counts(objs: &[ObjectOutcome]) -> BTreeMap<String, usize> {
-    let mut m = BTreeMap::new();
-    for o in objs {
-        *m.entry(o.outcome.as_str().to_string()).or_default() += 1;
-    }
-    m
-}
-
-fn count_text(c: &BTreeMap<String, usize>) -> String {
-    c.iter()
-        .map(|(k, v)| format!("{v} {k}"))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 impl Service {
@@ -105,392 +106,225 @@ impl Service {
         r.plan.clusters.iter().find(|c| c.cluster == cluster)
     }
 
+    fn load(&self, name: &str) -> Result<Release, Error> {
+        self.store
+            .get(name)?
+            .ok_or_else(|| Error::Vanished(name.to_string()))
+    }
+
+    /// The release's timings, field manager and approval gate (a batch holding a cluster the gate selector
+    /// matches, or one the registry no longer knows: the gate never opens by forgetting).
+    fn policy(&self, r: &Release) -> (Policy, Option<crate::spec::Error>) {
+        let mut policy = Policy {
+            soak: r.spec.soak.unwrap_or(self.config.default_soak),
+            health_timeout: r.spec.health_timeout.unwrap_or(self.config.health_timeout),
+            health_interval: Duration::from_secs(1),
+            field_manager: self.field_manager(&r.spec),
+            gated: None,
+        };
+        let Some(text) = &r.spec.sync.approval_selector else {
+            return (policy, None);
+        };
+        match Selector::parse(text) {
+            Ok(sel) => {
+                let registry = self.registry.clone();
+                policy.gated = Some(Box::new(move |batch: &[String]| {
+                    let reg = registry.snapshot();
+                    batch.iter().any(|c| {
+                        reg.get(c)
+                            .is_none_or(|f| sel.matches(&crate::plan::selector_labels(c, f)))
+                    })
+                }));
+                (policy, None)
+            }
+            Err(e) => (policy, Some(e)),
+        }
+    }
+
     /// Applies a release (already in state `applying`) from its first batch not done, then rolls back on
     /// failure. Stops (state `waiting-approval`) before a batch the `gate` approval holds.
     pub async fn run_apply(self: Arc<Self>, name: String, actor: String) {
-        if let Err(e) = self.clone().apply_batches(&name, &actor).await {
-            tracing::warn!(release = %name, error = %e, "release failed; rolling back");
-            let _guard = self.lock.lock().await;
-            if let Ok(Some(mut r)) = self.store.get(&name) {
-                // failed, and rolling back at once: nobody waiting for the release sees it ended in between
-                r.state = State::RollingBack;
-                r.error = Some(e.clone());
-                let changed = r.changed.clone();
-                self.record(
-                    &mut r,
-                    "failed",
-                    false,
-                    &actor,
-                    None,
-                    changed,
-                    format!("release failed: {e}"),
-                    json!({"error": e}),
-                )
-                .await;
+        let r = match self.load(&name) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(release = %name, error = %e, "release not applied");
+                return;
             }
-            drop(_guard);
-            self.run_rollback(name, "system".into()).await;
-        }
-    }
-
-    async fn apply_batches(self: Arc<Self>, name: &str, actor: &str) -> Result<(), String> {
-        let r = Arc::new(
-            self.store
-                .get(name)
-                .map_err(|e| e.to_string())?
-                .ok_or("release vanished")?,
-        );
-        let soak = r.spec.soak.unwrap_or(self.config.default_soak);
-        let health_timeout = r.spec.health_timeout.unwrap_or(self.config.health_timeout);
-        let fm = self.field_manager(&r.spec);
-        let gate = match &r.spec.sync.approval_selector {
-            Some(text) => Some(Selector::parse(text).map_err(|e| e.to_string())?),
-            None => None,
         };
-        for (bi, batch) in r.plan.batches.iter().enumerate() {
-            let index = bi as u32 + 1;
-            if r.batches
-                .iter()
-                .any(|b| b.index == index && b.state == BatchState::Done)
-            {
-                continue;
+        let (policy, bad) = self.policy(&r);
+        let first = match bad {
+            None => Input::Start,
+            Some(e) => Input::Failed(e.to_string()),
+        };
+        self.run(name, Machine::new(policy, actor), first).await
+    }
+
+    /// Rolls back every changed cluster of a release (already in state `rolling-back`) to its snapshot.
+    pub async fn run_rollback(self: Arc<Self>, name: String, actor: String) {
+        let r = match self.load(&name) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(release = %name, error = %e, "release not rolled back");
+                return;
             }
-            if let Some(sel) = &gate
-                && self.gated(sel, batch)
-            {
-                let _g = self.lock.lock().await;
-                let mut cur = self.load(name)?;
-                if !cur.approvals.contains_key(GATE_APPROVAL) {
-                    cur.state = State::WaitingApproval;
-                    let s = format!(
-                        "batch {index} ({}) waits for approval: multipilot release approve {name} {GATE_APPROVAL}",
-                        batch.join(", ")
-                    );
-                    self.record(
-                        &mut cur,
-                        "waiting",
-                        true,
-                        actor,
-                        Some(index),
-                        batch.clone(),
-                        s,
-                        json!({"approval": GATE_APPROVAL, "selector": r.spec.sync.approval_selector}),
-                    )
-                    .await;
-                    return Ok(());
+        };
+        let (policy, _) = self.policy(&r);
+        self.run(name, Machine::new(policy, actor), Input::RollBack)
+            .await
+    }
+
+    /// Feeds the machine and carries out its decisions until the run is over.
+    async fn run(self: Arc<Self>, name: String, mut m: Machine, first: Input) {
+        let mut todo: VecDeque<Decision> = self.feed(&name, &mut m, first).await.into();
+        while let Some(d) = todo.pop_front() {
+            match d {
+                // carried out as they came
+                Decision::Persist | Decision::Record(_) => {}
+                Decision::Stop => return,
+                Decision::Snapshot { clusters, .. } => {
+                    let Some(r) = self.loaded(&name) else { return };
+                    let step = |this: Arc<Self>, c: String| {
+                        let r = r.clone();
+                        async move {
+                            let failure = this.snapshot_cluster(&r, &c).await.err();
+                            Input::Snapshot {
+                                cluster: c,
+                                failure: failure.map(|e| e.to_string()),
+                            }
+                        }
+                    };
+                    todo.extend(self.feed_each(&name, &mut m, clusters, step).await);
+                }
+                Decision::Apply { batch, clusters } => {
+                    let Some(r) = self.loaded(&name) else { return };
+                    let step = |this: Arc<Self>, c: String| {
+                        let r = r.clone();
+                        async move {
+                            let fm = this.field_manager(&r.spec);
+                            let outcome = this.apply_cluster(&r, batch, &c, &fm).await;
+                            Input::Step {
+                                cluster: c,
+                                outcome,
+                            }
+                        }
+                    };
+                    todo.extend(self.feed_each(&name, &mut m, clusters, step).await);
+                }
+                Decision::ReadHealth { workloads } => {
+                    let Some(r) = self.loaded(&name) else { return };
+                    let reads: Vec<HealthRead> =
+                        futures::stream::iter(workloads.into_iter().map(|(c, objs)| {
+                            let (this, r) = (self.clone(), r.clone());
+                            async move { this.read_health(&r, c, objs).await }
+                        }))
+                        .buffer_unordered(self.config.parallelism)
+                        .collect()
+                        .await;
+                    todo.extend(self.feed(&name, &mut m, Input::Health(reads)).await);
+                }
+                Decision::ReadIncidents { clusters, since } => {
+                    let input = match self.read_incidents(&clusters, since).await {
+                        Ok((incidents, fleet)) => Input::Incidents { incidents, fleet },
+                        Err(e) => Input::IncidentsUnknown(e.to_string()),
+                    };
+                    todo.extend(self.feed(&name, &mut m, input).await);
+                }
+                Decision::WaitUntil(at) => {
+                    let wait = (at - Utc::now()).to_std().unwrap_or_default();
+                    let input = tokio::select! {
+                        _ = self.cancel.cancelled() => Input::Stopping,
+                        _ = tokio::time::sleep(wait) => Input::Tick,
+                    };
+                    todo.extend(self.feed(&name, &mut m, input).await);
+                }
+                Decision::RollBack { clusters } => {
+                    let Some(r) = self.loaded(&name) else { return };
+                    let step = |this: Arc<Self>, c: String| {
+                        let r = r.clone();
+                        async move {
+                            let fm = this.field_manager(&r.spec);
+                            let outcome = this.rollback_cluster(&r, &c, &fm).await;
+                            Input::Restored {
+                                cluster: c,
+                                outcome,
+                            }
+                        }
+                    };
+                    todo.extend(self.feed_each(&name, &mut m, clusters, step).await);
                 }
             }
-            let started = Utc::now();
-            self.batch_state(
-                name,
-                index,
-                BatchState::Applying,
-                None,
-                Some(started),
-                actor,
-                None,
-            )
-            .await?;
-            // 1. snapshots, durable before anything changes
-            let futs: Vec<_> = batch
-                .iter()
-                .cloned()
-                .map(|c| {
-                    let (this, r) = (self.clone(), r.clone());
-                    async move { this.snapshot_cluster(&r, &c).await }
-                })
-                .collect();
-            let snaps: Vec<Result<(), String>> = futures::stream::iter(futs)
-                .buffer_unordered(self.config.parallelism)
-                .collect()
-                .await;
-            if let Some(e) = snaps.into_iter().find_map(Result::err) {
-                self.batch_state(
-                    name,
-                    index,
-                    BatchState::Failed,
-                    Some(e.clone()),
-                    None,
-                    actor,
-                    None,
-                )
-                .await?;
-                return Err(format!("batch {index}: {e}"));
-            }
-            // 2. the clusters count as changed from here on
-            {
-                let _g = self.lock.lock().await;
-                let mut cur = self.load(name)?;
-                for c in batch {
-                    if !cur.changed.contains(c) {
-                        cur.changed.push(c.clone());
-                    }
-                }
-                self.store.put(&cur).await.map_err(|e| e.to_string())?;
-                // the drift judge must know these clusters are changing before their new states arrive
-                self.releases_changed().await;
-            }
-            // 3. apply
-            let futs: Vec<_> = batch
-                .iter()
-                .cloned()
-                .map(|c| {
-                    let (this, r, fm, actor) =
-                        (self.clone(), r.clone(), fm.clone(), actor.to_string());
-                    async move { this.apply_cluster(&r, index, &c, &fm, &actor).await }
-                })
-                .collect();
-            let applied: Vec<Result<(), String>> = futures::stream::iter(futs)
-                .buffer_unordered(self.config.parallelism)
-                .collect()
-                .await;
-            let errs: Vec<String> = applied.into_iter().filter_map(Result::err).collect();
-            if !errs.is_empty() {
-                let e = errs.join("; ");
-                self.batch_state(
-                    name,
-                    index,
-                    BatchState::Failed,
-                    Some(e.clone()),
-                    None,
-                    actor,
-                    None,
-                )
-                .await?;
-                return Err(format!("batch {index}: {e}"));
-            }
-            // 4. health gate
-            self.batch_state(
-                name,
-                index,
-                BatchState::WaitingHealth,
-                None,
-                None,
-                actor,
-                None,
-            )
-            .await?;
-            if let Err(e) = self
-                .clone()
-                .wait_healthy(r.clone(), batch, health_timeout)
-                .await
-            {
-                self.batch_state(
-                    name,
-                    index,
-                    BatchState::Failed,
-                    Some(e.clone()),
-                    None,
-                    actor,
-                    None,
-                )
-                .await?;
-                return Err(format!("batch {index}: health gate: {e}"));
-            }
-            // 5. soak
-            self.batch_state(name, index, BatchState::Soaking, None, None, actor, None)
-                .await?;
-            tokio::select! {
-                _ = self.cancel.cancelled() => return Err("the release role is stopping".into()),
-                _ = tokio::time::sleep(soak) => {}
-            }
-            match self.new_incidents(name, batch, started).await {
-                Ok(found) if found.is_empty() => {}
-                Ok(found) => {
-                    let e = format!("new incidents during the soak: {}", found.join("; "));
-                    self.batch_state(
-                        name,
-                        index,
-                        BatchState::Failed,
-                        Some(e.clone()),
-                        None,
-                        actor,
-                        None,
-                    )
-                    .await?;
-                    return Err(format!("batch {index}: {e}"));
-                }
-                Err(e) => {
-                    let e = format!("cannot tell whether incidents opened: {e}");
-                    self.batch_state(
-                        name,
-                        index,
-                        BatchState::Failed,
-                        Some(e.clone()),
-                        None,
-                        actor,
-                        None,
-                    )
-                    .await?;
-                    return Err(format!("batch {index}: {e}"));
-                }
-            }
-            self.batch_state(
-                name,
-                index,
-                BatchState::Done,
-                None,
-                None,
-                actor,
-                Some(format!(
-                    "batch {index} healthy and soaked {}s with no new incident",
-                    soak.as_secs()
-                )),
-            )
-            .await?;
-            self.mark_deployed(name, batch, &fm).await?;
         }
-        let _g = self.lock.lock().await;
-        let mut cur = self.load(name)?;
-        cur.state = State::Succeeded;
-        let clusters = cur.changed.clone();
-        let n = cur.plan.batches.len();
-        self.record(
-            &mut cur,
-            "done",
-            true,
-            actor,
-            None,
-            clusters,
-            format!("release applied: {n} batches healthy"),
-            json!({}),
-        )
-        .await;
-        Ok(())
     }
 
-    /// Whether a batch holds a cluster the gate selector matches.
-    fn gated(&self, sel: &Selector, batch: &[String]) -> bool {
-        let reg = self.registry.snapshot();
-        // a cluster the registry no longer knows is held too: the gate never opens by forgetting
-        batch.iter().any(|c| {
-            reg.get(c)
-                .is_none_or(|f| sel.matches(&crate::plan::selector_labels(c, f)))
-        })
-    }
-
-    /// Records that `batch`'s clusters run the release's current revision, with the objects applied there.
-    async fn mark_deployed(&self, name: &str, batch: &[String], fm: &str) -> Result<(), String> {
-        let _g = self.lock.lock().await;
-        let mut cur = self.load(name)?;
-        for c in batch {
-            let Some(plan) = Self::cluster_plan(&cur, c) else {
-                continue;
-            };
-            // as applied, with the namespace the agent resolved (what FLEET_STATE names it by)
-            let objects = plan
-                .objects
-                .iter()
-                .filter(|o| o.applied())
-                .map(|o| {
-                    let mut v = o.rendered.clone();
-                    if let (Some(ns), Some(meta)) = (
-                        &o.object.namespace,
-                        v.get_mut("metadata").and_then(Value::as_object_mut),
-                    ) {
-                        meta.entry("namespace").or_insert_with(|| json!(ns));
-                    }
-                    v
-                })
-                .collect();
-            let d = Deployed {
-                revision: cur.revision,
-                commit: cur.source.commit_label(),
-                at: Utc::now(),
-                field_manager: fm.to_string(),
-                objects,
-            };
-            cur.deployed.insert(c.clone(), d);
-        }
-        self.store.put(&cur).await.map_err(|e| e.to_string())?;
-        self.releases_changed().await;
-        Ok(())
-    }
-
-    fn load(&self, name: &str) -> Result<Release, String> {
-        self.store
-            .get(name)
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("release {name} vanished"))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    async fn batch_state(
-        &self,
+    /// Runs `step` on each cluster (`parallelism` at a time) and feeds each answer to the machine as it
+    /// comes; returns the decisions left to carry out.
+    async fn feed_each<F, Fut>(
+        self: &Arc<Self>,
         name: &str,
-        index: u32,
-        state: BatchState,
-        error: Option<String>,
-        started: Option<DateTime<Utc>>,
-        actor: &str,
-        done_summary: Option<String>,
-    ) -> Result<(), String> {
+        m: &mut Machine,
+        clusters: Vec<String>,
+        step: F,
+    ) -> Vec<Decision>
+    where
+        F: Fn(Arc<Self>, String) -> Fut,
+        Fut: std::future::Future<Output = Input>,
+    {
+        let mut done = futures::stream::iter(clusters.into_iter().map(|c| step(self.clone(), c)))
+            .buffer_unordered(self.config.parallelism);
+        let mut out = Vec::new();
+        while let Some(input) = done.next().await {
+            out.extend(self.feed(name, m, input).await);
+        }
+        out
+    }
+
+    /// The release as stored, for a step's commands; `None` (logged) stops the run.
+    fn loaded(&self, name: &str) -> Option<Arc<Release>> {
+        match self.load(name) {
+            Ok(r) => Some(Arc::new(r)),
+            Err(e) => {
+                tracing::error!(release = %name, error = %e, "release run stopped");
+                None
+            }
+        }
+    }
+
+    /// Gives the machine an input for the release as stored now, stores and records what it changed, and
+    /// returns the decisions left to carry out. A release that can't be stored fails (the machine is told).
+    async fn feed(&self, name: &str, m: &mut Machine, input: Input) -> Vec<Decision> {
         let _g = self.lock.lock().await;
-        let mut r = self.load(name)?;
-        let Some(b) = r.batches.iter_mut().find(|b| b.index == index) else {
-            return Err(format!("batch {index} missing"));
+        let mut r = match self.load(name) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(release = %name, error = %e, "release run stopped");
+                return vec![Decision::Stop];
+            }
         };
-        b.state = state;
-        if let Some(s) = started {
-            b.started_at = Some(s);
-        }
-        if matches!(state, BatchState::Done | BatchState::Failed) {
-            b.finished_at = Some(Utc::now());
-        }
-        b.error = error.clone();
-        let clusters = b.clusters.clone();
-        match state {
-            BatchState::Applying => {
-                let s = format!("batch {index} starts: {}", clusters.join(", "));
-                // what the correlator tells the fleet's clusters apart by: a policy bundle, a repository
-                let detail = json!({"policy": r.source.policy, "repo": r.source.repo});
-                self.record(
-                    &mut r,
-                    "batch",
-                    true,
-                    actor,
-                    Some(index),
-                    clusters,
-                    s,
-                    detail,
-                )
-                .await;
-            }
-            BatchState::Done => {
-                let s = done_summary.unwrap_or_default();
-                self.record(
-                    &mut r,
-                    "health",
-                    true,
-                    actor,
-                    Some(index),
-                    clusters,
-                    s,
-                    json!({}),
-                )
-                .await;
-            }
-            BatchState::Failed => {
-                let e = error.unwrap_or_default();
-                self.record(
-                    &mut r,
-                    "batch",
-                    false,
-                    actor,
-                    Some(index),
-                    clusters,
-                    format!("batch {index} failed: {e}"),
-                    json!({"error": e}),
-                )
-                .await;
-            }
-            _ => {
-                r.updated_at = Utc::now();
-                self.store.put(&r).await.map_err(|e| e.to_string())?;
-                self.releases_changed().await;
+        let mut rest = Vec::new();
+        let mut next = Some(input);
+        while let Some(input) = next.take() {
+            for d in m.on(&mut r, input, Utc::now()) {
+                match d {
+                    Decision::Persist => {
+                        if let Err(e) = self.store.put(&r).await {
+                            // what was decided after it is not carried out
+                            rest.clear();
+                            next = Some(Input::Failed(e.to_string()));
+                            break;
+                        }
+                        self.releases_changed().await;
+                    }
+                    Decision::Record(e) => {
+                        if e.what == "failed" {
+                            tracing::warn!(release = %name, error = ?r.error, "release failed; rolling back");
+                        }
+                        self.record_entry(&mut r, e).await;
+                    }
+                    other => rest.push(other),
+                }
             }
         }
-        Ok(())
+        rest
     }
 
     fn objects_of(plan: &ClusterPlan) -> (Vec<Value>, Vec<Value>) {
@@ -509,16 +343,11 @@ impl Service {
         (applies, deletes)
     }
 
-    async fn snapshot_cluster(&self, r: &Release, cluster: &str) -> Result<(), String> {
-        if self
-            .store
-            .snapshot(&r.name, r.revision, cluster)
-            .map_err(|e| e.to_string())?
-            .is_some()
-        {
+    async fn snapshot_cluster(&self, r: &Release, cluster: &str) -> Result<(), Error> {
+        if self.store.snapshot(&r.name, r.revision, cluster)?.is_some() {
             return Ok(());
         }
-        let plan = Self::cluster_plan(r, cluster).ok_or("cluster not in the plan")?;
+        let plan = Self::cluster_plan(r, cluster).ok_or(Error::NotInPlan)?;
         let (mut objects, deletes) = Self::objects_of(plan);
         objects.extend(deletes);
         let res = self
@@ -532,29 +361,23 @@ impl Service {
                 force: false,
                 objects,
             })
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         if !res.ok {
-            return Err(format!(
-                "{cluster}: snapshot failed: {}",
-                res.error.unwrap_or_default()
-            ));
+            return Err(Error::Snapshot {
+                cluster: cluster.into(),
+                reason: res.error.unwrap_or_default(),
+            });
         }
         self.store
             .put_snapshot(&r.name, r.revision, cluster, &res.objects)
-            .await
-            .map_err(|e| e.to_string())
+            .await?;
+        Ok(())
     }
 
-    async fn apply_cluster(
-        &self,
-        r: &Release,
-        batch: u32,
-        cluster: &str,
-        fm: &str,
-        actor: &str,
-    ) -> Result<(), String> {
-        let plan = Self::cluster_plan(r, cluster).ok_or("cluster not in the plan")?;
+    async fn apply_cluster(&self, r: &Release, batch: u32, cluster: &str, fm: &str) -> StepOutcome {
+        let Some(plan) = Self::cluster_plan(r, cluster) else {
+            return StepOutcome::NotSent(Error::NotInPlan.to_string());
+        };
         let (applies, deletes) = Self::objects_of(plan);
         let mut outcomes = Vec::new();
         let mut failure = None;
@@ -577,23 +400,7 @@ impl Service {
             match self.sender.send(&cmd).await {
                 Ok(res) => {
                     if !res.ok {
-                        let errs: Vec<String> = res
-                            .objects
-                            .iter()
-                            .filter_map(|o| {
-                                o.error.as_ref().map(|e| {
-                                    format!("{} {}: {e}", o.object.kind, obj_name(&o.object))
-                                })
-                            })
-                            .collect();
-                        failure = Some(format!(
-                            "{cluster}: {what} failed: {}",
-                            if errs.is_empty() {
-                                res.error.clone().unwrap_or_default()
-                            } else {
-                                errs.join("; ")
-                            }
-                        ));
+                        failure = Some(format!("{cluster}: {what} failed: {}", failure_text(&res)));
                     }
                     outcomes.extend(res.objects);
                 }
@@ -603,153 +410,51 @@ impl Service {
                 break;
             }
         }
-        let c = counts(&outcomes);
-        let _g = self.lock.lock().await;
-        let mut cur = self.load(&r.name)?;
-        let ok = failure.is_none();
-        let summary = match &failure {
-            None => format!("applied on {cluster}: {}", count_text(&c)),
-            Some(e) => e.clone(),
-        };
-        let detail = json!({"outcomes": c, "objects": outcomes.iter().map(|o| json!({
-            "object": o.object, "outcome": o.outcome, "error": o.error})).collect::<Vec<_>>()});
-        self.record(
-            &mut cur,
-            "step",
-            ok,
-            actor,
-            Some(batch),
-            vec![cluster.into()],
-            summary,
-            detail,
-        )
-        .await;
-        failure.map_or(Ok(()), Err)
+        StepOutcome::Sent { outcomes, failure }
     }
 
-    async fn wait_healthy(
-        self: Arc<Self>,
-        r: Arc<Release>,
-        batch: &[String],
-        timeout: Duration,
-    ) -> Result<(), String> {
-        let deadline = tokio::time::Instant::now() + timeout;
-        let mut pending: BTreeMap<String, Vec<Value>> = BTreeMap::new();
-        for c in batch {
-            if let Some(p) = Self::cluster_plan(&r, c) {
-                let w: Vec<Value> = p
-                    .objects
-                    .iter()
-                    .filter(|o| o.applied() && is_workload(&o.object.kind))
-                    .map(|o| o.rendered.clone())
-                    .collect();
-                if !w.is_empty() {
-                    pending.insert(c.clone(), w);
-                }
-            }
-        }
-        let mut last: BTreeMap<String, String> = BTreeMap::new();
-        loop {
-            let futs: Vec<_> = pending
-                .clone()
-                .into_iter()
-                .map(|(c, objs)| {
-                    let (this, r) = (self.clone(), r.clone());
-                    async move {
-                        let tag: u32 = rand::random();
-                        let res = this
-                            .sender
-                            .send(&Command {
-                                id: format!("{}-r{}-{c}-health{tag:08x}", r.name, r.revision),
-                                release: r.name.clone(),
-                                cluster: c.clone(),
-                                action: ReleaseAction::Snapshot,
-                                field_manager: this.field_manager(&r.spec),
-                                force: false,
-                                objects: objs,
-                            })
-                            .await;
-                        let verdict = match res {
-                            Err(e) => Err(e.to_string()),
-                            Ok(res) => {
-                                let waiting: Vec<String> = res
-                                    .objects
-                                    .iter()
-                                    .filter_map(|o| match &o.live {
-                                        None => Some(format!(
-                                            "{} {}: absent",
-                                            o.object.kind,
-                                            obj_name(&o.object)
-                                        )),
-                                        Some(live) => rollout_complete(live).err().map(|e| {
-                                            format!(
-                                                "{} {}: {e}",
-                                                o.object.kind,
-                                                obj_name(&o.object)
-                                            )
-                                        }),
-                                    })
-                                    .collect();
-                                if waiting.is_empty() {
-                                    Ok(())
-                                } else {
-                                    Err(waiting.join(", "))
-                                }
-                            }
-                        };
-                        (c, verdict)
-                    }
-                })
-                .collect();
-            let checks: Vec<(String, Result<(), String>)> = futures::stream::iter(futs)
-                .buffer_unordered(self.config.parallelism)
-                .collect()
-                .await;
-            for (c, v) in checks {
-                match v {
-                    Ok(()) => {
-                        pending.remove(&c);
-                        last.remove(&c);
-                    }
-                    Err(e) => {
-                        last.insert(c, e);
-                    }
-                }
-            }
-            if pending.is_empty() {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(format!(
-                    "rollout not complete after {}s: {}",
-                    timeout.as_secs(),
-                    last.iter()
-                        .map(|(c, e)| format!("{c}: {e}"))
-                        .collect::<Vec<_>>()
-                        .join("; ")
-                ));
-            }
-            tokio::select! {
-                _ = self.cancel.cancelled() => return Err("the release role is stopping".into()),
-                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-            }
+    /// Reads a cluster's workloads (a snapshot command: each one's live state).
+    async fn read_health(&self, r: &Release, cluster: String, objects: Vec<Value>) -> HealthRead {
+        let tag: u32 = rand::random();
+        let res = self
+            .sender
+            .send(&Command {
+                id: format!("{}-r{}-{cluster}-health{tag:08x}", r.name, r.revision),
+                release: r.name.clone(),
+                cluster: cluster.clone(),
+                action: ReleaseAction::Snapshot,
+                field_manager: self.field_manager(&r.spec),
+                force: false,
+                objects,
+            })
+            .await;
+        match res {
+            Ok(res) => HealthRead {
+                cluster,
+                objects: res.objects,
+                error: None,
+            },
+            Err(e) => HealthRead {
+                cluster,
+                objects: Vec::new(),
+                error: Some(e.to_string()),
+            },
         }
     }
 
-    /// Incidents opened on `clusters` since `since` and not resolved, and open fleet incidents changed
-    /// since then whose first suspect is the release `release` (it reached their failing clusters and
-    /// few healthy ones: the correlator names it, wherever its batches went), read from FLEET_INCIDENTS.
-    pub async fn new_incidents(
+    /// Incidents on `clusters` and fleet incidents, as their latest revisions since `since`, read from
+    /// FLEET_INCIDENTS.
+    async fn read_incidents(
         &self,
-        release: &str,
         clusters: &[String],
         since: DateTime<Utc>,
-    ) -> Result<Vec<String>, String> {
+    ) -> Result<(Vec<Incident>, Vec<FleetIncident>), Error> {
+        let fail = |e: &dyn std::fmt::Display| Error::Incidents(e.to_string());
         let stream = self
             .js
             .get_stream("FLEET_INCIDENTS")
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(|e| fail(&e))?;
         let mut filters: Vec<String> = clusters
             .iter()
             .map(|c| format!("fleet.incident.{}.>", subject::escape(c)))
@@ -762,19 +467,19 @@ impl Service {
                 ..Default::default()
             })
             .await
-            .map_err(|e| e.to_string())?;
-        let total = c.info().await.map_err(|e| e.to_string())?.num_pending;
+            .map_err(|e| fail(&e))?;
+        let total = c.info().await.map_err(|e| fail(&e))?.num_pending;
         let mut latest: BTreeMap<String, Incident> = BTreeMap::new();
         let mut fleet: BTreeMap<String, FleetIncident> = BTreeMap::new();
         if total > 0 {
-            let mut msgs = c.messages().await.map_err(|e| e.to_string())?;
+            let mut msgs = c.messages().await.map_err(|e| fail(&e))?;
             let mut seen = 0;
             while seen < total {
                 let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(5), msgs.next()).await
                 else {
                     break;
                 };
-                let m = m.map_err(|e| e.to_string())?;
+                let m = m.map_err(|e| fail(&e))?;
                 seen += 1;
                 if m.subject.starts_with("fleet.fleet-incident.") {
                     if let Ok(env) = rmp_serde::from_slice::<Envelope<FleetIncident>>(&m.payload) {
@@ -799,121 +504,27 @@ impl Service {
                 }
             }
         }
-        let mut found: Vec<String> = latest
-            .values()
-            .filter(|i| i.opened_at >= since && i.status != IncidentStatus::Resolved)
-            .map(|i| {
-                format!(
-                    "{} on {} ({:?}): {}",
-                    i.kind, i.cluster, i.severity, i.summary
-                )
-            })
-            .collect();
-        found.extend(
-            fleet
-                .values()
-                .filter(|f| f.status != IncidentStatus::Resolved && names_first(f, release))
-                .map(|f| {
-                    format!(
-                        "fleet incident {} names this release first: {}",
-                        f.id, f.summary
-                    )
-                }),
-        );
-        Ok(found)
+        Ok((
+            latest.into_values().collect(),
+            fleet.into_values().collect(),
+        ))
     }
 
-    /// Rolls back every changed cluster of a release to its snapshot.
-    pub async fn run_rollback(self: Arc<Self>, name: String, actor: String) {
-        let r = {
-            let _g = self.lock.lock().await;
-            let Ok(mut r) = self.load(&name) else { return };
-            r.rollbacks += 1;
-            r.state = State::RollingBack;
-            let clusters = r.changed.clone();
-            let s = format!("rollback {} starts: {}", r.rollbacks, clusters.join(", "));
-            self.record(
-                &mut r,
-                "rollback",
-                true,
-                &actor,
-                None,
-                clusters,
-                s,
-                json!({}),
-            )
-            .await;
-            r
+    /// Restores a cluster to its snapshot: objects that existed are re-applied (force: the snapshot wins
+    /// over whatever the release set), objects that did not are deleted.
+    async fn rollback_cluster(&self, r: &Release, cluster: &str, fm: &str) -> StepOutcome {
+        let snap = match self.store.snapshot(&r.name, r.revision, cluster) {
+            Ok(Some(s)) => s,
+            Ok(None) => {
+                return StepOutcome::NotSent(
+                    Error::NoSnapshot {
+                        cluster: cluster.into(),
+                    }
+                    .to_string(),
+                );
+            }
+            Err(e) => return StepOutcome::NotSent(e.to_string()),
         };
-        let fm = self.field_manager(&r.spec);
-        let r = Arc::new(r);
-        let futs: Vec<_> = r
-            .changed
-            .iter()
-            .rev()
-            .cloned()
-            .map(|c| {
-                let (this, r, fm, actor) = (self.clone(), r.clone(), fm.clone(), actor.clone());
-                async move { this.rollback_cluster(&r, &c, &fm, &actor).await }
-            })
-            .collect();
-        let results: Vec<Result<(), String>> = futures::stream::iter(futs)
-            .buffer_unordered(self.config.parallelism)
-            .collect()
-            .await;
-        let errs: Vec<String> = results.into_iter().filter_map(Result::err).collect();
-        let _g = self.lock.lock().await;
-        let Ok(mut cur) = self.load(&name) else {
-            return;
-        };
-        let clusters = cur.changed.clone();
-        if errs.is_empty() {
-            cur.state = State::RolledBack;
-            let s = format!(
-                "rolled back: {} clusters restored to their snapshots",
-                clusters.len()
-            );
-            self.record(
-                &mut cur,
-                "rolled-back",
-                true,
-                &actor,
-                None,
-                clusters,
-                s,
-                json!({}),
-            )
-            .await;
-        } else {
-            cur.state = State::RollbackFailed;
-            let e = errs.join("; ");
-            cur.error = Some(format!("rollback failed: {e}"));
-            self.record(
-                &mut cur,
-                "rolled-back",
-                false,
-                &actor,
-                None,
-                clusters,
-                format!("rollback failed: {e}"),
-                json!({"errors": errs}),
-            )
-            .await;
-        }
-    }
-
-    async fn rollback_cluster(
-        &self,
-        r: &Release,
-        cluster: &str,
-        fm: &str,
-        actor: &str,
-    ) -> Result<(), String> {
-        let snap = self
-            .store
-            .snapshot(&r.name, r.revision, cluster)
-            .map_err(|e| e.to_string())?
-            .ok_or_else(|| format!("{cluster}: no snapshot stored"))?;
         let mut restore = Vec::new();
         let mut remove = Vec::new();
         for o in &snap {
@@ -948,7 +559,6 @@ impl Service {
                 cluster: cluster.into(),
                 action,
                 field_manager: fm.into(),
-                // the snapshot wins over whatever the release set
                 force: true,
                 objects: objs,
             };
@@ -970,78 +580,13 @@ impl Service {
                 Err(e) => failure = Some(format!("{cluster}: {e}")),
             }
         }
-        let c = counts(&outcomes);
-        let _g = self.lock.lock().await;
-        let mut cur = self.load(&r.name)?;
-        if failure.is_none() {
-            // the cluster runs again what it ran before this revision
-            match cur.deployed_before.get(cluster).cloned() {
-                Some(d) => cur.deployed.insert(cluster.to_string(), d),
-                None => cur.deployed.remove(cluster),
-            };
-        }
-        let summary = match &failure {
-            None => format!("{cluster} restored: {}", count_text(&c)),
-            Some(e) => format!("rollback of {cluster} failed: {e}"),
-        };
-        self.record(
-            &mut cur,
-            "rollback-step",
-            failure.is_none(),
-            actor,
-            None,
-            vec![cluster.into()],
-            summary,
-            json!({"outcomes": c}),
-        )
-        .await;
-        failure.map_or(Ok(()), Err)
+        StepOutcome::Sent { outcomes, failure }
     }
-
-    /// Batch progress for a fresh apply.
-    pub fn fresh_batches(r: &Release) -> Vec<BatchProgress> {
-        r.plan
-            .batches
-            .iter()
-            .enumerate()
-            .map(|(i, b)| BatchProgress {
-                index: i as u32 + 1,
-                clusters: b.clone(),
-                state: BatchState::Pending,
-                started_at: None,
-                finished_at: None,
-                error: None,
-            })
-            .collect()
-    }
-}
-
-/// Whether the fleet incident's first suspect is the release `release`.
-fn names_first(f: &FleetIncident, release: &str) -> bool {
-    f.suspects
-        .iter()
-        .find(|s| s.verdict == SuspectVerdict::Suspect)
-        .and_then(|s| s.release.as_ref())
-        .is_some_and(|r| r.name == release)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rollout_rules() {
-        let d = |generation, obs, upd, avail, reps| {
-            json!({"kind": "Deployment", "metadata": {"generation": generation}, "spec": {"replicas": 2},
-                "status": {"observedGeneration": obs, "updatedReplicas": upd, "availableReplicas": avail, "replicas": reps}})
-        };
-        assert!(rollout_complete(&d(2, 2, 2, 2, 2)).is_ok());
-        assert!(rollout_complete(&d(3, 2, 2, 2, 2)).is_err());
-        assert!(rollout_complete(&d(2, 2, 1, 2, 2)).is_err());
-        assert!(rollout_complete(&d(2, 2, 2, 1, 2)).is_err());
-        assert!(rollout_complete(&d(2, 2, 2, 2, 3)).is_err());
-        assert!(rollout_complete(&json!({"kind": "ConfigMap"})).is_ok());
-    }
 
     #[test]
     fn restorable_keeps_what_an_apply_may_carry() {
@@ -1052,46 +597,5 @@ mod tests {
             json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "a", "namespace": "n",
                 "labels": {"x": "1"}}, "data": {"k": "v"}})
         );
-    }
-    #[test]
-    fn a_fleet_incident_stops_the_soak_of_the_release_it_names_first() {
-        let suspect = |name: &str, verdict| multipilot_schemas::payload::Suspect {
-            verdict,
-            object: multipilot_schemas::payload::ObjectRef {
-                api_version: String::new(),
-                kind: "Release".into(),
-                namespace: None,
-                name: name.into(),
-                uid: None,
-            },
-            failing: 2,
-            failing_total: 2,
-            healthy: 0,
-            healthy_total: 4,
-            last_changed: Utc::now(),
-            summary: String::new(),
-            release: Some(multipilot_schemas::payload::ReleaseRef {
-                name: name.into(),
-                revision: 3,
-                batch: Some(1),
-                commit: None,
-            }),
-        };
-        let entry = multipilot_schemas::catalog::entries()
-            .into_iter()
-            .find(|e| e.name == "FleetIncident")
-            .expect("the catalog has a fleet incident");
-        let mut f = rmp_serde::from_slice::<Envelope<FleetIncident>>(&entry.sample)
-            .expect("the sample decodes")
-            .payload;
-        f.suspects = vec![
-            suspect("agents", SuspectVerdict::Common),
-            suspect("web", SuspectVerdict::Suspect),
-        ];
-        assert!(names_first(&f, "web"));
-        // a release seen as often on healthy clusters is not named
-        assert!(!names_first(&f, "agents"));
-        f.suspects.retain(|s| s.verdict == SuspectVerdict::Common);
-        assert!(!names_first(&f, "web"));
     }
 }
