@@ -74,6 +74,8 @@ pub struct Follower {
     caught_up: bool,
     announced: bool,
     pause: Duration,
+    /// After a loss: not before this (kept across calls, so a `select!` that drops `next` keeps the pause).
+    retry_at: Option<tokio::time::Instant>,
 }
 
 impl std::fmt::Debug for Follower {
@@ -110,6 +112,7 @@ impl Follower {
             caught_up: false,
             announced: false,
             pause: FIRST_PAUSE,
+            retry_at: None,
         }
     }
 
@@ -132,6 +135,10 @@ impl Follower {
                 self.announced = true;
                 return Next::CaughtUp;
             }
+            if let Some(at) = self.retry_at {
+                tokio::time::sleep_until(at).await;
+                self.retry_at = None;
+            }
             match self.try_next().await {
                 Ok(Some(m)) => {
                     self.pause = FIRST_PAUSE;
@@ -141,7 +148,7 @@ impl Follower {
                 Err(e) => {
                     self.messages = None;
                     tracing::warn!(stream = %self.stream, error = %e, retry_in = ?self.pause, "following a stream: consumer lost, creating it again");
-                    tokio::time::sleep(self.pause).await;
+                    self.retry_at = Some(tokio::time::Instant::now() + self.pause);
                     self.pause = (self.pause * 2).min(LONGEST_PAUSE);
                 }
             }

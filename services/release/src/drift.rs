@@ -18,14 +18,13 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::consumer;
 use chrono::{DateTime, Utc};
-use futures::StreamExt;
+use multipilot_bus::follow::{Follower, Next, Replay};
 use multipilot_schemas::payload::{
     FieldManager, Finding, ObjectRef, ProbeResult, ProbeStatus, ReleaseAction, Severity,
 };
-use multipilot_schemas::streams::StateMsg;
-use multipilot_schemas::{Envelope, HEADER_CONTENT_TYPE, HEADER_SCHEMA, stable_id, subject};
+use multipilot_schemas::streams::{StateMsg, name};
+use multipilot_schemas::{Envelope, stable_id, subject};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -593,10 +592,32 @@ struct Heal {
 }
 
 impl Service {
-    /// Follows FLEET_STATE and judges drift until the role stops.
+    /// Follows FLEET_STATE (the last state of every object, then live) and judges drift until the role
+    /// stops: what changed, every 500 ms or when a release changed.
     pub async fn follow_drift(self: Arc<Self>) {
-        self.keep_following("FLEET_STATE for release drift", Self::follow_state_once)
-            .await
+        self.releases_changed().await;
+        let mut states = Follower::new(
+            self.js.clone(),
+            name::STATE,
+            [subject::STATE.all()],
+            Replay::LastPerSubject,
+        );
+        let mut tick = tokio::time::interval(Duration::from_millis(500));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                _ = tick.tick() => self.judge_now().await,
+                _ = self.drift_wake.notified() => self.judge_now().await,
+                next = states.next() => {
+                    let Next::Message(m) = next else { continue };
+                    match m.decode::<StateMsg>() {
+                        Ok(env) => self.drift.lock().await.take(env),
+                        Err(e) => tracing::debug!(subject = %m.message.subject, error = %e, "state skipped"),
+                    }
+                }
+            }
+        }
     }
 
     /// Re-reads the releases into the drift judge (after a release was planned, applied or rolled back).
@@ -609,48 +630,6 @@ impl Service {
                 self.drift_wake.notify_one();
             }
             Err(e) => tracing::warn!(error = %e, "reading the releases for drift failed"),
-        }
-    }
-
-    async fn follow_state_once(self: Arc<Self>) -> Result<(), String> {
-        let fail = |e: &dyn std::fmt::Display| format!("following FLEET_STATE: {e}");
-        self.releases_changed().await;
-        let stream = self
-            .js
-            .get_stream("FLEET_STATE")
-            .await
-            .map_err(|e| fail(&e))?;
-        let c = stream
-            .create_consumer(consumer::pull::OrderedConfig {
-                filter_subject: "fleet.state.>".into(),
-                deliver_policy: consumer::DeliverPolicy::LastPerSubject,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| fail(&e))?;
-        let mut msgs = c.messages().await.map_err(|e| fail(&e))?;
-        let mut tick = tokio::time::interval(Duration::from_millis(500));
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tokio::select! {
-                _ = self.cancel.cancelled() => return Ok(()),
-                _ = tick.tick() => self.judge_now().await,
-                _ = self.drift_wake.notified() => self.judge_now().await,
-                m = msgs.next() => {
-                    let Some(m) = m else { return Ok(()) };
-                    let m = m.map_err(|e| fail(&e))?;
-                    let h = |n: &str| m.headers.as_ref().and_then(|h| h.get(n)).map(|v| v.as_str().to_string());
-                    match multipilot_schemas::decode::<StateMsg>(
-                        h(HEADER_CONTENT_TYPE).as_deref(),
-                        h(HEADER_SCHEMA).as_deref(),
-                        &m.payload,
-                        multipilot_schemas::codec::DEFAULT_MAX_BYTES,
-                    ) {
-                        Ok(env) => self.drift.lock().await.take(env),
-                        Err(e) => tracing::debug!(subject = %m.subject, error = %e, "state skipped"),
-                    }
-                }
-            }
         }
     }
 

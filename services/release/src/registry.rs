@@ -1,14 +1,14 @@
 //! The fleet registry: each cluster's latest `ClusterFacts` (served api-versions, version, labels), read
-//! from FLEET_FACTS with an ephemeral ordered consumer — the last message per subject, then live.
+//! from FLEET_FACTS with `multipilot_bus::follow` — the last message per subject, then live.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer};
-use futures::StreamExt;
-use multipilot_schemas::Envelope;
+use async_nats::jetstream;
+use multipilot_bus::follow::{Follower, Next, Replay};
 use multipilot_schemas::payload::ClusterFacts;
+use multipilot_schemas::{streams::name, subject};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -60,54 +60,30 @@ impl Registry {
         let _ = tokio::time::timeout(max, rx.wait_for(|l| *l)).await;
     }
 
-    /// Follows FLEET_FACTS until cancelled, re-creating the consumer after errors.
+    /// Follows FLEET_FACTS (the last facts of every cluster, then live) until cancelled.
     pub async fn follow(self, js: jetstream::Context, cancel: CancellationToken) {
+        let mut f = Follower::new(
+            js,
+            name::FACTS,
+            [subject::FACTS.all()],
+            Replay::LastPerSubject,
+        );
         loop {
-            if let Err(e) = self.follow_once(&js, &cancel).await {
-                tracing::warn!(error = %e, "reading FLEET_FACTS failed; retrying");
-            }
-            tokio::select! {
+            let next = tokio::select! {
                 _ = cancel.cancelled() => return,
-                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-            }
-        }
-    }
-
-    async fn follow_once(
-        &self,
-        js: &jetstream::Context,
-        cancel: &CancellationToken,
-    ) -> Result<(), String> {
-        let fail = |e: &dyn std::fmt::Display| format!("following FLEET_FACTS: {e}");
-        let stream = js.get_stream("FLEET_FACTS").await.map_err(|e| fail(&e))?;
-        let mut c = stream
-            .create_consumer(consumer::pull::OrderedConfig {
-                filter_subject: "fleet.facts.>".into(),
-                deliver_policy: consumer::DeliverPolicy::LastPerSubject,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| fail(&e))?;
-        if c.info().await.map_err(|e| fail(&e))?.num_pending == 0 {
-            self.loaded.send_replace(true);
-        }
-        let mut msgs = c.messages().await.map_err(|e| fail(&e))?;
-        loop {
-            let m = tokio::select! {
-                _ = cancel.cancelled() => return Ok(()),
-                m = msgs.next() => m,
+                n = f.next() => n,
             };
-            let Some(m) = m else { return Ok(()) };
-            let m = m.map_err(|e| fail(&e))?;
-            match rmp_serde::from_slice::<Envelope<ClusterFacts>>(&m.payload) {
-                Ok(env) if !env.cluster.is_empty() => self.insert(&env.cluster, env.payload),
-                Ok(_) => {}
-                Err(e) => {
-                    tracing::warn!(subject = %m.subject, error = %e, "undecodable facts skipped")
+            match next {
+                Next::CaughtUp => {
+                    self.loaded.send_replace(true);
                 }
-            }
-            if m.info().map(|i| i.pending == 0).unwrap_or(false) {
-                self.loaded.send_replace(true);
+                Next::Message(m) => match m.decode::<ClusterFacts>() {
+                    Ok(env) if !env.cluster.is_empty() => self.insert(&env.cluster, env.payload),
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(subject = %m.message.subject, error = %e, "undecodable facts skipped")
+                    }
+                },
             }
         }
     }
