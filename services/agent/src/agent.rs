@@ -71,6 +71,10 @@ pub enum Error {
     /// A setting is not usable.
     #[error("agent settings: {0}")]
     Config(String),
+    /// A `release` setting is not usable. Not a `#[source]`: the message says it already, and the binary
+    /// prints errors with their sources (`{:#}`), which would say it twice.
+    #[error("agent settings: {0}")]
+    Release(release::Error),
     /// The NATS settings.
     #[error(transparent)]
     Nats(#[from] connect::Error),
@@ -117,7 +121,7 @@ impl Config {
     /// Checks what serde can't.
     pub fn validate(&self) -> Result<()> {
         self.nats.validate()?;
-        self.release.validate().map_err(Error::Config)?;
+        self.release.validate().map_err(Error::Release)?;
         ensure!(
             !self.clusters.is_empty(),
             "no cluster configured: pass --cluster NAME or set clusters in the config"

@@ -89,14 +89,14 @@ pub fn parse(body: &str, default_ts_ms: i64, extra_labels: &BTreeMap<String, Str
                 if let Some((j, _)) = trailing {
                     parser.out.rejected.push(Rejected {
                         line: j + 1,
-                        reason: "content after '# EOF' is ignored".to_owned(),
+                        reason: Error::AfterEof.to_string(),
                     });
                 }
                 break;
             }
-            Err(reason) => parser.out.rejected.push(Rejected {
+            Err(e) => parser.out.rejected.push(Rejected {
                 line: i + 1,
-                reason,
+                reason: e.to_string(),
             }),
         }
     }
@@ -134,6 +134,125 @@ fn has_eof_marker(body: &str) -> bool {
                 .trim_end_matches(|c| WS.contains(&c) || c == '\r')
                 .is_empty()
     })
+}
+
+/// Why a line is rejected (its text is [`Rejected::reason`]); names and tokens borrow from the body.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+enum Error<'a> {
+    /// A non-blank line after `# EOF`.
+    #[error("content after '# EOF' is ignored")]
+    AfterEof,
+    /// A `HELP` or `TYPE` line (`keyword`) without a metric name.
+    #[error("{keyword} line without a metric name")]
+    NoMetadataName {
+        /// `HELP` or `TYPE`.
+        keyword: &'static str,
+    },
+    /// A `HELP` or `TYPE` line (`keyword`) naming something that is not a metric name.
+    #[error("invalid metric name '{name}' in {keyword} line")]
+    BadMetadataName {
+        /// `HELP` or `TYPE`.
+        keyword: &'static str,
+        /// What it names.
+        name: &'a str,
+    },
+    /// A second `HELP` or `TYPE` line (`keyword`) for a family; the first one is kept.
+    #[error("duplicate {keyword} for '{name}' (the first one is kept)")]
+    DuplicateMetadata {
+        /// `HELP` or `TYPE`.
+        keyword: &'static str,
+        /// The family.
+        name: &'a str,
+    },
+    /// A `TYPE` line without a type.
+    #[error("TYPE line for '{0}' without a type")]
+    NoType(&'a str),
+    /// A `TYPE` line with a type neither format knows.
+    #[error("unknown metric type '{0}'")]
+    UnknownType(&'a str),
+    /// Text after the type of a `TYPE` line.
+    #[error("unexpected text '{0}' after the type in TYPE line")]
+    AfterType(&'a str),
+    /// A `TYPE` line after samples of its family.
+    #[error("TYPE for '{0}' comes after its samples")]
+    TypeAfterSamples(&'a str),
+    /// A sample line starting with `{` (OpenMetrics 2's quoted metric names), at that column.
+    #[error("quoted metric names are not supported: expected a metric name at column {0}")]
+    QuotedMetricName(usize),
+    /// A sample line that does not start with a metric name, at that column.
+    #[error("expected a metric name at column {0}")]
+    NoMetricName(usize),
+    /// A character that can't follow a metric name.
+    #[error("invalid character {found:?} in metric name at column {column}")]
+    MetricNameChar {
+        /// The character.
+        found: char,
+        /// Its column.
+        column: usize,
+    },
+    /// A sample without its value.
+    #[error("missing value")]
+    NoValue,
+    /// A value that is not a float.
+    #[error("invalid float '{token}' at column {column}")]
+    Value {
+        /// The value as written.
+        token: &'a str,
+        /// Its column.
+        column: usize,
+    },
+    /// A timestamp that is not a number, or out of range.
+    #[error("invalid timestamp '{0}'")]
+    Timestamp(&'a str),
+    /// Text after the timestamp that is not an exemplar.
+    #[error("unexpected text '{token}' after the timestamp at column {column}")]
+    AfterTimestamp {
+        /// The first token of it.
+        token: &'a str,
+        /// Its column.
+        column: usize,
+    },
+    /// The line ends inside a label set, at that column.
+    #[error("label set never closes (expected '}}') at column {0}")]
+    UnclosedLabelSet(usize),
+    /// Something else than a label name where one is expected.
+    #[error("bad label set at column {column}: expected a label name, found {found:?}")]
+    NoLabelName {
+        /// What is there instead.
+        found: char,
+        /// Its column.
+        column: usize,
+    },
+    /// A label name not followed by `=`.
+    #[error("bad label set at column {column}: expected '=' after label name '{name}'")]
+    NoEquals {
+        /// The label.
+        name: &'a str,
+        /// Where the `=` should be.
+        column: usize,
+    },
+    /// A label value that does not start with `"`.
+    #[error("bad label set at column {column}: expected '\"' to open the value of '{name}'")]
+    UnquotedValue {
+        /// The label.
+        name: &'a str,
+        /// Where the `"` should be.
+        column: usize,
+    },
+    /// A label not followed by `,` or `}`.
+    #[error("bad label set at column {0}: expected ',' or '}}' after a label")]
+    NoSeparator(usize),
+    /// A label that is already in the set.
+    #[error("duplicate label '{name}' at column {column}")]
+    DuplicateLabel {
+        /// The label.
+        name: &'a str,
+        /// The column of its second occurrence.
+        column: usize,
+    },
+    /// A label value whose closing `"` never comes; `0` is the column of the opening one.
+    #[error("label value opened at column {0} never closes")]
+    UnclosedValue(usize),
 }
 
 /// Every metric type either format names.
@@ -264,7 +383,7 @@ impl<'a> Parser<'a> {
     }
 
     /// A line whose first non-blank character is `#`; `rest` follows the `#`.
-    fn comment(&mut self, rest: &'a str) -> Result<Flow, String> {
+    fn comment(&mut self, rest: &'a str) -> Result<Flow, Error<'a>> {
         let after = rest.trim_start_matches(WS);
         if after.len() == rest.len() {
             // `#HELP`, `#foo`: a comment, the keyword must be separated from the `#`.
@@ -279,20 +398,25 @@ impl<'a> Parser<'a> {
         }
     }
 
-    fn help(&mut self, tail: &'a str) -> Result<(), String> {
+    fn help(&mut self, tail: &'a str) -> Result<(), Error<'a>> {
+        const KEYWORD: &str = "HELP";
         let (name, text) = split_token(tail.trim_start_matches(WS));
         if name.is_empty() {
-            return Err("HELP line without a metric name".to_owned());
+            return Err(Error::NoMetadataName { keyword: KEYWORD });
         }
         if !is_metric_name(name) {
-            return Err(format!("invalid metric name '{name}' in HELP line"));
+            return Err(Error::BadMetadataName {
+                keyword: KEYWORD,
+                name,
+            });
         }
         let text = unescape_help(text.trim_matches(WS), self.openmetrics);
         let family = self.family(name);
         if family.helped {
-            return Err(format!(
-                "duplicate HELP for '{name}' (the first one is kept)"
-            ));
+            return Err(Error::DuplicateMetadata {
+                keyword: KEYWORD,
+                name,
+            });
         }
         family.helped = true;
         let at = family.at;
@@ -300,34 +424,36 @@ impl<'a> Parser<'a> {
         Ok(())
     }
 
-    fn type_line(&mut self, tail: &'a str) -> Result<(), String> {
+    fn type_line(&mut self, tail: &'a str) -> Result<(), Error<'a>> {
+        const KEYWORD: &str = "TYPE";
         let (name, rest) = split_token(tail.trim_start_matches(WS));
         if name.is_empty() {
-            return Err("TYPE line without a metric name".to_owned());
+            return Err(Error::NoMetadataName { keyword: KEYWORD });
         }
         if !is_metric_name(name) {
-            return Err(format!("invalid metric name '{name}' in TYPE line"));
+            return Err(Error::BadMetadataName {
+                keyword: KEYWORD,
+                name,
+            });
         }
         let (token, rest) = split_token(rest.trim_start_matches(WS));
         if token.is_empty() {
-            return Err(format!("TYPE line for '{name}' without a type"));
+            return Err(Error::NoType(name));
         }
-        let kind =
-            Kind::from_token(token).ok_or_else(|| format!("unknown metric type '{token}'"))?;
+        let kind = Kind::from_token(token).ok_or(Error::UnknownType(token))?;
         let extra = rest.trim_matches(WS);
         if !extra.is_empty() {
-            return Err(format!(
-                "unexpected text '{extra}' after the type in TYPE line"
-            ));
+            return Err(Error::AfterType(extra));
         }
         let family = self.family(name);
         if family.typed {
-            return Err(format!(
-                "duplicate TYPE for '{name}' (the first one is kept)"
-            ));
+            return Err(Error::DuplicateMetadata {
+                keyword: KEYWORD,
+                name,
+            });
         }
         if family.sampled {
-            return Err(format!("TYPE for '{name}' comes after its samples"));
+            return Err(Error::TypeAfterSamples(name));
         }
         family.typed = true;
         family.kind = kind;
@@ -337,21 +463,21 @@ impl<'a> Parser<'a> {
     }
 
     /// A sample line; `start` is the byte offset of its first non-blank character.
-    fn sample(&mut self, line: &'a str, start: usize) -> Result<(), String> {
+    fn sample(&mut self, line: &'a str, start: usize) -> Result<(), Error<'a>> {
         let mut cur = Cursor { line, pos: start };
         let name = cur.metric_name();
         if name.is_empty() {
             return Err(if cur.peek() == Some(b'{') {
-                cur.err("quoted metric names are not supported: expected a metric name")
+                Error::QuotedMetricName(cur.here())
             } else {
-                cur.err("expected a metric name")
+                Error::NoMetricName(cur.here())
             });
         }
 
         let mut labels = BTreeMap::new();
         let spaced = cur.skip_ws();
         match cur.peek() {
-            None => return Err("missing value".to_owned()),
+            None => return Err(Error::NoValue),
             Some(b'{') => {
                 cur.pos += 1;
                 cur.label_set(&mut labels)?;
@@ -359,20 +485,22 @@ impl<'a> Parser<'a> {
             }
             Some(_) if spaced => {}
             Some(_) => {
-                return Err(cur.err(&format!(
-                    "invalid character {:?} in metric name",
-                    cur.next_char()
-                )));
+                return Err(Error::MetricNameChar {
+                    found: cur.next_char(),
+                    column: cur.here(),
+                });
             }
         }
 
         let value_at = cur.pos;
         let token = cur.token();
         if token.is_empty() || token.starts_with('#') {
-            return Err("missing value".to_owned());
+            return Err(Error::NoValue);
         }
-        let value = parse_value(token)
-            .ok_or_else(|| format!("invalid float '{token}' at column {}", cur.column(value_at)))?;
+        let value = parse_value(token).ok_or_else(|| Error::Value {
+            token,
+            column: cur.column(value_at),
+        })?;
 
         cur.skip_ws();
         let mut timestamp_ms = self.default_ts_ms;
@@ -383,10 +511,10 @@ impl<'a> Parser<'a> {
             let extra_at = cur.pos;
             let token = cur.token();
             if !token.is_empty() && !token.starts_with('#') {
-                return Err(format!(
-                    "unexpected text '{token}' after the timestamp at column {}",
-                    cur.column(extra_at)
-                ));
+                return Err(Error::AfterTimestamp {
+                    token,
+                    column: cur.column(extra_at),
+                });
             }
         }
         // Anything left starts with `#`: an exemplar, ignored.
@@ -402,8 +530,8 @@ impl<'a> Parser<'a> {
         Ok(())
     }
 
-    fn timestamp(&self, token: &str) -> Result<i64, String> {
-        let bad = || format!("invalid timestamp '{token}'");
+    fn timestamp(&self, token: &'a str) -> Result<i64, Error<'a>> {
+        let bad = || Error::Timestamp(token);
         // OpenMetrics: seconds, fractions allowed; Prometheus text: milliseconds.
         let scale = if self.openmetrics { 1000 } else { 1 };
         if let Ok(whole) = token.parse::<i64>() {
@@ -460,8 +588,9 @@ impl<'a> Cursor<'a> {
             + 1
     }
 
-    fn err(&self, what: &str) -> String {
-        format!("{what} at column {}", self.column(self.pos))
+    /// 1-based column, in characters, of the cursor.
+    fn here(&self) -> usize {
+        self.column(self.pos)
     }
 
     /// Skip spaces and tabs; whether there were any.
@@ -505,11 +634,11 @@ impl<'a> Cursor<'a> {
     }
 
     /// The label pairs after `{`, up to and including the closing `}`.
-    fn label_set(&mut self, labels: &mut BTreeMap<String, String>) -> Result<(), String> {
+    fn label_set(&mut self, labels: &mut BTreeMap<String, String>) -> Result<(), Error<'a>> {
         loop {
             self.skip_ws();
             match self.peek() {
-                None => return Err(self.err("label set never closes (expected '}')")),
+                None => return Err(Error::UnclosedLabelSet(self.here())),
                 Some(b'}') => {
                     self.pos += 1;
                     return Ok(());
@@ -519,29 +648,33 @@ impl<'a> Cursor<'a> {
             let name_at = self.pos;
             let name = self.label_name();
             if name.is_empty() {
-                return Err(self.err_in_set(&format!(
-                    "expected a label name, found {:?}",
-                    self.next_char()
-                )));
+                return Err(Error::NoLabelName {
+                    found: self.next_char(),
+                    column: self.here(),
+                });
             }
             self.skip_ws();
             if self.peek() != Some(b'=') {
-                return Err(self.err_in_set(&format!("expected '=' after label name '{name}'")));
+                return Err(Error::NoEquals {
+                    name,
+                    column: self.here(),
+                });
             }
             self.pos += 1;
             self.skip_ws();
             if self.peek() != Some(b'"') {
-                return Err(
-                    self.err_in_set(&format!("expected '\"' to open the value of '{name}'"))
-                );
+                return Err(Error::UnquotedValue {
+                    name,
+                    column: self.here(),
+                });
             }
             self.pos += 1;
             let value = self.quoted()?;
             if labels.insert(name.to_owned(), value).is_some() {
-                return Err(format!(
-                    "duplicate label '{name}' at column {}",
-                    self.column(name_at)
-                ));
+                return Err(Error::DuplicateLabel {
+                    name,
+                    column: self.column(name_at),
+                });
             }
             self.skip_ws();
             match self.peek() {
@@ -550,18 +683,14 @@ impl<'a> Cursor<'a> {
                     self.pos += 1;
                     return Ok(());
                 }
-                None => return Err(self.err("label set never closes (expected '}')")),
-                Some(_) => return Err(self.err_in_set("expected ',' or '}' after a label")),
+                None => return Err(Error::UnclosedLabelSet(self.here())),
+                Some(_) => return Err(Error::NoSeparator(self.here())),
             }
         }
     }
 
-    fn err_in_set(&self, what: &str) -> String {
-        format!("bad label set at column {}: {what}", self.column(self.pos))
-    }
-
     /// A label value after its opening `"`, up to and including the closing `"`, unescaped.
-    fn quoted(&mut self) -> Result<String, String> {
+    fn quoted(&mut self) -> Result<String, Error<'a>> {
         let open = self.pos - 1;
         let rest = &self.line[self.pos..];
         let bytes = rest.as_bytes();
@@ -595,10 +724,7 @@ impl<'a> Cursor<'a> {
                 _ => i += 1,
             }
         }
-        Err(format!(
-            "label value opened at column {} never closes",
-            self.column(open)
-        ))
+        Err(Error::UnclosedValue(self.column(open)))
     }
 }
 

@@ -728,12 +728,44 @@ fn gpu(ctx: &ClusterCtx, cfg: &Config) -> Outcome {
     o.obs("gpu_pods_stuck", stuck.len() as f64)
 }
 
+/// Why the API server's serving certificate could not be read (the certificates probe's message).
+#[derive(Debug, thiserror::Error)]
+enum CertError {
+    /// The cluster URL names no host.
+    #[error("cluster URL has no host")]
+    NoHost,
+    /// No TCP connection within 5 s.
+    #[error("connect timed out")]
+    ConnectTimeout,
+    /// The TCP connection failed.
+    #[error(transparent)]
+    Connect(std::io::Error),
+    /// rustls could not be set up.
+    #[error(transparent)]
+    Tls(#[from] rustls::Error),
+    /// The host is neither a DNS name nor an IP address.
+    #[error(transparent)]
+    ServerName(#[from] rustls::pki_types::InvalidDnsNameError),
+    /// The TLS handshake failed.
+    #[error(transparent)]
+    Handshake(std::io::Error),
+    /// The server sent no certificate.
+    #[error("no certificate presented")]
+    NoCertificate,
+    /// The certificate is not X.509 DER.
+    #[error(transparent)]
+    X509(#[from] x509_parser::nom::Err<x509_parser::error::X509Error>),
+    /// Its notAfter is out of chrono's range.
+    #[error("bad notAfter")]
+    NotAfter,
+}
+
 /// Reads the API server's serving certificate (a TLS handshake; nothing is sent).
-async fn peer_cert_expiry(ctx: &ClusterCtx) -> Result<DateTime<Utc>, String> {
+async fn peer_cert_expiry(ctx: &ClusterCtx) -> Result<DateTime<Utc>, CertError> {
     let url = &ctx.kube_config.cluster_url;
     let host = url
         .host()
-        .ok_or("cluster URL has no host")?
+        .ok_or(CertError::NoHost)?
         .trim_matches(['[', ']'])
         .to_string();
     let port = url.port_u16().unwrap_or(443);
@@ -742,31 +774,28 @@ async fn peer_cert_expiry(ctx: &ClusterCtx) -> Result<DateTime<Utc>, String> {
         tokio::net::TcpStream::connect((host.as_str(), port)),
     )
     .await
-    .map_err(|_| "connect timed out".to_string())?
-    .map_err(|e| e.to_string())?;
+    .map_err(|_| CertError::ConnectTimeout)?
+    .map_err(CertError::Connect)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
+        .with_safe_default_protocol_versions()?
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(ReadOnly(provider)))
         .with_no_client_auth();
-    let name = rustls::pki_types::ServerName::try_from(host.clone()).map_err(|e| e.to_string())?;
+    let name = rustls::pki_types::ServerName::try_from(host.clone())?;
     let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(name, tcp)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(CertError::Handshake)?;
     let cert = tls
         .get_ref()
         .1
         .peer_certificates()
         .and_then(|c| c.first())
-        .ok_or("no certificate presented")?
+        .ok_or(CertError::NoCertificate)?
         .clone();
-    let (_, parsed) =
-        x509_parser::parse_x509_certificate(cert.as_ref()).map_err(|e| e.to_string())?;
-    DateTime::from_timestamp(parsed.validity().not_after.timestamp(), 0)
-        .ok_or_else(|| "bad notAfter".to_string())
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref())?;
+    DateTime::from_timestamp(parsed.validity().not_after.timestamp(), 0).ok_or(CertError::NotAfter)
 }
 
 /// A verifier that accepts the certificate to read it: this connection only looks at the certificate

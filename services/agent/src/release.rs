@@ -68,18 +68,40 @@ impl Default for Config {
     }
 }
 
+/// Why the executor's settings are not usable (a changed setting is needed: never retryable).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Enabled without any trusted key.
+    #[error("release.enabled needs release.trusted_keys or release.trusted_key_files")]
+    NoTrustedKey,
+    /// An inline trusted key is not an ed25519 public key.
+    #[error("release.trusted_keys: {0}")]
+    TrustedKey(#[source] KeyError),
+}
+
+/// Why a text is not an ed25519 public key.
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    /// Not hex digits.
+    #[error("not hex: {0}")]
+    Hex(#[source] hex::FromHexError),
+    /// Not 32 bytes.
+    #[error("an ed25519 public key is 32 bytes (64 hex digits)")]
+    Length,
+    /// 32 bytes that are not a point of the curve.
+    #[error("not an ed25519 public key: {0}")]
+    Curve(#[source] ed25519_dalek::SignatureError),
+}
+
 impl Config {
     /// Checks what serde can't.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), Error> {
         if self.enabled {
             if self.trusted_keys.is_empty() && self.trusted_key_files.is_empty() {
-                return Err(
-                    "release.enabled needs release.trusted_keys or release.trusted_key_files"
-                        .into(),
-                );
+                return Err(Error::NoTrustedKey);
             }
             for k in &self.trusted_keys {
-                parse_key(k).map_err(|e| format!("release.trusted_keys: {e}"))?;
+                parse_key(k).map_err(Error::TrustedKey)?;
             }
         }
         Ok(())
@@ -91,12 +113,10 @@ pub fn key_id(public: &[u8; 32]) -> String {
     hex::encode(Sha256::digest(public))[..16].to_string()
 }
 
-fn parse_key(hex_key: &str) -> Result<VerifyingKey, String> {
-    let bytes = hex::decode(hex_key.trim()).map_err(|e| format!("not hex: {e}"))?;
-    let arr: [u8; 32] = bytes
-        .try_into()
-        .map_err(|_| "an ed25519 public key is 32 bytes (64 hex digits)".to_string())?;
-    VerifyingKey::from_bytes(&arr).map_err(|e| format!("not an ed25519 public key: {e}"))
+fn parse_key(hex_key: &str) -> Result<VerifyingKey, KeyError> {
+    let bytes = hex::decode(hex_key.trim()).map_err(KeyError::Hex)?;
+    let arr: [u8; 32] = bytes.try_into().map_err(|_| KeyError::Length)?;
+    VerifyingKey::from_bytes(&arr).map_err(KeyError::Curve)
 }
 
 /// The trusted keys by key id.
@@ -163,7 +183,79 @@ impl Keys {
 }
 
 /// Resources resolved during one command: (apiVersion, kind) → (resource, namespaced) or why not.
-type Resolved = HashMap<(String, String), Result<(ApiResource, bool), String>>;
+type Resolved = HashMap<(String, String), Result<(ApiResource, bool), NotServed>>;
+
+/// Why a command is refused before anything is done (the reply's `error`).
+#[derive(Debug, thiserror::Error)]
+enum Refusal {
+    /// No signature.
+    #[error("rejected: unsigned command")]
+    Unsigned,
+    /// Signed with a key this agent doesn't trust.
+    #[error("rejected: key {0:?} is not trusted by this agent")]
+    UntrustedKey(String),
+    /// The signature is not hex.
+    #[error("rejected: signature is not hex")]
+    SignatureNotHex,
+    /// The signature is not 64 bytes.
+    #[error("rejected: signature is not 64 bytes")]
+    SignatureLength,
+    /// The signed bytes of the command could not be made.
+    #[error("rejected: cannot encode the command: {0}")]
+    Encode(#[source] multipilot_schemas::EncodeError),
+    /// The signature doesn't verify.
+    #[error("rejected: bad signature")]
+    BadSignature,
+    /// The command is for another cluster.
+    #[error("rejected: command is for cluster {command:?}, this is {this:?}")]
+    OtherCluster {
+        /// The command's cluster.
+        command: String,
+        /// This executor's.
+        this: String,
+    },
+    /// Past its expiry (and the skew).
+    #[error("rejected: expired at {0}")]
+    Expired(DateTime<Utc>),
+    /// Issued later than now (and the skew).
+    #[error("rejected: issued in the future ({issued_at}; agent clock {now})")]
+    Future {
+        /// When the command says it was issued.
+        issued_at: DateTime<Utc>,
+        /// The agent's clock.
+        now: DateTime<Utc>,
+    },
+    /// Lives longer than `max_lifetime_s` (that many seconds).
+    #[error("rejected: lifetime over {0}s")]
+    Lifetime(u64),
+    /// A nonce too short to be unique.
+    #[error("rejected: nonce shorter than 16 characters")]
+    ShortNonce,
+}
+
+/// An object's apiVersion/kind that discovery does not find on this cluster (an object's `error`).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{kind} {api_version} is not served by this cluster ({source})")]
+struct NotServed {
+    /// The object's apiVersion.
+    api_version: String,
+    /// Its kind.
+    kind: String,
+    /// Discovery's answer (shared: one failure answers every object of that kind in a command).
+    #[source]
+    source: Arc<kube::Error>,
+}
+
+/// Why a sled tree could not be flushed to disk.
+#[derive(Debug, thiserror::Error)]
+enum FlushError {
+    /// sled failed.
+    #[error(transparent)]
+    Sled(#[from] sled::Error),
+    /// The blocking task did not finish (the runtime is shutting down).
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
+}
 
 /// Executes release commands for one cluster.
 pub struct Executor {
@@ -230,51 +322,40 @@ impl Executor {
     }
 
     /// Checks the signature, the cluster and the times; `Err` is the reason for refusing.
-    fn verify(&self, cmd: &ReleaseCommand, now: DateTime<Utc>) -> Result<(), String> {
+    fn verify(&self, cmd: &ReleaseCommand, now: DateTime<Utc>) -> Result<(), Refusal> {
         if cmd.signature.is_empty() {
-            return Err("rejected: unsigned command".into());
+            return Err(Refusal::Unsigned);
         }
         let Some(key) = self.keys.get(&cmd.key_id) else {
-            return Err(format!(
-                "rejected: key {:?} is not trusted by this agent",
-                cmd.key_id
-            ));
+            return Err(Refusal::UntrustedKey(cmd.key_id.clone()));
         };
-        let sig_bytes = hex::decode(&cmd.signature)
-            .map_err(|_| "rejected: signature is not hex".to_string())?;
-        let sig = Signature::from_slice(&sig_bytes)
-            .map_err(|_| "rejected: signature is not 64 bytes".to_string())?;
-        let msg = cmd
-            .signing_bytes()
-            .map_err(|e| format!("rejected: cannot encode the command: {e}"))?;
-        key.verify(&msg, &sig)
-            .map_err(|_| "rejected: bad signature".to_string())?;
+        let sig_bytes = hex::decode(&cmd.signature).map_err(|_| Refusal::SignatureNotHex)?;
+        let sig = Signature::from_slice(&sig_bytes).map_err(|_| Refusal::SignatureLength)?;
+        let msg = cmd.signing_bytes().map_err(Refusal::Encode)?;
+        key.verify(&msg, &sig).map_err(|_| Refusal::BadSignature)?;
         if cmd.cluster != self.cluster {
-            return Err(format!(
-                "rejected: command is for cluster {:?}, this is {:?}",
-                cmd.cluster, self.cluster
-            ));
+            return Err(Refusal::OtherCluster {
+                command: cmd.cluster.clone(),
+                this: self.cluster.clone(),
+            });
         }
         let skew = chrono::Duration::seconds(self.config.max_skew_s as i64);
         if now > cmd.expires_at + skew {
-            return Err(format!("rejected: expired at {}", cmd.expires_at));
+            return Err(Refusal::Expired(cmd.expires_at));
         }
         if cmd.issued_at > now + skew {
-            return Err(format!(
-                "rejected: issued in the future ({}; agent clock {now})",
-                cmd.issued_at
-            ));
+            return Err(Refusal::Future {
+                issued_at: cmd.issued_at,
+                now,
+            });
         }
         if cmd.expires_at - cmd.issued_at
             > chrono::Duration::seconds(self.config.max_lifetime_s as i64)
         {
-            return Err(format!(
-                "rejected: lifetime over {}s",
-                self.config.max_lifetime_s
-            ));
+            return Err(Refusal::Lifetime(self.config.max_lifetime_s));
         }
         if cmd.nonce.len() < 16 {
-            return Err("rejected: nonce shorter than 16 characters".into());
+            return Err(Refusal::ShortNonce);
         }
         Ok(())
     }
@@ -298,7 +379,7 @@ impl Executor {
         let now = Utc::now();
         if let Err(why) = self.verify(&cmd, now) {
             tracing::warn!(cluster = %self.cluster, command = %cmd.command_id, reason = %why, "release command refused");
-            return self.refuse(Some(&cmd), why);
+            return self.refuse(Some(&cmd), why.to_string());
         }
         let _one = self.serial.lock().await;
         // nonce: never twice
@@ -370,7 +451,7 @@ impl Executor {
         cache: &mut Resolved,
         api_version: &str,
         kind: &str,
-    ) -> Result<(ApiResource, bool), String> {
+    ) -> Result<(ApiResource, bool), NotServed> {
         let key = (api_version.to_string(), kind.to_string());
         if let Some(r) = cache.get(&key) {
             return r.clone();
@@ -382,9 +463,11 @@ impl Executor {
         let gvk = GroupVersionKind::gvk(group, version, kind);
         let r = match kube::discovery::pinned_kind(&self.client, &gvk).await {
             Ok((ar, caps)) => Ok((ar, caps.scope == Scope::Namespaced)),
-            Err(e) => Err(format!(
-                "{kind} {api_version} is not served by this cluster ({e})"
-            )),
+            Err(e) => Err(NotServed {
+                api_version: api_version.to_string(),
+                kind: kind.to_string(),
+                source: Arc::new(e),
+            }),
         };
         cache.insert(key, r.clone());
         r
@@ -447,7 +530,7 @@ impl Executor {
         }
         let (ar, namespaced) = match self.resolve(cache, api_version, kind).await {
             Ok(r) => r,
-            Err(e) => return fail(oref, e),
+            Err(e) => return fail(oref, e.to_string()),
         };
         let api: Api<DynamicObject> = if namespaced {
             let ns = oref.namespace.clone().unwrap_or_else(|| "default".into());
@@ -562,13 +645,10 @@ fn creates_namespace(cmd: &ReleaseCommand, ns: Option<&str>) -> bool {
 
 /// A blocking flush on the blocking pool: sled 0.34.7's `flush_async` next to the outbox's own flushes and
 /// transactions has been seen to hang the whole database under load.
-async fn flush(tree: &sled::Tree) -> Result<(), String> {
+async fn flush(tree: &sled::Tree) -> Result<(), FlushError> {
     let tree = tree.clone();
-    tokio::task::spawn_blocking(move || tree.flush())
-        .await
-        .map_err(|e| e.to_string())?
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+    tokio::task::spawn_blocking(move || tree.flush()).await??;
+    Ok(())
 }
 
 /// `managedFields` never leave the agent.

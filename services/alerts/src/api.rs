@@ -198,7 +198,7 @@ async fn list_silences(
 ) -> Response {
     let filter = match filter_of(&q) {
         Ok(f) => f,
-        Err(r) => return error(StatusCode::BAD_REQUEST, r),
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
     let now = Utc::now();
     let r = api.router.lock().await;
@@ -410,8 +410,27 @@ fn alert_json(v: &AlertView<'_>) -> serde_json::Value {
     out
 }
 
+/// Why a list query is answered 400 (the answer's `error`).
+#[derive(Debug, thiserror::Error)]
+enum BadQuery {
+    /// A `filter` that is not a matcher.
+    #[error("bad matcher: {0}")]
+    Matcher(#[source] crate::matcher::Error),
+    /// A `receiver` that is not a regex.
+    #[error("bad receiver regex: {0}")]
+    Receiver(#[source] regex::Error),
+    /// A flag (`active`, `silenced`, …) that is neither `true` nor `false`.
+    #[error("{name} must be true or false, not {value:?}")]
+    Flag {
+        /// The flag.
+        name: &'static str,
+        /// What it was given.
+        value: String,
+    },
+}
+
 /// The `filter` matchers of a query (`filter=alertname="x"`, repeated), in Alertmanager's syntax.
-fn filter_of(q: &[(String, String)]) -> Result<Vec<Matcher>, String> {
+fn filter_of(q: &[(String, String)]) -> Result<Vec<Matcher>, BadQuery> {
     q.iter()
         .filter(|(k, _)| k == "filter")
         .map(|(_, v)| {
@@ -420,7 +439,7 @@ fn filter_of(q: &[(String, String)]) -> Result<Vec<Matcher>, String> {
                 .strip_prefix('{')
                 .and_then(|v| v.strip_suffix('}'))
                 .unwrap_or(v);
-            Matcher::parse(v).map_err(|e| format!("bad matcher: {e}"))
+            Matcher::parse(v).map_err(BadQuery::Matcher)
         })
         .collect()
 }
@@ -438,20 +457,20 @@ struct AlertQuery {
 }
 
 impl AlertQuery {
-    fn parse(q: &[(String, String)]) -> Result<AlertQuery, String> {
-        let flag = |name: &str, default: bool| -> Result<bool, String> {
+    fn parse(q: &[(String, String)]) -> Result<AlertQuery, BadQuery> {
+        let flag = |name: &'static str, default: bool| -> Result<bool, BadQuery> {
             match q.iter().rev().find(|(k, _)| k == name) {
                 None => Ok(default),
-                Some((_, v)) => v
-                    .parse()
-                    .map_err(|_| format!("{name} must be true or false, not {v:?}")),
+                Some((_, v)) => v.parse().map_err(|_| BadQuery::Flag {
+                    name,
+                    value: v.clone(),
+                }),
             }
         };
         let receiver = match q.iter().rev().find(|(k, _)| k == "receiver") {
-            Some((_, r)) if !r.is_empty() => Some(
-                regex::Regex::new(&format!("^(?:{r})$"))
-                    .map_err(|e| format!("bad receiver regex: {e}"))?,
-            ),
+            Some((_, r)) if !r.is_empty() => {
+                Some(regex::Regex::new(&format!("^(?:{r})$")).map_err(BadQuery::Receiver)?)
+            }
             _ => None,
         };
         Ok(AlertQuery {
@@ -488,7 +507,7 @@ async fn list_alerts(
 ) -> Response {
     let q = match AlertQuery::parse(&q) {
         Ok(q) => q,
-        Err(r) => return error(StatusCode::BAD_REQUEST, r),
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
     let r = api.router.lock().await;
     let e = &r.engine;
@@ -508,7 +527,7 @@ async fn list_groups(
 ) -> Response {
     let q = match AlertQuery::parse(&q) {
         Ok(q) => q,
-        Err(r) => return error(StatusCode::BAD_REQUEST, r),
+        Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
     };
     let r = api.router.lock().await;
     let e = &r.engine;

@@ -32,7 +32,9 @@ pub use eval::{Alert, AlertState, Evaluated, Group, Kind, PostableAlert, Querier
 pub use manager::{Manager, expand_globs, load_files};
 pub use notify::Notifier;
 pub use parse::{parse_duration, parse_file};
-pub use template::{format_g, go_float, humanize, humanize_duration, translate_template};
+pub use template::{
+    TranslateError, format_g, go_float, humanize, humanize_duration, translate_template,
+};
 
 use std::path::PathBuf;
 
@@ -85,9 +87,12 @@ pub enum Error {
     /// A query failed during evaluation (the rule stays loaded, its health `err`).
     #[error(transparent)]
     Query(#[from] promql::Error),
+    /// A template has no translation (only a rule not checked at load gets this far).
+    #[error("template: {0}")]
+    Untranslatable(#[source] template::TranslateError),
     /// A template failed to render.
     #[error("template: {0}")]
-    Template(String),
+    Template(#[source] minijinja::Error),
 }
 
 impl Error {

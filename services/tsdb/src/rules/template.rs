@@ -156,18 +156,39 @@ pub fn humanize_duration(v: f64) -> String {
     format!("{}ms", format_g(v * 1000.0, 4))
 }
 
+/// Why a Go template has no minijinja translation.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum TranslateError {
+    /// `{{` without its `}}`.
+    #[error("unclosed action: missing \"}}}}\"")]
+    Unclosed,
+    /// An action, or a stage of its pipeline, with nothing in it.
+    #[error("empty template action")]
+    EmptyAction,
+    /// A control action (`if`, `range`, …).
+    #[error("unsupported template action {0:?}")]
+    Action(String),
+    /// A function other than the `humanize` family and `printf`.
+    #[error("unsupported template function {0:?}")]
+    Function(String),
+    /// A `humanize` function without its argument.
+    #[error("{0} needs an argument")]
+    NoArgument(String),
+    /// An operand other than `$labels…`, `$value`, a string or a number.
+    #[error("unsupported template operand {0:?}")]
+    Operand(String),
+}
+
 /// Translates a Go template (the forms Prometheus rules use) to minijinja: `$labels.x`/`.Labels.x` →
 /// `labels.x`, `$value`/`.Value` → `value`, `func arg` → `arg | func`, `printf "f" a` → `printf("f", a)`.
 /// Control actions (`if`, `range`, …) are refused.
-pub fn translate_template(src: &str) -> Result<String, String> {
+pub fn translate_template(src: &str) -> Result<String, TranslateError> {
     let mut out = String::new();
     let mut rest = src;
     while let Some(open) = rest.find("{{") {
         out.push_str(&rest[..open]);
         let after = &rest[open + 2..];
-        let close = after
-            .find("}}")
-            .ok_or_else(|| "unclosed action: missing \"}}\"".to_string())?;
+        let close = after.find("}}").ok_or(TranslateError::Unclosed)?;
         let inner = after[..close].trim_matches(|c: char| c == '-' || c.is_whitespace());
         out.push_str("{{ ");
         out.push_str(&translate_action(inner)?);
@@ -178,7 +199,7 @@ pub fn translate_template(src: &str) -> Result<String, String> {
     Ok(out)
 }
 
-fn translate_operand(op: &str) -> Result<String, String> {
+fn translate_operand(op: &str) -> Result<String, TranslateError> {
     let op = op.trim();
     if op.starts_with('"') || op.parse::<f64>().is_ok() {
         return Ok(op.to_string());
@@ -192,7 +213,7 @@ fn translate_operand(op: &str) -> Result<String, String> {
     } else if op == "$externalLabels" || op == "$externalURL" {
         "none".to_string()
     } else {
-        return Err(format!("unsupported template operand {op:?}"));
+        return Err(TranslateError::Operand(op.to_string()));
     };
     Ok(mapped)
 }
@@ -223,19 +244,19 @@ fn split_words(s: &str) -> Vec<String> {
 
 const FILTERS: [&str; 3] = ["humanize", "humanizePercentage", "humanizeDuration"];
 
-fn translate_action(inner: &str) -> Result<String, String> {
+fn translate_action(inner: &str) -> Result<String, TranslateError> {
     let mut stages = Vec::new();
     for stage in inner.split('|') {
         let words = split_words(stage);
         let Some(first) = words.first() else {
-            return Err("empty template action".into());
+            return Err(TranslateError::EmptyAction);
         };
         if [
             "if", "else", "end", "range", "with", "define", "template", "block",
         ]
         .contains(&first.as_str())
         {
-            return Err(format!("unsupported template action {first:?}"));
+            return Err(TranslateError::Action(first.clone()));
         }
         stages.push(words);
     }
@@ -246,7 +267,7 @@ fn translate_action(inner: &str) -> Result<String, String> {
             if i == 0 {
                 let arg = words
                     .get(1)
-                    .ok_or_else(|| format!("{f} needs an argument"))?;
+                    .ok_or_else(|| TranslateError::NoArgument(f.to_string()))?;
                 expr = format!("{} | {f}", translate_operand(arg)?);
             } else {
                 expr = format!("{expr} | {f}");
@@ -263,7 +284,7 @@ fn translate_action(inner: &str) -> Result<String, String> {
         } else if i == 0 && words.len() == 1 {
             expr = translate_operand(f)?;
         } else {
-            return Err(format!("unsupported template function {f:?}"));
+            return Err(TranslateError::Function(f.to_string()));
         }
     }
     if expr == "value" {
@@ -279,12 +300,12 @@ pub(super) fn render(
     labels: &BTreeMap<String, String>,
     value: f64,
 ) -> Result<String> {
-    let src = translate_template(template).map_err(Error::Template)?;
+    let src = translate_template(template).map_err(Error::Untranslatable)?;
     env.render_str(
         &src,
         minijinja::context! { labels => labels, value => value },
     )
-    .map_err(|e| Error::Template(e.to_string()))
+    .map_err(Error::Template)
 }
 
 /// Go's `strconv.FormatFloat(v, 'e', -1, 64)`, as `/api/v1/alerts` shows values.
