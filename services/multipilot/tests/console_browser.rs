@@ -468,7 +468,7 @@ async fn pictures(br: &mut Browser, sys: &System, victim: &str) -> Result<()> {
         .await?;
 
     // the incident raised above is a bar in its cluster's lane; every fleet incident of the last 24 h is
-    // one in the fleet lane
+    // one in the fleet lane, each of its members marked on its own lane
     let lanes = br
         .wait_for(
             "the incident on the 24-hour timeline",
@@ -476,14 +476,16 @@ async fn pictures(br: &mut Browser, sys: &System, victim: &str) -> Result<()> {
                 "(() => {{ renderTimeline(); const box = document.querySelector('#incident-timeline'); \
                    const mine = box.querySelectorAll('rect.tl-incident[data-cluster=\"{victim}\"]').length; \
                    const day = Date.now() - 86400e3; \
-                   const fleet = state.fleet.filter(f => !f.resolved_at || Date.parse(f.resolved_at) > day).length; \
-                   return mine >= 1 && box.querySelectorAll('rect.tl-fleet').length === fleet \
-                     ? [mine, fleet, box.querySelectorAll('rect.tl-incident').length] : null; }})()"
+                   const recent = state.fleet.filter(f => !f.resolved_at || Date.parse(f.resolved_at) > day); \
+                   const members = recent.reduce((n, f) => n + f.members.length, 0); \
+                   return mine >= 1 && box.querySelectorAll('rect.tl-fleet').length === recent.length \
+                     && box.querySelectorAll('path.tl-member').length === members \
+                     ? [mine, recent.length, members, box.querySelectorAll('rect.tl-incident').length] : null; }})()"
             ),
             30,
         )
         .await?;
-    eprintln!("timeline: [victim's bars, fleet incidents, all bars] = {lanes}");
+    eprintln!("timeline: [victim's bars, fleet incidents, their members, all bars] = {lanes}");
     br.screenshot_of("#incident-timeline", "console-timeline.png")
         .await?;
 

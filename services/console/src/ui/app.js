@@ -595,7 +595,19 @@ function renderTimeline() {
   let drawn = 0;
   for (const f of state.fleet || []) {
     const r = bar(f, 'fleet', { class: 'tl-fleet', 'data-fleet-id': f.id, 'data-members': f.members.length });
-    if (r) { pic.append(r); drawn++; }
+    if (!r) continue;
+    r.querySelector('title').textContent += '\nmembers: ' + f.members.map((m) => m.cluster).join(', ');
+    pic.append(r);
+    drawn++;
+    // each member marked on its own lane where it joined: the same failure across clusters, seen at once
+    for (const m of f.members) {
+      if (!lanes.includes(m.cluster)) continue;
+      const t = Math.max(Date.parse(m.joined_at), from);
+      const mx = x(t), my = y(m.cluster);
+      pic.append(svg('path', { class: 'tl-member', 'data-fleet-id': f.id, 'data-cluster': m.cluster,
+        d: `M${mx.toFixed(1)} ${my} l4 -4 l-8 0 z`, fill: SEV_COLOR[f.severity] || SEV_COLOR.info },
+      svg('title', {}, m.cluster + ' joined fleet incident ' + f.kind + ' at ' + m.joined_at)));
+    }
   }
   const incs = [...state.incidents.values()].sort((a, b) => (SEV_RANK[a.severity] || 0) - (SEV_RANK[b.severity] || 0));
   for (const i of incs) {
