@@ -13,18 +13,20 @@ use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::jetstream::consumer;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
+use multipilot_bus::jetstream::{Start, decode, read_history};
+use multipilot_schemas::codec::DEFAULT_MAX_BYTES;
 use multipilot_schemas::payload::{ApplyOutcome, FleetIncident, Incident, ReleaseAction};
-use multipilot_schemas::{Envelope, subject};
+use multipilot_schemas::streams::name;
+use multipilot_schemas::{HEADER_SCHEMA, Payload, subject};
 use serde_json::{Value, json};
 
 use crate::Service;
 use crate::exec::{self, Command};
 use crate::machine::{Decision, HealthRead, Input, Machine, Policy, StepOutcome};
 use crate::model::{ClusterPlan, Release, obj_name};
-use crate::spec::Selector;
+use crate::spec::parse_selector;
 use crate::store;
 
 /// Why a step of a run could not be carried out.
@@ -125,14 +127,14 @@ impl Service {
         let Some(text) = &r.spec.sync.approval_selector else {
             return (policy, None);
         };
-        match Selector::parse(text) {
+        match parse_selector(text) {
             Ok(sel) => {
                 let registry = self.registry.clone();
                 policy.gated = Some(Box::new(move |batch: &[String]| {
                     let reg = registry.snapshot();
                     batch.iter().any(|c| {
                         reg.get(c)
-                            .is_none_or(|f| sel.matches(&crate::plan::selector_labels(c, f)))
+                            .is_none_or(|f| sel.matches_map(&crate::plan::selector_labels(c, f)))
                     })
                 }));
                 (policy, None)
@@ -258,6 +260,10 @@ impl Service {
 
     /// Runs `step` on each cluster (`parallelism` at a time) and feeds each answer to the machine as it
     /// comes; returns the decisions left to carry out.
+    ///
+    /// The steps are tasks of their own: they go on while an answer is fed. (Polled from a
+    /// `buffer_unordered` instead, a step holding the store's lock stood still while the feed waited for
+    /// that lock, and the release hung.)
     async fn feed_each<F, Fut>(
         self: &Arc<Self>,
         name: &str,
@@ -267,12 +273,21 @@ impl Service {
     ) -> Vec<Decision>
     where
         F: Fn(Arc<Self>, String) -> Fut,
-        Fut: std::future::Future<Output = Input>,
+        Fut: std::future::Future<Output = Input> + Send + 'static,
     {
-        let mut done = futures::stream::iter(clusters.into_iter().map(|c| step(self.clone(), c)))
-            .buffer_unordered(self.config.parallelism);
+        let slots = Arc::new(tokio::sync::Semaphore::new(self.config.parallelism.max(1)));
+        let mut steps = tokio::task::JoinSet::new();
+        for c in clusters {
+            let (run, slots) = (step(self.clone(), c), slots.clone());
+            steps.spawn(async move {
+                let _slot = slots.acquire_owned().await;
+                run.await
+            });
+        }
         let mut out = Vec::new();
-        while let Some(input) = done.next().await {
+        while let Some(joined) = steps.join_next().await {
+            let input =
+                joined.unwrap_or_else(|e| Input::Failed(format!("a step ended abnormally: {e}")));
             out.extend(self.feed(name, m, input).await);
         }
         out
@@ -449,40 +464,26 @@ impl Service {
         clusters: &[String],
         since: DateTime<Utc>,
     ) -> Result<(Vec<Incident>, Vec<FleetIncident>), Error> {
-        let fail = |e: &dyn std::fmt::Display| Error::Incidents(e.to_string());
-        let stream = self
-            .js
-            .get_stream("FLEET_INCIDENTS")
-            .await
-            .map_err(|e| fail(&e))?;
         let mut filters: Vec<String> = clusters
             .iter()
-            .map(|c| format!("fleet.incident.{}.>", subject::escape(c)))
+            .map(|c| subject::INCIDENT.of_cluster(c))
             .collect();
-        filters.push("fleet.fleet-incident.>".into());
-        let mut c = stream
-            .create_consumer(consumer::pull::OrderedConfig {
-                filter_subjects: filters,
-                deliver_policy: consumer::DeliverPolicy::ByStartTime { start_time: since },
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| fail(&e))?;
-        let total = c.info().await.map_err(|e| fail(&e))?.num_pending;
+        filters.push(subject::FLEET_INCIDENT.all());
         let mut latest: BTreeMap<String, Incident> = BTreeMap::new();
         let mut fleet: BTreeMap<String, FleetIncident> = BTreeMap::new();
-        if total > 0 {
-            let mut msgs = c.messages().await.map_err(|e| fail(&e))?;
-            let mut seen = 0;
-            while seen < total {
-                let Ok(Some(m)) = tokio::time::timeout(Duration::from_secs(5), msgs.next()).await
-                else {
-                    break;
-                };
-                let m = m.map_err(|e| fail(&e))?;
-                seen += 1;
-                if m.subject.starts_with("fleet.fleet-incident.") {
-                    if let Ok(env) = rmp_serde::from_slice::<Envelope<FleetIncident>>(&m.payload) {
+        read_history(
+            &self.js,
+            name::INCIDENTS,
+            filters,
+            Start::Since(since),
+            |s| match s
+                .message
+                .headers
+                .as_ref()
+                .and_then(|h| h.get(HEADER_SCHEMA))
+            {
+                Some(h) if h.as_str().starts_with(FleetIncident::SCHEMA) => {
+                    if let Ok(env) = decode::<FleetIncident>(s.message, DEFAULT_MAX_BYTES) {
                         let f = env.payload;
                         if fleet
                             .get(&f.id)
@@ -491,19 +492,22 @@ impl Service {
                             fleet.insert(f.id.clone(), f);
                         }
                     }
-                    continue;
                 }
-                if let Ok(env) = rmp_serde::from_slice::<Envelope<Incident>>(&m.payload) {
-                    let inc = env.payload;
-                    if latest
-                        .get(&inc.id)
-                        .is_none_or(|old| old.revision <= inc.revision)
-                    {
-                        latest.insert(inc.id.clone(), inc);
+                _ => {
+                    if let Ok(env) = decode::<Incident>(s.message, DEFAULT_MAX_BYTES) {
+                        let inc = env.payload;
+                        if latest
+                            .get(&inc.id)
+                            .is_none_or(|old| old.revision <= inc.revision)
+                        {
+                            latest.insert(inc.id.clone(), inc);
+                        }
                     }
                 }
-            }
-        }
+            },
+        )
+        .await
+        .map_err(|e| Error::Incidents(e.to_string()))?;
         Ok((
             latest.into_values().collect(),
             fleet.into_values().collect(),
