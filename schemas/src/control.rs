@@ -24,6 +24,16 @@ pub const QUERY_CONSISTENCY: &str = "fleet.query.consistency";
 pub const QUERY_COMPLIANCE: &str = "fleet.query.compliance";
 /// Subject of incident commands (request [`IncidentCommand`], reply [`CommandReply`]).
 pub const COMMAND_INCIDENT: &str = "fleet.ctl.incident";
+/// Prefix of the release role's operator subjects, `fleet.releasectl.<verb>` (JSON request/reply; see
+/// [`release_ctl`]).
+pub const RELEASE_CTL_PREFIX: &str = "fleet.releasectl";
+
+/// The release role's operator subject of a verb: `plan`, `apply`, `approve`, `rollback`, `status`,
+/// `history`, `gitops`, `sync`.
+pub fn release_ctl(verb: &str) -> String {
+    format!("{RELEASE_CTL_PREFIX}.{verb}")
+}
+
 /// Header on replies from partitioned roles: how many instances answer.
 pub const HEADER_PARTITIONS: &str = "Multipilot-Partitions";
 

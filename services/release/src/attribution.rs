@@ -9,9 +9,9 @@
 
 use std::sync::Arc;
 
-use async_nats::jetstream::consumer;
-use futures::StreamExt as _;
+use multipilot_bus::follow::{Follower, Next, Replay};
 use multipilot_schemas::payload::{FleetIncident, SuspectVerdict};
+use multipilot_schemas::{streams::name, subject};
 use serde_json::json;
 
 use crate::Service;
@@ -20,44 +20,25 @@ use crate::Service;
 pub const WHAT: &str = "incident";
 
 impl Service {
-    /// Follows the fleet incidents until cancelled, starting again after a failure.
+    /// Follows the fleet incidents (all FLEET_INCIDENTS keeps, then live) until cancelled.
     pub async fn follow_attributions(self: Arc<Self>) {
-        self.keep_following(
-            "fleet incidents for release attribution",
-            Self::follow_attributions_once,
-        )
-        .await
-    }
-
-    async fn follow_attributions_once(self: Arc<Self>) -> Result<(), String> {
-        let fail = |e: &dyn std::fmt::Display| format!("reading FLEET_INCIDENTS: {e}");
-        let stream = self
-            .js
-            .get_stream("FLEET_INCIDENTS")
-            .await
-            .map_err(|e| fail(&e))?;
-        let c = stream
-            .create_consumer(consumer::pull::OrderedConfig {
-                filter_subject: "fleet.fleet-incident.>".into(),
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| fail(&e))?;
-        let mut msgs = c.messages().await.map_err(|e| fail(&e))?;
+        let mut f = Follower::new(
+            self.js.clone(),
+            name::INCIDENTS,
+            [subject::FLEET_INCIDENT.all()],
+            Replay::All,
+        );
         loop {
-            let m = tokio::select! {
-                _ = self.cancel.cancelled() => return Ok(()),
-                m = msgs.next() => m,
+            let next = tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                n = f.next() => n,
             };
-            let m = m.ok_or("the consumer ended")?.map_err(|e| fail(&e))?;
-            match multipilot_bus::jetstream::decode::<FleetIncident>(
-                &m,
-                multipilot_schemas::codec::DEFAULT_MAX_BYTES,
-            ) {
+            let Next::Message(m) = next else { continue };
+            match m.decode::<FleetIncident>() {
                 Ok(env) => self.attribute(&env.payload).await,
                 // not ours to dead-letter (the correlator's own subject): skipped, said once per message
                 Err(e) => {
-                    tracing::debug!(subject = %m.subject, error = %e, "fleet incident not decoded")
+                    tracing::debug!(subject = %m.message.subject, error = %e, "fleet incident not decoded")
                 }
             }
         }

@@ -169,6 +169,52 @@ fn short(commit: &str) -> String {
     commit.chars().take(12).collect()
 }
 
+/// Why git did not give what was asked.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GitError {
+    /// It ran too long (and was killed).
+    #[error("git {0} took longer than 120s")]
+    Timeout(String),
+    /// It could not be started.
+    #[error("running {git}: {error}")]
+    Spawn {
+        /// The git binary configured.
+        git: String,
+        /// Why.
+        error: Arc<std::io::Error>,
+    },
+    /// It failed: its command and what it said.
+    #[error("git {command}: {stderr}")]
+    Failed {
+        /// The git command (`clone`, `fetch`, `show`…).
+        command: String,
+        /// Its standard error.
+        stderr: String,
+    },
+    /// The work directory could not be made.
+    #[error("{0}")]
+    WorkDir(Arc<std::io::Error>),
+    /// A manifest file the spec names is not in the commit.
+    #[error("not in the commit")]
+    NotInCommit,
+}
+
+/// Why a commit's releases don't go after its policies.
+#[derive(Debug, thiserror::Error)]
+pub enum Held {
+    /// A policy bundle of the commit did not apply.
+    #[error("policy bundle {bundle} is {state}")]
+    Failed {
+        /// The bundle.
+        bundle: String,
+        /// Its state.
+        state: &'static str,
+    },
+    /// The role is stopping.
+    #[error("the release role is stopping")]
+    Stopping,
+}
+
 impl Service {
     /// Follows one repository until the role stops: at start, every `interval`, and when asked.
     pub async fn follow_repo(self: Arc<Self>, repo: Repo) {
@@ -200,7 +246,7 @@ impl Service {
             .join(format!("{}.git", repo.name))
     }
 
-    async fn git(&self, dir: Option<&Path>, args: &[&str]) -> Result<String, String> {
+    async fn git(&self, dir: Option<&Path>, args: &[&str]) -> Result<String, GitError> {
         let mut cmd = tokio::process::Command::new(&self.config.gitops.git);
         if let Some(d) = dir {
             cmd.arg("-C").arg(d);
@@ -211,25 +257,27 @@ impl Service {
             .kill_on_drop(true);
         let out = tokio::time::timeout(Duration::from_secs(120), cmd.output())
             .await
-            .map_err(|_| format!("git {} took longer than 120s", args.join(" ")))?
-            .map_err(|e| format!("running {}: {e}", self.config.gitops.git))?;
+            .map_err(|_| GitError::Timeout(args.join(" ")))?
+            .map_err(|e| GitError::Spawn {
+                git: self.config.gitops.git.clone(),
+                error: Arc::new(e),
+            })?;
         if !out.status.success() {
-            return Err(format!(
-                "git {}: {}",
-                args.first().copied().unwrap_or_default(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
+            return Err(GitError::Failed {
+                command: args.first().copied().unwrap_or_default().to_string(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            });
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
     /// Clones (bare) or fetches the branch; returns its commit.
-    async fn fetch(&self, repo: &Repo) -> Result<String, String> {
+    async fn fetch(&self, repo: &Repo) -> Result<String, GitError> {
         let dir = self.work_dir(repo);
         let branch_ref = format!("refs/heads/{}", repo.branch);
         if !dir.join("HEAD").exists() {
             if let Some(parent) = dir.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+                std::fs::create_dir_all(parent).map_err(|e| GitError::WorkDir(Arc::new(e)))?;
             }
             let _ = std::fs::remove_dir_all(&dir);
             let d = dir.to_string_lossy().into_owned();
@@ -263,7 +311,7 @@ impl Service {
     }
 
     /// A file of a commit.
-    async fn show(&self, dir: &Path, commit: &str, path: &str) -> Result<String, String> {
+    async fn show(&self, dir: &Path, commit: &str, path: &str) -> Result<String, GitError> {
         self.git(Some(dir), &["show", &format!("{commit}:{path}")])
             .await
     }
@@ -286,7 +334,7 @@ impl Service {
                 &["ls-tree", "-r", "--name-only", commit, "--", &rel, &pol],
             )
             .await
-            .map_err(|e| vec![e])?;
+            .map_err(|e| vec![e.to_string()])?;
         let mut found = Vec::new();
         let mut problems = Vec::new();
         for file in listed.lines().filter(|f| {
@@ -325,7 +373,7 @@ impl Service {
                 files
                     .get(f)
                     .cloned()
-                    .unwrap_or_else(|| Err("not in the commit".into()))
+                    .unwrap_or(Err(GitError::NotInCommit))
             }) {
                 Ok(t) => t,
                 Err(e) => {
@@ -366,7 +414,7 @@ impl Service {
             Ok(h) => h,
             Err(e) => {
                 tracing::warn!(repo = %repo.name, error = %e, "fetching the fleet repository failed");
-                self.set_repo(repo, |s| s.error = Some(e)).await;
+                self.set_repo(repo, |s| s.error = Some(e.to_string())).await;
                 return;
             }
         };
@@ -559,7 +607,7 @@ impl Service {
 
     /// Waits until every one of `names` is applied; why not, when one failed, waits for a person, or the
     /// role stops.
-    async fn wait_applied(&self, names: &[String]) -> Result<(), String> {
+    async fn wait_applied(&self, names: &[String]) -> Result<(), Held> {
         loop {
             let mut busy = false;
             for n in names {
@@ -569,14 +617,19 @@ impl Service {
                 match r.state {
                     State::Succeeded => {}
                     s if s.busy() => busy = true,
-                    s => return Err(format!("policy bundle {n} is {}", s.name())),
+                    s => {
+                        return Err(Held::Failed {
+                            bundle: n.clone(),
+                            state: s.name(),
+                        });
+                    }
                 }
             }
             if !busy {
                 return Ok(());
             }
             tokio::select! {
-                _ = self.cancel.cancelled() => return Err("the release role is stopping".into()),
+                _ = self.cancel.cancelled() => return Err(Held::Stopping),
                 _ = tokio::time::sleep(Duration::from_millis(500)) => {}
             }
         }

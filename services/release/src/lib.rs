@@ -107,13 +107,9 @@ fn bus_err<E: std::error::Error + Send + Sync + 'static>(
     move |e| Error::Bus(wrap(e))
 }
 
-/// Prefix of the operator subjects: `fleet.releasectl.<verb>`.
-pub const CTL_PREFIX: &str = "fleet.releasectl";
-
-/// The operator subject of a verb (`plan`, `apply`, `approve`, `rollback`, `status`, `history`).
-pub fn ctl_subject(verb: &str) -> String {
-    format!("{CTL_PREFIX}.{verb}")
-}
+pub use multipilot_schemas::control::{
+    RELEASE_CTL_PREFIX as CTL_PREFIX, release_ctl as ctl_subject,
+};
 
 /// Asks the release role (request/reply) and decodes its reply.
 pub async fn call<B: serde::Serialize>(
@@ -169,24 +165,6 @@ fn actor_or_system(a: &str) -> String {
 }
 
 impl Service {
-    /// Runs `once` (a reader of a stream) until the role stops, starting it again 2 s after it fails.
-    pub(crate) async fn keep_following<F, Fut, E>(self: Arc<Self>, what: &str, once: F)
-    where
-        F: Fn(Arc<Self>) -> Fut,
-        Fut: std::future::Future<Output = Result<(), E>>,
-        E: std::fmt::Display,
-    {
-        loop {
-            if let Err(e) = once(self.clone()).await {
-                tracing::warn!(error = %e, "following {what} failed; retrying");
-            }
-            tokio::select! {
-                _ = self.cancel.cancelled() => return,
-                _ = tokio::time::sleep(Duration::from_secs(2)) => {}
-            }
-        }
-    }
-
     /// Records a history entry in the release's current state (see [`Service::record_entry`]).
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn record(

@@ -16,7 +16,7 @@ use crate::exec::Command;
 use crate::judge::{self, Verdict};
 use crate::model::{Action, ClusterPlan, Plan, PlannedObject};
 use crate::render;
-use crate::spec::{Selector, Spec};
+use crate::spec::{Spec, parse_selector};
 
 /// The labels a selector sees for a cluster: its registry labels plus `cluster` and `version`.
 pub fn selector_labels(name: &str, facts: &ClusterFacts) -> BTreeMap<String, String> {
@@ -88,9 +88,9 @@ pub fn targets(spec: &Spec, reg: &BTreeMap<String, ClusterFacts>) -> Result<Vec<
         });
     }
     if let Some(text) = &spec.targets.selector {
-        let sel = Selector::parse(text)?;
+        let sel = parse_selector(text)?;
         for (name, facts) in reg {
-            if sel.matches(&selector_labels(name, facts)) {
+            if sel.matches_map(&selector_labels(name, facts)) {
                 out.insert(name.clone());
             }
         }
@@ -198,10 +198,10 @@ impl Service {
         let clusters = targets(spec, &reg)?;
         let mut batches = spec.batches(&clusters)?;
         if let Some(text) = &spec.sync.approval_selector {
-            let sel = Selector::parse(text)?;
+            let sel = parse_selector(text)?;
             batches = gated_last(batches, |c| {
                 reg.get(c)
-                    .is_some_and(|f| sel.matches(&selector_labels(c, f)))
+                    .is_some_and(|f| sel.matches_map(&selector_labels(c, f)))
             });
         }
         let mut plans = Vec::new();

@@ -215,38 +215,64 @@ impl DeleteRef {
     }
 }
 
+/// Why a spec's `manifest_files` could not be inlined.
+#[derive(Debug, thiserror::Error)]
+pub enum InlineError {
+    /// The spec is not YAML.
+    #[error("not YAML: {0}")]
+    NotYaml(serde_yaml::Error),
+    /// `manifest_files` is not a list of paths.
+    #[error("manifest_files must be a list of paths: {0}")]
+    Files(serde_yaml::Error),
+    /// `manifests` is neither a text nor a list of texts.
+    #[error("manifests must be a text or a list of texts: {0}")]
+    Manifests(serde_yaml::Error),
+    /// A manifest file could not be read (the reader's error, as it says it).
+    #[error("manifest file {file}: {error}")]
+    Read {
+        /// The path as the spec names it.
+        file: String,
+        /// Why.
+        error: String,
+    },
+    /// The spec could not be written back.
+    #[error("{0}")]
+    Write(serde_yaml::Error),
+}
+
 /// Reads a spec's `manifest_files` (paths relative to the spec's directory, through `read`) into its
 /// `manifests`; a spec without them is returned as it is.
-pub fn inline_manifest_files(
+pub fn inline_manifest_files<E: std::fmt::Display>(
     text: &str,
-    read: impl Fn(&str) -> Result<String, String>,
-) -> Result<String, String> {
-    let mut doc: serde_yaml::Value =
-        serde_yaml::from_str(text).map_err(|e| format!("not YAML: {e}"))?;
+    read: impl Fn(&str) -> Result<String, E>,
+) -> Result<String, InlineError> {
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(text).map_err(InlineError::NotYaml)?;
     let Some(files) = doc
         .as_mapping_mut()
         .and_then(|m| m.remove("manifest_files"))
     else {
         return Ok(text.to_string());
     };
-    let files: Vec<String> = serde_yaml::from_value(files)
-        .map_err(|e| format!("manifest_files must be a list of paths: {e}"))?;
+    let files: Vec<String> = serde_yaml::from_value(files).map_err(InlineError::Files)?;
     let mut texts: Vec<String> = match doc.get("manifests") {
         None => Vec::new(),
         Some(serde_yaml::Value::String(s)) => vec![s.clone()],
-        Some(v) => serde_yaml::from_value(v.clone())
-            .map_err(|e| format!("manifests must be a text or a list of texts: {e}"))?,
+        Some(v) => serde_yaml::from_value(v.clone()).map_err(InlineError::Manifests)?,
     };
     for f in files {
-        texts.push(read(&f).map_err(|e| format!("manifest file {f}: {e}"))?);
+        let text = read(&f).map_err(|e| InlineError::Read {
+            error: e.to_string(),
+            file: f,
+        })?;
+        texts.push(text);
     }
     if let Some(m) = doc.as_mapping_mut() {
         m.insert(
             "manifests".into(),
-            serde_yaml::to_value(texts).map_err(|e| e.to_string())?,
+            serde_yaml::to_value(texts).map_err(InlineError::Write)?,
         );
     }
-    serde_yaml::to_string(&doc).map_err(|e| e.to_string())
+    serde_yaml::to_string(&doc).map_err(InlineError::Write)
 }
 
 fn valid_name(n: &str) -> bool {
@@ -295,10 +321,10 @@ impl Spec {
             ));
         }
         if let Some(sel) = &self.targets.selector {
-            Selector::parse(sel)?;
+            parse_selector(sel)?;
         }
         if let Some(sel) = &self.sync.approval_selector {
-            Selector::parse(sel)?;
+            parse_selector(sel)?;
         }
         if self.batches.size == Some(0) {
             return Err(Error::Invalid("batches.size must be at least 1".into()));
@@ -360,174 +386,23 @@ impl Spec {
     }
 }
 
-/// One requirement of a selector.
-#[derive(Debug, Clone, PartialEq)]
-enum Req {
-    Eq(String, String),
-    Ne(String, String),
-    In(String, Vec<String>),
-    NotIn(String, Vec<String>),
-    Exists(String),
-    Absent(String),
-    Cmp(String, std::cmp::Ordering, bool, String),
-}
+pub use multipilot_schemas::selector::Selector;
 
-/// A Kubernetes-style label selector on cluster labels, plus version comparisons:
-/// `env=prod`, `env!=dev`, `region in (eu-west-1,eu-central-1)`, `team notin (a,b)`, `gpu`, `!legacy`,
-/// `version>=1.25`, `version<1.30` — comma-separated, all must hold. Every cluster also has the labels
-/// `cluster` (its name) and `version` (`<major>.<minor>`); comparisons compare dotted numbers.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Selector(Vec<Req>);
-
-fn split_top(s: &str) -> Vec<String> {
-    let (mut out, mut cur, mut depth) = (Vec::new(), String::new(), 0);
-    for ch in s.chars() {
-        match ch {
-            '(' => depth += 1,
-            ')' => depth -= 1,
-            ',' if depth == 0 => {
-                out.push(std::mem::take(&mut cur));
-                continue;
-            }
-            _ => {}
-        }
-        cur.push(ch);
+/// A selector of clusters (their registry labels, `cluster` and `version`: see
+/// [`multipilot_schemas::selector`]); an empty one is refused, since it would select the whole fleet
+/// without saying so.
+pub fn parse_selector(text: &str) -> Result<Selector, Error> {
+    let bad = |reason: String| Error::Selector {
+        selector: text.to_string(),
+        reason,
+    };
+    let sel = Selector::parse(text).map_err(|e| bad(e.reason))?;
+    if sel.is_empty() {
+        return Err(bad(
+            "empty selector (name the clusters, or a label they have)".into(),
+        ));
     }
-    out.push(cur);
-    out
-}
-
-fn numbers(v: &str) -> Option<Vec<u64>> {
-    v.trim()
-        .trim_start_matches('v')
-        .split('.')
-        .map(|p| p.parse().ok())
-        .collect()
-}
-
-impl Selector {
-    /// Parses a selector.
-    pub fn parse(text: &str) -> Result<Selector, Error> {
-        let bad = |reason: &str| Error::Selector {
-            selector: text.to_string(),
-            reason: reason.to_string(),
-        };
-        let key_ok = |k: &str| {
-            !k.is_empty()
-                && k.chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
-        };
-        let mut reqs = Vec::new();
-        for part in split_top(text) {
-            let p = part.trim();
-            if p.is_empty() {
-                return Err(bad("empty requirement"));
-            }
-            let set = |rest: &str| -> Result<Vec<String>, Error> {
-                let rest = rest.trim();
-                let inner = rest
-                    .strip_prefix('(')
-                    .and_then(|r| r.strip_suffix(')'))
-                    .ok_or_else(|| bad("a set needs parentheses: key in (a,b)"))?;
-                let vals: Vec<String> = inner.split(',').map(|v| v.trim().to_string()).collect();
-                if vals.iter().any(String::is_empty) {
-                    return Err(bad("empty value in a set"));
-                }
-                Ok(vals)
-            };
-            let words: Vec<&str> = p.splitn(2, char::is_whitespace).collect();
-            if words.len() == 2
-                && (words[1].trim_start().starts_with("in ")
-                    || words[1].trim_start().starts_with("in("))
-            {
-                let key = words[0];
-                let rest = words[1].trim_start().trim_start_matches("in");
-                if !key_ok(key) {
-                    return Err(bad("bad key"));
-                }
-                reqs.push(Req::In(key.into(), set(rest)?));
-                continue;
-            }
-            if words.len() == 2 && words[1].trim_start().starts_with("notin") {
-                let key = words[0];
-                let rest = words[1].trim_start().trim_start_matches("notin");
-                if !key_ok(key) {
-                    return Err(bad("bad key"));
-                }
-                reqs.push(Req::NotIn(key.into(), set(rest)?));
-                continue;
-            }
-            let ops: [(&str, Option<(std::cmp::Ordering, bool)>); 7] = [
-                (">=", Some((std::cmp::Ordering::Greater, true))),
-                ("<=", Some((std::cmp::Ordering::Less, true))),
-                ("!=", None),
-                ("==", None),
-                (">", Some((std::cmp::Ordering::Greater, false))),
-                ("<", Some((std::cmp::Ordering::Less, false))),
-                ("=", None),
-            ];
-            let mut done = false;
-            for (op, cmp) in ops {
-                if let Some((k, v)) = p.split_once(op) {
-                    let (k, v) = (k.trim(), v.trim());
-                    if !key_ok(k) {
-                        return Err(bad(&format!("bad key {k:?}")));
-                    }
-                    if v.contains(['=', '<', '>', '!', '(', ')']) {
-                        return Err(bad(&format!("bad value {v:?}")));
-                    }
-                    reqs.push(match (op, cmp) {
-                        ("!=", _) => Req::Ne(k.into(), v.into()),
-                        (_, Some((ord, eq))) => {
-                            if numbers(v).is_none() {
-                                return Err(bad(&format!(
-                                    "{op} compares dotted numbers such as 1.25, not {v:?}"
-                                )));
-                            }
-                            Req::Cmp(k.into(), ord, eq, v.into())
-                        }
-                        _ => Req::Eq(k.into(), v.into()),
-                    });
-                    done = true;
-                    break;
-                }
-            }
-            if done {
-                continue;
-            }
-            if let Some(k) = p.strip_prefix('!') {
-                if !key_ok(k.trim()) {
-                    return Err(bad("bad key"));
-                }
-                reqs.push(Req::Absent(k.trim().into()));
-            } else if key_ok(p) {
-                reqs.push(Req::Exists(p.into()));
-            } else {
-                return Err(bad(&format!("cannot read {p:?}")));
-            }
-        }
-        Ok(Selector(reqs))
-    }
-
-    /// Whether labels satisfy every requirement.
-    pub fn matches(&self, labels: &BTreeMap<String, String>) -> bool {
-        self.0.iter().all(|r| match r {
-            Req::Eq(k, v) => labels.get(k) == Some(v),
-            Req::Ne(k, v) => labels.get(k) != Some(v),
-            Req::In(k, vs) => labels.get(k).is_some_and(|l| vs.contains(l)),
-            Req::NotIn(k, vs) => labels.get(k).is_none_or(|l| !vs.contains(l)),
-            Req::Exists(k) => labels.contains_key(k),
-            Req::Absent(k) => !labels.contains_key(k),
-            Req::Cmp(k, ord, eq, v) => {
-                let (Some(have), Some(want)) = (labels.get(k).and_then(|l| numbers(l)), numbers(v))
-                else {
-                    return false;
-                };
-                let c = have.cmp(&want);
-                c == *ord || (*eq && c == std::cmp::Ordering::Equal)
-            }
-        })
-    }
+    Ok(sel)
 }
 
 #[cfg(test)]
@@ -560,7 +435,11 @@ mod tests {
             ("!gpu", true),
             ("env", true),
         ] {
-            assert_eq!(Selector::parse(sel).expect(sel).matches(&l), want, "{sel}");
+            assert_eq!(
+                parse_selector(sel).expect(sel).matches_map(&l),
+                want,
+                "{sel}"
+            );
         }
         for bad in [
             "",
@@ -571,7 +450,7 @@ mod tests {
             ",",
             "k in (a,)",
         ] {
-            let r = Selector::parse(bad);
+            let r = parse_selector(bad);
             if bad == "env=" {
                 // `env=` means "label env equals the empty string", as in Kubernetes
                 assert!(r.is_ok());

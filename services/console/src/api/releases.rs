@@ -99,7 +99,7 @@ pub(super) async fn gitops(State(app): State<App>) -> ApiResult<Value> {
         .timeout(Some(Duration::from_secs(10)));
     let msg = app
         .nats
-        .send_request("fleet.releasectl.gitops", req)
+        .send_request(multipilot_schemas::control::release_ctl("gitops"), req)
         .await
         .map_err(|e| {
             ApiError::new(
