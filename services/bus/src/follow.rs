@@ -45,11 +45,6 @@ impl Followed {
     pub fn decode<T: Payload>(&self) -> Result<Envelope<T>, DecodeError> {
         crate::jetstream::decode::<T>(&self.message, DEFAULT_MAX_BYTES)
     }
-
-    /// The message's `Multipilot-Schema` header.
-    pub fn schema(&self) -> Option<&str> {
-        crate::jetstream::header(&self.message, multipilot_schemas::HEADER_SCHEMA)
-    }
 }
 
 /// What [`Follower::next`] brings.
@@ -119,11 +114,6 @@ impl Follower {
     /// Whether the follower has read what its stream held (of its subjects) when it first started.
     pub fn caught_up(&self) -> bool {
         self.caught_up
-    }
-
-    /// The stream followed.
-    pub fn stream(&self) -> &str {
-        &self.stream
     }
 
     /// The next message, or the news that the follower caught up. Waits as long as it takes; a lost

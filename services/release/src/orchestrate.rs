@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
-use multipilot_bus::jetstream::{Start, decode, read_history};
+use multipilot_bus::jetstream::{Start, decode, header, read_history};
 use multipilot_schemas::codec::DEFAULT_MAX_BYTES;
 use multipilot_schemas::payload::{ApplyOutcome, FleetIncident, Incident, ReleaseAction};
 use multipilot_schemas::streams::name;
@@ -476,13 +476,8 @@ impl Service {
             name::INCIDENTS,
             filters,
             Start::Since(since),
-            |s| match s
-                .message
-                .headers
-                .as_ref()
-                .and_then(|h| h.get(HEADER_SCHEMA))
-            {
-                Some(h) if h.as_str().starts_with(FleetIncident::SCHEMA) => {
+            |s| match header(s.message, HEADER_SCHEMA) {
+                Some(h) if h.starts_with(FleetIncident::SCHEMA) => {
                     if let Ok(env) = decode::<FleetIncident>(s.message, DEFAULT_MAX_BYTES) {
                         let f = env.payload;
                         if fleet
