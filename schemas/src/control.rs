@@ -2,10 +2,16 @@
 //! the CLI send to the correlator. With partitions, every correlator instance answers for its part and
 //! sets [`HEADER_PARTITIONS`], so the asker knows how many answers to gather (see
 //! `multipilot_bus::request::gather`).
+//!
+//! The release role's operator requests (`fleet.releasectl.<verb>`: [`PlanRequest`], [`ApplyRequest`],
+//! [`ApproveRequest`], [`NameRequest`]) and the closed sets its replies use ([`BatchState`],
+//! [`PlannedAction`]) are here too. The reply's release record itself embeds the role's parsed spec and plan,
+//! so it stays with the role (`multipilot_release::model::Reply`) and is read by others as JSON.
 
 use serde::{Deserialize, Serialize};
 
-use crate::payload::Incident;
+use crate::closed::closed_set;
+use crate::payload::{ApplyOutcome, Incident};
 
 /// Subject answering the current incidents (request [`IncidentsQuery`], reply a JSON array of
 /// [`Incident`]).
@@ -192,6 +198,166 @@ pub fn compliance_by_rule(reports: &[crate::payload::ComplianceReport]) -> Vec<R
     out
 }
 
+closed_set! {
+    /// Where a release's batch stands (in the role's store, the KV bucket and the replies).
+    pub enum BatchState {
+        /// Not started.
+        Pending = "pending",
+        /// Snapshots taken and objects applied.
+        Applying = "applying",
+        /// Applied; its workloads' rollouts must complete.
+        WaitingHealth = "waiting-health",
+        /// Healthy; its analysis runs and no new incident may open on its clusters for the soak.
+        Soaking = "soaking",
+        /// Healthy and soaked: its clusters run the revision.
+        Done = "done",
+        /// Stopped the release (see `error`).
+        Failed = "failed",
+    }
+}
+
+closed_set! {
+    /// What a release plan says will happen to an object on a cluster.
+    pub enum PlannedAction {
+        /// Not judged by the cluster: its render failed or its agent didn't answer (or no dry-run yet).
+        NotTried = "not-tried",
+        /// The cluster does not serve its apiVersion (or the kind was removed): never applied.
+        Blocked = "blocked",
+        /// The dry-run failed (see the object's `error`).
+        Error = "error",
+        /// Dry-run: would be created.
+        WouldCreate = "would-create",
+        /// Dry-run: would change.
+        WouldConfigure = "would-configure",
+        /// Dry-run: nothing would change.
+        Unchanged = "unchanged",
+        /// A deletion of an object that exists.
+        WouldDelete = "would-delete",
+        /// A deletion of an object that does not exist.
+        Absent = "absent",
+        /// Another outcome of the agent's dry-run (`created`, `configured`, `deleted`, `present`, `other`):
+        /// what a newer agent may answer.
+        Created = "created",
+        /// See [`PlannedAction::Created`].
+        Configured = "configured",
+        /// See [`PlannedAction::Created`].
+        Deleted = "deleted",
+        /// See [`PlannedAction::Created`].
+        Present = "present",
+        /// See [`PlannedAction::Created`].
+        Other = "other",
+    }
+}
+
+/// The dry-run's outcome of an object applied (not deleted).
+impl From<ApplyOutcome> for PlannedAction {
+    fn from(o: ApplyOutcome) -> PlannedAction {
+        match o {
+            ApplyOutcome::Created => PlannedAction::Created,
+            ApplyOutcome::Configured => PlannedAction::Configured,
+            ApplyOutcome::Unchanged => PlannedAction::Unchanged,
+            ApplyOutcome::Deleted => PlannedAction::Deleted,
+            ApplyOutcome::WouldCreate => PlannedAction::WouldCreate,
+            ApplyOutcome::WouldConfigure => PlannedAction::WouldConfigure,
+            ApplyOutcome::Present => PlannedAction::Present,
+            ApplyOutcome::Absent => PlannedAction::Absent,
+            ApplyOutcome::Error => PlannedAction::Error,
+            ApplyOutcome::Other => PlannedAction::Other,
+        }
+    }
+}
+
+/// Where a release spec came from.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Source {
+    /// The spec file, as the operator named it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
+    /// Git commit of the work tree holding the spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub commit: Option<String>,
+    /// Whether that work tree had uncommitted changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dirty: Option<bool>,
+    /// The fleet repository (`release.gitops.repos[].name`) the spec was read from, when the role follows it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repo: Option<String>,
+    /// A policy bundle (from the repository's `policies/`): its drift is the `policy-drift` probe, which
+    /// the compliance report's `policy-bundles` check reads.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub policy: bool,
+}
+
+impl Source {
+    /// `abc1234` or `abc1234-dirty`.
+    pub fn commit_label(&self) -> Option<String> {
+        self.commit.as_ref().map(|c| {
+            if self.dirty == Some(true) {
+                format!("{c}-dirty")
+            } else {
+                c.clone()
+            }
+        })
+    }
+}
+
+/// `fleet.releasectl.plan`: plan a spec (a new revision unless the release is busy).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PlanRequest {
+    /// The spec, YAML.
+    pub spec: String,
+    /// Where it came from.
+    #[serde(default)]
+    pub source: Source,
+    /// Who asks.
+    #[serde(default)]
+    pub actor: String,
+}
+
+/// `fleet.releasectl.apply`: plan `spec` (when given) or re-plan the stored release, then apply it in the
+/// background when the plan is clean and approved.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ApplyRequest {
+    /// The release (when no spec is given).
+    #[serde(default)]
+    pub release: Option<String>,
+    /// A spec to plan and apply.
+    #[serde(default)]
+    pub spec: Option<String>,
+    /// Where the spec came from.
+    #[serde(default)]
+    pub source: Source,
+    /// Approvals given with the command.
+    #[serde(default)]
+    pub approve: Vec<String>,
+    /// Who asks.
+    #[serde(default)]
+    pub actor: String,
+}
+
+/// `fleet.releasectl.approve`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ApproveRequest {
+    /// Release.
+    pub release: String,
+    /// Approvals, e.g. `external-ips`.
+    pub approvals: Vec<String>,
+    /// Who approves.
+    #[serde(default)]
+    pub actor: String,
+}
+
+/// `fleet.releasectl.rollback`, `fleet.releasectl.status`, `fleet.releasectl.history`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NameRequest {
+    /// Release (status: absent lists every release).
+    #[serde(default)]
+    pub release: Option<String>,
+    /// Who asks.
+    #[serde(default)]
+    pub actor: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,5 +404,49 @@ mod tests {
         assert_eq!((pss.passing, pss.unknown), (0, 1));
         assert_eq!(view[1].failing[0].message, "kubernetes-version on a");
         assert_eq!(view[1].passing, 2);
+    }
+
+    #[test]
+    fn release_batch_states_and_planned_actions_keep_their_stored_names() {
+        for (s, name) in [
+            (BatchState::Pending, "pending"),
+            (BatchState::Applying, "applying"),
+            (BatchState::WaitingHealth, "waiting-health"),
+            (BatchState::Soaking, "soaking"),
+            (BatchState::Done, "done"),
+            (BatchState::Failed, "failed"),
+        ] {
+            assert_eq!(serde_json::to_value(s).expect("json"), name);
+            assert_eq!(s.as_str(), name);
+            let back: BatchState = serde_json::from_value(name.into()).expect("loads");
+            assert_eq!(back, s);
+        }
+        for name in [
+            "not-tried",
+            "blocked",
+            "error",
+            "would-create",
+            "would-configure",
+            "unchanged",
+            "would-delete",
+            "absent",
+            "created",
+            "configured",
+            "deleted",
+            "present",
+            "other",
+        ] {
+            let a: PlannedAction = serde_json::from_value(name.into()).expect("loads");
+            assert_eq!(a.as_str(), name);
+            assert_eq!(serde_json::to_value(a).expect("json"), name);
+        }
+        for o in [
+            ApplyOutcome::WouldCreate,
+            ApplyOutcome::Unchanged,
+            ApplyOutcome::Other,
+        ] {
+            assert_eq!(PlannedAction::from(o).as_str(), o.as_str());
+        }
+        assert_eq!(format!("{:<9}|", BatchState::Done), "done     |");
     }
 }

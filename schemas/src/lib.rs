@@ -19,6 +19,7 @@
 //! - [`deprecations`]: the Kubernetes API deprecation table the agent and the release planner judge by.
 
 pub mod catalog;
+mod closed;
 pub mod codec;
 pub mod control;
 pub mod deprecations;

@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+use crate::closed::closed_set;
 use crate::envelope::Payload;
 
 macro_rules! payload {
@@ -1250,6 +1251,96 @@ pub struct ReleaseResult {
 }
 payload!(ReleaseResult, "ReleaseResult", 1);
 
+closed_set! {
+    /// What a release history entry records (the last token of its subject).
+    pub enum ReleaseEntry {
+        /// A plan (a new revision, or a re-plan of one not applied).
+        Plan = "plan",
+        /// An approval given.
+        Approve = "approve",
+        /// Applying started (or was refused).
+        Apply = "apply",
+        /// A batch started, or finished (`ok`).
+        Batch = "batch",
+        /// One cluster's apply step.
+        Step = "step",
+        /// A batch's health gate.
+        Health = "health",
+        /// A batch's metric analysis (queries against the fleet TSDB).
+        Analysis = "analysis",
+        /// Every batch applied, healthy and soaked.
+        Done = "done",
+        /// The release failed.
+        Failed = "failed",
+        /// A rollback started.
+        Rollback = "rollback",
+        /// One cluster restored to its snapshot.
+        RollbackStep = "rollback-step",
+        /// Every changed cluster restored.
+        RolledBack = "rolled-back",
+        /// The role restarted while applying or rolling back.
+        Interrupted = "interrupted",
+        /// A batch holds: for the `gate` approval, a dependency, or a sync window.
+        Waiting = "waiting",
+        /// Self-heal re-applied drifted objects, or gave up.
+        Heal = "heal",
+        /// A fleet incident named this revision its first suspect.
+        Incident = "incident",
+        /// A fleet repository's commit was refused (on `gitops-<repo>`).
+        Sync = "sync",
+        /// An operator overrode a sync window.
+        Override = "override",
+    }
+}
+
+closed_set! {
+    /// Where a release stands.
+    pub enum ReleaseState {
+        /// Planned; nothing applied.
+        Planned = "planned",
+        /// Planned, but blocked objects or errors keep it from being applied.
+        Blocked = "blocked",
+        /// Batches are being applied.
+        Applying = "applying",
+        /// Every batch applied, healthy and soaked.
+        Succeeded = "succeeded",
+        /// A batch failed; the changed clusters are being (or were not yet) rolled back.
+        Failed = "failed",
+        /// Rolling back.
+        RollingBack = "rolling-back",
+        /// Every changed cluster is back at its snapshot.
+        RolledBack = "rolled-back",
+        /// A rollback step failed: look at the history.
+        RollbackFailed = "rollback-failed",
+        /// The role restarted while applying or rolling back: the clusters listed as changed may be half-way.
+        Interrupted = "interrupted",
+        /// The next batch holds a cluster of `sync.approval_selector`: it starts once the `gate` approval is
+        /// given; the batches before it are applied.
+        WaitingApproval = "waiting-approval",
+        /// A fleet repository's commit was refused: nothing of it applied (only on `gitops-<repo>` entries).
+        Refused = "refused",
+    }
+}
+
+impl ReleaseState {
+    /// Whether work is going on.
+    pub fn busy(self) -> bool {
+        matches!(self, ReleaseState::Applying | ReleaseState::RollingBack)
+    }
+}
+
+closed_set! {
+    /// How an audited action went.
+    pub enum AuditOutcome {
+        /// Done.
+        Ok = "ok",
+        /// Tried, and failed.
+        Failed = "failed",
+        /// Refused before anything was done (not allowed, bad input).
+        Rejected = "rejected",
+    }
+}
+
 /// One entry of a release's history, published by the release role on `fleet.release.<release>.<what>`
 /// (FLEET_RELEASE): a plan, an approval, a batch starting, a step on one cluster, a health gate, the end of
 /// the release, a rollback.
@@ -1259,12 +1350,10 @@ pub struct ReleaseEvent {
     pub release: String,
     /// Which run of the release (each new plan of the same name is a new revision), from 1.
     pub revision: u64,
-    /// What happened (the subject's last token): `plan`, `approve`, `batch`, `step`, `health`, `done`,
-    /// `failed`, `rollback`, `rollback-step`, `rolled-back`.
-    pub what: String,
-    /// The release's state after it: `planned`, `blocked`, `applying`, `succeeded`, `failed`,
-    /// `rolling-back`, `rolled-back`, `rollback-failed`.
-    pub state: String,
+    /// What happened (the subject's last token).
+    pub what: ReleaseEntry,
+    /// The release's state after it.
+    pub state: ReleaseState,
     /// Who caused it (the operator, or `system`).
     pub actor: String,
     /// The batch concerned, from 1.
@@ -1302,8 +1391,8 @@ pub struct AuditRecord {
     pub action: String,
     /// What it was done to.
     pub target: String,
-    /// `ok`, `failed`, `rejected`.
-    pub outcome: String,
+    /// How it went.
+    pub outcome: AuditOutcome,
     /// Details (structured).
     #[serde(default)]
     pub detail: serde_json::Value,

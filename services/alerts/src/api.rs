@@ -16,7 +16,7 @@ use axum::{Extension, Json};
 use chrono::Datelike;
 use chrono::{DateTime, Utc};
 use multipilot_runtime::auth::{self, Principal, Tokens};
-use multipilot_schemas::payload::AuditRecord;
+use multipilot_schemas::payload::{AuditOutcome, AuditRecord};
 use multipilot_schemas::{Envelope, stable_id, subject};
 use serde::Deserialize;
 use serde_json::json;
@@ -66,7 +66,7 @@ impl Api {
             role: "alerts".into(),
             action: format!("silence.{action}"),
             target: target.to_string(),
-            outcome: "ok".into(),
+            outcome: AuditOutcome::Ok,
             detail,
             commit: None,
         };

@@ -12,10 +12,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use chrono::{DateTime, Duration, Utc};
 use multipilot_schemas::control::{CommandOutcome, IncidentAction, IncidentCommand};
 use multipilot_schemas::payload::{
-    AuditRecord, BlastRadius, CheckStatus, ClusterFacts, ComplianceReport, EventDigest, Evidence,
-    EvidenceKind, FleetIncident, Heartbeat, Incident, IncidentStatus, KubeEvent, ObjectRef,
-    ProbeResult, ProbeStatus, ReleaseEvent, ReleaseRef, ResourceDeleted, ResourceState,
-    ResyncMarker, SettingDivergence, Severity,
+    AuditOutcome, AuditRecord, BlastRadius, CheckStatus, ClusterFacts, ComplianceReport,
+    EventDigest, Evidence, EvidenceKind, FleetIncident, Heartbeat, Incident, IncidentStatus,
+    KubeEvent, ObjectRef, ProbeResult, ProbeStatus, ReleaseEvent, ReleaseRef, ResourceDeleted,
+    ResourceState, ResyncMarker, SettingDivergence, Severity,
 };
 use multipilot_schemas::streams::StateMsg;
 use multipilot_schemas::{Envelope, stable_id, subject};
@@ -1489,7 +1489,7 @@ impl Machine {
                 IncidentAction::Resolve => "incident.resolve".into(),
             },
             target: inc.id.clone(),
-            outcome: "ok".into(),
+            outcome: AuditOutcome::Ok,
             detail: serde_json::json!({
                 "cluster": inc.cluster,
                 "kind": inc.kind,

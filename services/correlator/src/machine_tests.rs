@@ -1843,8 +1843,8 @@ fn batch(
         multipilot_schemas::payload::ReleaseEvent {
             release: name.into(),
             revision,
-            what: "batch".into(),
-            state: "applying".into(),
+            what: multipilot_schemas::payload::ReleaseEntry::Batch,
+            state: multipilot_schemas::payload::ReleaseState::Applying,
             actor: "alice".into(),
             batch: Some(index),
             clusters: clusters.iter().map(|c| c.to_string()).collect(),
@@ -1986,7 +1986,7 @@ fn what_was_rolled_out_where_long_ago_is_a_shared_attribute_until_rolled_back() 
     six_clusters(&mut m, t0());
     rolled_out(&mut m);
     let mut back = batch("netpol", 2, 1, &["c5", "c6"], long_ago + Duration::hours(1));
-    back.payload.what = "rolled-back".into();
+    back.payload.what = multipilot_schemas::payload::ReleaseEntry::RolledBack;
     m.apply(Input::Release(&back));
     let f = dns_fails_on(&mut m, ["c5", "c6"], t0() + Duration::seconds(60));
     assert!(

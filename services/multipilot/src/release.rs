@@ -8,10 +8,9 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use clap::Subcommand;
-use multipilot_release::model::{
-    ApplyRequest, ApproveRequest, NameRequest, PlanRequest, Release, Reply, Source, State,
-};
-use multipilot_schemas::payload::ReleaseEvent;
+use multipilot_release::model::{Release, Reply};
+use multipilot_schemas::control::{ApplyRequest, ApproveRequest, NameRequest, PlanRequest, Source};
+use multipilot_schemas::payload::{ReleaseEvent, ReleaseState as State};
 
 /// Release commands.
 #[derive(Debug, Subcommand)]
@@ -283,7 +282,7 @@ pub async fn run(client: &async_nats::Client, cmd: Command, timeout: Duration) -
                             "{:<28} {:>4}  {:<16} {:>8} {:>5}/{:<2}  {:<20} {}",
                             s.name,
                             s.revision,
-                            s.state.name(),
+                            s.state.as_str(),
                             s.clusters,
                             s.done_batches,
                             s.batches,
@@ -380,7 +379,7 @@ async fn follow(
                 ),
                 s => bail!(
                     "release {name} ended {}{}",
-                    s.name(),
+                    s.as_str(),
                     r.error.map(|e| format!(": {e}")).unwrap_or_default()
                 ),
             };
@@ -394,7 +393,7 @@ fn print_status(r: &Release) {
         "release {} revision {}: {}{}",
         r.name,
         r.revision,
-        r.state.name(),
+        r.state.as_str(),
         r.source
             .commit_label()
             .map(|c| format!("  (commit {c})"))

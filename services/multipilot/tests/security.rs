@@ -344,7 +344,7 @@ async fn every_role_works_under_its_own_user_and_an_agent_speaks_only_for_its_cl
                     role: "release".into(),
                     action: "forged".into(),
                     target: "x".into(),
-                    outcome: "ok".into(),
+                    outcome: multipilot_schemas::payload::AuditOutcome::Ok,
                     detail: serde_json::Value::Null,
                     commit: None,
                 },

@@ -10,14 +10,14 @@
 use std::sync::Arc;
 
 use multipilot_bus::follow::{Follower, Next, Replay};
-use multipilot_schemas::payload::{FleetIncident, SuspectVerdict};
+use multipilot_schemas::payload::{FleetIncident, ReleaseEntry, SuspectVerdict};
 use multipilot_schemas::{streams::name, subject};
 use serde_json::json;
 
 use crate::Service;
 
 /// What the entry is recorded as (`fleet.release.<release>.incident`).
-pub const WHAT: &str = "incident";
+pub const WHAT: ReleaseEntry = ReleaseEntry::Incident;
 
 impl Service {
     /// Follows the fleet incidents (all FLEET_INCIDENTS keeps, then live) until cancelled.

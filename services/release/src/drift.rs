@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use multipilot_bus::follow::{Follower, Next, Replay};
+use multipilot_schemas::payload::ReleaseEntry;
 use multipilot_schemas::payload::{
     FieldManager, Finding, ObjectRef, ProbeResult, ProbeStatus, ReleaseAction, Severity,
 };
@@ -843,7 +844,7 @@ impl Service {
         if let Ok(Some(mut r)) = self.store.get(release) {
             self.record(
                 &mut r,
-                "heal",
+                ReleaseEntry::Heal,
                 ok,
                 "self-heal",
                 None,

@@ -26,7 +26,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use multipilot_schemas::payload::{AuditRecord, ReleaseEvent};
+use multipilot_schemas::payload::{
+    AuditOutcome, AuditRecord, ReleaseEntry, ReleaseEvent, ReleaseState,
+};
 use multipilot_schemas::{Envelope, Payload, stable_id, subject};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -475,7 +477,7 @@ impl Service {
                         s.error = Some(format!(
                             "release {} is {}: waiting for it",
                             r.name,
-                            r.state.name()
+                            r.state.as_str()
                         ))
                     })
                     .await;
@@ -620,7 +622,7 @@ impl Service {
                     s => {
                         return Err(Held::Failed {
                             bundle: n.clone(),
-                            state: s.name(),
+                            state: s.as_str(),
                         });
                     }
                 }
@@ -672,8 +674,8 @@ impl Service {
         let ev = ReleaseEvent {
             release: repo.name.clone(),
             revision: 0,
-            what: "sync".into(),
-            state: "refused".into(),
+            what: ReleaseEntry::Sync,
+            state: ReleaseState::Refused,
             actor: format!("gitops/{}", repo.name),
             batch: None,
             clusters: Vec::new(),
@@ -716,7 +718,7 @@ impl Service {
             role: "release".into(),
             action: "release.sync".into(),
             target: format!("{}@{commit}", repo.name),
-            outcome: "failed".into(),
+            outcome: AuditOutcome::Failed,
             detail: ev.detail.clone(),
             commit: Some(commit.to_string()),
         };
@@ -821,7 +823,7 @@ fn cluster_sync(
     let at_revision = dep.is_some_and(|d| d.revision == r.revision);
     let (status, message) = if r.state.busy() && !batch_done {
         let why = if r.changed.iter().any(|c| c == cluster) {
-            format!("{} (revision {})", r.state.name(), r.revision)
+            format!("{} (revision {})", r.state.as_str(), r.revision)
         } else {
             format!("batch {} pending", batch.map(|b| b.index).unwrap_or(0))
         };
@@ -835,7 +837,7 @@ fn cluster_sync(
             Sync::Degraded,
             r.error
                 .clone()
-                .unwrap_or_else(|| format!("revision {} {}", r.revision, r.state.name())),
+                .unwrap_or_else(|| format!("revision {} {}", r.revision, r.state.as_str())),
         )
     } else if drift.iter().any(|d| d.gave_up) {
         (

@@ -25,6 +25,7 @@ pub mod diff;
 pub mod drift;
 pub mod exec;
 pub mod gitops;
+pub mod health;
 pub mod judge;
 pub mod machine;
 pub mod model;
@@ -35,6 +36,7 @@ pub mod render;
 pub mod signer;
 pub mod spec;
 pub mod store;
+pub mod windows;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,7 +44,7 @@ use std::time::Duration;
 use chrono::Utc;
 use futures::StreamExt;
 use multipilot_runtime::Context;
-use multipilot_schemas::payload::{AuditRecord, ReleaseEvent};
+use multipilot_schemas::payload::{AuditOutcome, AuditRecord, ReleaseEntry, ReleaseEvent};
 use multipilot_schemas::{Envelope, Payload, stable_id, subject};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -170,7 +172,7 @@ impl Service {
     pub(crate) async fn record(
         &self,
         r: &mut Release,
-        what: &str,
+        what: ReleaseEntry,
         ok: bool,
         actor: &str,
         batch: Option<u32>,
@@ -191,8 +193,8 @@ impl Service {
         let ev = ReleaseEvent {
             release: r.name.clone(),
             revision: r.revision,
-            what: what.into(),
-            state: e.state.name().into(),
+            what: e.what,
+            state: e.state,
             actor: actor_or_system(&e.actor),
             batch: e.batch,
             clusters: e.clusters,
@@ -244,7 +246,11 @@ impl Service {
             role: "release".into(),
             action: format!("release.{what}"),
             target: format!("{}@{}", r.name, r.revision),
-            outcome: if ev.ok { "ok" } else { "failed" }.into(),
+            outcome: if ev.ok {
+                AuditOutcome::Ok
+            } else {
+                AuditOutcome::Failed
+            },
             detail: json!({"summary": ev.summary, "batch": ev.batch, "clusters": ev.clusters,
                 "state": ev.state, "detail": ev.detail}),
             commit: ev.commit.clone(),
@@ -368,8 +374,17 @@ impl Service {
         let clusters: Vec<String> = p.clusters.iter().map(|c| c.cluster.clone()).collect();
         let ok = p.clean();
         // `record` also hands the new plan to the drift judge
-        self.record(&mut r, "plan", ok, actor, None, clusters, summary, detail)
-            .await;
+        self.record(
+            &mut r,
+            ReleaseEntry::Plan,
+            ok,
+            actor,
+            None,
+            clusters,
+            summary,
+            detail,
+        )
+        .await;
         Ok(r)
     }
 
@@ -401,7 +416,7 @@ impl Service {
         let s = format!("approved: {}", fresh.join(", "));
         self.record(
             &mut r,
-            "approve",
+            ReleaseEntry::Approve,
             true,
             actor,
             None,
@@ -608,7 +623,7 @@ impl Service {
             .all()
             .map_err(store_err::<store::Error>("reading the releases"))?
         {
-            let was = r.state.name();
+            let was = r.state.as_str();
             if let Some(e) = machine::interrupted(&mut r) {
                 self.record_entry(&mut r, e).await;
                 tracing::warn!(release = %r.name, was, "release interrupted by a restart");

@@ -17,6 +17,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use multipilot_schemas::payload::ReleaseEntry;
 use multipilot_schemas::payload::{
     FleetIncident, Incident, IncidentStatus, ObjectOutcome, SuspectVerdict,
 };
@@ -83,7 +84,7 @@ pub enum Error {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
     /// `batch`, `step`, `health`, `failed`, `rollback`, … (the last token of its subject).
-    pub what: String,
+    pub what: ReleaseEntry,
     /// Whether it went well.
     pub ok: bool,
     /// Who (empty: `system`).
@@ -432,7 +433,7 @@ pub struct Refused {
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn entry(
     r: &Release,
-    what: &str,
+    what: ReleaseEntry,
     ok: bool,
     actor: &str,
     batch: Option<u32>,
@@ -441,7 +442,7 @@ pub(crate) fn entry(
     detail: Value,
 ) -> Entry {
     Entry {
-        what: what.into(),
+        what,
         ok,
         actor: actor.into(),
         state: r.state,
@@ -474,7 +475,7 @@ pub fn start(r: &mut Release, actor: &str) -> std::result::Result<Entry, Refused
         );
         let e = entry(
             r,
-            "apply",
+            ReleaseEntry::Apply,
             false,
             actor,
             None,
@@ -497,7 +498,7 @@ pub fn start(r: &mut Release, actor: &str) -> std::result::Result<Entry, Refused
         let error = Error::MissingApprovals { missing };
         let e = entry(
             r,
-            "apply",
+            ReleaseEntry::Apply,
             false,
             actor,
             None,
@@ -522,7 +523,16 @@ pub fn start(r: &mut Release, actor: &str) -> std::result::Result<Entry, Refused
         r.plan.batches.len()
     );
     let detail = json!({"approvals": r.approvals});
-    Ok(entry(r, "apply", true, actor, None, clusters, s, detail))
+    Ok(entry(
+        r,
+        ReleaseEntry::Apply,
+        true,
+        actor,
+        None,
+        clusters,
+        s,
+        detail,
+    ))
 }
 
 /// Resumes a release waiting for the `gate` approval once it is given: the `apply` entry, after which the
@@ -539,7 +549,16 @@ pub fn resume(r: &mut Release, actor: &str) -> Option<Entry> {
         .flat_map(|b| b.clusters.clone())
         .collect();
     let s = format!("apply resumes: {}", waiting.join(", "));
-    Some(entry(r, "apply", true, actor, None, waiting, s, json!({})))
+    Some(entry(
+        r,
+        ReleaseEntry::Apply,
+        true,
+        actor,
+        None,
+        waiting,
+        s,
+        json!({}),
+    ))
 }
 
 /// Takes a rollback request: refused while busy or when nothing changed; otherwise the release is busy
@@ -568,7 +587,7 @@ pub fn interrupted(r: &mut Release) -> Option<Entry> {
     if !r.state.busy() {
         return None;
     }
-    let was = r.state.name();
+    let was = r.state.as_str();
     r.state = State::Interrupted;
     let s = format!(
         "the release role restarted while {was}; changed clusters: {} — roll back with `multipilot release rollback {}` or plan again",
@@ -583,7 +602,7 @@ pub fn interrupted(r: &mut Release) -> Option<Entry> {
     let clusters = r.changed.clone();
     Some(entry(
         r,
-        "interrupted",
+        ReleaseEntry::Interrupted,
         false,
         "system",
         None,
@@ -686,7 +705,7 @@ impl Machine {
                             "object": o.object, "outcome": o.outcome, "error": o.error})).collect::<Vec<_>>()});
                         out.push(Decision::Record(entry(
                             r,
-                            "step",
+                            ReleaseEntry::Step,
                             failure.is_none(),
                             &self.actor,
                             Some(index),
@@ -853,7 +872,7 @@ impl Machine {
                         };
                         out.push(Decision::Record(entry(
                             r,
-                            "rollback-step",
+                            ReleaseEntry::RollbackStep,
                             failure.is_none(),
                             &actor,
                             None,
@@ -916,7 +935,7 @@ impl Machine {
             let n = r.plan.batches.len();
             out.push(Decision::Record(entry(
                 r,
-                "done",
+                ReleaseEntry::Done,
                 true,
                 &self.actor,
                 None,
@@ -940,7 +959,7 @@ impl Machine {
                 json!({"approval": GATE_APPROVAL, "selector": r.spec.sync.approval_selector});
             out.push(Decision::Record(entry(
                 r,
-                "waiting",
+                ReleaseEntry::Waiting,
                 true,
                 &self.actor,
                 Some(index),
@@ -963,7 +982,7 @@ impl Machine {
         let detail = json!({"policy": r.source.policy, "repo": r.source.repo});
         out.push(Decision::Record(entry(
             r,
-            "batch",
+            ReleaseEntry::Batch,
             true,
             &self.actor,
             Some(index),
@@ -1066,7 +1085,7 @@ impl Machine {
         );
         out.push(Decision::Record(entry(
             r,
-            "health",
+            ReleaseEntry::Health,
             true,
             &self.actor,
             Some(index),
@@ -1125,7 +1144,7 @@ impl Machine {
         let clusters = b.clusters.clone();
         out.push(Decision::Record(entry(
             r,
-            "batch",
+            ReleaseEntry::Batch,
             false,
             &self.actor,
             Some(index),
@@ -1149,7 +1168,7 @@ impl Machine {
         r.error = Some(e.clone());
         out.push(Decision::Record(entry(
             r,
-            "failed",
+            ReleaseEntry::Failed,
             false,
             &self.actor,
             None,
@@ -1175,7 +1194,7 @@ impl Machine {
         let s = format!("rollback {} starts: {}", r.rollbacks, clusters.join(", "));
         out.push(Decision::Record(entry(
             r,
-            "rollback",
+            ReleaseEntry::Rollback,
             true,
             &actor,
             None,
@@ -1212,7 +1231,7 @@ impl Machine {
             );
             out.push(Decision::Record(entry(
                 r,
-                "rolled-back",
+                ReleaseEntry::RolledBack,
                 true,
                 actor,
                 None,
@@ -1226,7 +1245,7 @@ impl Machine {
             r.error = Some(format!("rollback failed: {e}"));
             out.push(Decision::Record(entry(
                 r,
-                "rolled-back",
+                ReleaseEntry::RolledBack,
                 false,
                 actor,
                 None,

@@ -133,7 +133,7 @@ impl Run {
     /// Starts applying (as `release apply` does) and returns the first decisions.
     fn start(&mut self) -> Vec<Decision> {
         let e = start(&mut self.r, "ann").expect("starts");
-        self.entries.push(e.what);
+        self.entries.push(e.what.to_string());
         self.feed(Input::Start)
     }
 
@@ -142,7 +142,7 @@ impl Run {
         for d in &out {
             if let Decision::Record(e) = d {
                 self.entries.push(if e.ok {
-                    e.what.clone()
+                    e.what.to_string()
                 } else {
                     format!("{}:false", e.what)
                 });
@@ -450,7 +450,7 @@ fn a_failed_step_stops_the_batch_and_rolls_back_every_changed_cluster() {
     let states: Vec<(String, State)> = out
         .iter()
         .filter_map(|d| match d {
-            Decision::Record(e) => Some((e.what.clone(), e.state)),
+            Decision::Record(e) => Some((e.what.to_string(), e.state)),
             _ => None,
         })
         .collect();

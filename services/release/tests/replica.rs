@@ -10,7 +10,9 @@ use chrono::Utc;
 use multipilot_release::model::{Plan, Release, State};
 use multipilot_release::spec::Spec;
 use multipilot_release::store::{self, Restored, Store};
-use multipilot_schemas::payload::{ObjectOutcome, ObjectRef, ReleaseEvent};
+use multipilot_schemas::payload::{
+    ObjectOutcome, ObjectRef, ReleaseEntry, ReleaseEvent, ReleaseState,
+};
 use multipilot_testkit::NatsServer;
 
 fn release(name: &str, revision: u64, events: u64) -> Result<Release> {
@@ -47,12 +49,12 @@ fn release(name: &str, revision: u64, events: u64) -> Result<Release> {
     })
 }
 
-fn event(name: &str, what: &str) -> ReleaseEvent {
+fn event(name: &str, what: ReleaseEntry) -> ReleaseEvent {
     ReleaseEvent {
         release: name.into(),
         revision: 1,
-        what: what.into(),
-        state: "applying".into(),
+        what,
+        state: ReleaseState::Applying,
         actor: "tester".into(),
         batch: Some(1),
         clusters: vec!["a".into()],
@@ -108,8 +110,8 @@ async fn a_wiped_store_gets_its_releases_snapshots_and_history_back() -> Result<
     assert_eq!(restored, Restored::default(), "nothing to restore yet");
 
     let r = release("web-1", 1, 2)?;
-    s.add_event(1, &event("web-1", "plan"))?;
-    s.add_event(2, &event("web-1", "batch"))?;
+    s.add_event(1, &event("web-1", ReleaseEntry::Plan))?;
+    s.add_event(2, &event("web-1", ReleaseEntry::Batch))?;
     s.put(&r).await?;
     s.put_snapshot("web-1", 1, "a", &snapshot("before")).await?;
     // a retried step reads the cluster again: the first snapshot stays the one kept
@@ -140,7 +142,7 @@ async fn a_wiped_store_gets_its_releases_snapshots_and_history_back() -> Result<
     assert_eq!(s2.snapshot("web-1", 1, "b")?, None);
 
     // a restored store is not blank: opening it again restores nothing, and writes go on replicating
-    s2.add_event(3, &event("web-1", "rollback"))?;
+    s2.add_event(3, &event("web-1", ReleaseEntry::Rollback))?;
     s2.put(&release("web-1", 1, 3)?).await?;
     // closed, not dropped: sled releases its lock on the directory from a background thread, and opening the
     // same directory at once raced with that (a CI failure on a busy machine: "could not acquire lock")
@@ -164,7 +166,7 @@ async fn a_store_that_predates_the_bucket_is_copied_into_it() -> Result<()> {
     {
         // written by a version without the bucket
         let s = Store::open(old.path())?;
-        s.add_event(1, &event("db-2", "plan"))?;
+        s.add_event(1, &event("db-2", ReleaseEntry::Plan))?;
         s.put(&release("db-2", 4, 1)?).await?;
         s.put_snapshot("db-2", 4, "b", &snapshot("live")).await?;
         s.close(old.path()).await?;

@@ -167,8 +167,8 @@ async fn release_batch(sys: &System, name: &str, clusters: &[String]) -> Result<
     let e = ReleaseEvent {
         release: name.into(),
         revision: 1,
-        what: "batch".into(),
-        state: "applying".into(),
+        what: multipilot_schemas::payload::ReleaseEntry::Batch,
+        state: multipilot_schemas::payload::ReleaseState::Applying,
         actor: "drill".into(),
         batch: Some(1),
         clusters: clusters.to_vec(),
