@@ -48,6 +48,20 @@ pub struct Config {
     pub heal_window: Duration,
     /// Fleet repositories the role follows.
     pub gitops: GitOps,
+    /// Health rules for kinds the role has no rollout check of its own for (CRDs, `Job`, …): a CEL
+    /// expression per `group/Kind` saying when an object is healthy, and optionally failed and what it is
+    /// doing. They add to the shipped rules ([`crate::health::shipped_rules`]) and replace a shipped one of
+    /// the same kind; a kind without a rule has no health (the gate does not wait on it). See
+    /// [`crate::health`].
+    ///
+    /// ```yaml
+    /// health_rules:
+    ///   - kind: databases.example.com/Database   # group/Kind; a core kind is just Kind
+    ///     healthy: has(self.status) && has(self.status.state) && self.status.state == 'Available'
+    ///     failed: has(self.status) && has(self.status.state) && self.status.state == 'Error'
+    ///     message: "has(self.status.detail) ? self.status.detail : 'no status yet'"
+    /// ```
+    pub health_rules: Vec<crate::health::HealthRule>,
 }
 
 /// Fleet repositories: Git as the source of the releases.
@@ -123,6 +137,7 @@ impl Default for Config {
             heal_limit: 3,
             heal_window: Duration::from_secs(600),
             gitops: GitOps::default(),
+            health_rules: Vec::new(),
         }
     }
 }
@@ -196,6 +211,8 @@ impl Config {
                 r.name
             );
         }
+        crate::health::Rules::load(&self.health_rules)
+            .map_err(|e| crate::Error::Config(format!("release.health_rules: {e}")))?;
         Ok(())
     }
 
