@@ -48,6 +48,27 @@ pub struct Config {
     pub heal_window: Duration,
     /// Fleet repositories the role follows.
     pub gitops: GitOps,
+    /// Sync windows (after Argo CD's): when applies and self-heal may run, per release and cluster
+    /// selector. A deny window holds them while open (deny wins); when allow windows cover a release, it
+    /// is applied only while one of them is open; no window: always. `manual_sync` lets an operator's
+    /// explicit sync pass (audited). See [`crate::windows`].
+    ///
+    /// ```yaml
+    /// windows:
+    ///   - kind: deny                 # or allow
+    ///     schedule: "0 18 * * FRI"   # 5-field cron: minute hour day-of-month month day-of-week
+    ///     duration: 63h              # open until Monday 09:00
+    ///     time_zone: Europe/Berlin   # IANA, read on the local clock across DST; UTC when absent
+    ///     clusters: env=prod         # a label selector (`cluster` is the name); empty: every cluster
+    ///     releases: ["payments-*"]   # names or globs; empty: every release
+    ///     manual_sync: true          # `multipilot release apply` by an operator may pass it
+    ///     description: weekend freeze
+    ///   - kind: allow
+    ///     schedule: "0 22 * * MON-THU"
+    ///     duration: 2h
+    ///     clusters: env=prod
+    /// ```
+    pub windows: Vec<crate::windows::Window>,
     /// Health rules for kinds the role has no rollout check of its own for (CRDs, `Job`, …): a CEL
     /// expression per `group/Kind` saying when an object is healthy, and optionally failed and what it is
     /// doing. They add to the shipped rules ([`crate::health::shipped_rules`]) and replace a shipped one of
@@ -137,6 +158,7 @@ impl Default for Config {
             heal_limit: 3,
             heal_window: Duration::from_secs(600),
             gitops: GitOps::default(),
+            windows: Vec::new(),
             health_rules: Vec::new(),
         }
     }
@@ -211,6 +233,8 @@ impl Config {
                 r.name
             );
         }
+        crate::windows::Windows::compile(self.windows.clone())
+            .map_err(|e| crate::Error::Config(format!("release.{e}")))?;
         crate::health::Rules::load(&self.health_rules)
             .map_err(|e| crate::Error::Config(format!("release.health_rules: {e}")))?;
         Ok(())
@@ -241,5 +265,27 @@ mod tests {
         let short: Config = serde_yaml::from_str("default_soak: 5s\n").expect("partial");
         assert_eq!(short.default_soak, Duration::from_secs(5));
         assert!(c.validate().is_ok());
+    }
+
+    #[test]
+    fn windows_are_read_and_checked() {
+        let c: Config = serde_yaml::from_str(
+            "windows:\n  - kind: deny\n    schedule: '0 18 * * FRI'\n    duration: 63h\n    time_zone: Europe/Berlin\n    clusters: env=prod\n",
+        )
+        .expect("windows");
+        assert_eq!(c.windows.len(), 1);
+        assert!(c.validate().is_ok());
+        let back: Config =
+            serde_yaml::from_str(&serde_yaml::to_string(&c).expect("yaml")).expect("back");
+        assert_eq!(c, back);
+        let bad: Config = serde_yaml::from_str(
+            "windows:\n  - kind: deny\n    schedule: '0 22 * * *'\n    duration: 1h\n    time_zone: Mars/Olympus\n",
+        )
+        .expect("parses");
+        let e = bad.validate().expect_err("unknown zone").to_string();
+        assert!(
+            e.contains("release.windows[0]") && e.contains("unknown time zone \"Mars/Olympus\""),
+            "{e}"
+        );
     }
 }
