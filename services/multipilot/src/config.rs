@@ -123,7 +123,7 @@ impl Config {
         c
     }
 
-    /// The release role's settings with its data directory resolved.
+    /// The release role's settings with its data directory and TSDB address resolved.
     pub fn release(&self) -> multipilot_release::Config {
         let mut c = self.release.clone();
         if c.data_dir.is_empty() || c.data_dir == multipilot_release::Config::default().data_dir {
@@ -136,6 +136,13 @@ impl Config {
         }
         if c.kv_replicas == multipilot_release::Config::default().kv_replicas {
             c.kv_replicas = self.provision.replicas;
+        }
+        // analyses query the TSDB role where the hub runs it, unless told otherwise
+        if c.tsdb_url == multipilot_release::Config::default().tsdb_url {
+            c.tsdb_url = format!(
+                "http://{}",
+                self.tsdb.listen.replace("0.0.0.0", "127.0.0.1")
+            );
         }
         c
     }

@@ -48,6 +48,11 @@ pub struct Config {
     pub heal_window: Duration,
     /// Fleet repositories the role follows.
     pub gitops: GitOps,
+    /// The TSDB role's Prometheus API, which release analyses query (the hub resolves the default to
+    /// `tsdb.listen`).
+    pub tsdb_url: String,
+    /// The bearer token sent to the TSDB when its auth is on (a viewer's token).
+    pub tsdb_token: Option<multipilot_bus::connect::Secret>,
     /// Sync windows (after Argo CD's): when applies and self-heal may run, per release and cluster
     /// selector. A deny window holds them while open (deny wins); when allow windows cover a release, it
     /// is applied only while one of them is open; no window: always. `manual_sync` lets an operator's
@@ -158,6 +163,8 @@ impl Default for Config {
             heal_limit: 3,
             heal_window: Duration::from_secs(600),
             gitops: GitOps::default(),
+            tsdb_url: "http://127.0.0.1:9466".into(),
+            tsdb_token: None,
             windows: Vec::new(),
             health_rules: Vec::new(),
         }

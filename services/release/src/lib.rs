@@ -18,6 +18,7 @@
 //! restarts while applying or rolling back marks the release `interrupted` with the clusters it had
 //! changed, so an operator can roll it back (`multipilot release rollback`) — it never guesses.
 
+pub mod analysis;
 pub mod attribution;
 pub mod config;
 pub mod ctl;
@@ -28,6 +29,7 @@ pub mod gitops;
 pub mod health;
 pub mod judge;
 pub mod machine;
+pub mod measure;
 pub mod model;
 pub mod orchestrate;
 pub mod plan;
@@ -148,6 +150,10 @@ pub struct Service {
     drift: tokio::sync::Mutex<drift::Drift>,
     drift_wake: tokio::sync::Notify,
     gitops: gitops::Follower,
+    /// TSDB queries of release analyses.
+    tsdb: reqwest::Client,
+    /// Health rules (shipped and configured), for the health gate.
+    health: Arc<health::Rules>,
 }
 
 impl std::fmt::Debug for Service {
@@ -328,6 +334,7 @@ impl Service {
             changed: Vec::new(),
             rollbacks: 0,
             error: None,
+            waiting_for: None,
             events: prev.as_ref().map(|p| p.events).unwrap_or(0),
             deployed: prev.map(|p| p.deployed).unwrap_or_default(),
             deployed_before: Default::default(),
@@ -428,7 +435,7 @@ impl Service {
         Ok(r)
     }
 
-    /// Approves, and resumes a release waiting for the `gate` approval once it is given.
+    /// Approves, and resumes a release waiting for an approval (the `gate`, an analysis hold) once given.
     async fn approve_and_resume(
         self: &Arc<Self>,
         name: &str,
@@ -436,7 +443,7 @@ impl Service {
         actor: &str,
     ) -> Result<Release, ctl::Error> {
         let mut r = self.approve(name, approvals, actor).await?;
-        if r.state == State::WaitingApproval && r.approvals.contains_key(spec::GATE_APPROVAL) {
+        if machine::can_resume(&r) {
             let _g = self.lock.lock().await;
             r = self.stored(name)?;
             if let Some(e) = machine::resume(&mut r, actor) {
@@ -674,7 +681,14 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     let signer = signer::Signer::load_or_create(&config.signing_key_path())?;
     tracing::info!(key_id = signer.key_id(), public = %signer.public_path().display(), "release signing key");
     let registry = Registry::default();
+    let tsdb = measure::client(config.tsdb_token.as_ref())?;
+    let health = Arc::new(
+        health::Rules::load(&config.health_rules)
+            .map_err(|e| Error::Config(format!("release.health_rules: {e}")))?,
+    );
     let svc = Arc::new(Service {
+        tsdb,
+        health,
         sender: exec::Sender {
             nats: ctx.nats.clone(),
             signer: Arc::new(signer),

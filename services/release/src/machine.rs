@@ -1,10 +1,12 @@
 //! The release role's core: how an apply or a rollback progresses, batch by batch, as a state machine.
 //!
 //! Per batch: snapshot its clusters, mark them changed, apply, health gate (every workload's rollout must
-//! complete within the health timeout), soak (no new incident on its clusters, and no fleet incident naming
-//! the release first suspect, since the batch started); a batch that holds a cluster of the gate selector
-//! waits for the `gate` approval first. The first failing batch stops the release and every changed
-//! cluster is rolled back to its snapshot.
+//! complete within the health timeout, and every object of a kind a health rule knows must be healthy; a
+//! rule saying "failed" fails the gate at once), soak (no new incident on its clusters, and no fleet
+//! incident naming the release first suspect, since the batch started; the spec's analysis measured over
+//! it, which fails the batch or holds it for the `analysis-<batch>` approval); a batch that holds a cluster
+//! of the gate selector waits for the `gate` approval first. The first failing batch stops the release and
+//! every changed cluster is rolled back to its snapshot.
 //!
 //! It does no I/O and reads no clock: [`Machine::on`] takes an [`Input`] with its time and the release as
 //! stored, changes the release and returns [`Decision`]s — store it, record a history [`Entry`], snapshot
@@ -23,6 +25,7 @@ use multipilot_schemas::payload::{
 };
 use serde_json::{Value, json};
 
+use crate::analysis::{self, Conclusion, Tally, Target};
 use crate::model::{BatchProgress, BatchState, Deployed, Release, State, obj_name};
 use crate::spec::GATE_APPROVAL;
 
@@ -137,6 +140,16 @@ pub enum Decision {
         /// The batch's start.
         since: DateTime<Utc>,
     },
+    /// Measure the analysis' metrics on these clusters and on the baseline (the target clusters the
+    /// release has not changed); answer with [`Input::Measured`].
+    Measure {
+        /// Batch.
+        batch: u32,
+        /// The batch's clusters and the release's workloads there.
+        targets: Vec<Target>,
+        /// The baseline's clusters.
+        baseline: Vec<Target>,
+    },
     /// Send [`Input::Tick`] at this time (or [`Input::Stopping`] when the role stops before).
     WaitUntil(DateTime<Utc>),
     /// Restore these clusters to their snapshots (in this order; in parallel is fine); answer with an
@@ -174,6 +187,17 @@ pub struct HealthRead {
     pub error: Option<String>,
 }
 
+/// One metric's answers for a [`Decision::Measure`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Answered {
+    /// Metric.
+    pub metric: String,
+    /// Per target cluster.
+    pub clusters: BTreeMap<String, analysis::Answer>,
+    /// The median of the baseline clusters' answers (`None`: no baseline, or none answered).
+    pub baseline: Option<f64>,
+}
+
 /// What happened, at the time [`Machine::on`] is given.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Input {
@@ -207,6 +231,8 @@ pub enum Input {
     },
     /// The incidents could not be read.
     IncidentsUnknown(String),
+    /// The analysis' answers: per metric, each target cluster's answer, and the baseline's median.
+    Measured(Vec<Answered>),
     /// The time asked for with [`Decision::WaitUntil`] came.
     Tick,
     /// The role is stopping.
@@ -237,6 +263,10 @@ pub struct Policy {
     pub field_manager: String,
     /// Whether a batch needs the `gate` approval (it holds a cluster of `sync.approval_selector`).
     pub gated: Option<Gate>,
+    /// The spec's analysis, measured over each batch's soak.
+    pub analysis: Option<analysis::Compiled>,
+    /// Health rules for the kinds without a rollout of their own (CRDs, Jobs, claims).
+    pub health: std::sync::Arc<crate::health::Rules>,
 }
 
 impl std::fmt::Debug for Policy {
@@ -245,6 +275,7 @@ impl std::fmt::Debug for Policy {
             .field("soak", &self.soak)
             .field("health_timeout", &self.health_timeout)
             .field("gated", &self.gated.is_some())
+            .field("analysis", &self.analysis)
             .finish()
     }
 }
@@ -273,8 +304,14 @@ enum Phase {
         pending: BTreeMap<String, Vec<Value>>,
         last: BTreeMap<String, String>,
     },
-    /// The soak, until the time given.
-    Soak { index: u32, until: DateTime<Utc> },
+    /// The soak, until the time given, with the analysis' next measurement and its measurements so far.
+    Soak {
+        index: u32,
+        until: DateTime<Utc>,
+        measure_at: Option<DateTime<Utc>>,
+        tally: Tally,
+        measuring: bool,
+    },
     /// Rollback steps.
     RollingBack {
         actor: String,
@@ -343,6 +380,43 @@ pub fn rollout_missing(obj: &Value) -> Option<String> {
 
 fn is_workload(kind: &str) -> bool {
     matches!(kind, "Deployment" | "StatefulSet" | "DaemonSet")
+}
+
+/// The approval a batch held by an inconclusive analysis waits for.
+pub fn analysis_approval(batch: u32) -> String {
+    format!("analysis-{batch}")
+}
+
+fn conclusion_name(c: &Conclusion) -> &'static str {
+    match c {
+        Conclusion::Running => "running",
+        Conclusion::Passed => "passed",
+        Conclusion::Failed(_) => "failed",
+        Conclusion::Inconclusive(_) => "inconclusive",
+    }
+}
+
+/// A cluster and the release's workloads there, as the analysis' queries name them.
+fn target(r: &Release, cluster: &str) -> Target {
+    let mut t = Target {
+        cluster: cluster.to_string(),
+        ..Target::default()
+    };
+    if let Some(p) = r.plan.clusters.iter().find(|p| p.cluster == cluster) {
+        for o in p
+            .objects
+            .iter()
+            .filter(|o| o.applied() && is_workload(&o.object.kind))
+        {
+            t.workloads.push(o.object.name.clone());
+            if let Some(ns) = &o.object.namespace
+                && !t.namespaces.contains(ns)
+            {
+                t.namespaces.push(ns.clone());
+            }
+        }
+    }
+    t
 }
 
 /// How many objects had each outcome.
@@ -538,9 +612,10 @@ pub fn start(r: &mut Release, actor: &str) -> std::result::Result<Entry, Refused
 /// Resumes a release waiting for the `gate` approval once it is given: the `apply` entry, after which the
 /// run starts again with [`Input::Start`]. `None`: nothing to resume.
 pub fn resume(r: &mut Release, actor: &str) -> Option<Entry> {
-    if r.state != State::WaitingApproval || !r.approvals.contains_key(GATE_APPROVAL) {
+    if !can_resume(r) {
         return None;
     }
+    r.waiting_for = None;
     r.state = State::Applying;
     let waiting: Vec<String> = r
         .batches
@@ -559,6 +634,12 @@ pub fn resume(r: &mut Release, actor: &str) -> Option<Entry> {
         s,
         json!({}),
     ))
+}
+
+/// Whether the release waits for an approval (the `gate`, or an analysis hold's) that is now given.
+pub fn can_resume(r: &Release) -> bool {
+    let want = r.waiting_for.as_deref().unwrap_or(GATE_APPROVAL);
+    r.state == State::WaitingApproval && r.approvals.contains_key(want)
 }
 
 /// Takes a rollback request: refused while busy or when nothing changed; otherwise the release is busy
@@ -620,6 +701,11 @@ impl Machine {
             actor: actor.into(),
             phase: Phase::Idle,
         }
+    }
+
+    /// The analysis the run measures.
+    pub fn analysis(&self) -> Option<analysis::Compiled> {
+        self.policy.analysis.clone()
     }
 
     /// Whether the run is over.
@@ -745,18 +831,24 @@ impl Machine {
                 },
                 Input::Health(reads),
             ) => {
+                let mut broken = Vec::new();
                 for read in reads {
-                    match health_missing(&read) {
-                        None => {
+                    match judge_read(&read, &self.policy.health) {
+                        Judged::Healthy => {
                             pending.remove(&read.cluster);
                             last.remove(&read.cluster);
                         }
-                        Some(e) => {
+                        Judged::Waiting(e) => {
                             last.insert(read.cluster, e);
                         }
+                        Judged::Failed(e) => broken.push(format!("{}: {e}", read.cluster)),
                     }
                 }
-                if pending.is_empty() {
+                if !broken.is_empty() {
+                    let e = format!("failed: {}", broken.join("; "));
+                    let release_error = format!("batch {index}: health gate: {e}");
+                    self.fail_batch(r, index, e, &release_error, now, &mut out)
+                } else if pending.is_empty() {
                     self.soak(r, index, now, &mut out)
                 } else if now >= deadline {
                     let e = format!(
@@ -792,22 +884,95 @@ impl Machine {
                 let release_error = format!("batch {index}: health gate: {e}");
                 self.fail_batch(r, index, e, &release_error, now, &mut out)
             }
-            (Phase::Soak { index, until }, Input::Tick) => {
-                if now < until {
-                    out.push(Decision::WaitUntil(until));
-                } else {
-                    let since = r
-                        .batches
-                        .iter()
-                        .find(|b| b.index == index)
-                        .and_then(|b| b.started_at)
-                        .unwrap_or(now);
-                    out.push(Decision::ReadIncidents {
-                        clusters: self.plan_batch(r, index),
-                        since,
-                    });
+            (
+                Phase::Soak {
+                    index,
+                    until,
+                    measure_at,
+                    tally,
+                    measuring,
+                },
+                Input::Tick,
+            ) => self.soak_step(r, index, until, measure_at, tally, measuring, now, &mut out),
+            (
+                Phase::Soak {
+                    index,
+                    until,
+                    measure_at,
+                    mut tally,
+                    measuring: true,
+                },
+                Input::Measured(answers),
+            ) => {
+                let Some(a) = self.policy.analysis.clone() else {
+                    return out;
+                };
+                let clusters = self.plan_batch(r, index);
+                let mut round = Vec::new();
+                for ans in answers {
+                    for (cluster, answer) in ans.clusters {
+                        let m = a.judge(&ans.metric, &cluster, answer, ans.baseline);
+                        round.push(m.clone());
+                        tally.add(m);
+                    }
                 }
-                Phase::Soak { index, until }
+                let conclusion = tally.conclusion(&a, &clusters);
+                let n = tally.rounds(&a, &clusters);
+                let bad = round
+                    .iter()
+                    .filter(|m| m.verdict != analysis::Verdict::Successful)
+                    .count();
+                let shown: Vec<String> = round
+                    .iter()
+                    .map(|m| {
+                        format!(
+                            "{} {} on {}{}",
+                            m.metric,
+                            m.value
+                                .map(|v| format!("{v:.4}"))
+                                .unwrap_or_else(|| "?".into()),
+                            m.cluster,
+                            match m.verdict {
+                                analysis::Verdict::Successful => "",
+                                analysis::Verdict::Failed => " (failed)",
+                                analysis::Verdict::Inconclusive => " (inconclusive)",
+                            }
+                        )
+                    })
+                    .collect();
+                let summary = format!(
+                    "batch {index} analysis {n}/{}: {}",
+                    a.count,
+                    shown.join(", ")
+                );
+                out.push(Decision::Record(entry(
+                    r,
+                    ReleaseEntry::Analysis,
+                    bad == 0,
+                    &self.actor,
+                    Some(index),
+                    clusters.clone(),
+                    summary,
+                    json!({"round": n, "count": a.count, "measurements": round,
+                        "conclusion": conclusion_name(&conclusion)}),
+                )));
+                match conclusion {
+                    Conclusion::Failed(why) => {
+                        let e = format!("analysis failed: {why}");
+                        self.fail_batch(
+                            r,
+                            index,
+                            e.clone(),
+                            &format!("batch {index}: {e}"),
+                            now,
+                            &mut out,
+                        )
+                    }
+                    Conclusion::Inconclusive(why) => self.hold(r, index, why, &mut out),
+                    Conclusion::Running | Conclusion::Passed => {
+                        self.soak_step(r, index, until, measure_at, tally, false, now, &mut out)
+                    }
+                }
             }
             (Phase::Soak { .. }, Input::Stopping) => {
                 self.fail_release(r, "the release role is stopping".into(), now, &mut out)
@@ -930,6 +1095,23 @@ impl Machine {
                     .iter()
                     .any(|b| b.index == *index && b.state == BatchState::Done)
             });
+        if let Some((index, _)) = &next
+            && let Some(b) = r.batches.iter().find(|b| b.index == *index)
+            && b.state == BatchState::Soaking
+        {
+            // held by an inconclusive analysis: applied and healthy, and a person approved it since
+            let index = *index;
+            if !r.approvals.contains_key(&analysis_approval(index)) {
+                return self.fail_release(
+                    r,
+                    format!("batch {index} holds for its analysis and nobody approved it"),
+                    now,
+                    out,
+                );
+            }
+            self.batch_done(r, index, now, out);
+            return self.next_batch(r, now, out);
+        }
         let Some((index, batch)) = next else {
             r.state = State::Succeeded;
             let n = r.plan.batches.len();
@@ -950,6 +1132,7 @@ impl Machine {
             && !r.approvals.contains_key(GATE_APPROVAL)
         {
             r.state = State::WaitingApproval;
+            r.waiting_for = Some(GATE_APPROVAL.to_string());
             let s = format!(
                 "batch {index} ({}) waits for approval: multipilot release approve {} {GATE_APPROVAL}",
                 batch.join(", "),
@@ -1031,7 +1214,14 @@ impl Machine {
                 let w: Vec<Value> = p
                     .objects
                     .iter()
-                    .filter(|o| o.applied() && is_workload(&o.object.kind))
+                    .filter(|o| {
+                        o.applied()
+                            && (is_workload(&o.object.kind)
+                                || self
+                                    .policy
+                                    .health
+                                    .knows(&o.object.api_version, &o.object.kind))
+                    })
                     .map(|o| o.rendered.clone())
                     .collect();
                 if !w.is_empty() {
@@ -1053,7 +1243,8 @@ impl Machine {
         }
     }
 
-    /// The batch is healthy: no new incident may open on its clusters for the soak.
+    /// The batch is healthy: no new incident may open on its clusters for the soak, and the analysis (when
+    /// the spec has one) is measured over it, every `interval`, `count` times (the soak lasts at least that).
     fn soak(
         &mut self,
         r: &mut Release,
@@ -1065,9 +1256,122 @@ impl Machine {
             return self.fail_release(r, format!("batch {index} missing"), now, out);
         }
         out.push(Decision::Persist);
-        let until = after(now, self.policy.soak);
-        out.push(Decision::WaitUntil(until));
-        Phase::Soak { index, until }
+        let mut soak = self.policy.soak;
+        let mut measure_at = None;
+        if let Some(a) = &self.policy.analysis {
+            soak = soak.max(a.interval * a.count);
+            measure_at = Some(after(now, a.interval));
+        }
+        let until = after(now, soak);
+        out.push(Decision::WaitUntil(measure_at.unwrap_or(until).min(until)));
+        Phase::Soak {
+            index,
+            until,
+            measure_at,
+            tally: Tally::default(),
+            measuring: false,
+        }
+    }
+
+    /// The soak goes on: measure when a measurement is due, read the incidents when the soak is over (and
+    /// the analysis passed), else wait for whichever comes first.
+    #[allow(clippy::too_many_arguments)]
+    fn soak_step(
+        &mut self,
+        r: &mut Release,
+        index: u32,
+        until: DateTime<Utc>,
+        mut measure_at: Option<DateTime<Utc>>,
+        tally: Tally,
+        measuring: bool,
+        now: DateTime<Utc>,
+        out: &mut Vec<Decision>,
+    ) -> Phase {
+        let clusters = self.plan_batch(r, index);
+        let passed = match &self.policy.analysis {
+            None => true,
+            Some(a) => tally.conclusion(a, &clusters) == Conclusion::Passed,
+        };
+        if measuring {
+            // a tick while the answers are out: they come first
+        } else if let (Some(at), Some(a), false) = (measure_at, &self.policy.analysis, passed)
+            && now >= at
+        {
+            measure_at = Some(after(now, a.interval));
+            out.push(Decision::Measure {
+                batch: index,
+                targets: clusters.iter().map(|c| target(r, c)).collect(),
+                baseline: r
+                    .plan
+                    .clusters
+                    .iter()
+                    .filter(|p| !r.changed.contains(&p.cluster))
+                    .map(|p| target(r, &p.cluster))
+                    .collect(),
+            });
+            return Phase::Soak {
+                index,
+                until,
+                measure_at,
+                tally,
+                measuring: true,
+            };
+        } else if now >= until && passed {
+            let since = r
+                .batches
+                .iter()
+                .find(|b| b.index == index)
+                .and_then(|b| b.started_at)
+                .unwrap_or(now);
+            out.push(Decision::ReadIncidents { clusters, since });
+            return Phase::Soak {
+                index,
+                until,
+                measure_at: None,
+                tally,
+                measuring: false,
+            };
+        }
+        // the soak lasts until the analysis concluded too
+        let next = match measure_at {
+            Some(at) if !passed => at,
+            _ => until,
+        };
+        if !measuring {
+            out.push(Decision::WaitUntil(next.max(now)));
+        }
+        Phase::Soak {
+            index,
+            until,
+            measure_at,
+            tally,
+            measuring,
+        }
+    }
+
+    /// The analysis was inconclusive more often than its limit: the batch holds, soaked but not done, until
+    /// a person approves `analysis-<batch>` (it is then done, and the next starts) or rolls back.
+    fn hold(&mut self, r: &mut Release, index: u32, why: String, out: &mut Vec<Decision>) -> Phase {
+        let approval = analysis_approval(index);
+        r.state = State::WaitingApproval;
+        r.waiting_for = Some(approval.clone());
+        let clusters = self.plan_batch(r, index);
+        let s = format!(
+            "batch {index} holds: analysis inconclusive: {why} — approve to go on (multipilot release approve {} {approval}) or roll back",
+            r.name
+        );
+        out.push(Decision::Record(entry(
+            r,
+            ReleaseEntry::Waiting,
+            false,
+            &self.actor,
+            Some(index),
+            clusters,
+            s,
+            json!({"approval": approval, "analysis": "inconclusive", "reason": why}),
+        )));
+        out.push(Decision::Stop);
+        Phase::Over
     }
 
     /// The batch is healthy and soaked: its clusters run the release's revision, with its objects.
@@ -1259,21 +1563,50 @@ impl Machine {
     }
 }
 
-/// What a cluster's workloads still wait for; `None` when every rollout is complete.
-fn health_missing(read: &HealthRead) -> Option<String> {
+/// What the health gate makes of one cluster's read.
+enum Judged {
+    /// Every rollout complete, every object a rule judges healthy.
+    Healthy,
+    /// Still waiting, for this.
+    Waiting(String),
+    /// An object a rule judges failed: waiting longer won't help.
+    Failed(String),
+}
+
+/// Judges a cluster's read: workloads by their rollouts, other kinds by the health rules (a kind without
+/// a rule is not read at all: it has no health).
+fn judge_read(read: &HealthRead, rules: &crate::health::Rules) -> Judged {
+    use crate::health::Health;
     if let Some(e) = &read.error {
-        return Some(e.clone());
+        return Judged::Waiting(e.clone());
     }
-    let waiting: Vec<String> = read
-        .objects
-        .iter()
-        .filter_map(|o| match &o.live {
-            None => Some(format!("{} {}: absent", o.object.kind, obj_name(&o.object))),
-            Some(live) => rollout_missing(live)
-                .map(|e| format!("{} {}: {e}", o.object.kind, obj_name(&o.object))),
-        })
-        .collect();
-    (!waiting.is_empty()).then(|| waiting.join(", "))
+    let mut waiting = Vec::new();
+    let mut failed = Vec::new();
+    for o in &read.objects {
+        let name = format!("{} {}", o.object.kind, obj_name(&o.object));
+        let Some(live) = &o.live else {
+            waiting.push(format!("{name}: absent"));
+            continue;
+        };
+        if is_workload(&o.object.kind) {
+            if let Some(e) = rollout_missing(live) {
+                waiting.push(format!("{name}: {e}"));
+            }
+            continue;
+        }
+        match rules.judge(live) {
+            Health::Healthy | Health::Unknown => {}
+            Health::Progressing(why) => waiting.push(format!("{name}: {why}")),
+            Health::Failed(why) => failed.push(format!("{name}: {why}")),
+        }
+    }
+    if !failed.is_empty() {
+        Judged::Failed(failed.join(", "))
+    } else if !waiting.is_empty() {
+        Judged::Waiting(waiting.join(", "))
+    } else {
+        Judged::Healthy
+    }
 }
 
 #[cfg(test)]

@@ -95,6 +95,7 @@ fn release(batches: &[&[&str]]) -> Release {
         changed: Vec::new(),
         rollbacks: 0,
         error: None,
+        waiting_for: None,
         events: 0,
         deployed: Default::default(),
         deployed_before: Default::default(),
@@ -108,6 +109,65 @@ fn policy() -> Policy {
         health_interval: Duration::from_secs(1),
         field_manager: "multipilot".into(),
         gated: None,
+        analysis: None,
+        health: std::sync::Arc::new(crate::health::Rules::shipped()),
+    }
+}
+
+/// The policy with an analysis: one `errors` metric failing above 5 %, measured every 10 s, 3 times.
+fn analysed(extra: &str) -> Policy {
+    let a: crate::analysis::Analysis = serde_yaml::from_str(&format!(
+        "interval: 10s\ncount: 3\n{extra}metrics: [{{name: errors, template: error-ratio, failure: result > 0.05}}]"
+    ))
+    .expect("analysis");
+    Policy {
+        analysis: Some(a.compile(Duration::from_secs(30)).expect("compiles")),
+        ..policy()
+    }
+}
+
+fn measure_of(out: &[Decision]) -> (Vec<Target>, Vec<Target>) {
+    out.iter()
+        .find_map(|d| match d {
+            Decision::Measure {
+                targets, baseline, ..
+            } => Some((targets.clone(), baseline.clone())),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no measurement in {out:?}"))
+}
+
+/// The `errors` metric answered for these clusters, with a baseline.
+fn measured(values: &[(&str, Option<f64>)], baseline: Option<f64>) -> Input {
+    Input::Measured(vec![Answered {
+        metric: "errors".into(),
+        clusters: values
+            .iter()
+            .map(|(c, v)| {
+                (
+                    c.to_string(),
+                    v.ok_or_else(|| {
+                        crate::analysis::NoNumber("the query answered no sample".into())
+                    }),
+                )
+            })
+            .collect(),
+        baseline,
+    }])
+}
+
+impl Run {
+    /// Takes the batch whose snapshots `out` asks for to healthy (its soak and analysis start).
+    fn until_soaking(&mut self, out: Vec<Decision>) -> Vec<Decision> {
+        let clusters = snapshot_of(&out);
+        self.each(&clusters, |c| Input::Snapshot {
+            cluster: c.into(),
+            failure: None,
+        });
+        self.each(&clusters, |c| step(c, None));
+        self.feed(Input::Health(
+            clusters.iter().map(|c| read(c, complete())).collect(),
+        ))
     }
 }
 
@@ -831,4 +891,219 @@ fn rollout_rules() {
     assert!(rollout_missing(&d(2, 2, 2, 1, 2)).is_some());
     assert!(rollout_missing(&d(2, 2, 2, 2, 3)).is_some());
     assert!(rollout_missing(&json!({"kind": "ConfigMap"})).is_none());
+}
+
+#[test]
+fn an_analysis_is_measured_over_the_soak_and_a_good_batch_passes() {
+    let mut run = Run::new(release(&[&["a"], &["b", "c"]]), analysed(""));
+    let out = run.start();
+    let out = run.until_soaking(out);
+    // the first measurement one interval after the batch is healthy
+    assert_eq!(out.last(), Some(&Decision::WaitUntil(t(110))), "{out:?}");
+    let out = run.wait(&out);
+    let (targets, baseline) = measure_of(&out);
+    assert_eq!(targets.len(), 1);
+    assert_eq!(targets[0].cluster, "a");
+    assert_eq!(
+        targets[0].workloads,
+        names(&["web"]),
+        "the release's workloads, not its ConfigMap"
+    );
+    assert_eq!(targets[0].namespaces, names(&["default"]));
+    // the baseline: the clusters the release has not changed
+    let base: Vec<&str> = baseline.iter().map(|t| t.cluster.as_str()).collect();
+    assert_eq!(base, ["b", "c"]);
+    let out = run.feed(measured(&[("a", Some(0.001))], Some(0.002)));
+    assert_eq!(out.last(), Some(&Decision::WaitUntil(t(120))), "{out:?}");
+    let out = run.wait(&out);
+    measure_of(&out);
+    let out = run.feed(measured(&[("a", Some(0.0))], Some(0.002)));
+    // the third at 130 s, when the 30 s soak ends too: then the incidents
+    let out = run.wait(&out);
+    measure_of(&out);
+    let out = run.feed(measured(&[("a", Some(0.01))], None));
+    assert!(
+        matches!(
+            &out[..],
+            [Decision::Record(_), Decision::ReadIncidents { .. }]
+        ),
+        "{out:?}"
+    );
+    let Decision::Record(e) = &out[0] else {
+        unreachable!()
+    };
+    assert_eq!(e.what, ReleaseEntry::Analysis);
+    assert_eq!(e.summary, "batch 1 analysis 3/3: errors 0.0100 on a");
+    assert_eq!(e.detail["conclusion"], "passed");
+    assert_eq!(e.detail["measurements"][0]["value"], 0.01);
+    let out = run.feed(Input::Incidents {
+        incidents: Vec::new(),
+        fleet: Vec::new(),
+    });
+    assert_eq!(run.batch(1).state, BatchState::Done);
+    assert_eq!(snapshot_of(&out), names(&["b", "c"]));
+}
+
+#[test]
+fn a_failing_analysis_stops_the_batch_and_rolls_back() {
+    let mut run = Run::new(release(&[&["a", "b"], &["c"]]), analysed(""));
+    let out = run.start();
+    let out = run.until_soaking(out);
+    let out = run.wait(&out);
+    measure_of(&out);
+    let out = run.feed(measured(
+        &[("a", Some(0.0)), ("b", Some(0.31))],
+        Some(0.001),
+    ));
+    assert_eq!(run.batch(1).state, BatchState::Failed);
+    let e = run.batch(1).error.clone().expect("why");
+    assert!(
+        e.starts_with("analysis failed: errors on b: 1 failed measurements (limit 0): failure condition holds: result > 0.05"),
+        "{e}"
+    );
+    assert_eq!(rollback_of(&out), names(&["b", "a"]));
+    assert!(
+        !run.r.deployed.contains_key("a"),
+        "nothing of the batch counts as deployed"
+    );
+    let what: Vec<&str> = run.entries.iter().map(String::as_str).collect();
+    assert_eq!(
+        what,
+        [
+            "apply",
+            "batch",
+            "step",
+            "step",
+            "analysis:false",
+            "batch:false",
+            "failed:false",
+            "rollback"
+        ]
+    );
+}
+
+#[test]
+fn an_inconclusive_analysis_holds_the_batch_until_a_person_approves_it() {
+    let mut run = Run::new(
+        release(&[&["a"], &["b"]]),
+        analysed("inconclusive_limit: 1\n"),
+    );
+    let out = run.start();
+    let out = run.until_soaking(out);
+    measure_of(&run.wait(&out));
+    // no sample once: within the limit, measured again
+    let out = run.feed(measured(&[("a", None)], None));
+    assert_eq!(run.r.state, State::Applying);
+    measure_of(&run.wait(&out));
+    let out = run.feed(measured(&[("a", None)], None));
+    assert_eq!(out.last(), Some(&Decision::Stop), "{out:?}");
+    assert_eq!(run.r.state, State::WaitingApproval);
+    assert_eq!(run.r.waiting_for.as_deref(), Some("analysis-1"));
+    assert_eq!(
+        run.batch(1).state,
+        BatchState::Soaking,
+        "held, not failed, not done"
+    );
+    assert!(run.r.changed.contains(&"a".to_string()));
+    assert!(!can_resume(&run.r));
+    // the gate's approval is not this one
+    run.r.approvals.insert(
+        GATE_APPROVAL.into(),
+        crate::model::Approval {
+            actor: "bob".into(),
+            at: t(200),
+        },
+    );
+    assert!(!can_resume(&run.r));
+    run.r.approvals.insert(
+        "analysis-1".into(),
+        crate::model::Approval {
+            actor: "bob".into(),
+            at: t(200),
+        },
+    );
+    assert!(can_resume(&run.r));
+    let e = resume(&mut run.r, "bob").expect("resumes");
+    assert_eq!(e.what, ReleaseEntry::Apply);
+    assert_eq!(run.r.waiting_for, None);
+    // a new run: the held batch is done (no second snapshot of it), the next one starts
+    run.m = Machine::new(analysed("inconclusive_limit: 1\n"), "bob");
+    let out = run.feed(Input::Start);
+    assert_eq!(run.batch(1).state, BatchState::Done);
+    assert_eq!(snapshot_of(&out), names(&["b"]));
+}
+
+#[test]
+fn kinds_without_a_rollout_are_judged_by_their_health_rules() {
+    let mut r = release(&[&["a"]]);
+    let cert = ObjectRef {
+        api_version: "cert-manager.io/v1".into(),
+        kind: "Certificate".into(),
+        namespace: Some("default".into()),
+        name: "web-tls".into(),
+        uid: None,
+    };
+    r.plan.clusters[0].objects.push(PlannedObject {
+        rendered: json!({"apiVersion": "cert-manager.io/v1", "kind": "Certificate",
+            "metadata": {"name": "web-tls", "namespace": "default"}}),
+        object: cert.clone(),
+        action: Action::WouldCreate,
+        verdict: Default::default(),
+        diff: Vec::new(),
+        error: None,
+        risks: Vec::new(),
+        delete: false,
+    });
+    let certificate = |ready: &str, issuing: Option<(&str, &str)>| {
+        let mut conditions = vec![
+            json!({"type": "Ready", "status": ready, "reason": "Pending",
+            "message": "Issuing certificate as Secret does not exist"}),
+        ];
+        if let Some((status, reason)) = issuing {
+            conditions.push(
+                json!({"type": "Issuing", "status": status, "reason": reason,
+                "message": "The certificate request has failed to complete and will be retried"}),
+            );
+        }
+        ObjectOutcome {
+            object: cert.clone(),
+            outcome: ApplyOutcome::Present,
+            error: None,
+            live: Some(
+                json!({"apiVersion": "cert-manager.io/v1", "kind": "Certificate",
+                "metadata": {"name": "web-tls", "namespace": "default", "generation": 1},
+                "status": {"conditions": conditions}}),
+            ),
+            result: None,
+        }
+    };
+    let mut run = Run::new(r, policy());
+    run.start();
+    run.feed(Input::Snapshot {
+        cluster: "a".into(),
+        failure: None,
+    });
+    let out = run.feed(step("a", None));
+    // the Certificate is read with the Deployment; the ConfigMap has no health and is not
+    let read_now = health_of(&out);
+    let kinds: Vec<&str> = read_now["a"]
+        .iter()
+        .filter_map(|o| o["kind"].as_str())
+        .collect();
+    assert_eq!(kinds, ["Deployment", "Certificate"]);
+    let mut objects = complete();
+    objects.push(certificate("False", Some(("True", "Issuing"))));
+    let out = run.feed(Input::Health(vec![read("a", objects)]));
+    assert_eq!(run.batch(1).state, BatchState::WaitingHealth, "{out:?}");
+    let mut objects = complete();
+    objects.push(certificate("False", Some(("False", "Failed"))));
+    run.now = t(105);
+    let out = run.feed(Input::Health(vec![read("a", objects)]));
+    assert_eq!(run.batch(1).state, BatchState::Failed);
+    let e = run.batch(1).error.clone().unwrap_or_default();
+    assert!(
+        e.starts_with("failed: a: Certificate default/web-tls: "),
+        "{e}"
+    );
+    assert_eq!(rollback_of(&out), names(&["a"]));
 }

@@ -187,6 +187,10 @@ pub struct Release {
     /// Why it failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The approval a `waiting-approval` release waits for: `gate`, or `analysis-<batch>` for a batch its
+    /// analysis held (absent in releases stored before: `gate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
     /// History entries so far.
     #[serde(default)]
     pub events: u64,

@@ -123,7 +123,15 @@ impl Service {
             health_interval: Duration::from_secs(1),
             field_manager: self.field_manager(&r.spec),
             gated: None,
+            analysis: None,
+            health: self.health.clone(),
         };
+        if let Some(a) = &r.spec.analysis {
+            match a.compile(policy.soak) {
+                Ok(c) => policy.analysis = Some(c),
+                Err(e) => return (policy, Some(e.into())),
+            }
+        }
         let Some(text) = &r.spec.sync.approval_selector else {
             return (policy, None);
         };
@@ -230,6 +238,20 @@ impl Service {
                         Err(e) => Input::IncidentsUnknown(e.to_string()),
                     };
                     todo.extend(self.feed(&name, &mut m, input).await);
+                }
+                Decision::Measure {
+                    targets, baseline, ..
+                } => {
+                    let Some(a) = m.analysis() else { return };
+                    let answers = crate::measure::measure(
+                        &self.tsdb,
+                        &self.config.tsdb_url,
+                        &a,
+                        &targets,
+                        &baseline,
+                    )
+                    .await;
+                    todo.extend(self.feed(&name, &mut m, Input::Measured(answers)).await);
                 }
                 Decision::WaitUntil(at) => {
                     let wait = (at - Utc::now()).to_std().unwrap_or_default();

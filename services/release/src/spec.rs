@@ -14,6 +14,8 @@
 //!   selector: env=prod,version>=1.25
 //! batches: {size: 2}          # or {groups: [[a], [b, c]]}
 //! soak: 30s
+//! analysis:                   # metrics judged over each batch's soak (see the analysis module)
+//!   metrics: [{name: errors, template: error-ratio}]
 //! field_manager: multipilot
 //! force: false
 //! approvals: [external-ips]
@@ -36,6 +38,9 @@ pub enum Error {
     /// Parsed, but breaks a rule.
     #[error("the release spec is not valid: {0}")]
     Invalid(String),
+    /// The analysis can't be used.
+    #[error("the release spec is not valid: {0}")]
+    Analysis(#[from] crate::analysis::Error),
     /// A selector that doesn't parse.
     #[error("bad selector {selector:?}: {reason}")]
     Selector {
@@ -94,6 +99,9 @@ pub struct Spec {
     /// How the release follows its fleet repository and guards what it applied.
     #[serde(default, skip_serializing_if = "Sync::is_default")]
     pub sync: Sync,
+    /// Metrics measured over each batch's soak against the fleet TSDB (see [`crate::analysis`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub analysis: Option<crate::analysis::Analysis>,
 }
 
 /// The approval a gated batch waits for (`multipilot release approve <name> gate`).
@@ -325,6 +333,9 @@ impl Spec {
         }
         if let Some(sel) = &self.sync.approval_selector {
             parse_selector(sel)?;
+        }
+        if let Some(a) = &self.analysis {
+            a.compile(self.soak.unwrap_or_default())?;
         }
         if self.batches.size == Some(0) {
             return Err(Error::Invalid("batches.size must be at least 1".into()));

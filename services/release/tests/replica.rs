@@ -43,6 +43,7 @@ fn release(name: &str, revision: u64, events: u64) -> Result<Release> {
         changed: vec!["a".into(), "b".into()],
         rollbacks: 0,
         error: None,
+        waiting_for: None,
         events,
         deployed: Default::default(),
         deployed_before: Default::default(),

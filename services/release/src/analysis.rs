@@ -1,0 +1,806 @@
+//! Analysis gates: queries against the fleet TSDB, measured over a batch's soak and judged by conditions,
+//! like Argo Rollouts' AnalysisTemplate (metrics, interval, count, success and failure conditions, failure
+//! and inconclusive limits) and Flagger's metric checks — on the fleet's own metrics, per cluster, with the
+//! clusters the release has not changed yet as the baseline.
+//!
+//! ```yaml
+//! analysis:
+//!   interval: 30s            # between measurements (default 30s)
+//!   count: 4                 # measurements per metric and cluster (default: enough to fill the soak)
+//!   failure_limit: 0         # failed measurements tolerated; one more fails the batch (default 0)
+//!   inconclusive_limit: 1    # inconclusive ones tolerated; one more holds the batch (default 0)
+//!   metrics:
+//!     - name: errors
+//!       template: error-ratio            # a ready-made check (see TEMPLATES), its conditions kept...
+//!       failure: result > 0.05           # ...unless given
+//!     - name: p99
+//!       query: |
+//!         histogram_quantile(0.99, sum by (le) (rate(http_request_duration_seconds_bucket{
+//!           cluster="{{cluster}}", namespace=~"{{namespace}}", deployment=~"{{workloads}}"}[{{interval}}])))
+//!       success: result < 0.5 && (baseline == null || result <= baseline * 2.0)
+//! ```
+//!
+//! A query's placeholders: `{{cluster}}` (the cluster measured), `{{namespace}}` and `{{workloads}}` (the
+//! namespaces and names of the release's Deployments, StatefulSets and DaemonSets on that cluster, as a
+//! regular-expression alternation, for `=~`), `{{interval}}` (the measurement interval, e.g. `30s`, for a
+//! range selector). Its answer must be one number (a scalar, or an instant vector of one sample; more than
+//! one sample is inconclusive, as is none).
+//!
+//! Conditions are CEL expressions over `result` (the cluster's number) and `baseline` (the median of the
+//! same query on the release's target clusters it has not changed yet, or `null` when there is none, such
+//! as on the last batch). A measurement is:
+//! - **failed** when `failure` holds, or when only `success` is given and it does not hold;
+//! - **successful** when `success` holds (and `failure` does not), or when only `failure` is given and it
+//!   does not hold;
+//! - **inconclusive** when both are given and neither holds, or when the query fails, answers nothing or
+//!   more than one sample, or a condition can't be evaluated — never a pass.
+//!
+//! A batch fails as soon as a metric on one of its clusters has more failed measurements than
+//! `failure_limit` (the release rolls back); it holds (waits for the `analysis-<batch>` approval, or a
+//! rollback) as soon as one has more inconclusive ones than `inconclusive_limit`; it passes when every
+//! metric on every cluster has its `count` measurements within both limits.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use cel::{Context, Program, Value as Cel};
+use serde::{Deserialize, Serialize};
+
+/// The ready-made checks: name, query, default success and failure conditions. Written for the metrics the
+/// agent collects: an application's `http_requests_total{namespace, deployment, code}` (the shape of the
+/// client libraries' default HTTP metrics, with the workload's name as `deployment`), and
+/// kube-state-metrics' series.
+pub const TEMPLATES: &[Template] = &[
+    Template {
+        name: "error-ratio",
+        description: "share of the workloads' HTTP requests answered 5xx",
+        query: "sum(rate(http_requests_total{cluster=\"{{cluster}}\",namespace=~\"{{namespace}}\",deployment=~\"{{workloads}}\",code=~\"5..\"}[{{interval}}])) / sum(rate(http_requests_total{cluster=\"{{cluster}}\",namespace=~\"{{namespace}}\",deployment=~\"{{workloads}}\"}[{{interval}}]))",
+        success: None,
+        failure: Some(
+            "result > 0.05 || (baseline != null && result > 0.01 && result > baseline * 2.0)",
+        ),
+    },
+    Template {
+        name: "restarts",
+        description: "container restarts of the workloads' pods over the interval",
+        query: "sum(increase(kube_pod_container_status_restarts_total{cluster=\"{{cluster}}\",namespace=~\"{{namespace}}\",pod=~\"({{workloads}})-.*\"}[{{interval}}])) or vector(0)",
+        success: None,
+        failure: Some("result >= 1.0"),
+    },
+    Template {
+        name: "readiness",
+        description: "available replicas over desired replicas of the Deployments",
+        query: "sum(kube_deployment_status_replicas_available{cluster=\"{{cluster}}\",namespace=~\"{{namespace}}\",deployment=~\"{{workloads}}\"}) / sum(kube_deployment_spec_replicas{cluster=\"{{cluster}}\",namespace=~\"{{namespace}}\",deployment=~\"{{workloads}}\"})",
+        success: Some("result >= 1.0"),
+        failure: None,
+    },
+];
+
+/// A ready-made check.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Template {
+    /// Its name (`template:` in a metric).
+    pub name: &'static str,
+    /// What it measures.
+    pub description: &'static str,
+    /// The PromQL query, with placeholders.
+    pub query: &'static str,
+    /// Default success condition.
+    pub success: Option<&'static str>,
+    /// Default failure condition.
+    pub failure: Option<&'static str>,
+}
+
+const PLACEHOLDERS: &[&str] = &[
+    "{{cluster}}",
+    "{{namespace}}",
+    "{{workloads}}",
+    "{{interval}}",
+];
+
+/// The `analysis` section of a release spec.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Analysis {
+    /// Between measurements.
+    #[serde(default = "default_interval", with = "humantime_serde")]
+    pub interval: Duration,
+    /// Measurements per metric and cluster (default: as many intervals as fit in the soak, at least 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub count: Option<u32>,
+    /// Failed measurements tolerated per metric and cluster.
+    #[serde(default)]
+    pub failure_limit: u32,
+    /// Inconclusive measurements tolerated per metric and cluster.
+    #[serde(default)]
+    pub inconclusive_limit: u32,
+    /// What is measured.
+    pub metrics: Vec<Metric>,
+}
+
+fn default_interval() -> Duration {
+    Duration::from_secs(30)
+}
+
+/// One metric of an analysis.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Metric {
+    /// Its name (in the history and the console).
+    pub name: String,
+    /// A ready-made check ([`TEMPLATES`]); `query`, `success` and `failure` override its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
+    /// PromQL, with placeholders.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query: Option<String>,
+    /// CEL over `result` and `baseline`: the measurement passes when it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub success: Option<String>,
+    /// CEL over `result` and `baseline`: the measurement fails when it holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+}
+
+/// An analysis that can't be used.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No metric.
+    #[error("analysis: no metric to measure")]
+    NoMetric,
+    /// Two metrics of one name.
+    #[error("analysis: two metrics are named {0:?}")]
+    Duplicate(String),
+    /// A template not shipped.
+    #[error("analysis metric {metric:?}: no template {template:?} (there are: {known})")]
+    UnknownTemplate {
+        /// Metric.
+        metric: String,
+        /// The template named.
+        template: String,
+        /// The templates there are.
+        known: String,
+    },
+    /// Neither query nor template.
+    #[error("analysis metric {0:?}: give a query or a template")]
+    NoQuery(String),
+    /// Neither condition.
+    #[error("analysis metric {0:?}: give a success or a failure condition")]
+    NoCondition(String),
+    /// `{{something}}` the role does not fill.
+    #[error("analysis metric {metric:?}: unknown placeholder {placeholder} (there are: {known})")]
+    Placeholder {
+        /// Metric.
+        metric: String,
+        /// The placeholder.
+        placeholder: String,
+        /// The placeholders there are.
+        known: String,
+    },
+    /// A condition that does not compile.
+    #[error(
+        "analysis metric {metric:?}: the {field} condition {source_text:?} does not compile: {error}"
+    )]
+    Condition {
+        /// Metric.
+        metric: String,
+        /// `success` or `failure`.
+        field: &'static str,
+        /// The condition.
+        source_text: String,
+        /// The CEL error.
+        error: String,
+    },
+    /// Zero interval or count.
+    #[error("analysis: {0} must be more than zero")]
+    Zero(&'static str),
+}
+
+/// An analysis ready to measure.
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    /// Between measurements.
+    pub interval: Duration,
+    /// Measurements per metric and cluster.
+    pub count: u32,
+    /// See [`Analysis::failure_limit`].
+    pub failure_limit: u32,
+    /// See [`Analysis::inconclusive_limit`].
+    pub inconclusive_limit: u32,
+    metrics: Vec<CompiledMetric>,
+}
+
+#[derive(Clone)]
+struct CompiledMetric {
+    name: String,
+    query: String,
+    success: Option<(String, std::sync::Arc<Program>)>,
+    failure: Option<(String, std::sync::Arc<Program>)>,
+}
+
+impl std::fmt::Debug for CompiledMetric {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompiledMetric")
+            .field("name", &self.name)
+            .field("query", &self.query)
+            .field("success", &self.success.as_ref().map(|s| &s.0))
+            .field("failure", &self.failure.as_ref().map(|s| &s.0))
+            .finish()
+    }
+}
+
+fn template(name: &str) -> Option<&'static Template> {
+    TEMPLATES.iter().find(|t| t.name == name)
+}
+
+impl Analysis {
+    /// Checks and compiles the analysis of a release soaking `soak` per batch.
+    pub fn compile(&self, soak: Duration) -> Result<Compiled, Error> {
+        if self.metrics.is_empty() {
+            return Err(Error::NoMetric);
+        }
+        if self.interval.is_zero() {
+            return Err(Error::Zero("interval"));
+        }
+        if self.count == Some(0) {
+            return Err(Error::Zero("count"));
+        }
+        let count = self.count.unwrap_or_else(|| {
+            let fit = soak.as_secs_f64() / self.interval.as_secs_f64();
+            (fit.floor() as u32).max(1)
+        });
+        let mut metrics = Vec::new();
+        for m in &self.metrics {
+            if metrics.iter().any(|c: &CompiledMetric| c.name == m.name) {
+                return Err(Error::Duplicate(m.name.clone()));
+            }
+            let t = match &m.template {
+                Some(name) => Some(template(name).ok_or_else(|| {
+                    Error::UnknownTemplate {
+                        metric: m.name.clone(),
+                        template: name.clone(),
+                        known: TEMPLATES
+                            .iter()
+                            .map(|t| t.name)
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    }
+                })?),
+                None => None,
+            };
+            let query = m
+                .query
+                .clone()
+                .or_else(|| t.map(|t| t.query.to_string()))
+                .ok_or_else(|| Error::NoQuery(m.name.clone()))?;
+            check_placeholders(&m.name, &query)?;
+            // a metric's own conditions replace the template's as a pair: a template's default success
+            // next to the operator's failure would judge by a condition nobody wrote here
+            let (success, failure) = if m.success.is_some() || m.failure.is_some() {
+                (m.success.clone(), m.failure.clone())
+            } else {
+                (
+                    t.and_then(|t| t.success.map(str::to_string)),
+                    t.and_then(|t| t.failure.map(str::to_string)),
+                )
+            };
+            if success.is_none() && failure.is_none() {
+                return Err(Error::NoCondition(m.name.clone()));
+            }
+            let compile = |field: &'static str, text: Option<String>| {
+                text.map(|text| {
+                    Program::compile(&text)
+                        .map(|p| (text.clone(), std::sync::Arc::new(p)))
+                        .map_err(|e| Error::Condition {
+                            metric: m.name.clone(),
+                            field,
+                            source_text: text.clone(),
+                            error: e.to_string(),
+                        })
+                })
+                .transpose()
+            };
+            metrics.push(CompiledMetric {
+                name: m.name.clone(),
+                query,
+                success: compile("success", success)?,
+                failure: compile("failure", failure)?,
+            });
+        }
+        Ok(Compiled {
+            interval: self.interval,
+            count,
+            failure_limit: self.failure_limit,
+            inconclusive_limit: self.inconclusive_limit,
+            metrics,
+        })
+    }
+}
+
+fn check_placeholders(metric: &str, query: &str) -> Result<(), Error> {
+    let mut rest = query;
+    while let Some(at) = rest.find("{{") {
+        let tail = &rest[at..];
+        let end = tail.find("}}").map(|e| e + 2).unwrap_or(tail.len());
+        let p = &tail[..end];
+        if !PLACEHOLDERS.contains(&p) {
+            return Err(Error::Placeholder {
+                metric: metric.into(),
+                placeholder: p.into(),
+                known: PLACEHOLDERS.join(", "),
+            });
+        }
+        rest = &tail[end..];
+    }
+    Ok(())
+}
+
+/// What a query is asked about: a cluster and the release's workloads there.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Target {
+    /// Cluster.
+    pub cluster: String,
+    /// Namespaces of the workloads.
+    pub namespaces: Vec<String>,
+    /// Names of the workloads.
+    pub workloads: Vec<String>,
+}
+
+/// A regular-expression alternation of literal names (`a|b`); for none, `$^`, which matches nothing (a
+/// query then answers no sample, and the measurement says so).
+fn alternation(names: &[String]) -> String {
+    if names.is_empty() {
+        return "$^".into();
+    }
+    let mut v: Vec<String> = names.iter().map(|n| regex_escape(n)).collect();
+    v.sort();
+    v.dedup();
+    v.join("|")
+}
+
+fn regex_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        if "\\.+*?()|[]{}^$".contains(c) {
+            out.push('\\');
+            // inside a PromQL double-quoted string a backslash is itself escaped
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// A duration as PromQL writes it (`30s`, `2m`, `1h30m`).
+fn promql_duration(d: Duration) -> String {
+    let mut s = d.as_secs().max(1);
+    let mut out = String::new();
+    for (unit, n) in [("h", 3600), ("m", 60), ("s", 1)] {
+        if s >= n {
+            out.push_str(&format!("{}{unit}", s / n));
+            s %= n;
+        }
+    }
+    out
+}
+
+/// How one measurement came out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verdict {
+    /// Within the conditions.
+    Successful,
+    /// Outside them.
+    Failed,
+    /// Neither, or no number to judge.
+    Inconclusive,
+}
+
+/// One metric measured on one cluster.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Measurement {
+    /// Metric.
+    pub metric: String,
+    /// Cluster.
+    pub cluster: String,
+    /// The cluster's number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<f64>,
+    /// The baseline's number.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<f64>,
+    /// How it came out.
+    pub verdict: Verdict,
+    /// Why, for a person.
+    pub reason: String,
+}
+
+/// Why a query gave no number to judge (it failed, answered no sample or several, or a condition could not
+/// be evaluated on it).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct NoNumber(pub String);
+
+impl From<&str> for NoNumber {
+    fn from(s: &str) -> NoNumber {
+        NoNumber(s.to_string())
+    }
+}
+
+/// What the TSDB answered for one query: one number, or why there is none.
+pub type Answer = Result<f64, NoNumber>;
+
+impl Compiled {
+    /// The metrics' names.
+    pub fn metrics(&self) -> impl Iterator<Item = &str> {
+        self.metrics.iter().map(|m| m.name.as_str())
+    }
+
+    /// Every metric's query for `target`: `(metric, PromQL)`.
+    pub fn queries(&self, target: &Target) -> Vec<(String, String)> {
+        let namespace = alternation(&target.namespaces);
+        let workloads = alternation(&target.workloads);
+        let interval = promql_duration(self.interval);
+        self.metrics
+            .iter()
+            .map(|m| {
+                let q = m
+                    .query
+                    .replace("{{cluster}}", &target.cluster.replace('"', "\\\""))
+                    .replace("{{namespace}}", &namespace)
+                    .replace("{{workloads}}", &workloads)
+                    .replace("{{interval}}", &interval);
+                (m.name.clone(), q)
+            })
+            .collect()
+    }
+
+    /// Judges a metric's answer on a cluster against its conditions, with the baseline's answer.
+    pub fn judge(
+        &self,
+        metric: &str,
+        cluster: &str,
+        answer: Answer,
+        baseline: Option<f64>,
+    ) -> Measurement {
+        let mut m = Measurement {
+            metric: metric.into(),
+            cluster: cluster.into(),
+            value: answer.as_ref().ok().copied(),
+            baseline,
+            verdict: Verdict::Inconclusive,
+            reason: String::new(),
+        };
+        let Some(def) = self.metrics.iter().find(|d| d.name == metric) else {
+            m.reason = format!("no metric {metric:?} in the analysis");
+            return m;
+        };
+        let value = match answer {
+            Ok(v) if v.is_finite() => v,
+            Ok(v) => {
+                m.reason = format!("the query answered {v}, not a number to judge");
+                return m;
+            }
+            Err(e) => {
+                m.reason = e.0;
+                return m;
+            }
+        };
+        let mut cx = Context::default();
+        cx.add_variable_from_value("result", Cel::Float(value));
+        cx.add_variable_from_value("baseline", baseline.map(Cel::Float).unwrap_or(Cel::Null));
+        let eval =
+            |c: &Option<(String, std::sync::Arc<Program>)>| -> Option<Result<bool, NoNumber>> {
+                c.as_ref().map(|(text, p)| match p.execute(&cx) {
+                    Ok(Cel::Bool(b)) => Ok(b),
+                    Ok(other) => Err(NoNumber(format!(
+                        "{text:?} gave {}, not a bool",
+                        other.type_of()
+                    ))),
+                    Err(e) => Err(NoNumber(format!("{text:?}: {e}"))),
+                })
+            };
+        let (success, failure) = match (eval(&def.success), eval(&def.failure)) {
+            (Some(Err(e)), _) | (_, Some(Err(e))) => {
+                m.reason = format!("condition not evaluated: {e}");
+                return m;
+            }
+            (s, f) => (s.map(|r| r.is_ok_and(|b| b)), f.map(|r| r.is_ok_and(|b| b))),
+        };
+        let shown = |c: &Option<(String, std::sync::Arc<Program>)>| {
+            c.as_ref().map(|(t, _)| t.clone()).unwrap_or_default()
+        };
+        let (verdict, reason) = match (success, failure) {
+            (_, Some(true)) => (
+                Verdict::Failed,
+                format!("failure condition holds: {}", shown(&def.failure)),
+            ),
+            (Some(false), None) => (
+                Verdict::Failed,
+                format!("success condition does not hold: {}", shown(&def.success)),
+            ),
+            (Some(true), _) | (None, Some(false)) => {
+                (Verdict::Successful, "within the conditions".into())
+            }
+            (Some(false), Some(false)) => (
+                Verdict::Inconclusive,
+                "neither the success nor the failure condition holds".into(),
+            ),
+            (None, None) => (Verdict::Inconclusive, "no condition".into()),
+        };
+        m.verdict = verdict;
+        m.reason = reason;
+        m
+    }
+}
+
+/// The median of the numbers there are (`None` for none).
+pub fn median(values: &[f64]) -> Option<f64> {
+    let mut v: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    Some(if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    })
+}
+
+/// Where an analysis run stands.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Conclusion {
+    /// More measurements to take.
+    Running,
+    /// Every metric on every cluster measured `count` times within the limits.
+    Passed,
+    /// A metric on a cluster failed more often than `failure_limit`.
+    Failed(String),
+    /// A metric on a cluster was inconclusive more often than `inconclusive_limit`.
+    Inconclusive(String),
+}
+
+/// The measurements of one batch so far, per metric and cluster.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tally {
+    counts: BTreeMap<(String, String), [u32; 3]>,
+    /// Every measurement, in order (what the history shows).
+    pub measurements: Vec<Measurement>,
+}
+
+impl Tally {
+    /// Adds a measurement.
+    pub fn add(&mut self, m: Measurement) {
+        let c = self
+            .counts
+            .entry((m.metric.clone(), m.cluster.clone()))
+            .or_default();
+        c[match m.verdict {
+            Verdict::Successful => 0,
+            Verdict::Failed => 1,
+            Verdict::Inconclusive => 2,
+        }] += 1;
+        self.measurements.push(m);
+    }
+
+    /// Rounds measured so far: the fewest measurements of any metric on any of `clusters`.
+    pub fn rounds(&self, a: &Compiled, clusters: &[String]) -> u32 {
+        a.metrics()
+            .flat_map(|m| clusters.iter().map(move |c| (m, c)))
+            .map(|(m, c)| {
+                self.counts
+                    .get(&(m.to_string(), c.clone()))
+                    .map(|c| c.iter().sum())
+                    .unwrap_or(0)
+            })
+            .min()
+            .unwrap_or(0)
+    }
+
+    /// Where the run stands for `clusters`.
+    pub fn conclusion(&self, a: &Compiled, clusters: &[String]) -> Conclusion {
+        let last = |metric: &str, cluster: &str| {
+            self.measurements
+                .iter()
+                .rev()
+                .find(|m| m.metric == metric && m.cluster == cluster)
+                .map(|m| m.reason.clone())
+                .unwrap_or_default()
+        };
+        for ((metric, cluster), [_, failed, inconclusive]) in &self.counts {
+            if !clusters.contains(cluster) {
+                continue;
+            }
+            if *failed > a.failure_limit {
+                return Conclusion::Failed(format!(
+                    "{metric} on {cluster}: {failed} failed measurements (limit {}): {}",
+                    a.failure_limit,
+                    last(metric, cluster)
+                ));
+            }
+            if *inconclusive > a.inconclusive_limit {
+                return Conclusion::Inconclusive(format!(
+                    "{metric} on {cluster}: {inconclusive} inconclusive measurements (limit {}): {}",
+                    a.inconclusive_limit,
+                    last(metric, cluster)
+                ));
+            }
+        }
+        if self.rounds(a, clusters) >= a.count {
+            Conclusion::Passed
+        } else {
+            Conclusion::Running
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn analysis(yaml: &str) -> Analysis {
+        serde_yaml::from_str(yaml).expect("analysis parses")
+    }
+
+    fn compiled(yaml: &str) -> Compiled {
+        analysis(yaml)
+            .compile(Duration::from_secs(120))
+            .expect("compiles")
+    }
+
+    #[test]
+    fn templates_fill_their_placeholders_and_compile() {
+        let a = compiled(
+            "metrics: [{name: e, template: error-ratio}, {name: r, template: restarts}, {name: ready, template: readiness}]",
+        );
+        assert_eq!(a.count, 4, "120 s soak / 30 s interval");
+        let q = a.queries(&Target {
+            cluster: "prod-1".into(),
+            namespaces: vec!["shop".into()],
+            workloads: vec!["web".into(), "api.v2".into()],
+        });
+        assert_eq!(q.len(), 3);
+        assert_eq!(
+            q[0].1,
+            "sum(rate(http_requests_total{cluster=\"prod-1\",namespace=~\"shop\",deployment=~\"api\\\\.v2|web\",code=~\"5..\"}[30s])) / sum(rate(http_requests_total{cluster=\"prod-1\",namespace=~\"shop\",deployment=~\"api\\\\.v2|web\"}[30s]))"
+        );
+        assert!(
+            q[1].1.contains("pod=~\"(api\\\\.v2|web)-.*\""),
+            "{}",
+            q[1].1
+        );
+        for (_, q) in &q {
+            assert!(!q.contains("{{"), "{q}");
+        }
+    }
+
+    #[test]
+    fn bad_analyses_are_refused_with_what_is_wrong() {
+        let err = |yaml: &str| {
+            analysis(yaml)
+                .compile(Duration::from_secs(60))
+                .expect_err("refused")
+                .to_string()
+        };
+        assert!(err("metrics: []").contains("no metric"));
+        assert!(
+            err("metrics: [{name: x, template: latency}]")
+                .contains("no template \"latency\" (there are: error-ratio, restarts, readiness)")
+        );
+        assert!(
+            err("metrics: [{name: x, success: result < 1}]").contains("give a query or a template")
+        );
+        assert!(
+            err("metrics: [{name: x, query: up}]")
+                .contains("give a success or a failure condition")
+        );
+        let e = err(
+            "metrics: [{name: x, query: 'up{cluster=\"{{clustr}}\"}', success: result == 1.0}]",
+        );
+        assert!(e.contains("unknown placeholder {{clustr}}"), "{e}");
+        let e = err("metrics: [{name: x, query: up, success: 'result <'}]");
+        assert!(
+            e.contains("the success condition \"result <\" does not compile"),
+            "{e}"
+        );
+        assert!(
+            err("interval: 0s\nmetrics: [{name: x, query: up, success: 'true'}]")
+                .contains("interval must be more than zero")
+        );
+        assert!(err("metrics: [{name: x, query: up, success: 'true'}, {name: x, query: up, success: 'true'}]").contains("two metrics are named \"x\""));
+        assert!(serde_yaml::from_str::<Analysis>("metrics: []\nintervall: 1s").is_err());
+    }
+
+    #[test]
+    fn measurements_follow_argo_rollouts_conditions() {
+        let a = compiled(
+            "metrics:\n- {name: s, query: up, success: result < 0.1}\n- {name: f, query: up, failure: result > 0.5}\n- {name: both, query: up, success: result < 0.1, failure: result > 0.5}\n- {name: base, query: up, failure: 'baseline != null && result > baseline * 2.0'}",
+        );
+        let v = |m: &str, x: f64, b: Option<f64>| a.judge(m, "c", Ok(x), b).verdict;
+        use Verdict::*;
+        assert_eq!(v("s", 0.05, None), Successful);
+        assert_eq!(
+            v("s", 0.2, None),
+            Failed,
+            "only success given, and it does not hold"
+        );
+        assert_eq!(
+            v("f", 0.2, None),
+            Successful,
+            "only failure given, and it does not hold"
+        );
+        assert_eq!(v("f", 0.9, None), Failed);
+        assert_eq!(v("both", 0.3, None), Inconclusive);
+        assert_eq!(v("both", 0.9, None), Failed);
+        assert_eq!(
+            v("base", 0.3, Some(0.1)),
+            Failed,
+            "three times the baseline"
+        );
+        assert_eq!(v("base", 0.3, Some(0.2)), Successful);
+        assert_eq!(
+            v("base", 0.3, None),
+            Successful,
+            "no baseline: a fixed threshold decides"
+        );
+        let empty = a.judge("s", "c", Err("the query answered no sample".into()), None);
+        assert_eq!(empty.verdict, Inconclusive);
+        assert_eq!(empty.reason, "the query answered no sample");
+        assert_eq!(a.judge("s", "c", Ok(f64::NAN), None).verdict, Inconclusive);
+        // a condition that fails to evaluate (an int compared with a float is fine in CEL? a string is not)
+        let odd = compiled("metrics: [{name: o, query: up, success: 'result < \"x\"'}]");
+        let m = odd.judge("o", "c", Ok(1.0), None);
+        assert_eq!(m.verdict, Inconclusive, "{m:?}");
+        assert!(
+            m.reason.starts_with("condition not evaluated"),
+            "{}",
+            m.reason
+        );
+    }
+
+    #[test]
+    fn a_run_fails_holds_or_passes_by_its_limits() {
+        let a = compiled(
+            "count: 2\nfailure_limit: 1\nmetrics: [{name: e, query: up, success: result < 0.1}]",
+        );
+        let clusters = vec!["a".to_string(), "b".to_string()];
+        let mut t = Tally::default();
+        assert_eq!(t.conclusion(&a, &clusters), Conclusion::Running);
+        t.add(a.judge("e", "a", Ok(0.0), None));
+        t.add(a.judge("e", "b", Ok(0.5), None));
+        assert_eq!(
+            t.conclusion(&a, &clusters),
+            Conclusion::Running,
+            "one failure is within the limit"
+        );
+        t.add(a.judge("e", "a", Ok(0.0), None));
+        t.add(a.judge("e", "b", Ok(0.0), None));
+        assert_eq!(t.conclusion(&a, &clusters), Conclusion::Passed);
+        t.add(a.judge("e", "b", Ok(0.7), None));
+        match t.conclusion(&a, &clusters) {
+            Conclusion::Failed(why) => assert!(
+                why.starts_with("e on b: 2 failed measurements (limit 1)"),
+                "{why}"
+            ),
+            other => panic!("{other:?}"),
+        }
+        let mut t = Tally::default();
+        t.add(a.judge("e", "a", Err("no sample".into()), None));
+        match t.conclusion(&a, &clusters) {
+            Conclusion::Inconclusive(why) => assert!(why.contains("no sample"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn medians_and_durations() {
+        assert_eq!(median(&[]), None);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, f64::NAN, 2.0, 3.0]), Some(2.5));
+        assert_eq!(promql_duration(Duration::from_secs(30)), "30s");
+        assert_eq!(promql_duration(Duration::from_secs(5400)), "1h30m");
+        assert_eq!(alternation(&[]), "$^");
+    }
+}

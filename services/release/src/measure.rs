@@ -1,0 +1,168 @@
+//! The analysis' I/O: its queries against the TSDB role's Prometheus API (`/api/v1/query`), each answer
+//! reduced to one number or the reason there is none (see [`crate::analysis`]).
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use crate::Error;
+use crate::analysis::{self, Answer, Compiled, NoNumber, Target};
+use crate::machine::Answered;
+
+/// The client for TSDB queries, sending `token` as a bearer token.
+pub fn client(token: Option<&multipilot_bus::connect::Secret>) -> Result<reqwest::Client, Error> {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(t) = token {
+        let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {}", t.0))
+            .map_err(|_| Error::Config("release.tsdb_token is not a valid header value".into()))?;
+        v.set_sensitive(true);
+        headers.insert(reqwest::header::AUTHORIZATION, v);
+    }
+    reqwest::Client::builder()
+        .default_headers(headers)
+        .timeout(std::time::Duration::from_secs(20))
+        .build()
+        .map_err(|e| Error::Config(format!("release: the TSDB client: {e}")))
+}
+
+/// One instant query: its one number, or why there is none (an error, no sample, several samples).
+pub async fn query(http: &reqwest::Client, tsdb_url: &str, promql: &str) -> Answer {
+    let url = format!("{}/api/v1/query", tsdb_url.trim_end_matches('/'));
+    let resp = http
+        .post(&url)
+        .form(&[("query", promql)])
+        .send()
+        .await
+        .map_err(|e| NoNumber(format!("the TSDB at {tsdb_url} did not answer: {e}")))?;
+    let status = resp.status();
+    let body: Value = resp
+        .json()
+        .await
+        .map_err(|e| NoNumber(format!("the TSDB answered {status} without JSON: {e}")))?;
+    answer(&body)
+}
+
+/// The number in a Prometheus API answer.
+pub fn answer(body: &Value) -> Answer {
+    if body["status"] != "success" {
+        return Err(NoNumber(format!(
+            "the query failed ({}): {}",
+            body["errorType"].as_str().unwrap_or("error"),
+            body["error"].as_str().unwrap_or("no reason given")
+        )));
+    }
+    let data = &body["data"];
+    let number = |v: &Value| -> Answer {
+        v.get(1)
+            .and_then(Value::as_str)
+            .and_then(|s| s.parse::<f64>().ok())
+            .ok_or_else(|| NoNumber(format!("the query answered an unreadable sample: {v}")))
+    };
+    match data["resultType"].as_str() {
+        Some("scalar") => number(&data["result"]),
+        Some("vector") => match data["result"].as_array().map(Vec::as_slice) {
+            Some([one]) => number(&one["value"]),
+            Some([]) | None => Err("the query answered no sample".into()),
+            Some(many) => Err(NoNumber(format!(
+                "the query answered {} samples, not one (aggregate it, e.g. with sum)",
+                many.len()
+            ))),
+        },
+        other => Err(NoNumber(format!(
+            "the query answered a {}, not a number",
+            other.unwrap_or("nothing")
+        ))),
+    }
+}
+
+/// Every metric on every target, and the baseline's median per metric.
+pub async fn measure(
+    http: &reqwest::Client,
+    tsdb_url: &str,
+    a: &Compiled,
+    targets: &[Target],
+    baseline: &[Target],
+) -> Vec<Answered> {
+    let ask = |t: &Target| {
+        let queries = a.queries(t);
+        let cluster = t.cluster.clone();
+        async move {
+            let mut out = Vec::new();
+            for (metric, q) in queries {
+                out.push((metric, cluster.clone(), query(http, tsdb_url, &q).await));
+            }
+            out
+        }
+    };
+    let measured = futures::future::join_all(targets.iter().map(ask)).await;
+    let base = futures::future::join_all(baseline.iter().map(ask)).await;
+    a.metrics()
+        .map(|metric| {
+            let clusters: BTreeMap<String, Answer> = measured
+                .iter()
+                .flatten()
+                .filter(|(m, _, _)| m == metric)
+                .map(|(_, c, ans)| (c.clone(), ans.clone()))
+                .collect();
+            let values: Vec<f64> = base
+                .iter()
+                .flatten()
+                .filter(|(m, _, _)| m == metric)
+                .filter_map(|(_, _, ans)| ans.as_ref().ok().copied())
+                .collect();
+            Answered {
+                metric: metric.to_string(),
+                clusters,
+                baseline: analysis::median(&values),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn answers_are_one_number_or_a_reason() {
+        let vector =
+            |r: Value| json!({"status": "success", "data": {"resultType": "vector", "result": r}});
+        assert_eq!(
+            answer(&vector(json!([{"metric": {}, "value": [1.0, "0.25"]}]))),
+            Ok(0.25)
+        );
+        assert_eq!(
+            answer(&vector(json!([]))),
+            Err("the query answered no sample".into())
+        );
+        let two = answer(&vector(json!([{"value": [1, "1"]}, {"value": [1, "2"]}])));
+        assert!(two.expect_err("two").0.contains("2 samples"));
+        assert_eq!(
+            answer(
+                &json!({"status": "success", "data": {"resultType": "scalar", "result": [1, "3"]}})
+            ),
+            Ok(3.0)
+        );
+        assert_eq!(
+            answer(&json!({"status": "success", "data": {"resultType": "vector", "result": [{"value": [1, "NaN"]}]}}))
+                .map(f64::is_nan),
+            Ok(true)
+        );
+        let bad = answer(
+            &json!({"status": "error", "errorType": "bad_data", "error": "parse error at char 5"}),
+        );
+        assert_eq!(
+            bad,
+            Err("the query failed (bad_data): parse error at char 5".into())
+        );
+        let matrix =
+            answer(&json!({"status": "success", "data": {"resultType": "matrix", "result": []}}));
+        assert!(
+            matrix
+                .expect_err("matrix")
+                .0
+                .contains("a matrix, not a number")
+        );
+    }
+}
