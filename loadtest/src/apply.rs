@@ -241,9 +241,51 @@ pub fn from_fields_v1(v: &Value) -> BTreeSet<Path> {
     out
 }
 
-/// Managers and their fields, keyed by (manager, operation).
+/// Who owns fields: a manager, the operation it wrote with (`Apply` or `Update`) and the subresource it wrote
+/// through (`""` for the object itself, `"scale"`, `"status"`), as a `managedFields` entry names it. The
+/// apiserver keeps one entry per distinct triple.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Owner {
+    /// `manager`.
+    pub manager: String,
+    /// `operation`.
+    pub operation: String,
+    /// `subresource` (empty for the main resource).
+    pub subresource: String,
+}
+
+impl Owner {
+    /// An owner writing through the main resource.
+    pub fn new(manager: &str, operation: &str) -> Self {
+        Owner::with_subresource(manager, operation, "")
+    }
+
+    /// An owner writing through `subresource`.
+    pub fn with_subresource(manager: &str, operation: &str, subresource: &str) -> Self {
+        Owner {
+            manager: manager.to_string(),
+            operation: operation.to_string(),
+            subresource: subresource.to_string(),
+        }
+    }
+
+    /// How an apply conflict names the owner: `"alice"`, or `"kubectl" with subresource "scale"` (the
+    /// apiserver's wording).
+    pub fn describe(&self) -> String {
+        if self.subresource.is_empty() {
+            format!("\"{}\"", self.manager)
+        } else {
+            format!(
+                "\"{}\" with subresource \"{}\"",
+                self.manager, self.subresource
+            )
+        }
+    }
+}
+
+/// Owners and their fields (with the apiVersion each wrote in).
 #[derive(Debug, Clone, Default)]
-pub struct Managed(BTreeMap<(String, String), (String, BTreeSet<Path>)>);
+pub struct Managed(pub BTreeMap<Owner, (String, BTreeSet<Path>)>);
 
 impl Managed {
     /// Reads `metadata.managedFields`.
@@ -254,19 +296,17 @@ impl Managed {
             .and_then(Value::as_array)
         {
             for e in list {
-                let manager = e.get("manager").and_then(Value::as_str).unwrap_or_default();
-                let op = e
-                    .get("operation")
-                    .and_then(Value::as_str)
-                    .unwrap_or("Update");
-                let api = e
-                    .get("apiVersion")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default();
+                let field = |k: &str, default: &'static str| {
+                    e.get(k).and_then(Value::as_str).unwrap_or(default)
+                };
                 let fields = e.get("fieldsV1").map(from_fields_v1).unwrap_or_default();
                 m.insert(
-                    (manager.to_string(), op.to_string()),
-                    (api.to_string(), fields),
+                    Owner::with_subresource(
+                        field("manager", ""),
+                        field("operation", "Update"),
+                        field("subresource", ""),
+                    ),
+                    (field("apiVersion", "").to_string(), fields),
                 );
             }
         }
@@ -279,11 +319,15 @@ impl Managed {
             .0
             .iter()
             .filter(|(_, (_, f))| !f.is_empty())
-            .map(|((manager, op), (api, fields))| {
-                json!({
-                    "manager": manager, "operation": op, "apiVersion": api, "time": time,
+            .map(|(owner, (api, fields))| {
+                let mut e = json!({
+                    "manager": owner.manager, "operation": owner.operation, "apiVersion": api, "time": time,
                     "fieldsType": "FieldsV1", "fieldsV1": to_fields_v1(fields),
-                })
+                });
+                if !owner.subresource.is_empty() {
+                    e["subresource"] = json!(owner.subresource);
+                }
+                e
             })
             .collect();
         if let Some(meta) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
@@ -293,7 +337,7 @@ impl Managed {
 }
 
 /// Server-side apply of `applied` by `manager` onto `current` (None = create). Returns the new object,
-/// or the conflicting (manager, field) pairs when `force` is false.
+/// or the conflicting (owner as [`Owner::describe`] names it, field) pairs when `force` is false.
 pub fn apply(
     current: Option<&Value>,
     applied: &Value,
@@ -303,7 +347,7 @@ pub fn apply(
     time: &str,
 ) -> Result<Value, Vec<(String, String)>> {
     let applied_paths = leaves(applied);
-    let me = (manager.to_string(), "Apply".to_string());
+    let me = Owner::new(manager, "Apply");
     let mut managed = current.map(Managed::read).unwrap_or_default();
     let mut obj = current.cloned().unwrap_or_else(|| json!({}));
 
@@ -315,7 +359,7 @@ pub fn apply(
         }
         for p in fields.intersection(&applied_paths) {
             if get(&obj, p) != get(applied, p) {
-                conflicts.push((owner.0.clone(), path_string(p)));
+                conflicts.push((owner.describe(), path_string(p)));
             }
         }
     }
@@ -386,6 +430,18 @@ pub fn record_update(
     api_version: &str,
     time: &str,
 ) {
+    record_update_in(old, new, &Owner::new(manager, "Update"), api_version, time);
+}
+
+/// [`record_update`] by any owner: e.g. an `Update` through the `scale` subresource, whose entry names
+/// `subresource: scale` (the apiserver's `ScaleHandler` moves `.spec.replicas` to it from whoever owned it).
+pub fn record_update_in(
+    old: Option<&Value>,
+    new: &mut Value,
+    me: &Owner,
+    api_version: &str,
+    time: &str,
+) {
     let mut managed = old.map(Managed::read).unwrap_or_default();
     let changed: BTreeSet<Path> = leaves(new)
         .into_iter()
@@ -395,15 +451,14 @@ pub fn record_update(
         managed.write(new, time);
         return;
     }
-    let me = (manager.to_string(), "Update".to_string());
     for (owner, (_, fields)) in managed.0.iter_mut() {
-        if *owner != me {
+        if owner != me {
             fields.retain(|p| !changed.contains(p));
         }
     }
     let entry = managed
         .0
-        .entry(me)
+        .entry(me.clone())
         .or_insert_with(|| (api_version.to_string(), BTreeSet::new()));
     entry.0 = api_version.to_string();
     entry.1.extend(changed);
@@ -442,12 +497,12 @@ mod tests {
         let err = apply(Some(&a), &deploy(3, "nginx:1"), "bob", "apps/v1", false, t).unwrap_err();
         assert_eq!(
             err,
-            vec![("alice".to_string(), ".spec.replicas".to_string())]
+            vec![("\"alice\"".to_string(), ".spec.replicas".to_string())]
         );
         let forced = apply(Some(&a), &deploy(3, "nginx:1"), "bob", "apps/v1", true, t).unwrap();
         assert_eq!(forced.pointer("/spec/replicas"), Some(&json!(3)));
         let m = Managed::read(&forced);
-        let alice = &m.0[&("alice".to_string(), "Apply".to_string())].1;
+        let alice = &m.0[&Owner::new("alice", "Apply")].1;
         assert!(!alice.contains(&vec![
             Seg::Field("spec".into()),
             Seg::Field("replicas".into())
@@ -489,6 +544,6 @@ mod tests {
             t,
         )
         .unwrap_err();
-        assert_eq!(err[0].0, "kubectl-scale");
+        assert_eq!(err[0].0, "\"kubectl-scale\"");
     }
 }

@@ -76,7 +76,21 @@ impl ApiError {
         )
     }
 
-    /// `409 Conflict` from server-side apply: another manager owns fields whose values change.
+    /// `409 Conflict` for a failed precondition, with the apiserver's reason after the colon.
+    pub fn conflict(group: &str, plural: &str, name: &str, why: &str) -> Self {
+        Self::new(
+            409,
+            "Conflict",
+            format!(
+                "Operation cannot be fulfilled on {} \"{name}\": {why}",
+                gr(group, plural)
+            ),
+            Some(json!({"name": name, "group": group, "kind": plural})),
+        )
+    }
+
+    /// `409 Conflict` from server-side apply: another manager owns fields whose values change. Each
+    /// conflict is (the owner as the apiserver names it, quoted: `"alice"`, field path).
     pub fn apply_conflict(
         group: &str,
         plural: &str,
@@ -86,13 +100,13 @@ impl ApiError {
         let n = conflicts.len();
         let list = conflicts
             .iter()
-            .map(|(m, f)| format!("- conflict with \"{m}\": {f}"))
+            .map(|(m, f)| format!("- conflict with {m}: {f}"))
             .collect::<Vec<_>>()
             .join("\n");
         let causes: Vec<Value> = conflicts
             .iter()
             .map(|(m, f)| {
-                json!({"type": "FieldManagerConflict", "message": format!("conflict with \"{m}\""), "field": f})
+                json!({"type": "FieldManagerConflict", "message": format!("conflict with {m}"), "field": f})
             })
             .collect();
         Self::new(
@@ -102,7 +116,7 @@ impl ApiError {
                 "Apply failed with {n} conflict{}: {}",
                 if n == 1 { "" } else { "s" },
                 if n == 1 {
-                    format!("conflict with \"{}\": {}", conflicts[0].0, conflicts[0].1)
+                    format!("conflict with {}: {}", conflicts[0].0, conflicts[0].1)
                 } else {
                     format!("\n{list}")
                 }
@@ -137,6 +151,17 @@ impl ApiError {
                 "causes": causes.iter().map(|(f, m)| json!({"reason": "FieldValueInvalid", "message": m, "field": f})).collect::<Vec<_>>()
             })),
         )
+    }
+
+    /// `422 Invalid` naming the kind with its group, as the apiserver does (`Scale.autoscaling "web" is
+    /// invalid: …`).
+    pub fn invalid_in(group: &str, kind: &str, name: &str, causes: &[(String, String)]) -> Self {
+        let mut e = Self::invalid(&gr(group, kind), name, causes);
+        if let Some(d) = e.details.as_mut() {
+            d["kind"] = json!(kind);
+            d["group"] = json!(group);
+        }
+        e
     }
 
     /// `415 UnsupportedMediaType`.
