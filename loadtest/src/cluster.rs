@@ -182,6 +182,8 @@ pub struct Cluster {
     uid_counter: AtomicU64,
     /// The kubelet's event aggregator state (see [`crate::world::event`]).
     event_aggregates: Mutex<crate::world::EventAggregates>,
+    /// The Deployments' request counters and the templates their controller rolled out.
+    traffic: Mutex<crate::traffic::Workloads>,
 }
 
 impl Cluster {
@@ -206,6 +208,7 @@ impl Cluster {
             rng: Mutex::new(StdRng::seed_from_u64(settings.seed)),
             uid_counter: AtomicU64::new(0),
             event_aggregates: Mutex::default(),
+            traffic: Mutex::default(),
             settings,
         }))
     }
@@ -256,6 +259,12 @@ impl Cluster {
         self.event_aggregates
             .lock()
             .unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The Deployments' traffic (see [`crate::traffic`]). The controllers hold it while they write to the
+    /// store, so it is never taken inside a store mutation.
+    pub fn traffic(&self) -> MutexGuard<'_, crate::traffic::Workloads> {
+        self.traffic.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The cluster's seeded random generator.

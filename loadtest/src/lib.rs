@@ -1,7 +1,8 @@
 //! The MultiPilot fleet simulator: many virtual Kubernetes clusters, each behind its own loopback HTTPS
 //! port, speaking the real Kubernetes API for what the agent and the release engine use (discovery per
 //! version profile, list/watch with bookmarks and `410 Gone`, server-side apply with conflicts, dry-run,
-//! finalizers, health and metrics endpoints), with realistic churn and faults injected at runtime.
+//! finalizers, the scale subresource, health and metrics endpoints), with realistic churn, workloads whose
+//! request metrics follow their images ([`traffic`]), and faults injected at runtime.
 //!
 //! It is test infrastructure: it never ships into a cluster.
 
@@ -14,6 +15,7 @@ pub mod profile;
 pub mod status;
 pub mod store;
 pub mod tls;
+pub mod traffic;
 pub mod world;
 
 /// A stable 64-bit hash (FNV-1a) for deterministic names and values.

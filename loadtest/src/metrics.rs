@@ -484,3 +484,74 @@ pub fn node_exporter(c: &Cluster, node: &str) -> String {
     let _ = writeln!(out, "node_boot_time_seconds 1.7e+09");
     out
 }
+
+/// One Deployment's request counters, as its workload's scrape shows them.
+#[derive(Debug, Clone, Copy)]
+pub struct WorkloadRequests<'a> {
+    /// Namespace.
+    pub namespace: &'a str,
+    /// Deployment name.
+    pub deployment: &'a str,
+    /// Requests answered 200 so far.
+    pub ok: f64,
+    /// Requests answered 500 so far.
+    pub errors: f64,
+}
+
+/// The scrape of the workloads behind a Service (see [`crate::traffic`]): per Deployment,
+/// `http_requests_total{namespace,deployment,code="200"|"500"}` and the
+/// `http_request_duration_seconds{namespace,deployment}` histogram. Counts are whole requests (rounded
+/// down, so they never go back).
+pub fn workloads(items: &[WorkloadRequests<'_>]) -> String {
+    use crate::traffic::{DURATION_BUCKETS, MEAN_DURATION_S};
+    let mut out = String::new();
+    family(
+        &mut out,
+        "http_requests_total",
+        "counter",
+        "Requests served, by HTTP status code.",
+    );
+    for w in items {
+        let (ns, d) = (esc(w.namespace), esc(w.deployment));
+        for (code, n) in [("200", w.ok), ("500", w.errors)] {
+            let _ = writeln!(
+                out,
+                "http_requests_total{{namespace=\"{ns}\",deployment=\"{d}\",code=\"{code}\"}} {}",
+                n.floor()
+            );
+        }
+    }
+    family(
+        &mut out,
+        "http_request_duration_seconds",
+        "histogram",
+        "Time taken to answer requests.",
+    );
+    for w in items {
+        let (ns, d) = (esc(w.namespace), esc(w.deployment));
+        let total = w.ok + w.errors;
+        for (le, share) in DURATION_BUCKETS {
+            let _ = writeln!(
+                out,
+                "http_request_duration_seconds_bucket{{namespace=\"{ns}\",deployment=\"{d}\",le=\"{le}\"}} {}",
+                (total * share).floor()
+            );
+        }
+        let _ = writeln!(
+            out,
+            "http_request_duration_seconds_bucket{{namespace=\"{ns}\",deployment=\"{d}\",le=\"+Inf\"}} {}",
+            total.floor()
+        );
+        let _ = writeln!(
+            out,
+            "http_request_duration_seconds_sum{{namespace=\"{ns}\",deployment=\"{d}\"}} {:.3}",
+            total.floor() * MEAN_DURATION_S
+        );
+        let _ = writeln!(
+            out,
+            "http_request_duration_seconds_count{{namespace=\"{ns}\",deployment=\"{d}\"}} {}",
+            total.floor()
+        );
+    }
+    out
+}

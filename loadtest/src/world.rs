@@ -860,6 +860,10 @@ fn endpoints(c: &Cluster, ns: &str, name: &str, ready: bool) {
     }
 }
 
+/// The first team namespaces (one per team) whose `web` Service is annotated for scraping: the demo's
+/// request metrics, without a fleet of large clusters adding hundreds of scrape targets each.
+pub const SCRAPED_TEAM_NAMESPACES: usize = 8;
+
 fn team_namespace(
     c: &Cluster,
     ns: &str,
@@ -956,6 +960,13 @@ fn team_namespace(
         &[("http", 80, "TCP")],
         None,
     );
+    if idx < SCRAPED_TEAM_NAMESPACES {
+        // scraped through the API server proxy as Prometheus' annotation convention says: its requests
+        // (`http_requests_total`, see crate::traffic) are what a release's metrics analysis reads
+        change(c, "", "services", ns, "web", |s| {
+            s["metadata"]["annotations"] = json!({"prometheus.io/scrape": "true", "prometheus.io/port": "80", "prometheus.io/path": "/metrics"});
+        });
+    }
     service(
         c,
         ns,
@@ -1240,7 +1251,54 @@ fn renew_leases(c: &Cluster) {
 /// rollout never completes — what a release's health gate must catch.
 pub const UNPULLABLE_REGISTRY: &str = "unpullable.invalid/";
 
-fn unpullable(d: &Value) -> bool {
+/// What an image tag says about the requests its pods serve: a tag containing `-errors<N>` (N a whole
+/// percentage, 0–100) fails N % of them with a 500, e.g. `registry.example.com/web:2.0.0-errors30` → 30 %
+/// (the rest of the tag is free: `2.0-errors5-rc1` → 5 %). What a release's metrics analysis must catch while
+/// its rollout stays healthy. Any other image fails [`BASE_ERROR_SHARE`] of its requests.
+pub const ERRORS_TAG: &str = "-errors";
+
+/// The share of requests an image whose tag asks for no errors fails: 0.1 %, so an error ratio is a small
+/// number rather than always exactly 0.
+pub const BASE_ERROR_SHARE: f64 = 0.001;
+
+/// The share (0–1) of requests the pods of `image` fail, by the [`ERRORS_TAG`] convention.
+pub fn image_error_share(image: &str) -> f64 {
+    // the tag: after the last ':' of the last path segment (a registry port is not a tag), before a digest
+    let last = image.rsplit('/').next().unwrap_or(image);
+    let last = last.split('@').next().unwrap_or(last);
+    let Some((_, tag)) = last.split_once(':') else {
+        return BASE_ERROR_SHARE;
+    };
+    let mut rest = tag;
+    while let Some(at) = rest.find(ERRORS_TAG) {
+        rest = &rest[at + ERRORS_TAG.len()..];
+        let digits: &str = &rest[..rest
+            .find(|ch: char| !ch.is_ascii_digit())
+            .unwrap_or(rest.len())];
+        if let Ok(percent) = digits.parse::<u32>() {
+            return f64::from(percent.min(100)) / 100.0;
+        }
+    }
+    BASE_ERROR_SHARE
+}
+
+/// The share of requests a pod of this template fails: its worst container's ([`image_error_share`]).
+pub fn template_error_share(template: &Value) -> f64 {
+    template
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get("image").and_then(Value::as_str))
+        .map(image_error_share)
+        .fold(None, |worst: Option<f64>, s| {
+            Some(worst.map_or(s, |w| w.max(s)))
+        })
+        .unwrap_or(BASE_ERROR_SHARE)
+}
+
+/// Whether a Deployment's pod template uses an image that never pulls ([`UNPULLABLE_REGISTRY`]).
+pub fn unpullable(d: &Value) -> bool {
     d.pointer("/spec/template/spec/containers")
         .and_then(Value::as_array)
         .into_iter()
@@ -1252,93 +1310,114 @@ fn unpullable(d: &Value) -> bool {
         })
 }
 
-/// Moves Deployment rollouts forward: one whose generation is ahead of its observedGeneration updates one
-/// replica per step; one whose image never pulls ([`UNPULLABLE_REGISTRY`]) stalls with one new pod not
-/// available. (DaemonSets and StatefulSets keep the status they were seeded with.)
+/// Moves Deployment rollouts forward: one whose generation is ahead of its observedGeneration with a new
+/// pod template updates one replica per step; one whose image never pulls ([`UNPULLABLE_REGISTRY`]) stalls
+/// with one new pod not available; one with the template it had and another replica count (a scale) is at
+/// the new count in one step. Then counts every Deployment's requests ([`crate::traffic`]). (DaemonSets,
+/// StatefulSets and ReplicaSets keep the status they were seeded with.)
 fn reconcile(c: &Cluster) {
+    let now = std::time::Instant::now();
+    let mut traffic = c.traffic();
     for d in c.store.all(&rk("apps", "deployments"), None) {
-        let generation = d
-            .pointer("/metadata/generation")
-            .and_then(Value::as_i64)
-            .unwrap_or(1);
-        let observed = d
-            .pointer("/status/observedGeneration")
-            .and_then(Value::as_i64)
-            .unwrap_or(0);
-        let want = d
-            .pointer("/spec/replicas")
-            .and_then(Value::as_i64)
-            .unwrap_or(1);
-        let updated = d
-            .pointer("/status/updatedReplicas")
-            .and_then(Value::as_i64)
-            .unwrap_or(0);
-        let replicas = d
-            .pointer("/status/replicas")
-            .and_then(Value::as_i64)
-            .unwrap_or(0);
-        if generation == observed && updated == want && replicas == want {
-            continue;
+        let d = step_rollout(c, &traffic, d);
+        traffic.observe(&d, now);
+    }
+    traffic.sweep();
+}
+
+/// One step of a Deployment's rollout; the Deployment as it is after it.
+fn step_rollout(c: &Cluster, traffic: &crate::traffic::Workloads, d: Arc<Value>) -> Arc<Value> {
+    let generation = d
+        .pointer("/metadata/generation")
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
+    let observed = d
+        .pointer("/status/observedGeneration")
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
+    let want = d
+        .pointer("/spec/replicas")
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
+    let updated = d
+        .pointer("/status/updatedReplicas")
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
+    let replicas = d
+        .pointer("/status/replicas")
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
+    if generation == observed && updated == want && replicas == want {
+        return d;
+    }
+    let ns = str_at(&d, &["metadata", "namespace"]).to_string();
+    let name = str_at(&d, &["metadata", "name"]).to_string();
+    let after = |c: &Cluster| {
+        c.store
+            .get(&rk("apps", "deployments"), &ns, &name)
+            .unwrap_or_else(|| d.clone())
+    };
+    if unpullable(&d) {
+        let stuck_updated = want.min(1);
+        let stuck_available = (want - 1).max(0);
+        if generation == observed && updated == stuck_updated && replicas == want + stuck_updated {
+            return d;
         }
-        if unpullable(&d) {
-            let stuck_updated = want.min(1);
-            let stuck_available = (want - 1).max(0);
-            if generation == observed
-                && updated == stuck_updated
-                && replicas == want + stuck_updated
-            {
-                continue;
-            }
-            let ns = str_at(&d, &["metadata", "namespace"]).to_string();
-            let name = str_at(&d, &["metadata", "name"]).to_string();
-            change(c, "apps", "deployments", &ns, &name, |d| {
-                d["status"]["observedGeneration"] = json!(generation);
-                d["status"]["updatedReplicas"] = json!(stuck_updated);
-                d["status"]["replicas"] = json!(want + stuck_updated);
-                d["status"]["readyReplicas"] = json!(stuck_available);
-                d["status"]["availableReplicas"] = json!(stuck_available);
-                d["status"]["unavailableReplicas"] = json!(stuck_updated);
-                d["status"]["conditions"] = json!([
-                    {"type": "Available", "status": if stuck_available > 0 {"True"} else {"False"}, "reason": "MinimumReplicasAvailable"},
-                    {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated",
-                     "message": "new pods are in ImagePullBackOff"}
-                ]);
-            });
-            continue;
-        }
-        let ns = str_at(&d, &["metadata", "namespace"]).to_string();
-        let name = str_at(&d, &["metadata", "name"]).to_string();
-        let coredns_down = c.faults().coredns_down && name == "coredns";
         change(c, "apps", "deployments", &ns, &name, |d| {
-            let new_rollout = generation != observed;
-            let updated = if new_rollout {
-                0
-            } else {
-                (updated + 1).min(want)
-            };
-            let available = if coredns_down {
-                0
-            } else if updated == want {
-                want
-            } else {
-                (want - 1).max(0).max(updated)
-            };
             d["status"]["observedGeneration"] = json!(generation);
-            d["status"]["updatedReplicas"] = json!(updated);
-            d["status"]["replicas"] = json!(want);
-            d["status"]["readyReplicas"] = json!(available);
-            d["status"]["availableReplicas"] = json!(available);
-            let progressing = if updated == want {
-                "NewReplicaSetAvailable"
-            } else {
-                "ReplicaSetUpdated"
-            };
+            d["status"]["updatedReplicas"] = json!(stuck_updated);
+            d["status"]["replicas"] = json!(want + stuck_updated);
+            d["status"]["readyReplicas"] = json!(stuck_available);
+            d["status"]["availableReplicas"] = json!(stuck_available);
+            d["status"]["unavailableReplicas"] = json!(stuck_updated);
             d["status"]["conditions"] = json!([
-                {"type": "Available", "status": if available >= want.saturating_sub(1).max(1) {"True"} else {"False"}, "reason": "MinimumReplicasAvailable"},
-                {"type": "Progressing", "status": "True", "reason": progressing}
+                {"type": "Available", "status": if stuck_available > 0 {"True"} else {"False"}, "reason": "MinimumReplicasAvailable"},
+                {"type": "Progressing", "status": "True", "reason": "ReplicaSetUpdated",
+                 "message": "new pods are in ImagePullBackOff"}
             ]);
         });
+        return after(c);
     }
+    let coredns_down = c.faults().coredns_down && name == "coredns";
+    let updated = if generation == observed {
+        (updated + 1).min(want)
+    } else {
+        match traffic.rollout(&d) {
+            crate::traffic::Rollout::Template => 0,
+            // the current pods are scaled: all of them are updated unless a rollout was under way
+            crate::traffic::Rollout::Scale if updated >= replicas => want,
+            crate::traffic::Rollout::Scale => updated.min(want),
+        }
+    };
+    change(c, "apps", "deployments", &ns, &name, |d| {
+        let available = if coredns_down {
+            0
+        } else if updated == want {
+            want
+        } else {
+            (want - 1).max(0).max(updated)
+        };
+        d["status"]["observedGeneration"] = json!(generation);
+        d["status"]["updatedReplicas"] = json!(updated);
+        d["status"]["replicas"] = json!(want);
+        d["status"]["readyReplicas"] = json!(available);
+        d["status"]["availableReplicas"] = json!(available);
+        if available < want {
+            d["status"]["unavailableReplicas"] = json!(want - available);
+        } else if let Some(s) = d["status"].as_object_mut() {
+            s.remove("unavailableReplicas");
+        }
+        let progressing = if updated == want {
+            "NewReplicaSetAvailable"
+        } else {
+            "ReplicaSetUpdated"
+        };
+        d["status"]["conditions"] = json!([
+            {"type": "Available", "status": if available >= want.saturating_sub(1).max(1) {"True"} else {"False"}, "reason": "MinimumReplicasAvailable"},
+            {"type": "Progressing", "status": "True", "reason": progressing}
+        ]);
+    });
+    after(c)
 }
 
 /// Deletes events not seen for `ttl` (the apiserver's `--event-ttl`, 1 h by default).
