@@ -1,6 +1,7 @@
 //! The Kubernetes HTTP API of one virtual cluster: discovery, health, metrics, get/list/watch,
-//! create/update/patch (server-side apply included)/delete, `dryRun`, finalizers, Tables for kubectl,
-//! and the service/pod proxy used to scrape metrics.
+//! create/update/patch (server-side apply included)/delete, `dryRun`, finalizers, Tables for kubectl, the
+//! `scale` subresource, and the service/pod proxy used to scrape metrics (the exporters', and a Service's
+//! workloads' request counters).
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
@@ -273,6 +274,18 @@ async fn route(
                 .get(&target.key(), target.ns_str(), name)
                 .ok_or_else(|| ApiError::not_found(group, target.res.plural, name))?;
             Ok(json_response(StatusCode::OK, &present(&target.res, &obj)))
+        }
+        (&Method::GET, Some(name), Some("scale")) => {
+            verb = "GET";
+            get_scale(c, &target, name)
+        }
+        (&Method::PUT, Some(name), Some("scale")) => {
+            verb = "PUT";
+            update_scale(c, &target, name, q, headers, &body)
+        }
+        (&Method::PATCH, Some(name), Some("scale")) => {
+            verb = "PATCH";
+            patch_scale(c, &target, name, q, headers, &body)
         }
         (&Method::POST, None, None) => {
             verb = "POST";
@@ -921,16 +934,42 @@ where
     r
 }
 
-fn field_manager(q: &Query, headers: &HeaderMap, default_suffix: &str) -> String {
+/// The manager a write is recorded under: the `fieldManager` parameter, else the client's User-Agent up
+/// to its first '/' (printable characters, at most 128 bytes), as the apiserver's `managerOrUserAgent` does:
+/// `kubectl/v1.31.0 (linux/amd64) kubernetes/…` writes as `kubectl`, the controllers as
+/// `kube-controller-manager`.
+fn field_manager(q: &Query, headers: &HeaderMap) -> String {
     if let Some(m) = q.get("fieldManager").filter(|m| !m.is_empty()) {
         return m.clone();
     }
     let ua = headers
         .get(header::USER_AGENT)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .unwrap_or_default();
+    let mut out = String::new();
+    for ch in ua.split('/').next().unwrap_or_default().chars() {
+        if ch.is_control() {
+            continue;
+        }
+        if out.len() + ch.len_utf8() > 128 {
+            break;
+        }
+        out.push(ch);
+    }
+    out
+}
+
+/// The request's media type, without parameters.
+fn content_type(headers: &HeaderMap) -> String {
+    headers
+        .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .unwrap_or("unknown");
-    let base = ua.split('/').next().unwrap_or("unknown");
-    format!("{base}{default_suffix}")
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_string()
 }
 
 fn is_dry_run(q: &Query) -> bool {
@@ -1099,7 +1138,7 @@ fn create(
     validate(t, &obj)?;
     namespace_exists(c, t)?;
     stamp_new(c, t, &mut obj);
-    let manager = field_manager(q, headers, "");
+    let manager = field_manager(q, headers);
     apply::record_update(None, &mut obj, &manager, &t.res.api_version(), &c.now_str());
     if is_dry_run(q) {
         if c.store
@@ -1152,7 +1191,7 @@ fn update(
             "the name of the object does not match the name on the URL",
         ));
     }
-    let manager = field_manager(q, headers, "-update");
+    let manager = field_manager(q, headers);
     let dry = is_dry_run(q);
     let now = c.now_str();
     let api = t.res.api_version();
@@ -1263,15 +1302,7 @@ fn patch(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<Response, ApiError> {
-    let ct = headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_string();
+    let ct = content_type(headers);
     let dry = is_dry_run(q);
     let now = c.now_str();
     let api = t.res.api_version();
@@ -1333,7 +1364,7 @@ fn patch(
         "application/merge-patch+json"
         | "application/strategic-merge-patch+json"
         | "application/json-patch+json" => {
-            let manager = field_manager(q, headers, "-patch");
+            let manager = field_manager(q, headers);
             let p: Value = serde_json::from_slice(body)
                 .map_err(|e| ApiError::bad_request(&format!("error decoding patch: {e}")))?;
             c.store.mutate(&t.key(), t.ns_str(), name, |cur| {
@@ -1377,6 +1408,358 @@ fn patch(
         StatusCode::OK
     };
     Ok(json_response(code, &present(&t.res, &shown)))
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The scale subresource
+
+/// Whether the target is a scalable object's `/scale` (what discovery lists as `<plural>/scale`).
+fn scalable(t: &Target) -> Result<(), ApiError> {
+    if t.res.subresources.contains(&"scale") && t.tail.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::no_route())
+    }
+}
+
+/// A label selector as the apiserver's `labels.Selector.String()` writes it: requirements sorted by key,
+/// `k=v`, `k in (a,b)`, `k notin (a,b)`, `k`, `!k`, joined by ','. A plain map (a ReplicationController's
+/// selector) is all `k=v`.
+fn selector_string(sel: Option<&Value>) -> String {
+    let Some(Value::Object(m)) = sel else {
+        return String::new();
+    };
+    let equals = |labels: &serde_json::Map<String, Value>, out: &mut Vec<(String, String)>| {
+        for (k, v) in labels {
+            out.push((k.clone(), format!("{k}={}", v.as_str().unwrap_or_default())));
+        }
+    };
+    let mut reqs: Vec<(String, String)> = Vec::new();
+    if !m.contains_key("matchLabels") && !m.contains_key("matchExpressions") {
+        equals(m, &mut reqs);
+    } else {
+        if let Some(Value::Object(labels)) = m.get("matchLabels") {
+            equals(labels, &mut reqs);
+        }
+        for e in m
+            .get("matchExpressions")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let key = str_at(e, &["key"]);
+            let mut values: Vec<&str> = e
+                .get("values")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            values.sort_unstable();
+            values.dedup();
+            let req = match str_at(e, &["operator"]) {
+                "In" => format!("{key} in ({})", values.join(",")),
+                "NotIn" => format!("{key} notin ({})", values.join(",")),
+                "Exists" => key.to_string(),
+                "DoesNotExist" => format!("!{key}"),
+                _ => continue,
+            };
+            reqs.push((key.to_string(), req));
+        }
+    }
+    reqs.sort_by(|a, b| a.0.cmp(&b.0));
+    reqs.into_iter()
+        .map(|(_, r)| r)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A scalable object's `autoscaling/v1` Scale, as the apiserver's `scaleFrom<Kind>` builds it: the
+/// object's name, namespace, uid, resourceVersion and creationTimestamp, `spec.replicas` (omitted when 0,
+/// as the Go type omits it), `status.replicas` and the selector as a string.
+fn scale_of(obj: &Value) -> Value {
+    let mut meta = serde_json::Map::new();
+    for f in [
+        "name",
+        "namespace",
+        "uid",
+        "resourceVersion",
+        "creationTimestamp",
+    ] {
+        if let Some(v) = obj.pointer(&format!("/metadata/{f}")) {
+            meta.insert(f.into(), v.clone());
+        }
+    }
+    // an object stored without spec.replicas was defaulted to 1
+    let replicas = obj
+        .pointer("/spec/replicas")
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
+    let mut spec = json!({});
+    if replicas != 0 {
+        spec["replicas"] = json!(replicas);
+    }
+    let mut status =
+        json!({"replicas": obj.pointer("/status/replicas").and_then(Value::as_i64).unwrap_or(0)});
+    let selector = selector_string(obj.pointer("/spec/selector"));
+    if !selector.is_empty() {
+        status["selector"] = json!(selector);
+    }
+    json!({"kind": "Scale", "apiVersion": "autoscaling/v1", "metadata": meta, "spec": spec, "status": status})
+}
+
+/// `spec.replicas` of a Scale a client sent: absent is 0 (the Go zero value), and it must be an int32 ≥ 0.
+fn scale_replicas(scale: &Value, name: &str) -> Result<Option<i64>, ApiError> {
+    let Some(v) = scale.pointer("/spec/replicas").filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let n = v
+        .as_i64()
+        .filter(|n| i32::try_from(*n).is_ok())
+        .ok_or_else(|| {
+            let what = match v {
+                Value::String(_) => "string",
+                Value::Bool(_) => "bool",
+                Value::Number(_) => "number",
+                Value::Array(_) => "array",
+                _ => "object",
+            };
+            ApiError::bad_request(&format!(
+                "json: cannot unmarshal {what} into Go struct field ScaleSpec.spec.replicas of type int32"
+            ))
+        })?;
+    if n < 0 {
+        return Err(ApiError::invalid_in(
+            "autoscaling",
+            "Scale",
+            name,
+            &[(
+                "spec.replicas".into(),
+                format!("Invalid value: {n}: must be greater than or equal to 0"),
+            )],
+        ));
+    }
+    Ok(Some(n))
+}
+
+/// `GET …/<plural>/<name>/scale`.
+fn get_scale(c: &Cluster, t: &Target, name: &str) -> Result<Response, ApiError> {
+    scalable(t)?;
+    let obj = c
+        .store
+        .get(&t.key(), t.ns_str(), name)
+        .ok_or_else(|| ApiError::not_found(t.res.group, t.res.plural, name))?;
+    Ok(json_response(StatusCode::OK, &scale_of(&obj)))
+}
+
+/// `PUT …/<plural>/<name>/scale` with a Scale.
+fn update_scale(
+    c: &Cluster,
+    t: &Target,
+    name: &str,
+    q: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    scalable(t)?;
+    let scale = parse_body(headers, body)?;
+    check_scale_body(&scale, name)?;
+    let owner = apply::Owner::with_subresource(&field_manager(q, headers), "Update", "scale");
+    write_scale(c, t, name, q, &owner, false, |_| Ok(scale))
+}
+
+/// A Scale sent to the server names the object of the URL and is a Scale.
+fn check_scale_body(scale: &Value, name: &str) -> Result<(), ApiError> {
+    let kind = str_at(scale, &["kind"]);
+    if !kind.is_empty() && kind != "Scale" {
+        return Err(ApiError::bad_request(&format!(
+            "the kind of the object ({kind}) does not match the resource (Scale)"
+        )));
+    }
+    if str_at(scale, &["metadata", "name"]) != name {
+        return Err(ApiError::bad_request(
+            "the name of the object does not match the name on the URL",
+        ));
+    }
+    Ok(())
+}
+
+/// `PATCH …/<plural>/<name>/scale`: a merge or strategic-merge patch (the same on a Scale, which has no
+/// lists), a JSON patch, or a server-side apply of a Scale; each is applied to the object's Scale.
+fn patch_scale(
+    c: &Cluster,
+    t: &Target,
+    name: &str,
+    q: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    scalable(t)?;
+    let ct = content_type(headers);
+    match ct.as_str() {
+        "application/apply-patch+yaml" | "application/apply-patch+cbor" => {
+            let manager = q
+                .get("fieldManager")
+                .filter(|m| !m.is_empty())
+                .ok_or_else(|| {
+                    ApiError::bad_request(
+                        "PATCH operation with apply patch type requires fieldManager",
+                    )
+                })?;
+            let applied: Value = serde_yaml::from_slice(body)
+                .map_err(|e| ApiError::bad_request(&format!("error decoding YAML: {e}")))?;
+            check_scale_body(&applied, name)?;
+            let owner = apply::Owner::with_subresource(manager, "Apply", "scale");
+            write_scale(c, t, name, q, &owner, is_true(q.get("force")), |_| {
+                Ok(applied)
+            })
+        }
+        "application/merge-patch+json" | "application/strategic-merge-patch+json" => {
+            let p: Value = serde_json::from_slice(body)
+                .map_err(|e| ApiError::bad_request(&format!("error decoding patch: {e}")))?;
+            let owner =
+                apply::Owner::with_subresource(&field_manager(q, headers), "Update", "scale");
+            write_scale(c, t, name, q, &owner, false, |cur| {
+                let mut next = cur.clone();
+                merge_patch(&mut next, &p, false);
+                Ok(next)
+            })
+        }
+        "application/json-patch+json" => {
+            let ops: json_patch::Patch = serde_json::from_slice(body)
+                .map_err(|e| ApiError::bad_request(&format!("invalid JSON patch: {e}")))?;
+            let owner =
+                apply::Owner::with_subresource(&field_manager(q, headers), "Update", "scale");
+            write_scale(c, t, name, q, &owner, false, |cur| {
+                let mut next = cur.clone();
+                json_patch::patch(&mut next, &ops).map_err(|e| {
+                    ApiError::invalid_in(
+                        "autoscaling",
+                        "Scale",
+                        name,
+                        &[("patch".into(), e.to_string())],
+                    )
+                })?;
+                Ok(next)
+            })
+        }
+        other => Err(ApiError::unsupported_media(other)),
+    }
+}
+
+/// Writes the replicas of the Scale `wanted` makes of the object's current one, as the apiserver's
+/// `scaleUpdatedObjectInfo` does: a resourceVersion or uid in the Scale must be the object's (`409`
+/// otherwise), `spec.replicas` goes to the object (its generation bumps when it changed), and the replicas
+/// field moves to `owner` — an `Update` or `Apply` entry with `subresource: scale` — from whoever owned it
+/// (an apply conflicts with another owner unless `force`). Answers with the object's Scale after the write.
+fn write_scale(
+    c: &Cluster,
+    t: &Target,
+    name: &str,
+    q: &Query,
+    owner: &apply::Owner,
+    force: bool,
+    wanted: impl FnOnce(&Value) -> Result<Value, ApiError>,
+) -> Result<Response, ApiError> {
+    let dry = is_dry_run(q);
+    let now = c.now_str();
+    let api = t.res.api_version();
+    let mut shown = None;
+    let (stored, _) = c.store.mutate(&t.key(), t.ns_str(), name, |cur| {
+        let cur = cur.ok_or_else(|| ApiError::not_found(t.res.group, t.res.plural, name))?;
+        let scale = wanted(&scale_of(cur))?;
+        let rv = str_at(&scale, &["metadata", "resourceVersion"]);
+        if !rv.is_empty() && rv != str_at(cur, &["metadata", "resourceVersion"]) {
+            return Err(ApiError::stale(t.res.group, t.res.plural, name));
+        }
+        let uid = str_at(&scale, &["metadata", "uid"]);
+        let have_uid = str_at(cur, &["metadata", "uid"]);
+        if !uid.is_empty() && uid != have_uid {
+            return Err(ApiError::conflict(
+                t.res.group,
+                &format!("{}/scale", t.res.plural),
+                name,
+                &format!(
+                    "Precondition failed: UID in precondition: {uid}, UID in object meta: {have_uid}"
+                ),
+            ));
+        }
+        let current = cur
+            .pointer("/spec/replicas")
+            .and_then(Value::as_i64)
+            .unwrap_or(1);
+        let sent = scale_replicas(&scale, name)?;
+        let replicas = match (sent, owner.operation.as_str()) {
+            (Some(n), _) => n,
+            // an apply without replicas leaves the value, and gives up the field
+            (None, "Apply") => current,
+            (None, _) => 0,
+        };
+        let mut next = cur.clone();
+        next["spec"]["replicas"] = json!(replicas);
+        if owner.operation == "Apply" {
+            scale_apply_ownership(cur, &mut next, owner, sent.is_some(), force, &api, &now)
+                .map_err(|conflicts| {
+                    ApiError::apply_conflict(t.res.group, t.res.plural, name, &conflicts)
+                })?;
+        } else if replicas != current {
+            apply::record_update_in(Some(cur), &mut next, owner, &api, &now);
+        }
+        bump_generation(cur, &mut next);
+        if dry {
+            shown = Some(next);
+            return Ok(Some(cur.clone()));
+        }
+        Ok(Some(next))
+    })?;
+    let obj = shown.map(Arc::new).unwrap_or(stored);
+    Ok(json_response(StatusCode::OK, &scale_of(&obj)))
+}
+
+/// Server-side apply of a Scale by `owner`: it owns `.spec.replicas` when it sent it (taking it from the
+/// others if the value changes, which conflicts unless `force`), and gives it up when it did not.
+fn scale_apply_ownership(
+    cur: &Value,
+    next: &mut Value,
+    owner: &apply::Owner,
+    sent: bool,
+    force: bool,
+    api: &str,
+    now: &str,
+) -> Result<(), Vec<(String, String)>> {
+    let path = vec![
+        apply::Seg::Field("spec".into()),
+        apply::Seg::Field("replicas".into()),
+    ];
+    let mut managed = apply::Managed::read(cur);
+    if sent {
+        let changes = cur.pointer("/spec/replicas") != next.pointer("/spec/replicas");
+        if changes {
+            let mut conflicts: Vec<(String, String)> = managed
+                .0
+                .iter()
+                .filter(|(o, (_, f))| *o != owner && f.contains(&path))
+                .map(|(o, _)| (o.describe(), apply::path_string(&path)))
+                .collect();
+            if !conflicts.is_empty() && !force {
+                conflicts.sort();
+                return Err(conflicts);
+            }
+            for (o, (_, fields)) in managed.0.iter_mut() {
+                if o != owner {
+                    fields.remove(&path);
+                }
+            }
+        }
+        let entry = managed
+            .0
+            .entry(owner.clone())
+            .or_insert_with(|| (api.to_string(), Default::default()));
+        entry.0 = api.to_string();
+        entry.1.insert(path);
+    } else if let Some((_, fields)) = managed.0.get_mut(owner) {
+        fields.remove(&path);
+    }
+    managed.write(next, now);
+    Ok(())
 }
 
 fn delete(c: &Cluster, t: &Target, name: &str, q: &Query) -> Result<Response, ApiError> {
@@ -1491,6 +1874,7 @@ fn proxy(c: &Cluster, t: &Target, name: &str) -> Result<Response, ApiError> {
                 None => return Err(ApiError::internal("fixture not loaded")),
             }
         }
+        ("services", _) => workload_metrics(c, &obj, base)?,
         _ => {
             return Err(ApiError::new_service_unavailable(&format!(
                 "no endpoints available for {} \"{base}\"",
@@ -1504,4 +1888,107 @@ fn proxy(c: &Cluster, t: &Target, name: &str) -> Result<Response, ApiError> {
         HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
     );
     Ok(r)
+}
+
+/// What a Service's endpoints answer to a scrape: the requests of the Deployments whose pods it selects
+/// (see [`crate::traffic`]), one set of series per Deployment. `503` as for a Service without endpoints
+/// when no such Deployment has a ready replica.
+fn workload_metrics(c: &Cluster, svc: &Value, name: &str) -> Result<String, ApiError> {
+    let no_endpoints = || {
+        ApiError::new_service_unavailable(&format!("no endpoints available for service \"{name}\""))
+    };
+    let Some(selector) = svc
+        .pointer("/spec/selector")
+        .and_then(Value::as_object)
+        .filter(|s| !s.is_empty())
+    else {
+        return Err(no_endpoints());
+    };
+    let ns = str_at(svc, &["metadata", "namespace"]);
+    let deployments: Vec<Arc<Value>> = c
+        .store
+        .all(&ResKey::new("apps", "deployments"), Some(ns))
+        .into_iter()
+        .filter(|d| {
+            let labels = d
+                .pointer("/spec/template/metadata/labels")
+                .and_then(Value::as_object);
+            selector
+                .iter()
+                .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+        })
+        .collect();
+    let now = std::time::Instant::now();
+    let mut ready = 0.0;
+    let mut counts = Vec::with_capacity(deployments.len());
+    {
+        let mut traffic = c.traffic();
+        for d in &deployments {
+            let w = traffic.observe(d, now);
+            ready += w.serving().ready();
+            counts.push((w.ok(), w.errors()));
+        }
+    }
+    if ready <= 0.0 {
+        return Err(no_endpoints());
+    }
+    let items: Vec<metrics::WorkloadRequests<'_>> = deployments
+        .iter()
+        .zip(counts)
+        .map(|(d, (ok, errors))| metrics::WorkloadRequests {
+            namespace: ns,
+            deployment: str_at(d, &["metadata", "name"]),
+            ok,
+            errors,
+        })
+        .collect();
+    Ok(metrics::workloads(&items))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_selector_is_written_as_the_apiserver_writes_it() {
+        let sel = json!({
+            "matchLabels": {"tier": "front", "app": "web"},
+            "matchExpressions": [
+                {"key": "track", "operator": "In", "values": ["stable", "canary"]},
+                {"key": "env", "operator": "NotIn", "values": ["dev"]},
+                {"key": "owner", "operator": "Exists"},
+                {"key": "legacy", "operator": "DoesNotExist"}
+            ]
+        });
+        assert_eq!(
+            selector_string(Some(&sel)),
+            "app=web,env notin (dev),!legacy,owner,tier=front,track in (canary,stable)"
+        );
+        // a ReplicationController's plain map
+        assert_eq!(
+            selector_string(Some(&json!({"b": "2", "a": "1"}))),
+            "a=1,b=2"
+        );
+        assert_eq!(selector_string(Some(&json!({}))), "");
+        assert_eq!(selector_string(None), "");
+    }
+
+    #[test]
+    fn a_scale_carries_the_objects_identity_replicas_and_selector() {
+        let d = json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "shop", "uid": "u1", "resourceVersion": "42",
+                "creationTimestamp": "2026-01-01T00:00:00Z", "generation": 3, "labels": {"app": "web"},
+                "managedFields": []},
+            "spec": {"replicas": 0, "selector": {"matchLabels": {"app": "web"}}},
+            "status": {"replicas": 2}
+        });
+        assert_eq!(
+            scale_of(&d),
+            json!({"kind": "Scale", "apiVersion": "autoscaling/v1",
+                "metadata": {"name": "web", "namespace": "shop", "uid": "u1", "resourceVersion": "42",
+                    "creationTimestamp": "2026-01-01T00:00:00Z"},
+                "spec": {}, "status": {"replicas": 2, "selector": "app=web"}})
+        );
+    }
 }

@@ -696,3 +696,560 @@ async fn similar_events_are_combined_as_the_kubelet_does() -> Result<()> {
     );
     Ok(())
 }
+
+/// The `managedFields` entries of an object as (manager, operation, subresource, fieldsV1).
+fn managed_fields(obj: &serde_json::Value) -> Vec<(String, String, String, serde_json::Value)> {
+    obj.pointer("/metadata/managedFields")
+        .and_then(serde_json::Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            let s = |k: &str| e[k].as_str().unwrap_or_default().to_string();
+            (
+                s("manager"),
+                s("operation"),
+                s("subresource"),
+                e["fieldsV1"].clone(),
+            )
+        })
+        .collect()
+}
+
+/// Who owns `.spec.replicas`, as (manager, operation, subresource).
+fn replicas_owners(obj: &serde_json::Value) -> Vec<(String, String, String)> {
+    managed_fields(obj)
+        .into_iter()
+        .filter(|(.., f)| f.pointer("/f:spec/f:replicas").is_some())
+        .map(|(m, o, s, _)| (m, o, s))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_scale_goes_through_the_scale_subresource() -> Result<()> {
+    let sim = start(&["1.31"], 60, 0.0).await?;
+    let ctx = name(&sim, 0);
+    let kc = sim.kubeconfig.clone();
+    let c = client(&kc, &ctx).await?;
+    let deps: Api<Deployment> = Api::namespaced(c.clone(), "default");
+    deps.patch(
+        "web",
+        &PatchParams::apply("release"),
+        &Patch::Apply(json!({
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "default"},
+            "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web", "tier": "front"}},
+                "template": {"metadata": {"labels": {"app": "web", "tier": "front"}},
+                    "spec": {"containers": [{"name": "web", "image": "registry.example.com/web:1.0.0"}]}}}
+        })),
+    )
+    .await?;
+    let get = async |jsonpath: &str| -> Result<String> {
+        let (ok, out) = kubectl(
+            &kc,
+            &ctx,
+            &[
+                "-n",
+                "default",
+                "get",
+                "deploy/web",
+                "-o",
+                &format!("jsonpath={jsonpath}"),
+            ],
+        )
+        .await?;
+        anyhow::ensure!(ok, "{out}");
+        Ok(out)
+    };
+    let status = "{.spec.replicas} {.status.replicas} {.status.updatedReplicas} {.status.readyReplicas} {.metadata.generation} {.status.observedGeneration}";
+    eventually("the first rollout completes", || async {
+        get(status).await.is_ok_and(|s| s == "3 3 3 3 1 1")
+    })
+    .await?;
+
+    // the Scale as the apiserver serves it
+    let (ok, out) = kubectl(
+        &kc,
+        &ctx,
+        &[
+            "get",
+            "--raw",
+            "/apis/apps/v1/namespaces/default/deployments/web/scale",
+        ],
+    )
+    .await?;
+    assert!(ok, "{out}");
+    let scale: serde_json::Value = serde_json::from_str(&out)?;
+    let web = deps.get("web").await?;
+    assert_eq!(scale["kind"], "Scale");
+    assert_eq!(scale["apiVersion"], "autoscaling/v1");
+    assert_eq!(scale["metadata"]["name"], "web");
+    assert_eq!(scale["metadata"]["namespace"], "default");
+    assert_eq!(
+        scale["metadata"]["uid"].as_str(),
+        web.metadata.uid.as_deref()
+    );
+    assert_eq!(
+        scale["metadata"]["resourceVersion"].as_str(),
+        web.metadata.resource_version.as_deref()
+    );
+    assert_eq!(scale["spec"], json!({"replicas": 3}));
+    assert_eq!(
+        scale["status"],
+        json!({"replicas": 3, "selector": "app=web,tier=front"})
+    );
+
+    // kubectl scale: a merge patch of the Scale, recorded under the User-Agent's manager
+    let mut watch = deps
+        .watch(
+            &WatchParams::default().fields("metadata.name=web"),
+            web.metadata.resource_version.as_deref().unwrap_or("0"),
+        )
+        .await?
+        .boxed();
+    let (ok, out) = kubectl(
+        &kc,
+        &ctx,
+        &["-n", "default", "scale", "deploy/web", "--replicas=5"],
+    )
+    .await?;
+    assert!(ok, "{out}");
+    assert!(out.contains("deployment.apps/web scaled"), "{out}");
+    // a watcher sees the change
+    let seen = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(ev) = watch.try_next().await? {
+            if let WatchEvent::Modified(d) = ev
+                && d.spec.replicas == Some(5)
+            {
+                return Ok::<_, anyhow::Error>(d);
+            }
+        }
+        anyhow::bail!("the watch ended")
+    })
+    .await
+    .context("no MODIFIED event with 5 replicas")??;
+    assert_eq!(seen.metadata.generation, Some(2));
+    // the controller scales the pods it has (same template: no new rollout)
+    eventually("the scale reconciles to 5 replicas", || async {
+        get(status).await.is_ok_and(|s| s == "5 5 5 5 2 2")
+    })
+    .await?;
+    let web = serde_json::to_value(deps.get("web").await?)?;
+    assert_eq!(
+        replicas_owners(&web),
+        vec![("kubectl".into(), "Update".into(), "scale".into())],
+        "{:#?}",
+        managed_fields(&web)
+    );
+    let kubectl_entry = managed_fields(&web)
+        .into_iter()
+        .find(|(m, ..)| m == "kubectl")
+        .context("kubectl's entry")?;
+    assert_eq!(kubectl_entry.3, json!({"f:spec": {"f:replicas": {}}}));
+    assert_eq!(
+        web.pointer("/metadata/managedFields")
+            .and_then(|l| l.as_array())
+            .and_then(|l| l.iter().find(|e| e["manager"] == "kubectl"))
+            .map(|e| e["apiVersion"].clone()),
+        Some(json!("apps/v1"))
+    );
+    // the applier keeps its other fields
+    assert!(
+        managed_fields(&web)
+            .iter()
+            .any(|(m, o, s, f)| m == "release"
+                && o == "Apply"
+                && s.is_empty()
+                && f.pointer("/f:spec/f:template").is_some())
+    );
+
+    // a PATCH with its own fieldManager takes the field from kubectl
+    let scaled = deps
+        .patch_scale(
+            "web",
+            &PatchParams {
+                field_manager: Some("canary-controller".into()),
+                ..Default::default()
+            },
+            &Patch::Merge(json!({"spec": {"replicas": 2}})),
+        )
+        .await?;
+    assert_eq!(scaled.spec.as_ref().and_then(|s| s.replicas), Some(2));
+    let web = serde_json::to_value(deps.get("web").await?)?;
+    assert_eq!(
+        replicas_owners(&web),
+        vec![("canary-controller".into(), "Update".into(), "scale".into())],
+        "{:#?}",
+        managed_fields(&web)
+    );
+    assert!(
+        !managed_fields(&web).iter().any(|(m, ..)| m == "kubectl"),
+        "kubectl owns nothing any more: {:#?}",
+        managed_fields(&web)
+    );
+    assert_eq!(web["metadata"]["generation"], 3);
+
+    // a JSON patch, and the same value again: no write, no generation
+    let req = http::Request::patch("/apis/apps/v1/namespaces/default/deployments/web/scale")
+        .header("content-type", "application/json-patch+json")
+        .body(serde_json::to_vec(
+            &json!([{"op": "replace", "path": "/spec/replicas", "value": 2}]),
+        )?)?;
+    let patched: serde_json::Value = serde_json::from_str(&c.request_text(req).await?)?;
+    assert_eq!(patched["spec"]["replicas"], 2);
+    let again = deps.get("web").await?;
+    assert_eq!(again.metadata.generation, Some(3));
+    assert_eq!(
+        again.metadata.resource_version.as_deref(),
+        web["metadata"]["resourceVersion"].as_str()
+    );
+
+    // PUT with a stale resourceVersion: 409 as for the object itself; with the current one it goes through
+    let mut stale = deps.get_scale("web").await?;
+    let current_rv = stale.metadata.resource_version.clone();
+    stale.metadata.resource_version = Some("1".into());
+    stale.spec.get_or_insert_default().replicas = Some(4);
+    match deps
+        .replace_scale("web", &PostParams::default(), &stale)
+        .await
+    {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!((s.code, s.reason.as_str()), (409, "Conflict"));
+            assert!(
+                s.message
+                    .contains("Operation cannot be fulfilled on deployments.apps \"web\""),
+                "{}",
+                s.message
+            );
+        }
+        other => anyhow::bail!("a stale PUT was not refused: {other:?}"),
+    }
+    stale.metadata.resource_version = current_rv;
+    let hpa = PostParams {
+        field_manager: Some("hpa".into()),
+        ..Default::default()
+    };
+    let put = deps.replace_scale("web", &hpa, &stale).await?;
+    assert_eq!(put.spec.and_then(|s| s.replicas), Some(4));
+
+    // server-side apply of a Scale: conflicts with the owner of the replicas unless forced
+    let scale_of = |n: i32| json!({"apiVersion": "autoscaling/v1", "kind": "Scale", "metadata": {"name": "web"}, "spec": {"replicas": n}});
+    match deps
+        .patch_scale(
+            "web",
+            &PatchParams::apply("scaler"),
+            &Patch::Apply(scale_of(7)),
+        )
+        .await
+    {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 409);
+            assert!(
+                s.message
+                    .contains(r#"conflict with "hpa" with subresource "scale": .spec.replicas"#),
+                "{}",
+                s.message
+            );
+        }
+        other => anyhow::bail!("an apply over another owner's replicas went through: {other:?}"),
+    }
+    deps.patch_scale(
+        "web",
+        &PatchParams::apply("scaler").force(),
+        &Patch::Apply(scale_of(7)),
+    )
+    .await?;
+    let web = serde_json::to_value(deps.get("web").await?)?;
+    assert_eq!(web["spec"]["replicas"], 7);
+    assert_eq!(
+        replicas_owners(&web),
+        vec![("scaler".into(), "Apply".into(), "scale".into())],
+        "{:#?}",
+        managed_fields(&web)
+    );
+
+    // negative replicas are invalid; dry-run changes nothing
+    match deps
+        .patch_scale(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": -1}})),
+        )
+        .await
+    {
+        Err(kube::Error::Api(s)) => {
+            assert_eq!(s.code, 422);
+            assert!(
+                s.message
+                    .starts_with("Scale.autoscaling \"web\" is invalid: spec.replicas"),
+                "{}",
+                s.message
+            );
+        }
+        other => anyhow::bail!("-1 replicas accepted: {other:?}"),
+    }
+    let dry = deps
+        .patch_scale(
+            "web",
+            &PatchParams::default().dry_run(),
+            &Patch::Merge(json!({"spec": {"replicas": 9}})),
+        )
+        .await?;
+    assert_eq!(dry.spec.and_then(|s| s.replicas), Some(9));
+    assert_eq!(deps.get("web").await?.spec.replicas, Some(7));
+
+    // kubectl's precondition path (GET the Scale, then PUT it), and a StatefulSet
+    let (ok, out) = kubectl(
+        &kc,
+        &ctx,
+        &[
+            "-n",
+            "default",
+            "scale",
+            "deploy/web",
+            "--current-replicas=7",
+            "--replicas=6",
+        ],
+    )
+    .await?;
+    assert!(ok, "{out}");
+    eventually("the second scale reconciles", || async {
+        get("{.spec.replicas} {.status.readyReplicas}")
+            .await
+            .is_ok_and(|s| s == "6 6")
+    })
+    .await?;
+    let (ok, out) = kubectl(
+        &kc,
+        &ctx,
+        &[
+            "-n",
+            "default",
+            "scale",
+            "deploy/web",
+            "--current-replicas=3",
+            "--replicas=1",
+        ],
+    )
+    .await?;
+    assert!(
+        !ok && out.contains("Expected replicas to be 3, was 6"),
+        "{out}"
+    );
+    let (ok, out) = kubectl(
+        &kc,
+        &ctx,
+        &[
+            "-n",
+            "monitoring",
+            "scale",
+            "statefulset/prometheus",
+            "--replicas=3",
+        ],
+    )
+    .await?;
+    assert!(ok, "{out}");
+    let (ok, out) = kubectl(
+        &kc,
+        &ctx,
+        &[
+            "-n",
+            "monitoring",
+            "get",
+            "statefulset/prometheus",
+            "-o",
+            "jsonpath={.spec.replicas} {.metadata.generation}",
+        ],
+    )
+    .await?;
+    assert!(ok && out == "3 2", "{out}");
+    Ok(())
+}
+
+/// The samples of `name` in a scrape body, by their label set.
+fn samples(body: &str, name: &str) -> BTreeMap<String, f64> {
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let labels = series.strip_prefix(name)?.strip_prefix('{')?;
+            Some((
+                labels.trim_end_matches('}').to_string(),
+                value.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_counters_follow_the_image_through_the_service_proxy() -> Result<()> {
+    let sim = start(&["1.31"], 300, 0.0).await?;
+    let c = client(&sim.kubeconfig, &name(&sim, 0)).await?;
+    let scrape = async |ns: &str, svc: &str| -> Result<String> {
+        let req = http::Request::get(format!(
+            "/api/v1/namespaces/{ns}/services/{svc}/proxy/metrics"
+        ))
+        .body(Vec::new())?;
+        Ok(c.request_text(req).await?)
+    };
+
+    // the seeded demo: the team namespaces' `web` Services are annotated, and their scrape has requests
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(c.clone(), "payments");
+    let web = services.get("web").await?;
+    let annotations = web.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        annotations.get("prometheus.io/scrape").map(String::as_str),
+        Some("true")
+    );
+    let port = annotations
+        .get("prometheus.io/port")
+        .context("a port annotation")?;
+    let body = scrape("payments", &format!("web:{port}")).await?;
+    let seeded = samples(&body, "http_requests_total");
+    assert!(
+        seeded.contains_key(r#"namespace="payments",deployment="web",code="200""#)
+            && seeded.contains_key(r#"namespace="payments",deployment="web",code="500""#),
+        "{body}"
+    );
+    assert!(
+        body.contains("# TYPE http_request_duration_seconds histogram"),
+        "{body}"
+    );
+
+    // a release of our own: a Deployment and the annotated Service that selects it
+    let deps: Api<Deployment> = Api::namespaced(c.clone(), "default");
+    let release = |image: &str| {
+        json!({
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "shop", "namespace": "default"},
+            "spec": {"replicas": 4, "selector": {"matchLabels": {"app": "shop"}},
+                "template": {"metadata": {"labels": {"app": "shop"}},
+                    "spec": {"containers": [{"name": "shop", "image": image}]}}}
+        })
+    };
+    deps.patch(
+        "shop",
+        &PatchParams::apply("release"),
+        &Patch::Apply(release("registry.example.com/shop:1.0.0")),
+    )
+    .await?;
+    let svc: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(c.clone(), "default");
+    svc.patch(
+        "shop",
+        &PatchParams::apply("release"),
+        &Patch::Apply(json!({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "shop", "namespace": "default", "labels": {"app.kubernetes.io/name": "shop"},
+                "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "80"}},
+            "spec": {"selector": {"app": "shop"}, "ports": [{"name": "http", "port": 80}]}
+        })),
+    )
+    .await?;
+    let rolled_out = async |image: &str| -> bool {
+        deps.get("shop").await.is_ok_and(|d| {
+            let s = d.status.unwrap_or_default();
+            let tpl = d
+                .spec
+                .template
+                .spec
+                .map(|s| s.containers[0].image.clone().unwrap_or_default());
+            tpl.as_deref() == Some(image)
+                && s.observed_generation == d.metadata.generation
+                && s.updated_replicas == Some(4)
+                && s.ready_replicas == Some(4)
+        })
+    };
+    eventually("1.0.0 rolled out", || {
+        rolled_out("registry.example.com/shop:1.0.0")
+    })
+    .await?;
+
+    let (ok_key, err_key) = (
+        r#"namespace="default",deployment="shop",code="200""#,
+        r#"namespace="default",deployment="shop",code="500""#,
+    );
+    let mut last = (0.0, 0.0);
+    // every scrape: both counters present and never lower than before
+    let mut read = async || -> Result<(f64, f64)> {
+        let body = scrape("default", "shop:80").await?;
+        let s = samples(&body, "http_requests_total");
+        let now = (
+            *s.get(ok_key).context("200 counter")?,
+            *s.get(err_key).context("500 counter")?,
+        );
+        anyhow::ensure!(
+            now.0 >= last.0 && now.1 >= last.1,
+            "counters went back: {last:?} → {now:?}"
+        );
+        last = now;
+        Ok(now)
+    };
+    // the share of errors among requests served between two scrapes at least `n` requests apart
+    let mut window = async |n: f64| -> Result<f64> {
+        let start = read().await?;
+        let mut end = start;
+        multipilot_testkit::wait::until("requests served", 30, async || {
+            end = read().await?;
+            Ok((end.0 + end.1 - start.0 - start.1 >= n).then_some(()))
+        })
+        .await?;
+        Ok((end.1 - start.1) / (end.0 + end.1 - start.0 - start.1))
+    };
+    let before = window(200.0).await?;
+    assert!(before < 0.02, "1.0.0 fails {before}");
+
+    // 2.0.0-errors30: the rollout stays healthy, and three in ten requests fail once it is done
+    deps.patch(
+        "shop",
+        &PatchParams::apply("release"),
+        &Patch::Apply(release("registry.example.com/shop:2.0.0-errors30")),
+    )
+    .await?;
+    eventually("2.0.0 rolled out", || {
+        rolled_out("registry.example.com/shop:2.0.0-errors30")
+    })
+    .await?;
+    let after = window(400.0).await?;
+    assert!(
+        (0.25..0.35).contains(&after),
+        "2.0.0-errors30 fails {after}"
+    );
+
+    // rolled back: counters keep growing, and the errors go
+    deps.patch(
+        "shop",
+        &PatchParams::apply("release"),
+        &Patch::Apply(release("registry.example.com/shop:1.0.0")),
+    )
+    .await?;
+    eventually("1.0.0 back", || {
+        rolled_out("registry.example.com/shop:1.0.0")
+    })
+    .await?;
+    let back = window(200.0).await?;
+    assert!(back < 0.02, "1.0.0 fails {back} after the rollback");
+
+    // a Service selecting no Deployment has no endpoints
+    svc.patch(
+        "nothing",
+        &PatchParams::apply("release"),
+        &Patch::Apply(json!({
+            "apiVersion": "v1", "kind": "Service", "metadata": {"name": "nothing", "namespace": "default"},
+            "spec": {"selector": {"app": "nothing"}, "ports": [{"port": 80}]}
+        })),
+    )
+    .await?;
+    // (kubectl, which does not retry a 503 as kube-rs' client does)
+    let (ok, out) = kubectl(
+        &sim.kubeconfig,
+        &name(&sim, 0),
+        &[
+            "get",
+            "--raw",
+            "/api/v1/namespaces/default/services/nothing:80/proxy/metrics",
+        ],
+    )
+    .await?;
+    assert!(
+        !ok && out.contains("no endpoints available for service \"nothing\""),
+        "{out}"
+    );
+    Ok(())
+}
