@@ -330,6 +330,10 @@ pub struct ApplyRequest {
     /// Approvals given with the command.
     #[serde(default)]
     pub approve: Vec<String>,
+    /// Pass sync windows that are closed but allow a manual sync (`manual_sync: true`); recorded as an
+    /// `override` entry and audited.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub override_windows: bool,
     /// Who asks.
     #[serde(default)]
     pub actor: String,

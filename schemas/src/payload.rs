@@ -1288,7 +1288,7 @@ closed_set! {
         Incident = "incident",
         /// A fleet repository's commit was refused (on `gitops-<repo>`).
         Sync = "sync",
-        /// An operator overrode a sync window.
+        /// An operator's apply passed a closed sync window that allows manual syncs.
         Override = "override",
     }
 }
@@ -1319,6 +1319,9 @@ closed_set! {
         WaitingApproval = "waiting-approval",
         /// A fleet repository's commit was refused: nothing of it applied (only on `gitops-<repo>` entries).
         Refused = "refused",
+        /// The next batch holds: a sync window is closed on its clusters, or a release it depends on is not
+        /// healthy there yet; the role tries again by itself (the batches before it are applied).
+        Held = "held",
     }
 }
 

@@ -35,6 +35,9 @@ pub enum Command {
         /// Approve a risk the plan flags (e.g. external-ips); repeatable.
         #[arg(long)]
         approve: Vec<String>,
+        /// Pass closed sync windows that allow a manual sync (recorded and audited as an override).
+        #[arg(long)]
+        override_windows: bool,
         /// Follow the release until it ends; exit non-zero unless it succeeded.
         #[arg(long)]
         wait: bool,
@@ -167,12 +170,14 @@ pub async fn run(client: &async_nats::Client, cmd: Command, timeout: Duration) -
             file,
             release,
             approve,
+            override_windows,
             wait,
             output,
         } => {
             let mut req = ApplyRequest {
                 release,
                 approve,
+                override_windows,
                 actor: actor(),
                 ..Default::default()
             };
@@ -374,8 +379,14 @@ async fn follow(
             return match r.state {
                 State::Succeeded | State::RolledBack if r.error.is_none() => Ok(()),
                 State::WaitingApproval => bail!(
-                    "release {name} is applied up to the gated batches, which wait for: multipilot release approve {name} {}",
-                    multipilot_release::spec::GATE_APPROVAL
+                    "release {name} is applied up to the batch that waits for: multipilot release approve {name} {}",
+                    r.waiting_for
+                        .as_deref()
+                        .unwrap_or(multipilot_release::spec::GATE_APPROVAL)
+                ),
+                State::Held => bail!(
+                    "release {name} is applied up to a held batch ({}); the role goes on by itself once that changes",
+                    r.waiting_for.as_deref().unwrap_or("a sync window or a dependency")
                 ),
                 s => bail!(
                     "release {name} ended {}{}",
@@ -649,5 +660,31 @@ pub async fn gitops(
         &["RELEASE", "CLUSTER", "STATUS", "REV", "COMMIT", "MESSAGE"],
         rows,
     );
+    if only.is_none() && !report.windows.is_empty() {
+        println!();
+        let rows = report
+            .windows
+            .iter()
+            .map(|w| {
+                vec![
+                    format!("{:?}", w.kind).to_lowercase(),
+                    format!("{} ({}, {})", w.schedule, w.time_zone, w.duration),
+                    if w.clusters.is_empty() { "*".into() } else { w.clusters.clone() },
+                    if w.releases.is_empty() { "*".into() } else { w.releases.join(",") },
+                    if w.active {
+                        format!("open until {}", w.end.map(|e| e.to_rfc3339()).unwrap_or_else(|| "-".into()))
+                    } else {
+                        format!("opens {}", w.start.to_rfc3339())
+                    },
+                    if w.manual_sync { "yes".into() } else { "no".into() },
+                    w.description.clone(),
+                ]
+            })
+            .collect();
+        crate::fleet::table(
+            &["WINDOW", "SCHEDULE", "CLUSTERS", "RELEASES", "NOW", "MANUAL", "DESCRIPTION"],
+            rows,
+        );
+    }
     Ok(())
 }

@@ -50,6 +50,18 @@ const T: Duration = Duration::from_secs(60);
 
 impl H {
     async fn start() -> Result<H> {
+        H::start_with(None).await
+    }
+
+    /// The fleet with the TSDB role (in this process, on `tsdb_port`) that release analyses query; the
+    /// agent scrapes every second.
+    async fn start_with_tsdb() -> Result<(H, String)> {
+        let port = multipilot_testkit::free_port()?;
+        let url = format!("http://127.0.0.1:{port}");
+        Ok((H::start_with(Some(port)).await?, url))
+    }
+
+    async fn start_with(tsdb_port: Option<u16>) -> Result<H> {
         let nats = NatsServer::start().await?;
         let client = nats.client().await?;
         Topology::embedded()
@@ -71,15 +83,35 @@ impl H {
             .await?,
         );
         let dir = tempfile::tempdir()?;
+        let role_cancel = CancellationToken::new();
+        if let Some(port) = tsdb_port {
+            let config = multipilot_tsdb::Config {
+                data_dir: dir.path().join("tsdb"),
+                listen: format!("127.0.0.1:{port}"),
+                ..Default::default()
+            };
+            let ctx = multipilot_runtime::Context::new(
+                nats.client().await?,
+                "tsdb-test",
+                role_cancel.clone(),
+            );
+            tokio::spawn(async move {
+                if let Err(e) = multipilot_tsdb::run(config, ctx).await {
+                    eprintln!("tsdb role failed: {e:#}");
+                }
+            });
+        }
         let kubeconfig = dir.path().join("kubeconfig.yaml");
         fleet.write_kubeconfig(&kubeconfig)?;
         // the role first: it creates the signing key the agent trusts
-        let role_cancel = CancellationToken::new();
         let config = multipilot_release::Config {
             data_dir: dir.path().join("release").to_string_lossy().into_owned(),
             default_soak: Duration::from_secs(1),
             health_timeout: Duration::from_secs(10),
             command_timeout: Duration::from_secs(5),
+            tsdb_url: tsdb_port
+                .map(|p| format!("http://127.0.0.1:{p}"))
+                .unwrap_or_else(|| multipilot_release::Config::default().tsdb_url),
             ..Default::default()
         };
         let key = config.signing_key_path();
@@ -119,6 +151,10 @@ impl H {
             .env("MULTIPILOT_AGENT__OUTBOX__PATH", dir.path().join("outbox"))
             .env("MULTIPILOT_AGENT__HTTP__LISTEN", "127.0.0.1:0")
             .env("MULTIPILOT_AGENT__TIMINGS__DISCOVERY_INTERVAL_S", "5")
+            .env(
+                "MULTIPILOT_AGENT__SCRAPE__INTERVAL_S",
+                if tsdb_port.is_some() { "1" } else { "30" },
+            )
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
@@ -829,5 +865,175 @@ async fn a_fleet_incident_that_names_a_release_first_is_kept_in_its_history_once
     // the state of the release is not changed by it: an attribution after the soak is a record
     let r = h.history("cfg").await?;
     assert_eq!(r.release.map(|r| r.state), Some(State::Succeeded));
+    Ok(())
+}
+
+/// Seeds `web` (a Deployment of 4 replicas and a Service Prometheus' annotations say to scrape) on every
+/// cluster, running `image`.
+fn seed_web(h: &H, image: &str) -> Result<()> {
+    for c in ["old-124", "new-131"] {
+        let cl = h.fleet.get(c).context("cluster")?;
+        multipilot_sim::world::put(
+            cl,
+            "apps",
+            "deployments",
+            json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "web", "namespace": "default", "labels": {"app": "web"}},
+                "spec": {"replicas": 4, "selector": {"matchLabels": {"app": "web"}},
+                    "template": {"metadata": {"labels": {"app": "web"}},
+                        "spec": {"containers": [{"name": "web", "image": image}]}}},
+                "status": {"observedGeneration": 1, "replicas": 4, "updatedReplicas": 4, "readyReplicas": 4, "availableReplicas": 4}}),
+        )
+        .context("seed web")?;
+        multipilot_sim::world::put(
+            cl,
+            "",
+            "services",
+            json!({"apiVersion": "v1", "kind": "Service",
+                "metadata": {"name": "web", "namespace": "default",
+                    "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": "80"}},
+                "spec": {"selector": {"app": "web"}, "ports": [{"port": 80, "targetPort": 8080}]}}),
+        )
+        .context("seed the web service")?;
+    }
+    Ok(())
+}
+
+/// A release of `web` at `image`, a batch per cluster, with an analysis of its error ratio.
+fn analysed_release(name: &str, image: &str) -> String {
+    format!(
+        r#"
+name: {name}
+targets: {{clusters: [old-124, new-131]}}
+batches: {{groups: [[old-124], [new-131]]}}
+soak: 1s
+health_timeout: 30s
+analysis:
+  interval: 4s
+  count: 2
+  metrics:
+    - name: errors
+      template: error-ratio
+      failure: result > 0.05
+manifests: |
+  apiVersion: apps/v1
+  kind: Deployment
+  metadata: {{name: web, namespace: default, labels: {{app: web}}}}
+  spec:
+    replicas: 4
+    selector: {{matchLabels: {{app: web}}}}
+    template:
+      metadata: {{labels: {{app: web}}}}
+      spec:
+        containers:
+          - name: web
+            image: "{image}"
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_error_ratio_rises_fails_its_analysis_and_a_good_one_passes() -> Result<()> {
+    let (h, tsdb) = H::start_with_tsdb().await?;
+    seed_web(&h, "registry.example.com/web:1.0.0")?;
+    // the analysis needs the metrics in the TSDB first: the scrape, FLEET_METRICS, the TSDB's ingest
+    let http = reqwest::Client::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let q = "sum by (cluster) (rate(http_requests_total{deployment=\"web\"}[4s]))";
+        let body: Value = http
+            .get(format!("{tsdb}/api/v1/query"))
+            .query(&[("query", q)])
+            .send()
+            .await?
+            .json()
+            .await
+            .unwrap_or_default();
+        if body["data"]["result"].as_array().is_some_and(|r| r.len() == 2) {
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "web's request rate never reached the TSDB: {body}\n{}",
+            h.agent_log()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // 30 % of the new version's requests fail: its rollout is healthy, its analysis is not
+    let bad = analysed_release("web-bad", "registry.example.com/web:2.0.0-errors30");
+    let r = h
+        .call(
+            "apply",
+            &ApplyRequest {
+                spec: Some(bad),
+                actor: "tester".into(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert!(r.ok, "{r:?}");
+    let done = h.wait_state("web-bad", 120).await?;
+    let rel = done.release.context("release")?;
+    let entries: Vec<String> = done
+        .history
+        .iter()
+        .map(|e| format!("{} {} {}", e.what, e.ok, e.summary))
+        .collect();
+    assert_eq!(rel.state, State::RolledBack, "{entries:#?}");
+    assert_eq!(rel.batches[0].state, "failed", "{entries:#?}");
+    assert_eq!(rel.batches[1].state, "pending", "nothing reached the second batch: {entries:#?}");
+    assert_eq!(rel.changed, vec!["old-124"], "{entries:#?}");
+    let error = rel.batches[0].error.clone().unwrap_or_default();
+    assert!(
+        error.starts_with("analysis failed: errors on old-124: 1 failed measurements (limit 0)"),
+        "{error}"
+    );
+    // the measured value is on the history: the error ratio, well above 5 %, and the baseline (new-131,
+    // not changed) near the 0.1 % a good image fails
+    let analysis = done
+        .history
+        .iter()
+        .find(|e| e.what == "analysis")
+        .context("an analysis entry")?;
+    let m = &analysis.detail["measurements"][0];
+    let value = m["value"].as_f64().context("a value")?;
+    assert!(value > 0.05 && value <= 0.31, "{m}");
+    assert_eq!(m["verdict"], "failed", "{m}");
+    let baseline = m["baseline"].as_f64().context("a baseline")?;
+    assert!(baseline < 0.01, "{m}");
+    // the rollback put web back at 1.0.0 on old-124; new-131 never changed
+    for c in ["old-124", "new-131"] {
+        let web = h
+            .object(c, "apps", "deployments", "default", "web")
+            .context("web")?;
+        assert_eq!(
+            web["spec"]["template"]["spec"]["containers"][0]["image"],
+            "registry.example.com/web:1.0.0",
+            "{c}"
+        );
+    }
+    // a good version passes both batches' analyses
+    let good = analysed_release("web-good", "registry.example.com/web:2.0.1");
+    let r = h
+        .call(
+            "apply",
+            &ApplyRequest {
+                spec: Some(good),
+                actor: "tester".into(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert!(r.ok, "{r:?}");
+    let done = h.wait_state("web-good", 120).await?;
+    let rel = done.release.context("release")?;
+    let entries: Vec<String> = done
+        .history
+        .iter()
+        .map(|e| format!("{} {} {}", e.what, e.ok, e.summary))
+        .collect();
+    assert_eq!(rel.state, State::Succeeded, "{entries:#?}");
+    let rounds = done.history.iter().filter(|e| e.what == "analysis").count();
+    assert_eq!(rounds, 4, "two rounds per batch: {entries:#?}");
     Ok(())
 }

@@ -42,6 +42,9 @@ pub enum Error {
         /// Its revision.
         revision: u64,
     },
+    /// Its `depends_on` closes a cycle among the releases.
+    #[error("depends_on would make a cycle: {0}")]
+    Cycle(String),
     /// An apply that names neither a release nor a spec.
     #[error("apply needs a release name or a spec")]
     NothingToApply,

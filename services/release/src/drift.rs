@@ -644,6 +644,7 @@ impl Service {
             let clusters = d.judge_dirty(&self.config.drift_ignore_managers);
             let mut heals = Vec::new();
             let mut gave_up = Vec::new();
+            let mut held = Vec::new();
             let items: Vec<((String, String), Vec<DriftItem>)> = d
                 .items
                 .iter()
@@ -662,6 +663,7 @@ impl Service {
                         r.state,
                         State::Succeeded
                             | State::WaitingApproval
+                            | State::Held
                             | State::RolledBack
                             | State::Planned
                             | State::Blocked
@@ -672,6 +674,23 @@ impl Service {
                 let Some(dep) = r.deployed.get(&cluster).cloned() else {
                     continue;
                 };
+                // outside its sync windows a release does not heal either: judged again until they open
+                if !self.windows.is_empty() {
+                    let labels = self
+                        .registry
+                        .snapshot()
+                        .get(&cluster)
+                        .map(|f| crate::plan::selector_labels(&cluster, f))
+                        .unwrap_or_default();
+                    if !self
+                        .windows
+                        .verdict(&release, &labels, &cluster, Utc::now())
+                        .allowed
+                    {
+                        held.push(cluster.clone());
+                        continue;
+                    }
+                }
                 let mut heal = Heal {
                     release: release.clone(),
                     revision: dep.revision,
@@ -714,6 +733,7 @@ impl Service {
                     heals.push(heal);
                 }
             }
+            d.dirty.extend(held);
             // items that just gave up say so in the verdict
             for (release, cluster, it) in &gave_up {
                 if let Some(list) = d.items.get_mut(&(release.clone(), cluster.clone())) {

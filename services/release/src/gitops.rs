@@ -148,6 +148,9 @@ pub struct Report {
     pub repos: Vec<RepoStatus>,
     /// Every release.
     pub releases: Vec<ReleaseSync>,
+    /// The sync windows (`release.windows`): each one, open now or when it next opens.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub windows: Vec<crate::windows::ActiveWindow>,
 }
 
 /// The followers' shared state.
@@ -526,7 +529,7 @@ impl Service {
                 if !r.spec.sync.auto {
                     continue;
                 }
-                match self.start(&r.name, &actor).await {
+                match self.start(&r.name, &actor, false).await {
                     Ok(_) => applied_before.push(r.name.clone()),
                     // recorded on the release's history by `start` (a missing approval waits for a person)
                     Err(e) => {
@@ -618,7 +621,8 @@ impl Service {
                 };
                 match r.state {
                     State::Succeeded => {}
-                    s if s.busy() => busy = true,
+                    // applying, or held by a window or a dependency: the releases wait for it
+                    s if s.busy() || s == State::Held => busy = true,
                     s => {
                         return Err(Held::Failed {
                             bundle: n.clone(),
@@ -798,7 +802,11 @@ impl Service {
                 clusters: per,
             });
         }
-        Ok(Report { repos, releases })
+        Ok(Report {
+            repos,
+            releases,
+            windows: self.windows.overview(Utc::now()),
+        })
     }
 
     /// Wakes the followers (`multipilot gitops sync`).
@@ -859,7 +867,11 @@ fn cluster_sync(
             State::WaitingApproval => format!(
                 "waiting for approval: multipilot release approve {} {}",
                 r.name,
-                crate::spec::GATE_APPROVAL
+                r.waiting_for.as_deref().unwrap_or(crate::spec::GATE_APPROVAL)
+            ),
+            State::Held => format!(
+                "held: {}",
+                r.waiting_for.as_deref().unwrap_or("a sync window or a dependency")
             ),
             State::Blocked => "the plan is blocked".to_string(),
             State::Planned => match r.missing_approvals() {

@@ -31,6 +31,7 @@ pub mod judge;
 pub mod machine;
 pub mod measure;
 pub mod model;
+pub mod order;
 pub mod orchestrate;
 pub mod plan;
 pub mod registry;
@@ -154,6 +155,8 @@ pub struct Service {
     tsdb: reqwest::Client,
     /// Health rules (shipped and configured), for the health gate.
     health: Arc<health::Rules>,
+    /// Sync windows (`release.windows`).
+    windows: Arc<windows::Windows>,
 }
 
 impl std::fmt::Debug for Service {
@@ -283,6 +286,17 @@ impl Service {
         let spec = Spec::parse(spec_text)?;
         let prev = {
             let _g = self.lock.lock().await;
+            if !spec.depends_on.is_empty() {
+                let deps = self
+                    .store
+                    .all()?
+                    .into_iter()
+                    .map(|r| (r.name, r.spec.depends_on))
+                    .collect();
+                if let Some(c) = order::cycle(&spec.name, &spec.depends_on, &deps) {
+                    return Err(ctl::Error::Cycle(c));
+                }
+            }
             let prev = self.store.get(&spec.name)?;
             if let Some(p) = &prev
                 && p.state.busy()
@@ -335,6 +349,7 @@ impl Service {
             rollbacks: 0,
             error: None,
             waiting_for: None,
+            override_windows: false,
             events: prev.as_ref().map(|p| p.events).unwrap_or(0),
             deployed: prev.map(|p| p.deployed).unwrap_or_default(),
             deployed_before: Default::default(),
@@ -494,14 +509,20 @@ impl Service {
         if !req.approve.is_empty() {
             self.approve(&name, &req.approve, &req.actor).await?;
         }
-        self.start(&name, &req.actor).await
+        self.start(&name, &req.actor, req.override_windows).await
     }
 
     /// Starts applying a planned release: refused (and recorded) when its plan is not clean or an approval
     /// is missing.
-    async fn start(self: &Arc<Self>, name: &str, actor: &str) -> Result<Release, ctl::Error> {
+    async fn start(
+        self: &Arc<Self>,
+        name: &str,
+        actor: &str,
+        override_windows: bool,
+    ) -> Result<Release, ctl::Error> {
         let _g = self.lock.lock().await;
         let mut r = self.stored(name)?;
+        r.override_windows = override_windows;
         match machine::start(&mut r, actor) {
             Ok(e) => {
                 self.record_entry(&mut r, e).await;
@@ -686,9 +707,14 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         health::Rules::load(&config.health_rules)
             .map_err(|e| Error::Config(format!("release.health_rules: {e}")))?,
     );
+    let windows = Arc::new(
+        windows::Windows::compile(config.windows.clone())
+            .map_err(|e| Error::Config(format!("release.windows: {e}")))?,
+    );
     let svc = Arc::new(Service {
         tsdb,
         health,
+        windows,
         sender: exec::Sender {
             nats: ctx.nats.clone(),
             signer: Arc::new(signer),
@@ -713,6 +739,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     let follow = tokio::spawn(registry.follow(ctx.js.clone(), ctx.cancel.clone()));
     let drift = tokio::spawn(svc.clone().follow_drift());
     let attributions = tokio::spawn(svc.clone().follow_attributions());
+    let held = tokio::spawn(svc.clone().retry_held());
     let repos: Vec<_> = svc
         .config
         .gitops
@@ -756,6 +783,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     follow.abort();
     drift.abort();
     attributions.abort();
+    held.abort();
     for r in repos {
         r.abort();
     }

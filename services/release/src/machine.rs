@@ -251,6 +251,19 @@ pub enum Input {
 /// Whether a batch (its clusters) needs the `gate` approval.
 pub type Gate = Box<dyn Fn(&[String]) -> bool + Send + Sync>;
 
+/// Whether a batch (its clusters) must wait at this time, and why: a closed sync window, a release it
+/// depends on not healthy there yet. Given the release as stored and the time.
+pub type HoldCheck = Box<dyn Fn(&Release, &[String], DateTime<Utc>) -> Option<Hold> + Send + Sync>;
+
+/// Why a batch waits, and what passed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Hold {
+    /// What holds it (empty: nothing holds, see `overridden`).
+    pub reason: String,
+    /// Closed windows an operator's override passes (recorded as an `override` entry).
+    pub overridden: Vec<String>,
+}
+
 /// How a release progresses: its timings and gate.
 pub struct Policy {
     /// How long a healthy batch soaks.
@@ -267,6 +280,8 @@ pub struct Policy {
     pub analysis: Option<analysis::Compiled>,
     /// Health rules for the kinds without a rollout of their own (CRDs, Jobs, claims).
     pub health: std::sync::Arc<crate::health::Rules>,
+    /// Sync windows and dependencies: whether a batch must wait.
+    pub hold: Option<HoldCheck>,
 }
 
 impl std::fmt::Debug for Policy {
@@ -1153,6 +1168,28 @@ impl Machine {
             out.push(Decision::Stop);
             return Phase::Over;
         }
+        if let Some(h) = self.policy.hold.as_ref().and_then(|h| h(r, &batch, now)) {
+            if !h.reason.is_empty() {
+                return self.held(r, index, batch, h.reason, out);
+            }
+            let s = format!(
+                "batch {index} passes closed sync windows by the operator's override: {}",
+                h.overridden.join("; ")
+            );
+            out.push(Decision::Record(entry(
+                r,
+                ReleaseEntry::Override,
+                true,
+                &self.actor,
+                Some(index),
+                batch.clone(),
+                s,
+                json!({"windows": h.overridden}),
+            )));
+        }
+        if r.waiting_for.take().is_some() {
+            out.push(Decision::Persist);
+        }
         let Some(b) = r.batches.iter_mut().find(|b| b.index == index) else {
             return self.fail_release(r, format!("batch {index} missing"), now, out);
         };
@@ -1347,6 +1384,36 @@ impl Machine {
             tally,
             measuring,
         }
+    }
+
+    /// The next batch must wait (a window, a dependency): the release is `held`, the role tries again by
+    /// itself. The entry is recorded when the reason is new, not at every try.
+    fn held(
+        &mut self,
+        r: &mut Release,
+        index: u32,
+        batch: Vec<String>,
+        reason: String,
+        out: &mut Vec<Decision>,
+    ) -> Phase {
+        r.state = State::Held;
+        if r.waiting_for.as_deref() != Some(reason.as_str()) {
+            r.waiting_for = Some(reason.clone());
+            out.push(Decision::Record(entry(
+                r,
+                ReleaseEntry::Waiting,
+                true,
+                &self.actor,
+                Some(index),
+                batch,
+                format!("batch {index} held: {reason}"),
+                json!({"held": reason}),
+            )));
+        } else {
+            out.push(Decision::Persist);
+        }
+        out.push(Decision::Stop);
+        Phase::Over
     }
 
     /// The analysis was inconclusive more often than its limit: the batch holds, soaked but not done, until

@@ -96,6 +96,7 @@ fn release(batches: &[&[&str]]) -> Release {
         rollbacks: 0,
         error: None,
         waiting_for: None,
+        override_windows: false,
         events: 0,
         deployed: Default::default(),
         deployed_before: Default::default(),
@@ -111,6 +112,7 @@ fn policy() -> Policy {
         gated: None,
         analysis: None,
         health: std::sync::Arc::new(crate::health::Rules::shipped()),
+        hold: None,
     }
 }
 
@@ -1106,4 +1108,51 @@ fn kinds_without_a_rollout_are_judged_by_their_health_rules() {
         "{e}"
     );
     assert_eq!(rollback_of(&out), names(&["a"]));
+}
+
+#[test]
+fn a_held_batch_waits_without_repeating_itself_and_goes_on_when_let() {
+    use std::sync::{Arc, Mutex};
+    let why: Arc<Mutex<Option<Hold>>> = Arc::new(Mutex::new(None));
+    let policy_with = |why: Arc<Mutex<Option<Hold>>>| Policy {
+        hold: Some(Box::new(move |_r: &Release, batch: &[String], _now| {
+            // only the second batch is held
+            if batch == ["b"] {
+                why.lock().expect("lock").clone()
+            } else {
+                None
+            }
+        })),
+        ..policy()
+    };
+    *why.lock().expect("lock") = Some(Hold {
+        reason: "b: held by deny window 0 (\"0 22 * * *\" UTC, 1h) until 23:00".into(),
+        overridden: Vec::new(),
+    });
+    let mut run = Run::new(release(&[&["a"], &["b"]]), policy_with(why.clone()));
+    let out = run.start();
+    let out = run.pass_batch(out);
+    assert_eq!(out.last(), Some(&Decision::Stop), "{out:?}");
+    assert_eq!(run.r.state, State::Held);
+    assert_eq!(run.batch(2).state, BatchState::Pending, "nothing of batch 2 happened");
+    assert!(run.r.waiting_for.as_deref().is_some_and(|w| w.contains("deny window 0")));
+    assert_eq!(run.entries.last().map(String::as_str), Some("waiting"));
+    // tried again, still held for the same reason: no second entry
+    let n = run.entries.len();
+    run.r.state = State::Applying;
+    run.m = Machine::new(policy_with(why.clone()), "ann");
+    let out = run.feed(Input::Start);
+    assert_eq!(out, vec![Decision::Persist, Decision::Stop]);
+    assert_eq!(run.entries.len(), n);
+    // the window opened, by an operator's override: recorded, then the batch goes
+    *why.lock().expect("lock") = Some(Hold {
+        reason: String::new(),
+        overridden: vec!["b: deny window 0".into()],
+    });
+    run.r.state = State::Applying;
+    run.m = Machine::new(policy_with(why.clone()), "ann");
+    let out = run.feed(Input::Start);
+    assert_eq!(run.r.waiting_for, None);
+    assert_eq!(snapshot_of(&out), names(&["b"]));
+    assert_eq!(&run.entries[n..], ["override", "batch"]);
 }

@@ -188,9 +188,12 @@ pub struct Release {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// The approval a `waiting-approval` release waits for: `gate`, or `analysis-<batch>` for a batch its
-    /// analysis held (absent in releases stored before: `gate`).
+    /// analysis held (absent in releases stored before: `gate`); for a `held` one, what holds it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_for: Option<String>,
+    /// The revision's apply passes closed sync windows that allow manual syncs (an operator asked).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub override_windows: bool,
     /// History entries so far.
     #[serde(default)]
     pub events: u64,

@@ -24,10 +24,13 @@ use serde_json::{Value, json};
 
 use crate::Service;
 use crate::exec::{self, Command};
-use crate::machine::{Decision, HealthRead, Input, Machine, Policy, StepOutcome};
-use crate::model::{ClusterPlan, Release, obj_name};
+use crate::machine::{Decision, HealthRead, Hold, HoldCheck, Input, Machine, Policy, StepOutcome};
+use crate::model::{ClusterPlan, Release, State, obj_name};
 use crate::spec::parse_selector;
 use crate::store;
+
+/// How often held releases are tried again.
+const HELD_RETRY: Duration = Duration::from_secs(5);
 
 /// Why a step of a run could not be carried out.
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +128,7 @@ impl Service {
             gated: None,
             analysis: None,
             health: self.health.clone(),
+            hold: Some(self.hold_check()),
         };
         if let Some(a) = &r.spec.analysis {
             match a.compile(policy.soak) {
@@ -148,6 +152,89 @@ impl Service {
                 (policy, None)
             }
             Err(e) => (policy, Some(e)),
+        }
+    }
+
+    /// Whether a batch must wait: a sync window closed on one of its clusters (an operator's override
+    /// passes the windows that allow manual syncs), or a release it depends on not healthy there yet.
+    fn hold_check(&self) -> HoldCheck {
+        let (windows, registry, store) = (self.windows.clone(), self.registry.clone(), self.store.clone());
+        Box::new(move |r: &Release, batch: &[String], now| {
+            let mut reasons = Vec::new();
+            let mut overridden = Vec::new();
+            if !windows.is_empty() {
+                let reg = registry.snapshot();
+                for c in batch {
+                    let labels = reg
+                        .get(c)
+                        .map(|f| crate::plan::selector_labels(c, f))
+                        .unwrap_or_default();
+                    let v = windows.verdict(&r.name, &labels, c, now);
+                    if v.allowed {
+                        continue;
+                    }
+                    if r.override_windows && v.manual_sync_allowed {
+                        overridden.push(format!("{c}: {}", v.reason));
+                    } else {
+                        reasons.push(format!("{c}: {}", v.reason));
+                    }
+                }
+            }
+            if !r.spec.depends_on.is_empty() {
+                let stored: BTreeMap<String, Release> = r
+                    .spec
+                    .depends_on
+                    .iter()
+                    .filter_map(|d| store.get(d).ok().flatten().map(|x| (d.clone(), x)))
+                    .collect();
+                reasons.extend(crate::order::waiting_for(r, batch, &stored));
+            }
+            if reasons.is_empty() && overridden.is_empty() {
+                return None;
+            }
+            Some(Hold {
+                reason: reasons.join("; "),
+                overridden,
+            })
+        })
+    }
+
+    /// Tries the held releases again every few seconds: a window opened, a dependency became healthy.
+    pub async fn retry_held(self: Arc<Self>) {
+        loop {
+            tokio::select! {
+                _ = self.cancel.cancelled() => return,
+                _ = tokio::time::sleep(HELD_RETRY) => {}
+            }
+            let held: Vec<String> = match self.store.all() {
+                Ok(all) => all
+                    .into_iter()
+                    .filter(|r| r.state == State::Held)
+                    .map(|r| r.name)
+                    .collect(),
+                Err(e) => {
+                    tracing::warn!(error = %e, "held releases not read");
+                    continue;
+                }
+            };
+            for name in held {
+                let actor = {
+                    let _g = self.lock.lock().await;
+                    let Ok(Some(mut r)) = self.store.get(&name) else {
+                        continue;
+                    };
+                    if r.state != State::Held {
+                        continue;
+                    }
+                    r.state = State::Applying;
+                    if let Err(e) = self.store.put(&r).await {
+                        tracing::warn!(release = %name, error = %e, "held release not resumed");
+                        continue;
+                    }
+                    r.actor.clone()
+                };
+                tokio::spawn(self.clone().run_apply(name, actor));
+            }
         }
     }
 

@@ -14,6 +14,7 @@
 //!   selector: env=prod,version>=1.25
 //! batches: {size: 2}          # or {groups: [[a], [b, c]]}
 //! soak: 30s
+//! depends_on: [db-schema]     # applied on a cluster once these releases are healthy there
 //! analysis:                   # metrics judged over each batch's soak (see the analysis module)
 //!   metrics: [{name: errors, template: error-ratio}]
 //! field_manager: multipilot
@@ -99,6 +100,10 @@ pub struct Spec {
     /// How the release follows its fleet repository and guards what it applied.
     #[serde(default, skip_serializing_if = "Sync::is_default")]
     pub sync: Sync,
+    /// Releases that must be healthy on a cluster before this one is applied there (those that target
+    /// it); a cycle is refused at plan time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub depends_on: Vec<String>,
     /// Metrics measured over each batch's soak against the fleet TSDB (see [`crate::analysis`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub analysis: Option<crate::analysis::Analysis>,
@@ -333,6 +338,13 @@ impl Spec {
         }
         if let Some(sel) = &self.sync.approval_selector {
             parse_selector(sel)?;
+        }
+        if let Some(d) = self.depends_on.iter().find(|d| !valid_name(d) || **d == self.name) {
+            return Err(Error::Invalid(if *d == self.name {
+                format!("depends_on: a release can't depend on itself ({d})")
+            } else {
+                format!("depends_on: {d:?} is not a release name")
+            }));
         }
         if let Some(a) = &self.analysis {
             a.compile(self.soak.unwrap_or_default())?;

@@ -44,6 +44,7 @@ fn release(name: &str, revision: u64, events: u64) -> Result<Release> {
         rollbacks: 0,
         error: None,
         waiting_for: None,
+        override_windows: false,
         events,
         deployed: Default::default(),
         deployed_before: Default::default(),
