@@ -50,7 +50,7 @@ const T: Duration = Duration::from_secs(60);
 
 impl H {
     async fn start() -> Result<H> {
-        H::start_with(None).await
+        H::start_with(None, Vec::new()).await
     }
 
     /// The fleet with the TSDB role (in this process, on `tsdb_port`) that release analyses query; the
@@ -58,10 +58,13 @@ impl H {
     async fn start_with_tsdb() -> Result<(H, String)> {
         let port = multipilot_testkit::free_port()?;
         let url = format!("http://127.0.0.1:{port}");
-        Ok((H::start_with(Some(port)).await?, url))
+        Ok((H::start_with(Some(port), Vec::new()).await?, url))
     }
 
-    async fn start_with(tsdb_port: Option<u16>) -> Result<H> {
+    async fn start_with(
+        tsdb_port: Option<u16>,
+        windows: Vec<multipilot_release::windows::Window>,
+    ) -> Result<H> {
         let nats = NatsServer::start().await?;
         let client = nats.client().await?;
         Topology::embedded()
@@ -112,6 +115,7 @@ impl H {
             tsdb_url: tsdb_port
                 .map(|p| format!("http://127.0.0.1:{p}"))
                 .unwrap_or_else(|| multipilot_release::Config::default().tsdb_url),
+            windows,
             ..Default::default()
         };
         let key = config.signing_key_path();
@@ -229,6 +233,22 @@ impl H {
             },
         )
         .await
+    }
+
+    async fn wait_until_state(&self, name: &str, want: State, secs: u64) -> Result<Reply> {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+        loop {
+            let r = self.history(name).await?;
+            if r.release.as_ref().is_some_and(|rel| rel.state == want) {
+                return Ok(r);
+            }
+            anyhow::ensure!(
+                tokio::time::Instant::now() < deadline,
+                "release {name} not {want} after {secs}s: {:?}",
+                r.history.iter().map(|e| &e.summary).collect::<Vec<_>>()
+            );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
     }
 
     async fn wait_state(&self, name: &str, secs: u64) -> Result<Reply> {
@@ -1035,5 +1055,99 @@ async fn a_release_whose_error_ratio_rises_fails_its_analysis_and_a_good_one_pas
     assert_eq!(rel.state, State::Succeeded, "{entries:#?}");
     let rounds = done.history.iter().filter(|e| e.what == "analysis").count();
     assert_eq!(rounds, 4, "two rounds per batch: {entries:#?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deny_window_holds_a_release_until_it_closes() -> Result<()> {
+    use chrono::Timelike;
+    // a deny window on new-131 open now, closing at a minute boundary at least 20 s away
+    let now = Utc::now();
+    let minutes = if now.second() > 40 { 2 } else { 1 };
+    let closes = now
+        .with_second(0)
+        .and_then(|t| t.with_nanosecond(0))
+        .context("a minute")?
+        + chrono::Duration::minutes(minutes);
+    let window: multipilot_release::windows::Window = serde_yaml::from_str(&format!(
+        "kind: deny\nschedule: \"{} {} * * *\"\nduration: {minutes}m\nclusters: cluster=new-131\ndescription: test freeze\n",
+        now.minute(),
+        now.hour()
+    ))?;
+    let h = H::start_with(None, vec![window]).await?;
+    let spec = r#"
+name: frozen
+targets: {clusters: [old-124, new-131]}
+batches: {groups: [[old-124], [new-131]]}
+soak: 1s
+manifests: |
+  apiVersion: v1
+  kind: ConfigMap
+  metadata: {name: frozen, namespace: default}
+  data: {release: "1"}
+"#;
+    let r = h
+        .call(
+            "apply",
+            &ApplyRequest {
+                spec: Some(spec.into()),
+                actor: "tester".into(),
+                ..Default::default()
+            },
+        )
+        .await?;
+    assert!(r.ok, "{r:?}");
+    // the first batch goes; the second holds while the window is open
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let held = loop {
+        let r = h.history("frozen").await?;
+        let rel = r.release.clone().context("release")?;
+        if rel.state == State::Held {
+            break r;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline && Utc::now() < closes,
+            "never held: {:?}",
+            r.history.iter().map(|e| &e.summary).collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let rel = held.release.context("release")?;
+    assert_eq!(rel.batches[0].state, "done");
+    assert_eq!(rel.batches[1].state, "pending");
+    let why = rel.waiting_for.clone().unwrap_or_default();
+    assert!(why.contains("new-131") && why.contains("deny window 0"), "{why}");
+    assert!(h.object("new-131", "", "configmaps", "default", "frozen").is_none());
+    assert!(h.object("old-124", "", "configmaps", "default", "frozen").is_some());
+    let gitops = h
+        .call("gitops", &NameRequest::default())
+        .await?
+        .gitops
+        .context("gitops")?;
+    assert_eq!(gitops.windows.len(), 1);
+    assert!(gitops.windows[0].active, "{:?}", gitops.windows);
+    // once the window closes the role goes on by itself
+    let done = h
+        .wait_until_state("frozen", State::Succeeded, 150)
+        .await?;
+    let at = done
+        .history
+        .iter()
+        .find(|e| e.what == "batch" && e.batch == Some(2) && e.ok)
+        .context("batch 2 started")?
+        .at;
+    assert!(at >= closes, "batch 2 started at {at}, before the window closed at {closes}");
+    assert!(
+        (at - closes).num_seconds() <= 15,
+        "batch 2 started {}s after the window closed",
+        (at - closes).num_seconds()
+    );
+    assert!(h.object("new-131", "", "configmaps", "default", "frozen").is_some());
+    let held_entries = done
+        .history
+        .iter()
+        .filter(|e| e.what == "waiting")
+        .count();
+    assert_eq!(held_entries, 1, "one entry for the hold, not one per retry");
     Ok(())
 }
