@@ -3,7 +3,7 @@
 //! protocol, opens the console and must see the simulated clusters, an incident caused by a fault injected
 //! into the simulator appearing without a reload (then acknowledged from the page), a cross-cluster diff
 //! showing the field that differs between two clusters, and the GitOps tab with the demo fleet repository's
-//! policy bundle synced everywhere.
+//! policy bundle synced everywhere and its sync windows table.
 //!
 //! It uses the binaries next to this test's `multipilot` (`cargo build --bins` or `./scripts/test` builds
 //! them). Skipped, with a message, only when no Chromium is installed (`./scripts/test` installs Debian's).
@@ -430,6 +430,22 @@ async fn the_console_page_shows_the_fleet_a_live_incident_and_a_cross_cluster_di
     assert!(
         commits.iter().all(|c| head == c.as_str()),
         "{commits:?} vs head {head}"
+    );
+    // the sync windows table: the demo configures none, and says so
+    let windows = br
+        .eval(
+            "(() => { const t = document.querySelector('#gitops-windows'); if (!t) return null; \
+             const rows = t.querySelectorAll('tbody tr[data-window]').length; \
+             const empty = t.querySelector('#gitops-windows-empty'); \
+             return [rows, empty ? empty.textContent : null]; })()",
+        )
+        .await?;
+    anyhow::ensure!(
+        windows[0].as_u64() > Some(0)
+            || windows[1]
+                .as_str()
+                .is_some_and(|t| t.starts_with("No sync windows")),
+        "the GitOps tab's sync windows table: {windows}"
     );
 
     // 6. the pictures, each with data

@@ -66,6 +66,21 @@ function ago(iso) {
   return Math.round(s / 86400) + 'd';
 }
 
+// how long until a time to come: 'in 3h'
+function fromNow(iso) {
+  if (!iso) return '';
+  const s = Math.max(0, Math.round((Date.parse(iso) - Date.now()) / 1000));
+  if (s < 120) return 'in ' + s + 's';
+  if (s < 7200) return 'in ' + Math.round(s / 60) + 'm';
+  if (s < 172800) return 'in ' + Math.round(s / 3600) + 'h';
+  return 'in ' + Math.round(s / 86400) + 'd';
+}
+
+// a moment in this browser's time zone, short: 'Fri 4 Dec, 22:00'
+function fmtWhen(iso) {
+  return new Date(iso).toLocaleString([], { weekday: 'short', day: 'numeric', month: 'short', hour: '2-digit', minute: '2-digit' });
+}
+
 function fmtLag(ms) {
   if (ms === null || ms === undefined) return 'lag n/a';
   if (Math.abs(ms) < 1000) return 'lag ' + ms + 'ms';
@@ -413,12 +428,67 @@ async function loadReleases() {
     box.replaceChildren(el('p', { class: 'muted', id: 'releases-empty' }, 'No releases recorded on FLEET_RELEASE yet.'));
     return;
   }
-  box.replaceChildren(...r.releases.map((rel) => el('div', { class: 'box', dataRelease: rel.release },
-    el('h3', {}, rel.release, ' ', el('span', { class: 'muted' }, 'last change ' + ago(rel.last_change) + ' ago; clusters: ' + rel.clusters.join(', '))),
-    rel.rollout && (rel.rollout.batches.length || rel.rollout.moments.length) ? rolloutPicture(rel.release, rel.rollout) : null,
-    el('table', {}, el('tbody', {}, rel.records.map((x) => el('tr', {},
-      el('td', {}, ago(x.ingest_time)), el('td', {}, x.what), el('td', {}, x.cluster), el('td', {}, x.schema),
-      el('td', { class: 'mono' }, JSON.stringify(x.payload).slice(0, 240)))))))));
+  box.replaceChildren(...r.releases.map((rel) => {
+    const ro = rel.rollout;
+    return el('div', { class: 'box', dataRelease: rel.release, dataState: ro ? ro.state : null },
+      el('h3', {}, rel.release, ' ',
+        ro && ro.state ? el('span', { class: 'pill release-state state-' + ro.state }, ro.state) : null, ' ',
+        el('span', { class: 'muted' }, 'last change ' + ago(rel.last_change) + ' ago; clusters: ' + rel.clusters.join(', '))),
+      ro && ro.reason ? el('p', { class: 'release-reason state-' + ro.state }, ro.reason) : null,
+      ro && (ro.batches.length || ro.moments.length) ? rolloutPicture(rel.release, ro) : null,
+      el('table', { class: 'release-history' }, el('tbody', {}, rel.records.map((x) => el('tr', { dataWhat: x.what, class: x.payload && x.payload.ok === false ? 'not-ok' : null },
+        el('td', { title: x.ingest_time }, ago(x.ingest_time)), el('td', { class: 'what' }, x.what), el('td', {}, x.cluster), el('td', {}, x.schema),
+        recordCell(x))))));
+  }));
+}
+
+// a history entry for a person: an analysis round as its measurements, a waiting entry with what it
+// waits for, anything else its summary (the whole entry as the cell's title)
+function recordCell(x) {
+  const p = x.payload || {};
+  const full = JSON.stringify(p, null, 1).slice(0, 4000);
+  const d = p.detail || {};
+  if (x.what === 'analysis' && Array.isArray(d.measurements)) {
+    return el('td', { class: 'analysis-record', title: full },
+      el('div', {}, 'batch ' + p.batch + ' analysis, round ' + d.round + ' of ' + d.count + ': ',
+        el('b', { class: 'conclusion conclusion-' + d.conclusion }, d.conclusion)),
+      el('table', { class: 'measurements' },
+        el('thead', {}, el('tr', {}, ['metric', 'cluster', 'value', 'baseline', 'verdict', 'why'].map((h) => el('th', {}, h)))),
+        el('tbody', {}, d.measurements.map((m) => el('tr', { dataVerdict: m.verdict, dataCluster: m.cluster, dataMetric: m.metric },
+          el('td', {}, m.metric), el('td', {}, m.cluster),
+          el('td', { class: 'num' }, fmtNum(m.value)), el('td', { class: 'num' }, fmtNum(m.baseline)),
+          el('td', { class: 'verdict-' + m.verdict }, m.verdict), el('td', { class: 'muted' }, m.reason || ''))))));
+  }
+  if (typeof p.summary === 'string') {
+    const why = d.held ? 'held: ' + d.held : d.approval ? 'waits for approval ' + d.approval : null;
+    return el('td', { title: full }, p.summary,
+      x.what === 'waiting' && why && !p.summary.includes(d.held || d.approval) ? el('span', { class: 'muted' }, ' (' + why + ')') : null);
+  }
+  return el('td', { class: 'mono' }, JSON.stringify(p).slice(0, 240));
+}
+
+// a measured number, short (0.3012, 12.5, 1.2e-7); '?' for none
+function fmtNum(v) {
+  if (v === null || v === undefined) return '?';
+  if (typeof v !== 'number') return String(v);
+  const a = Math.abs(v);
+  if (a !== 0 && (a >= 1e6 || a < 1e-4)) return v.toExponential(2);
+  return String(Number(v.toPrecision(4)));
+}
+
+const VERDICT_COLOR = { successful: 'var(--ok)', failed: 'var(--bad)', inconclusive: 'var(--warn)' };
+
+// an analysis round's verdict: its worst measurement
+function roundVerdict(a) {
+  const v = (a.measurements || []).map((m) => m.verdict);
+  if (v.includes('failed')) return 'failed';
+  if (v.includes('inconclusive') || (!v.length && a.ok === false)) return 'inconclusive';
+  return 'successful';
+}
+
+function measurementLine(m) {
+  return m.metric + ' on ' + m.cluster + ': ' + fmtNum(m.value) + ' (baseline ' + (m.baseline === null || m.baseline === undefined ? 'none' : fmtNum(m.baseline)) + ') '
+    + m.verdict + (m.verdict !== 'successful' && m.reason ? ' — ' + m.reason : '');
 }
 
 // ------------------------------------------------------------------------------------------------ gitops
@@ -432,6 +502,7 @@ async function loadGitops() {
     el('td', { class: 'mono' }, x.synced || '-'), el('td', {}, x.fetched_at ? ago(x.fetched_at) + ' ago' : 'never'),
     el('td', { class: x.error ? 'health-unhealthy' : '' }, x.error || '')))
     : [el('tr', {}, el('td', { colspan: 6, class: 'muted' }, 'No fleet repository followed (release.gitops.repos).'))]));
+  $('#gitops-windows tbody').replaceChildren(...syncWindowRows(r.windows || []));
   $('#gitops-matrix').replaceChildren(gitopsMatrix(r.releases));
   const rows = [];
   for (const rel of r.releases) {
@@ -440,12 +511,37 @@ async function loadGitops() {
         + (d.deleted ? ' deleted' : ': ' + d.fields.map((f) => f.path + ' = ' + JSON.stringify(f.live) + ' (applied ' + JSON.stringify(f.applied) + (f.managers.length ? ', by ' + f.managers.join(', ') : '') + ')').join('; ')));
       rows.push(el('tr', { dataRelease: rel.release, dataCluster: c.cluster, dataStatus: c.status },
         el('td', {}, rel.release, rel.policy ? el('span', { class: 'muted' }, ' (policy)') : null),
-        el('td', {}, c.cluster), el('td', { class: SYNC_CLASS[c.status] || '' }, c.status),
+        el('td', {}, c.cluster), el('td', { class: SYNC_CLASS[c.status] || '' }, c.status, isHeld(c) ? el('span', { class: 'held' }, ' (held)') : null),
         el('td', {}, c.revision ?? '-'), el('td', { class: 'mono' }, c.commit || '-'),
         el('td', {}, drift.length ? drift.join(' | ') : c.message || '')));
     }
   }
   $('#gitops-table tbody').replaceChildren(...rows);
+}
+
+// a release the role holds on a cluster (a closed sync window, a release it depends on): its message says so
+function isHeld(c) { return c.status === 'OutOfSync' && /^held: /.test(c.message || ''); }
+
+// the sync windows: each one, open now (until when) or when it opens next
+function syncWindowRows(windows) {
+  if (!windows.length) {
+    return [el('tr', { id: 'gitops-windows-empty' }, el('td', { colspan: 7, class: 'muted' }, 'No sync windows (release.windows): releases sync at any time.'))];
+  }
+  return windows.map((w) => {
+    const until = w.end ? ' until ' + fmtWhen(w.end) : '';
+    const now = w.active
+      ? el('span', { class: w.kind === 'deny' ? 'health-degraded' : 'health-healthy', title: w.start + (w.end ? ' → ' + w.end : '') },
+        'open now' + (w.end ? until + ' (closes ' + fromNow(w.end) + ')' : ', not closing within a year'))
+      : el('span', { class: 'muted', title: w.start + (w.end ? ' → ' + w.end : '') }, 'opens ' + fmtWhen(w.start) + ' (' + fromNow(w.start) + ')' + until);
+    return el('tr', { dataWindow: w.index, dataKind: w.kind, dataActive: String(w.active) },
+      el('td', {}, el('b', { class: 'window-' + w.kind }, w.kind)),
+      el('td', {}, el('code', {}, w.schedule), ' ' + (w.time_zone || 'UTC') + ', for ' + w.duration),
+      el('td', { class: 'mono' }, w.clusters || 'all'),
+      el('td', { class: 'mono' }, w.releases.length ? w.releases.join(', ') : 'all'),
+      el('td', {}, now),
+      el('td', {}, w.manual_sync ? 'allowed' : 'no'),
+      el('td', {}, w.description || ''));
+  });
 }
 
 // ------------------------------------------------------------------------------------------------ capacity
@@ -631,23 +727,27 @@ function gitopsMatrix(releases) {
         clusters.map((c) => {
           const x = by[c];
           if (!x) return el('td', { class: 'cell none', dataCluster: c }, '—');
-          return el('td', { class: 'cell ' + x.status, dataCluster: c, dataStatus: x.status, title: x.status + (x.commit ? ' at ' + x.commit : '') + (x.message ? ': ' + x.message : '') },
-            x.revision !== null && x.revision !== undefined ? 'r' + x.revision : x.status);
+          const held = isHeld(x);
+          return el('td', { class: 'cell ' + x.status + (held ? ' held' : ''), dataCluster: c, dataStatus: x.status, dataHeld: held ? 'true' : null,
+            title: x.status + (x.commit ? ' at ' + x.commit : '') + (x.message ? ': ' + x.message : '') },
+          held ? 'held' : x.revision !== null && x.revision !== undefined ? 'r' + x.revision : x.status);
         }));
     })));
 }
 
-// a release's newest revision: a lane per batch from its start to its gate, a tick per cluster applied,
-// the release's moments as lines
+// a release's newest revision: a lane per batch from its start to its gate, a tick per cluster applied, a dot
+// per analysis round coloured by its worst verdict, the release's moments as lines
 function rolloutPicture(name, r) {
   const times = [];
   for (const m of r.moments) times.push(Date.parse(m.at));
   for (const b of r.batches) {
     for (const t of [b.started_at, b.ended_at]) if (t) times.push(Date.parse(t));
     for (const s of b.steps) times.push(Date.parse(s.at));
+    for (const a of b.analysis || []) times.push(Date.parse(a.at));
   }
-  const running = r.batches.some((b) => b.outcome === 'running');
-  if (running) times.push(Date.now());
+  // a batch still soaking, or held by its analysis, reaches up to now
+  const open = r.batches.some((b) => b.started_at && !b.ended_at && (b.outcome === 'running' || b.outcome === 'waiting'));
+  if (open) times.push(Date.now());
   const t0 = Math.min(...times), t1 = Math.max(...times, t0 + 1000);
   const LANE = 18, LEFT = 170, TOP = 40, W = 900, H = TOP + Math.max(1, r.batches.length) * LANE + 8;
   const x = (t) => LEFT + ((t - t0) / (t1 - t0)) * (W - LEFT - 12);
@@ -657,16 +757,21 @@ function rolloutPicture(name, r) {
   // the moments' names on two rows, so that close ones stay readable; near the right edge, right-aligned
   r.moments.forEach((m, k) => {
     const xx = x(Date.parse(m.at));
-    const color = m.ok === false || /roll|fail|incident/.test(m.what) ? 'var(--bad)' : '#9aa5b1';
+    const color = m.what === 'waiting' || m.what === 'override' ? 'var(--warn)' : m.ok === false || /roll|fail|incident/.test(m.what) ? 'var(--bad)' : '#9aa5b1';
     pic.append(svg('line', { x1: xx, x2: xx, y1: 24 + (k % 2) * 10 - 8, y2: H, stroke: color, 'stroke-dasharray': '3 2', class: 'rollout-moment', 'data-what': m.what }, svg('title', {}, m.what + ': ' + m.summary)));
     const right = xx > W - 80;
     pic.append(svg('text', { x: right ? xx - 3 : xx + 3, y: 24 + (k % 2) * 10, fill: color, 'text-anchor': right ? 'end' : 'start' }, m.what));
   });
   const OUT = { passed: 'var(--ok)', failed: 'var(--bad)', running: 'var(--accent)', waiting: 'var(--warn)', pending: '#9aa5b1' };
+  // a text cut to the room there is (about 7 px a character), the whole of it in its title
+  const fit = (text, room) => (text.length * 7 > room ? text.slice(0, Math.max(8, Math.floor(room / 7) - 1)) + '…' : text);
   r.batches.forEach((b, k) => {
     const yy = TOP + k * LANE;
     const cl = b.clusters || [];
     pic.append(svg('text', { x: 2, y: yy + 12 }, 'batch ' + b.batch + ': ' + (cl.length > 2 ? cl.length + ' clusters' : cl.join(', ')), svg('title', {}, cl.join(', '))));
+    // what it waits for, short (the whole gate in the title and above the picture)
+    const waits = b.outcome !== 'waiting' ? null : b.held ? 'held: ' + b.held
+      : b.approval ? 'waits for approval ' + b.approval : 'waits: ' + (b.gate || '');
     if (b.started_at) {
       const a = Date.parse(b.started_at), e = b.ended_at ? Date.parse(b.ended_at) : Date.now();
       pic.append(svg('rect', { class: 'rollout-batch', 'data-batch': b.batch, 'data-outcome': b.outcome, x: x(a).toFixed(1), y: yy + 3, width: Math.max(3, x(e) - x(a)).toFixed(1), height: LANE - 7, rx: 2, fill: OUT[b.outcome], opacity: 0.35 },
@@ -674,16 +779,31 @@ function rolloutPicture(name, r) {
       if (b.ended_at) {
         const gx = x(e), gy = yy + LANE / 2 - 1;
         pic.append(svg('path', { class: 'rollout-gate', 'data-outcome': b.outcome, d: `M${gx} ${gy - 6} L${gx + 6} ${gy} L${gx} ${gy + 6} L${gx - 6} ${gy} Z`, fill: OUT[b.outcome] }, svg('title', {}, 'gate: ' + (b.gate || b.outcome))));
+      } else if (waits) {
+        // held by its analysis: soaked, waiting for a person; said inside the lane, up to its end
+        const room = x(e) - x(a) - 8;
+        if (room > 60) {
+          pic.append(svg('text', { class: 'rollout-waits', 'data-batch': b.batch, x: x(e) - 4, y: yy + 12, fill: 'var(--warn)', 'text-anchor': 'end' }, fit(waits, room), svg('title', {}, b.gate || waits)));
+        }
       }
     }
     if (!b.started_at) {
       const last = r.batches.slice(0, k).reverse().find((p) => p.ended_at);
       const wx = last ? x(Date.parse(last.ended_at)) + 8 : LEFT;
-      pic.append(svg('text', { class: 'rollout-batch', 'data-batch': b.batch, 'data-outcome': b.outcome, x: wx, y: yy + 12, fill: OUT[b.outcome] }, b.outcome === 'waiting' ? 'waits: ' + (b.gate || '') : 'not started'));
+      const text = waits || 'not started';
+      pic.append(svg('text', { class: 'rollout-batch', 'data-batch': b.batch, 'data-outcome': b.outcome, 'data-held': b.held ? 'true' : null, x: wx, y: yy + 12, fill: OUT[b.outcome] }, fit(text, W - wx - 4), svg('title', {}, b.gate || text)));
     }
     for (const s of b.steps) {
       const sx = x(Date.parse(s.at));
       pic.append(svg('line', { class: 'rollout-step', x1: sx, x2: sx, y1: yy + 2, y2: yy + LANE - 3, stroke: s.ok === false ? 'var(--bad)' : 'var(--fg)', 'stroke-width': 2 }, svg('title', {}, s.summary)));
+    }
+    // on the lane's lower edge: the last round and the gate often fall together
+    for (const a of b.analysis || []) {
+      const verdict = roundVerdict(a);
+      const title = 'batch ' + b.batch + ' analysis ' + a.round + '/' + a.count + ' (' + a.conclusion + '), ' + new Date(a.at).toLocaleTimeString() + '\n'
+        + (a.measurements.length ? a.measurements.map(measurementLine).join('\n') : a.summary || '');
+      pic.append(svg('circle', { class: 'rollout-analysis', 'data-batch': b.batch, 'data-round': a.round, 'data-verdict': verdict, 'data-conclusion': a.conclusion,
+        cx: x(Date.parse(a.at)).toFixed(1), cy: yy + LANE - 4, r: 3.5, fill: VERDICT_COLOR[verdict], stroke: '#fff', 'stroke-width': 1.2 }, svg('title', {}, title)));
     }
   });
   return el('div', { class: 'picture' }, el('div', {}, el('b', {}, 'revision ' + r.revision), ' ', el('span', { class: 'muted' }, r.state || '')), pic);
