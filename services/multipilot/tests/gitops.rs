@@ -8,8 +8,8 @@
 //! - A commit with invalid YAML, then one with an API version the 1.25+ clusters no longer serve, are
 //!   refused whole (reported on FLEET_RELEASE) and change nothing; the next good commit is taken.
 //! - `kubectl set image` on one cluster raises `release-drift` naming the field within 30 s; self-heal puts
-//!   the image back and the incident resolves. Replicas written by `kube-controller-manager` (as an HPA
-//!   does) are not drift. A policy object deleted by hand (self-heal turned off by a commit) is
+//!   the image back and the incident resolves. Replicas written by `kube-controller-manager` through the scale
+//!   subresource (as an HPA does) are not drift. A policy object deleted by hand (self-heal turned off by a commit) is
 //!   `policy-drift` and fails the cluster's `policy-bundles` compliance check; the commit turning self-heal
 //!   back on restores it.
 
@@ -467,7 +467,8 @@ async fn a_fleet_repository_converges_the_fleet_refuses_bad_commits_and_heals_dr
     );
     assert!(!history.contains("gave up"), "{history}");
 
-    // 5. replicas an HPA sets (kube-controller-manager) are not drift: they stay, nothing opens
+    // 5. replicas an HPA sets (kube-controller-manager, through the scale subresource as the HPA
+    // controller writes them) are not drift: they stay, nothing opens
     ops.kubectl(
         "dev-euw4-3",
         &[
@@ -476,6 +477,7 @@ async fn a_fleet_repository_converges_the_fleet_refuses_bad_commits_and_heals_dr
             "patch",
             "deployment",
             "hello",
+            "--subresource=scale",
             "--field-manager=kube-controller-manager",
             "-p",
             "{\"spec\":{\"replicas\":5}}",
