@@ -1,8 +1,10 @@
 //! `multipilot release plan|apply|approve|rollback|status|history`: the operator's side of the release role
 //! (request/reply on `fleet.releasectl.*`). The spec file is read here: `manifest_files` (paths relative to
-//! the spec) are read into `manifests`, and when the spec lives in a Git work tree its commit and whether
-//! the tree was clean travel with the request.
+//! the spec) are read into `manifests`, a `kustomize` directory (relative to the spec) is built with the
+//! host's `kubectl kustomize` into `kustomized`, and when the spec lives in a Git work tree its commit and
+//! whether the tree was clean travel with the request.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -97,7 +99,45 @@ fn git(dir: &Path, args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-/// Reads a spec file: inlines `manifest_files`, and finds the Git commit of its work tree.
+/// Builds a spec's `kustomize` directory (relative to `dir`, the spec's) with `kubectl kustomize` into its
+/// `kustomized`; a spec without one is returned as it is. A templated path picks an overlay per cluster
+/// from labels only the role knows: that takes a fleet repository.
+fn kustomize(text: &str, dir: &Path) -> Result<String> {
+    let doc: serde_yaml::Value = serde_yaml::from_str(text)?;
+    let Some(path) = doc.get("kustomize").and_then(serde_yaml::Value::as_str) else {
+        return Ok(text.to_string());
+    };
+    if multipilot_release::render::templated(path) {
+        bail!(
+            "kustomize {path:?} is a template: an overlay picked per cluster (by its labels) is built \
+             by the release role from a fleet repository (release.gitops; see the README's GitOps \
+             section); from the CLI give the overlay's directory"
+        );
+    }
+    let key = multipilot_release::render::kustomize_key(path)?;
+    let target = dir.join(&key);
+    let out = std::process::Command::new("kubectl")
+        .arg("kustomize")
+        .arg(&target)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .context("running kubectl kustomize (is kubectl installed?)")?;
+    if !out.status.success() {
+        bail!(
+            "kubectl kustomize {}: {}",
+            target.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    let built = String::from_utf8(out.stdout).context("kubectl kustomize's output")?;
+    Ok(multipilot_release::spec::inline_kustomized(
+        text,
+        &BTreeMap::from([(key, built)]),
+    )?)
+}
+
+/// Reads a spec file: inlines `manifest_files`, builds its `kustomize` directory, and finds the Git commit
+/// of its work tree.
 pub fn read_spec(path: &Path) -> Result<(String, Source)> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
@@ -110,6 +150,7 @@ pub fn read_spec(path: &Path) -> Result<(String, Source)> {
         std::fs::read_to_string(&p).map_err(|e| format!("reading {}: {e}", p.display()))
     })
     .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let text = kustomize(&text, dir).with_context(|| path.display().to_string())?;
     let commit = git(dir, &["rev-parse", "--short=12", "HEAD"]);
     let dirty = commit
         .as_ref()

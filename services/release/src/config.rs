@@ -99,6 +99,9 @@ pub struct GitOps {
     /// The `git` program (the role runs `git clone --bare` and `git fetch`, so the credentials and
     /// transports of the host's Git work: https with a credential helper, ssh with a key).
     pub git: String,
+    /// The `kubectl` program that builds a spec's `kustomize` overlays (`kubectl kustomize <dir>`, on the
+    /// commit's files; without `--enable-helm` or plugins).
+    pub kubectl: String,
 }
 
 impl Default for GitOps {
@@ -106,6 +109,7 @@ impl Default for GitOps {
         GitOps {
             repos: Vec::new(),
             git: "git".into(),
+            kubectl: "kubectl".into(),
         }
     }
 }

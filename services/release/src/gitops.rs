@@ -10,6 +10,14 @@
 //!                        labels), rendered per cluster from its labels; reported as policies
 //! ```
 //!
+//! A spec's `kustomize` path (relative to the spec, a template over the cluster context) is rendered for
+//! every cluster the spec targets when the commit is read; each distinct overlay is built with
+//! `kubectl kustomize` (`release.gitops.kubectl`) on the commit's files, written out once per commit next to
+//! the bare clone (`git read-tree` + `git checkout-index` into `<name>.tree` with an index of its own, so
+//! the clone is left alone) and removed afterwards. What it built goes into the spec (`kustomized`), so a
+//! commit that changes only a base changes the spec and is planned; a build that fails refuses the commit,
+//! naming the spec, the path and the commit.
+//!
 //! A commit is taken whole, in two waves: the policy bundles first (the namespaces, quotas and roles the
 //! releases rely on), then the releases. Every file must parse, and every spec a wave changes is planned
 //! (render, API-version gate, risks, dry-run on every target) before any of the wave is applied; if a file
@@ -204,6 +212,61 @@ pub enum GitError {
     NotInCommit,
 }
 
+/// Why a spec's kustomize overlay was not built from a commit. The path, the commit, a build that fails
+/// and what it builds are the commit's to fix; a timeout or a `kubectl` that does not start may pass (the
+/// refused commit is tried again with backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum KustomizeError {
+    /// The path leaves the repository.
+    #[error("the path leaves the repository")]
+    Outside,
+    /// The commit has no such directory.
+    #[error("no such directory in the commit")]
+    Missing,
+    /// The commit's files could not be written out.
+    #[error("writing the commit's files out: {0}")]
+    Tree(#[source] GitError),
+    /// `kubectl kustomize` ran too long (and was killed).
+    #[error("kubectl kustomize took longer than {}s", KUSTOMIZE_TIMEOUT.as_secs())]
+    Timeout,
+    /// `kubectl` could not be started.
+    #[error("running {kubectl}: {error}")]
+    Spawn {
+        /// The kubectl program configured.
+        kubectl: String,
+        /// Why.
+        #[source]
+        error: std::io::Error,
+    },
+    /// `kubectl kustomize` failed: what it said (paths relative to the commit).
+    #[error("kubectl kustomize: {0}")]
+    Failed(String),
+    /// What it built is not Kubernetes objects.
+    #[error("document {document} it built: {message}")]
+    Output {
+        /// Which document (from 1).
+        document: usize,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// How long `kubectl kustomize` may take (as `git`).
+const KUSTOMIZE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A commit's files, written out for `kubectl kustomize`; removed when dropped.
+struct Tree {
+    dir: PathBuf,
+    index: PathBuf,
+}
+
+impl Drop for Tree {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_file(&self.index);
+    }
+}
+
 /// Why a commit's releases don't go after its policies.
 #[derive(Debug, thiserror::Error)]
 pub enum Held {
@@ -252,11 +315,21 @@ impl Service {
     }
 
     async fn git(&self, dir: Option<&Path>, args: &[&str]) -> Result<String, GitError> {
+        self.git_env(dir, args, &[]).await
+    }
+
+    async fn git_env(
+        &self,
+        dir: Option<&Path>,
+        args: &[&str],
+        env: &[(&str, &Path)],
+    ) -> Result<String, GitError> {
         let mut cmd = tokio::process::Command::new(&self.config.gitops.git);
         if let Some(d) = dir {
             cmd.arg("-C").arg(d);
         }
         cmd.args(args)
+            .envs(env.iter().copied())
             .env("GIT_TERMINAL_PROMPT", "0")
             .stdin(std::process::Stdio::null())
             .kill_on_drop(true);
@@ -269,7 +342,12 @@ impl Service {
             })?;
         if !out.status.success() {
             return Err(GitError::Failed {
-                command: args.first().copied().unwrap_or_default().to_string(),
+                command: args
+                    .iter()
+                    .find(|a| !a.starts_with('-'))
+                    .copied()
+                    .unwrap_or_default()
+                    .to_string(),
                 stderr: String::from_utf8_lossy(&out.stderr).trim().to_string(),
             });
         }
@@ -321,6 +399,167 @@ impl Service {
             .await
     }
 
+    /// Writes a commit's files out (next to the bare clone, with an index of its own).
+    async fn tree(&self, repo: &Repo, commit: &str) -> Result<Tree, GitError> {
+        let git_dir = self.work_dir(repo);
+        let workdir = |e| GitError::WorkDir(Arc::new(e));
+        // absolute: git runs in the clone (-C)
+        let dir = std::path::absolute(git_dir.with_extension("tree")).map_err(workdir)?;
+        let tree = Tree {
+            index: dir.with_extension("index"),
+            dir,
+        };
+        // what a crash left behind
+        let _ = std::fs::remove_dir_all(&tree.dir);
+        let _ = std::fs::remove_file(&tree.index);
+        std::fs::create_dir_all(&tree.dir).map_err(workdir)?;
+        let work_tree = format!("--work-tree={}", tree.dir.display());
+        let env = [("GIT_INDEX_FILE", tree.index.as_path())];
+        self.git_env(Some(&git_dir), &[&work_tree, "read-tree", commit], &env)
+            .await?;
+        self.git_env(
+            Some(&git_dir),
+            &[&work_tree, "checkout-index", "--all", "--force"],
+            &env,
+        )
+        .await?;
+        Ok(tree)
+    }
+
+    /// `kubectl kustomize <path>` on a commit's files.
+    async fn kustomize_build(&self, tree: &Path, path: &str) -> Result<String, KustomizeError> {
+        let mut cmd = tokio::process::Command::new(&self.config.gitops.kubectl);
+        cmd.arg("kustomize")
+            .arg(tree.join(path))
+            .current_dir(tree)
+            .stdin(std::process::Stdio::null())
+            .kill_on_drop(true);
+        let out = tokio::time::timeout(KUSTOMIZE_TIMEOUT, cmd.output())
+            .await
+            .map_err(|_| KustomizeError::Timeout)?
+            .map_err(|error| KustomizeError::Spawn {
+                kubectl: self.config.gitops.kubectl.clone(),
+                error,
+            })?;
+        if !out.status.success() {
+            return Err(KustomizeError::Failed(kubectl_said(&out.stderr, tree)));
+        }
+        String::from_utf8(out.stdout)
+            .map_err(|_| KustomizeError::Failed("what it built is not UTF-8 text".into()))
+    }
+
+    /// Builds the overlays a spec's `kustomize` picks for the clusters it targets now and writes them into
+    /// the spec's text; a spec without one is returned as it is. Every problem names the spec, the path
+    /// (in the commit) and the commit. The commit's files are written out once (`tree`); what was built
+    /// is kept for the other specs of the commit (`built`, by path in the commit).
+    #[allow(clippy::too_many_arguments)]
+    async fn kustomize(
+        &self,
+        repo: &Repo,
+        commit: &str,
+        file: &str,
+        text: String,
+        tree: &mut Option<Tree>,
+        built: &mut BTreeMap<String, String>,
+        problems: &mut Vec<String>,
+    ) -> Option<String> {
+        // not a spec (yet): Spec::parse says why
+        let Ok(spec) = serde_yaml::from_str::<Spec>(&text) else {
+            return Some(text);
+        };
+        if spec.kustomize.is_none() {
+            return Some(text);
+        }
+        let parent = Path::new(file)
+            .parent()
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        let reg = self.registry.snapshot();
+        // the overlays of the clusters targeted now; a path that doesn't render for a cluster, or no
+        // target, is the plan's to say (per cluster)
+        let keys: std::collections::BTreeSet<String> = crate::plan::targets(&spec, &reg)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|c| {
+                crate::render::kustomize_path(&spec, c, &reg[c])
+                    .ok()
+                    .flatten()
+            })
+            .collect();
+        let mut outputs = BTreeMap::new();
+        let mut ok = true;
+        for key in keys {
+            let at = inside(&format!("{parent}/{key}"));
+            let shown = at.clone().unwrap_or_else(|| format!("{parent}/{key}"));
+            let mut fail = |e: KustomizeError| {
+                problems.push(format!(
+                    "{file}: kustomize {shown} at commit {}: {e}",
+                    short(commit)
+                ));
+                ok = false;
+            };
+            let Some(at) = at else {
+                fail(KustomizeError::Outside);
+                continue;
+            };
+            if let Some(out) = built.get(&at) {
+                outputs.insert(key, out.clone());
+                continue;
+            }
+            if tree.is_none() {
+                match self.tree(repo, commit).await {
+                    Ok(t) => *tree = Some(t),
+                    Err(e) => {
+                        fail(KustomizeError::Tree(e));
+                        return None;
+                    }
+                }
+            }
+            let Some(t) = tree.as_ref() else { continue };
+            if !t.dir.join(&at).is_dir() {
+                fail(KustomizeError::Missing);
+                continue;
+            }
+            let out = match self.kustomize_build(&t.dir, &at).await {
+                Ok(out) => out,
+                Err(e) => {
+                    fail(e);
+                    continue;
+                }
+            };
+            if let Err(e) = crate::render::split_with(&out, |document, message| {
+                crate::render::Error::Document {
+                    template: 0,
+                    document,
+                    message,
+                }
+            }) {
+                fail(match e {
+                    crate::render::Error::Document {
+                        document, message, ..
+                    } => KustomizeError::Output { document, message },
+                    other => KustomizeError::Output {
+                        document: 0,
+                        message: other.to_string(),
+                    },
+                });
+                continue;
+            }
+            built.insert(at, out.clone());
+            outputs.insert(key, out);
+        }
+        if !ok {
+            return None;
+        }
+        match crate::spec::inline_kustomized(&text, &outputs) {
+            Ok(t) => Some(t),
+            Err(e) => {
+                problems.push(format!("{file}: {e}"));
+                None
+            }
+        }
+    }
+
     /// The specs of a commit, or every problem found reading them.
     async fn read_commit(&self, repo: &Repo, commit: &str) -> Result<Vec<Found>, Vec<String>> {
         let dir = self.work_dir(repo);
@@ -342,6 +581,7 @@ impl Service {
             .map_err(|e| vec![e.to_string()])?;
         let mut found = Vec::new();
         let mut problems = Vec::new();
+        let (mut tree, mut built) = (None, BTreeMap::new());
         for file in listed.lines().filter(|f| {
             (f.ends_with(".yaml") || f.ends_with(".yml"))
                 && (f.starts_with(&format!("{rel}/")) || f.starts_with(&format!("{pol}/")))
@@ -385,6 +625,21 @@ impl Service {
                     problems.push(format!("{file}: {e}"));
                     continue;
                 }
+            };
+            // kustomize: the overlays built from the same commit
+            let Some(text) = self
+                .kustomize(
+                    repo,
+                    commit,
+                    file,
+                    text,
+                    &mut tree,
+                    &mut built,
+                    &mut problems,
+                )
+                .await
+            else {
+                continue;
             };
             match Spec::parse(&text) {
                 Ok(spec) => found.push(Found {
@@ -894,6 +1149,42 @@ fn cluster_sync(
     }
 }
 
+/// What kubectl said, without klog's prefix and the directory the commit was written out to (so paths
+/// are the commit's).
+fn kubectl_said(stderr: &[u8], tree: &Path) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    let text = text.trim();
+    // `E1203 13:59:39.306361   32116 run.go:72] "command failed" err="…"`
+    let said = match text.find(" err=\"") {
+        Some(i) => text[i + 6..]
+            .trim_end_matches('"')
+            .replace("\\\"", "\"")
+            .replace("\\'", "'"),
+        None => text.strip_prefix("Error: ").unwrap_or(text).to_string(),
+    };
+    let dir = tree.display().to_string();
+    let said = said.replace(&format!("{dir}/"), "").replace(&dir, ".");
+    match said.char_indices().nth(2000) {
+        Some((i, _)) => format!("{}…", &said[..i]),
+        None => said,
+    }
+}
+
+/// `a/./b/../c` → `a/c`, inside a commit; none when `..` leaves it.
+fn inside(p: &str) -> Option<String> {
+    let mut out: Vec<&str> = Vec::new();
+    for part in p.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                out.pop()?;
+            }
+            other => out.push(other),
+        }
+    }
+    Some(out.join("/"))
+}
+
 /// `a/./b/../c` → `a/c` (paths inside a commit).
 fn normalize(p: &str) -> String {
     let mut out: Vec<&str> = Vec::new();
@@ -907,4 +1198,36 @@ fn normalize(p: &str) -> String {
         }
     }
     out.join("/")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_stay_inside_the_commit() {
+        assert_eq!(
+            inside("fleet/releases/../overlays/./prod").as_deref(),
+            Some("fleet/overlays/prod")
+        );
+        assert_eq!(inside("releases/../..").as_deref(), None);
+        assert_eq!(inside("/releases/..").as_deref(), Some(""));
+    }
+
+    #[test]
+    fn what_kubectl_says_is_told_with_the_commit_s_paths() {
+        let tree = Path::new("/data/gitops/fleet.tree");
+        let klog = br#"E1203 13:59:39.245761   32112 run.go:72] "command failed" err="accumulating resources: accumulation err='accumulating resources from 'nope.yaml': evalsymlink failure on '/data/gitops/fleet.tree/overlays/prod/nope.yaml' : lstat /data/gitops/fleet.tree/overlays/prod/nope.yaml: no such file or directory'""#;
+        let said = kubectl_said(klog, tree);
+        assert!(
+            said.starts_with("accumulating resources: ")
+                && said.contains("lstat overlays/prod/nope.yaml")
+                && !said.contains("fleet.tree"),
+            "{said}"
+        );
+        assert_eq!(
+            kubectl_said(b"Error: unknown flag: --x\n", tree),
+            "unknown flag: --x"
+        );
+    }
 }

@@ -3,6 +3,11 @@
 //!
 //! Template context: `cluster` (`name`, `labels`, `version` as `1.31`, `git_version`, `facts` = the whole
 //! `ClusterFacts`), `vars` (the spec's variables) and `release` (`name`).
+//!
+//! A spec's `kustomize` path is a template over the same context; what `kubectl kustomize` built for the
+//! path a cluster renders (carried in the spec's `kustomized`) follows the manifests' objects, as it is:
+//! a kustomization's output may hold `{{` legitimately (Go templates in a ConfigMap, Helm-style values), and
+//! the overlay a cluster picks is where its labels go.
 
 use minijinja::{Environment, UndefinedBehavior};
 use multipilot_schemas::payload::ClusterFacts;
@@ -31,6 +36,15 @@ pub enum Error {
         /// What is wrong.
         message: String,
     },
+    /// The kustomize path doesn't render or isn't a relative path, its overlay was not built, or what
+    /// was built isn't Kubernetes objects.
+    #[error("kustomize {path}: {message}")]
+    Kustomize {
+        /// The path (as written, or as rendered for the cluster).
+        path: String,
+        /// What is wrong.
+        message: String,
+    },
 }
 
 /// The template context for one cluster.
@@ -48,11 +62,87 @@ pub fn context(spec: &Spec, cluster: &str, facts: &ClusterFacts) -> Value {
     })
 }
 
-/// Renders every template for one cluster and returns the objects, in order.
-pub fn render(spec: &Spec, cluster: &str, facts: &ClusterFacts) -> Result<Vec<Value>, Error> {
+fn environment() -> Environment<'static> {
     let mut env = Environment::new();
     env.set_undefined_behavior(UndefinedBehavior::Strict);
     env.set_keep_trailing_newline(true);
+    env
+}
+
+/// Whether a kustomize path is a template (each cluster picks its overlay).
+pub fn templated(path: &str) -> bool {
+    path.contains("{{") || path.contains("{%")
+}
+
+/// A kustomize path as the spec keys what was built for it: relative, `.` and inner `..` resolved, no
+/// trailing `/` (`.` for the spec's own directory).
+pub fn kustomize_key(path: &str) -> Result<String, Error> {
+    let bad = |message: &str| Error::Kustomize {
+        path: format!("{path:?}"),
+        message: message.into(),
+    };
+    let p = path.trim();
+    if p.is_empty() {
+        return Err(bad("the path is empty"));
+    }
+    if p.starts_with('/') || p.contains("://") {
+        return Err(bad(
+            "the path must be a directory relative to the spec file",
+        ));
+    }
+    let mut out: Vec<&str> = Vec::new();
+    for part in p.split('/') {
+        match part {
+            "" | "." => {}
+            ".." if out.last().is_some_and(|l| *l != "..") => {
+                out.pop();
+            }
+            other => out.push(other),
+        }
+    }
+    Ok(if out.is_empty() {
+        ".".into()
+    } else {
+        out.join("/")
+    })
+}
+
+/// Checks a spec's kustomize path: a template must parse, a plain path be relative.
+pub fn check_kustomize_path(path: &str) -> Result<(), Error> {
+    if !templated(path) {
+        return kustomize_key(path).map(drop);
+    }
+    let env = environment();
+    env.template_from_str(path)
+        .map(drop)
+        .map_err(|e| Error::Kustomize {
+            path: format!("{path:?}"),
+            message: describe(&e),
+        })
+}
+
+/// The spec's kustomize path as rendered for one cluster (keyed as [`kustomize_key`]); none without one.
+pub fn kustomize_path(
+    spec: &Spec,
+    cluster: &str,
+    facts: &ClusterFacts,
+) -> Result<Option<String>, Error> {
+    let Some(path) = &spec.kustomize else {
+        return Ok(None);
+    };
+    let rendered = environment()
+        .render_str(path, context(spec, cluster, facts))
+        .map_err(|e| Error::Kustomize {
+            path: format!("{path:?}"),
+            message: describe(&e),
+        })?;
+    kustomize_key(&rendered).map(Some)
+}
+
+/// Renders every template for one cluster and returns the objects, in order: the manifests', then what
+/// `kubectl kustomize` built for the cluster's kustomize path.
+pub fn render(spec: &Spec, cluster: &str, facts: &ClusterFacts) -> Result<Vec<Value>, Error> {
+    let env = environment();
     let ctx = context(spec, cluster, facts);
     let mut out = Vec::new();
     for (i, text) in spec.manifests.texts().into_iter().enumerate() {
@@ -62,6 +152,23 @@ pub fn render(spec: &Spec, cluster: &str, facts: &ClusterFacts) -> Result<Vec<Va
             message: describe(&e),
         })?;
         out.extend(split(&rendered, template)?);
+    }
+    if let Some(path) = kustomize_path(spec, cluster, facts)? {
+        let built = spec
+            .kustomized
+            .as_ref()
+            .and_then(|b| b.get(&path))
+            .ok_or_else(|| Error::Kustomize {
+                path: path.clone(),
+                message: "not built for this cluster (the fleet repository's reader builds the \
+                          overlays of the clusters targeted when it reads a commit: one that joined \
+                          since is built on the next read)"
+                    .into(),
+            })?;
+        out.extend(split_with(built, |document, message| Error::Kustomize {
+            path: path.clone(),
+            message: format!("document {document}: {message}"),
+        })?);
     }
     Ok(out)
 }
@@ -80,15 +187,20 @@ fn describe(e: &minijinja::Error) -> String {
 /// Splits multi-document YAML into objects, checking each has `apiVersion`, `kind` and `metadata.name`.
 /// Empty documents are skipped; `kind: List` is unrolled.
 pub fn split(text: &str, template: usize) -> Result<Vec<Value>, Error> {
+    split_with(text, |document, message| Error::Document {
+        template,
+        document,
+        message,
+    })
+}
+
+/// [`split`], with the error a bad document (from 1) makes.
+pub fn split_with(text: &str, error: impl Fn(usize, String) -> Error) -> Result<Vec<Value>, Error> {
     use serde::Deserialize;
     let mut out = Vec::new();
     for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let document = i + 1;
-        let bad = |message: String| Error::Document {
-            template,
-            document,
-            message,
-        };
+        let bad = |message: String| error(document, message);
         let v = serde_yaml::Value::deserialize(doc).map_err(|e| bad(e.to_string()))?;
         if v.is_null() {
             continue;
@@ -166,6 +278,78 @@ mod tests {
         assert_eq!(objs[0]["data"]["env"], "prod");
         assert_eq!(objs[0]["data"]["v"], "1.31");
         assert_eq!(objs[0]["data"]["n"], "3");
+    }
+
+    #[test]
+    fn each_cluster_gets_the_overlay_its_labels_pick_as_it_was_built() {
+        let spec = Spec::parse(concat!(
+            "name: w\ntargets: {clusters: [c]}\n",
+            "manifests: |\n  apiVersion: v1\n  kind: Namespace\n  metadata: {name: '{{ cluster.labels.env }}'}\n",
+            "kustomize: ./overlays/{{ cluster.labels.env }}/\n",
+            "kustomized:\n",
+            "  overlays/prod: |\n",
+            "    apiVersion: v1\n    kind: ConfigMap\n    metadata: {name: prod-cfg}\n",
+            "    data: {tmpl: '{{ .Values.x }}'}\n",
+            "    ---\n",
+            "    apiVersion: apps/v1\n    kind: Deployment\n    metadata: {name: prod-web}\n    spec: {replicas: 3}\n",
+            "  overlays/dev: |\n",
+            "    apiVersion: apps/v1\n    kind: Deployment\n    metadata: {name: dev-web}\n    spec: {replicas: 1}\n",
+            "  overlays/broken: |\n",
+            "    apiVersion: v1\n    kind: ConfigMap\n",
+        ))
+        .expect("spec");
+        let mut f = facts();
+        let objs = render(&spec, "c", &f).expect("prod");
+        let names: Vec<&str> = objs
+            .iter()
+            .filter_map(|o| o["metadata"]["name"].as_str())
+            .collect();
+        assert_eq!(names, ["prod", "prod-cfg", "prod-web"], "manifests first");
+        assert_eq!(
+            objs[1]["data"]["tmpl"], "{{ .Values.x }}",
+            "what kustomize built is not a template"
+        );
+        assert_eq!(objs[2]["spec"]["replicas"], 3);
+        f.labels.insert("env".into(), "dev".into());
+        let objs = render(&spec, "c", &f).expect("dev");
+        assert_eq!(objs[1]["metadata"]["name"], "dev-web");
+        for (env, needle) in [
+            ("qa", "kustomize overlays/qa: not built for this cluster"),
+            (
+                "broken",
+                "kustomize overlays/broken: document 1: metadata.name missing",
+            ),
+        ] {
+            f.labels.insert("env".into(), env.into());
+            let e = render(&spec, "c", &f).expect_err(env).to_string();
+            assert!(e.contains(needle), "{env}: {e}");
+        }
+        f.labels.clear();
+        let mut spec = spec;
+        spec.manifests = Default::default();
+        let e = render(&spec, "c", &f).expect_err("no env").to_string();
+        assert!(
+            e.contains("kustomize \"./overlays/{{ cluster.labels.env }}/\"")
+                && e.contains("undefined"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn kustomize_paths_are_keyed_relative_and_plain() {
+        for (path, key) in [
+            ("overlays/prod", "overlays/prod"),
+            ("./overlays//prod/", "overlays/prod"),
+            ("../apps/web/../api", "../apps/api"),
+            ("../../x", "../../x"),
+            (".", "."),
+            (" a/b \n", "a/b"),
+        ] {
+            assert_eq!(kustomize_key(path).expect(path), key, "{path}");
+        }
+        for bad in ["", "/etc", "https://github.com/org/repo//base"] {
+            assert!(kustomize_key(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

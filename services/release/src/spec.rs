@@ -8,6 +8,8 @@
 //!   kind: Deployment
 //!   metadata: {name: web, namespace: shop, labels: {env: "{{ cluster.labels.env }}"}}
 //!   ...
+//! kustomize: ../overlays/{{ cluster.labels.env }}  # and/or a kustomization (relative to this file;
+//!                             # the path is a template, what `kubectl kustomize` builds is not)
 //! vars: {image: registry.example.com/web:1.2}
 //! targets:
 //!   clusters: [prod-euw-1]    # and/or
@@ -62,7 +64,20 @@ pub struct Spec {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub description: String,
     /// Multi-document YAML templates (minijinja): one text, or a list of texts.
+    #[serde(default)]
     pub manifests: Manifests,
+    /// A directory holding a kustomization, relative to the spec file (to the spec's directory in the
+    /// fleet repository); a minijinja template over the same context as the manifests, so that each
+    /// cluster picks its overlay (`../overlays/{{ cluster.labels.env }}`). `kubectl kustomize` builds it
+    /// (the CLI, or the role from the same commit); its objects come after the manifests' and are not
+    /// templates themselves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kustomize: Option<String>,
+    /// What `kubectl kustomize` built, per path as rendered for the targets (normalised, relative to the
+    /// spec): filled in by whoever reads the spec file (the CLI, the role's fleet repository reader),
+    /// not written by hand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kustomized: Option<BTreeMap<String, String>>,
     /// Release variables, available to the templates as `vars`.
     #[serde(default)]
     pub vars: BTreeMap<String, Value>,
@@ -165,6 +180,12 @@ pub enum Manifests {
     One(String),
     /// Several.
     Many(Vec<String>),
+}
+
+impl Default for Manifests {
+    fn default() -> Self {
+        Manifests::Many(Vec::new())
+    }
 }
 
 impl Manifests {
@@ -288,6 +309,22 @@ pub fn inline_manifest_files<E: std::fmt::Display>(
     serde_yaml::to_string(&doc).map_err(InlineError::Write)
 }
 
+/// Writes what `kubectl kustomize` built (per path as rendered, see [`Spec::kustomized`]) into a spec's
+/// text, replacing what it held.
+pub fn inline_kustomized(
+    text: &str,
+    built: &BTreeMap<String, String>,
+) -> Result<String, InlineError> {
+    let mut doc: serde_yaml::Value = serde_yaml::from_str(text).map_err(InlineError::NotYaml)?;
+    if let Some(m) = doc.as_mapping_mut() {
+        m.insert(
+            "kustomized".into(),
+            serde_yaml::to_value(built).map_err(InlineError::Write)?,
+        );
+    }
+    serde_yaml::to_string(&doc).map_err(InlineError::Write)
+}
+
 fn valid_name(n: &str) -> bool {
     !n.is_empty()
         && n.len() <= 63
@@ -323,10 +360,33 @@ impl Spec {
                 self.name
             )));
         }
-        if self.manifests.texts().iter().all(|t| t.trim().is_empty()) && self.delete.is_empty() {
+        if self.manifests.texts().iter().all(|t| t.trim().is_empty())
+            && self.kustomize.is_none()
+            && self.delete.is_empty()
+        {
             return Err(Error::Invalid(
-                "manifests is empty and nothing is deleted".into(),
+                "manifests is empty, there is no kustomize and nothing is deleted".into(),
             ));
+        }
+        match (&self.kustomize, &self.kustomized) {
+            (Some(path), built) => {
+                crate::render::check_kustomize_path(path)
+                    .map_err(|e| Error::Invalid(e.to_string()))?;
+                if built.is_none() {
+                    return Err(Error::Invalid(format!(
+                        "kustomize {path:?} is built by whoever reads the spec file: the CLI \
+                         (multipilot release … -f spec.yaml runs kubectl kustomize) or the role from a \
+                         fleet repository"
+                    )));
+                }
+            }
+            (None, Some(_)) => {
+                return Err(Error::Invalid(
+                    "kustomized is what kubectl kustomize built for the kustomize path: it needs one"
+                        .into(),
+                ));
+            }
+            (None, None) => {}
         }
         if self.targets.clusters.is_empty() && self.targets.selector.is_none() {
             return Err(Error::Invalid(
@@ -514,6 +574,67 @@ mod tests {
             let e = Spec::parse(text).expect_err(text).to_string();
             assert!(e.contains(needle), "{text:?}: {e}");
         }
+    }
+
+    #[test]
+    fn kustomize_is_a_source_of_its_own_built_by_the_reader() {
+        let built = "kustomized: {overlays/prod: 'apiVersion: v1'}\n";
+        // kustomize alone is enough, and manifests may come with it
+        for text in [
+            format!("name: w\ntargets: {{clusters: [a]}}\nkustomize: overlays/prod\n{built}"),
+            format!(
+                "name: w\ntargets: {{clusters: [a]}}\nkustomize: ./overlays/{{{{ cluster.labels.env }}}}/\n{built}manifests: x\n"
+            ),
+        ] {
+            let spec = Spec::parse(&text).expect(&text);
+            assert!(spec.kustomize.is_some());
+        }
+        for (text, needle) in [
+            (
+                "name: w\ntargets: {clusters: [a]}\n".to_string(),
+                "manifests is empty, there is no kustomize and nothing is deleted",
+            ),
+            (
+                "name: w\ntargets: {clusters: [a]}\nkustomize: overlays/prod\n".to_string(),
+                "is built by whoever reads the spec file",
+            ),
+            (
+                format!("name: w\ntargets: {{clusters: [a]}}\nmanifests: x\n{built}"),
+                "kustomized is what kubectl kustomize built",
+            ),
+            (
+                format!("name: w\ntargets: {{clusters: [a]}}\nkustomize: /srv/overlays\n{built}"),
+                "relative to the spec file",
+            ),
+            (
+                format!("name: w\ntargets: {{clusters: [a]}}\nkustomize: '  '\n{built}"),
+                "the path is empty",
+            ),
+            (
+                format!(
+                    "name: w\ntargets: {{clusters: [a]}}\nkustomize: overlays/{{{{ cluster.labels.env \n{built}"
+                ),
+                "kustomize \"overlays/{{ cluster.labels.env\"",
+            ),
+            (
+                format!("name: w\ntargets: {{clusters: [a]}}\nkustomise: overlays/prod\n{built}"),
+                "unknown field `kustomise`",
+            ),
+        ] {
+            let e = Spec::parse(&text).expect_err(&text).to_string();
+            assert!(e.contains(needle), "{text:?}: {e}");
+        }
+        // the reader writes what it built into the text, replacing what was there
+        let text = inline_kustomized(
+            "name: w\ntargets: {clusters: [a]}\nkustomize: overlays/prod\nkustomized: {old: x}\n",
+            &[("overlays/prod".to_string(), "apiVersion: v1\n".to_string())].into(),
+        )
+        .expect("inline");
+        let spec = Spec::parse(&text).expect("spec");
+        assert_eq!(
+            spec.kustomized,
+            Some([("overlays/prod".to_string(), "apiVersion: v1\n".to_string())].into())
+        );
     }
 
     #[test]
