@@ -427,7 +427,9 @@ async fn follow(
                 ),
                 State::Held => bail!(
                     "release {name} is applied up to a held batch ({}); the role goes on by itself once that changes",
-                    r.waiting_for.as_deref().unwrap_or("a sync window or a dependency")
+                    r.waiting_for
+                        .as_deref()
+                        .unwrap_or("a sync window or a dependency")
                 ),
                 s => bail!(
                     "release {name} ended {}{}",
@@ -453,6 +455,9 @@ fn print_status(r: &Release) {
     );
     if let Some(e) = &r.error {
         println!("  error: {e}");
+    }
+    if let (State::Held | State::WaitingApproval, Some(w)) = (r.state, &r.waiting_for) {
+        println!("  waiting for: {w}");
     }
     for b in &r.batches {
         println!(
@@ -710,20 +715,43 @@ pub async fn gitops(
                 vec![
                     format!("{:?}", w.kind).to_lowercase(),
                     format!("{} ({}, {})", w.schedule, w.time_zone, w.duration),
-                    if w.clusters.is_empty() { "*".into() } else { w.clusters.clone() },
-                    if w.releases.is_empty() { "*".into() } else { w.releases.join(",") },
+                    if w.clusters.is_empty() {
+                        "*".into()
+                    } else {
+                        w.clusters.clone()
+                    },
+                    if w.releases.is_empty() {
+                        "*".into()
+                    } else {
+                        w.releases.join(",")
+                    },
                     if w.active {
-                        format!("open until {}", w.end.map(|e| e.to_rfc3339()).unwrap_or_else(|| "-".into()))
+                        format!(
+                            "open until {}",
+                            w.end.map(|e| e.to_rfc3339()).unwrap_or_else(|| "-".into())
+                        )
                     } else {
                         format!("opens {}", w.start.to_rfc3339())
                     },
-                    if w.manual_sync { "yes".into() } else { "no".into() },
+                    if w.manual_sync {
+                        "yes".into()
+                    } else {
+                        "no".into()
+                    },
                     w.description.clone(),
                 ]
             })
             .collect();
         crate::fleet::table(
-            &["WINDOW", "SCHEDULE", "CLUSTERS", "RELEASES", "NOW", "MANUAL", "DESCRIPTION"],
+            &[
+                "WINDOW",
+                "SCHEDULE",
+                "CLUSTERS",
+                "RELEASES",
+                "NOW",
+                "MANUAL",
+                "DESCRIPTION",
+            ],
             rows,
         );
     }
