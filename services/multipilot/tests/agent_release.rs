@@ -953,7 +953,8 @@ manifests: |
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_release_whose_error_ratio_rises_fails_its_analysis_and_a_good_one_passes() -> Result<()> {
+async fn a_release_whose_error_ratio_rises_fails_its_analysis_and_a_good_one_passes() -> Result<()>
+{
     let (h, tsdb) = H::start_with_tsdb().await?;
     seed_web(&h, "registry.example.com/web:1.0.0")?;
     // the analysis needs the metrics in the TSDB first: the scrape, FLEET_METRICS, the TSDB's ingest
@@ -969,7 +970,10 @@ async fn a_release_whose_error_ratio_rises_fails_its_analysis_and_a_good_one_pas
             .json()
             .await
             .unwrap_or_default();
-        if body["data"]["result"].as_array().is_some_and(|r| r.len() == 2) {
+        if body["data"]["result"]
+            .as_array()
+            .is_some_and(|r| r.len() == 2)
+        {
             break;
         }
         anyhow::ensure!(
@@ -1001,7 +1005,10 @@ async fn a_release_whose_error_ratio_rises_fails_its_analysis_and_a_good_one_pas
         .collect();
     assert_eq!(rel.state, State::RolledBack, "{entries:#?}");
     assert_eq!(rel.batches[0].state, "failed", "{entries:#?}");
-    assert_eq!(rel.batches[1].state, "pending", "nothing reached the second batch: {entries:#?}");
+    assert_eq!(
+        rel.batches[1].state, "pending",
+        "nothing reached the second batch: {entries:#?}"
+    );
     assert_eq!(rel.changed, vec!["old-124"], "{entries:#?}");
     let error = rel.batches[0].error.clone().unwrap_or_default();
     assert!(
@@ -1116,9 +1123,18 @@ manifests: |
     assert_eq!(rel.batches[0].state, "done");
     assert_eq!(rel.batches[1].state, "pending");
     let why = rel.waiting_for.clone().unwrap_or_default();
-    assert!(why.contains("new-131") && why.contains("deny window 0"), "{why}");
-    assert!(h.object("new-131", "", "configmaps", "default", "frozen").is_none());
-    assert!(h.object("old-124", "", "configmaps", "default", "frozen").is_some());
+    assert!(
+        why.contains("new-131") && why.contains("deny window 0"),
+        "{why}"
+    );
+    assert!(
+        h.object("new-131", "", "configmaps", "default", "frozen")
+            .is_none()
+    );
+    assert!(
+        h.object("old-124", "", "configmaps", "default", "frozen")
+            .is_some()
+    );
     let gitops = h
         .call("gitops", &NameRequest::default())
         .await?
@@ -1127,27 +1143,27 @@ manifests: |
     assert_eq!(gitops.windows.len(), 1);
     assert!(gitops.windows[0].active, "{:?}", gitops.windows);
     // once the window closes the role goes on by itself
-    let done = h
-        .wait_until_state("frozen", State::Succeeded, 150)
-        .await?;
+    let done = h.wait_until_state("frozen", State::Succeeded, 150).await?;
     let at = done
         .history
         .iter()
         .find(|e| e.what == "batch" && e.batch == Some(2) && e.ok)
         .context("batch 2 started")?
         .at;
-    assert!(at >= closes, "batch 2 started at {at}, before the window closed at {closes}");
+    assert!(
+        at >= closes,
+        "batch 2 started at {at}, before the window closed at {closes}"
+    );
     assert!(
         (at - closes).num_seconds() <= 15,
         "batch 2 started {}s after the window closed",
         (at - closes).num_seconds()
     );
-    assert!(h.object("new-131", "", "configmaps", "default", "frozen").is_some());
-    let held_entries = done
-        .history
-        .iter()
-        .filter(|e| e.what == "waiting")
-        .count();
+    assert!(
+        h.object("new-131", "", "configmaps", "default", "frozen")
+            .is_some()
+    );
+    let held_entries = done.history.iter().filter(|e| e.what == "waiting").count();
     assert_eq!(held_entries, 1, "one entry for the hold, not one per retry");
     Ok(())
 }
