@@ -1122,11 +1122,15 @@ fn cluster_sync(
             State::WaitingApproval => format!(
                 "waiting for approval: multipilot release approve {} {}",
                 r.name,
-                r.waiting_for.as_deref().unwrap_or(crate::spec::GATE_APPROVAL)
+                r.waiting_for
+                    .as_deref()
+                    .unwrap_or(crate::spec::GATE_APPROVAL)
             ),
             State::Held => format!(
                 "held: {}",
-                r.waiting_for.as_deref().unwrap_or("a sync window or a dependency")
+                r.waiting_for
+                    .as_deref()
+                    .unwrap_or("a sync window or a dependency")
             ),
             State::Blocked => "the plan is blocked".to_string(),
             State::Planned => match r.missing_approvals() {

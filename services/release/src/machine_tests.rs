@@ -1134,8 +1134,17 @@ fn a_held_batch_waits_without_repeating_itself_and_goes_on_when_let() {
     let out = run.pass_batch(out);
     assert_eq!(out.last(), Some(&Decision::Stop), "{out:?}");
     assert_eq!(run.r.state, State::Held);
-    assert_eq!(run.batch(2).state, BatchState::Pending, "nothing of batch 2 happened");
-    assert!(run.r.waiting_for.as_deref().is_some_and(|w| w.contains("deny window 0")));
+    assert_eq!(
+        run.batch(2).state,
+        BatchState::Pending,
+        "nothing of batch 2 happened"
+    );
+    assert!(
+        run.r
+            .waiting_for
+            .as_deref()
+            .is_some_and(|w| w.contains("deny window 0"))
+    );
     assert_eq!(run.entries.last().map(String::as_str), Some("waiting"));
     // tried again, still held for the same reason: no second entry
     let n = run.entries.len();

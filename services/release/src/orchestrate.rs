@@ -158,7 +158,11 @@ impl Service {
     /// Whether a batch must wait: a sync window closed on one of its clusters (an operator's override
     /// passes the windows that allow manual syncs), or a release it depends on not healthy there yet.
     fn hold_check(&self) -> HoldCheck {
-        let (windows, registry, store) = (self.windows.clone(), self.registry.clone(), self.store.clone());
+        let (windows, registry, store) = (
+            self.windows.clone(),
+            self.registry.clone(),
+            self.store.clone(),
+        );
         Box::new(move |r: &Release, batch: &[String], now| {
             let mut reasons = Vec::new();
             let mut overridden = Vec::new();

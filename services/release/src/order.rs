@@ -105,7 +105,13 @@ mod tests {
     use crate::spec::Spec;
     use chrono::Utc;
 
-    fn release(name: &str, deps: &[&str], state: State, revision: u64, on: &[(&str, u64)]) -> Release {
+    fn release(
+        name: &str,
+        deps: &[&str],
+        state: State,
+        revision: u64,
+        on: &[(&str, u64)],
+    ) -> Release {
         let mut spec = Spec::parse(&format!(
             "name: {name}\nmanifests: x\ntargets: {{clusters: [a, b]}}\n"
         ))
@@ -175,15 +181,28 @@ mod tests {
             waiting_for(&app, &both, &stored).as_deref(),
             Some("depends on: release db (it depends on) does not exist")
         );
-        stored.insert("db".into(), release("db", &[], State::Applying, 2, &[("a", 2), ("b", 1)]));
+        stored.insert(
+            "db".into(),
+            release("db", &[], State::Applying, 2, &[("a", 2), ("b", 1)]),
+        );
         assert_eq!(
             waiting_for(&app, &both, &stored).as_deref(),
             Some("depends on: release db is not healthy on b (applying, revision 2)")
         );
-        assert_eq!(waiting_for(&app, &["a".to_string()], &stored), None, "ready on a");
-        stored.insert("db".into(), release("db", &[], State::Succeeded, 2, &[("a", 2), ("b", 2)]));
+        assert_eq!(
+            waiting_for(&app, &["a".to_string()], &stored),
+            None,
+            "ready on a"
+        );
+        stored.insert(
+            "db".into(),
+            release("db", &[], State::Succeeded, 2, &[("a", 2), ("b", 2)]),
+        );
         assert_eq!(waiting_for(&app, &both, &stored), None);
-        stored.insert("db".into(), release("db", &[], State::RollingBack, 2, &[("a", 2), ("b", 2)]));
+        stored.insert(
+            "db".into(),
+            release("db", &[], State::RollingBack, 2, &[("a", 2), ("b", 2)]),
+        );
         assert!(waiting_for(&app, &both, &stored).is_some());
         // a dependency that does not target a cluster does not hold it there
         let mut db = release("db", &[], State::Succeeded, 1, &[("a", 1)]);

@@ -399,7 +399,11 @@ impl Spec {
         if let Some(sel) = &self.sync.approval_selector {
             parse_selector(sel)?;
         }
-        if let Some(d) = self.depends_on.iter().find(|d| !valid_name(d) || **d == self.name) {
+        if let Some(d) = self
+            .depends_on
+            .iter()
+            .find(|d| !valid_name(d) || **d == self.name)
+        {
             return Err(Error::Invalid(if *d == self.name {
                 format!("depends_on: a release can't depend on itself ({d})")
             } else {
