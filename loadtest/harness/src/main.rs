@@ -32,6 +32,9 @@ enum Scenario {
     /// Publishing and draining rates of the agent's publisher, the correlator and the TSDB, each against a
     /// bare async-nats reference on the same server (ratios, as the machines are noisy).
     Throughput(Opts),
+    /// Progressive delivery on 6 clusters: a bad version fails its first batch's error-ratio analysis and
+    /// is rolled back, a good one passes every batch, a deny window holds a release until it closes.
+    Delivery(Opts),
 }
 
 fn main() -> std::process::ExitCode {
@@ -72,6 +75,7 @@ async fn run(cli: Cli) -> Result<bool> {
         Scenario::Crash(o) => ("crash", o),
         Scenario::Scaleout(o) => ("scaleout", o),
         Scenario::Throughput(o) => ("throughput", o),
+        Scenario::Delivery(o) => ("delivery", o),
     };
     let out = o.out.clone().unwrap_or_else(|| {
         PathBuf::from("target/loadtest")
@@ -90,6 +94,7 @@ async fn run(cli: Cli) -> Result<bool> {
             Scenario::Crash(o) => scenario::crash::run(o, work.path()).await,
             Scenario::Throughput(o) => scenario::throughput::run(o, work.path()).await,
             Scenario::Scaleout(o) => scenario::scaleout::run(o, work.path()).await,
+            Scenario::Delivery(o) => scenario::delivery::run(o, work.path()).await,
         }
     };
     // Ctrl-C or SIGTERM drops the run, and with it every process it started

@@ -20,6 +20,9 @@ use crate::proc::Proc;
 /// The NATS subject mapping that partitions agent subjects (`deploy/nats/partitions.conf`).
 const PARTITIONS_CONF: &str = include_str!("../../../deploy/nats/partitions.conf");
 
+/// The release role's config file, in the run's directory.
+const RELEASE_CONFIG: &str = "release.yaml";
+
 /// Where the system's binaries are.
 #[derive(Debug, Clone)]
 pub struct Bins {
@@ -92,6 +95,9 @@ pub struct Spec {
     pub alerts_routing: Option<String>,
     /// Agent outbox disk budget (None: the default).
     pub outbox_max_bytes: Option<u64>,
+    /// Runs the release role with this hub config file (YAML; its `release:` section), and lets the agents
+    /// take its commands (None: no release role).
+    pub release: Option<String>,
 }
 
 /// What a hub role process is.
@@ -104,6 +110,8 @@ pub enum RoleKind {
     Tsdb,
     /// `multipilot alerts`.
     Alerts,
+    /// `multipilot release`.
+    Release,
 }
 
 impl RoleKind {
@@ -113,6 +121,7 @@ impl RoleKind {
             RoleKind::Correlator => "correlator",
             RoleKind::Tsdb => "tsdb",
             RoleKind::Alerts => "alerts",
+            RoleKind::Release => "release",
         }
     }
 }
@@ -309,6 +318,10 @@ impl System {
             plan.push((RoleKind::Tsdb, k));
         }
         plan.push((RoleKind::Alerts, 0));
+        if let Some(text) = &spec.release {
+            std::fs::write(dir.join(RELEASE_CONFIG), text)?;
+            plan.push((RoleKind::Release, 0));
+        }
         for (kind, k) in plan {
             let name = match (kind, spec.correlators, spec.tsdbs) {
                 (RoleKind::Correlator, n, _) | (RoleKind::Tsdb, _, n) if n > 1 => {
@@ -380,8 +393,22 @@ impl System {
                         )]));
                     }
                 }
+                RoleKind::Release => {
+                    // analyses ask the (first) TSDB; the rest of its settings come from the file
+                    e.extend(env(&[
+                        (
+                            "MULTIPILOT_CONFIG",
+                            dir.join(RELEASE_CONFIG).to_string_lossy().into_owned(),
+                        ),
+                        (
+                            "MULTIPILOT_RELEASE__TSDB_URL",
+                            format!("http://127.0.0.1:{}", tsdb_ports[0]),
+                        ),
+                    ]));
+                }
             }
-            if let Some(rate) = spec.rate {
+            // the release role's consumers have no rate settings
+            if let Some(rate) = spec.rate.filter(|_| kind != RoleKind::Release) {
                 // the TSDB's consumer settings are a section of their own (`tsdb.consumer`)
                 let section = match kind {
                     RoleKind::Tsdb => "TSDB__CONSUMER".to_string(),
@@ -420,6 +447,25 @@ impl System {
         for i in 0..sys.roles.len() {
             sys.wait_role_ready(i).await?;
         }
+        // the release role writes its public key for the agents to trust on its first start
+        let trusted_key = match sys.role(RoleKind::Release, 0) {
+            Some(i) => {
+                let key = sys.roles[i].data_dir.join("release/signing.key.pub");
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while !key.is_file() {
+                    if Instant::now() > deadline {
+                        bail!(
+                            "the release role wrote no {}:\n{}",
+                            key.display(),
+                            sys.roles[i].proc.log_tail(20)
+                        );
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Some(key)
+            }
+            None => None,
+        };
 
         // the simulator
         let control_port = free_port()?;
@@ -491,6 +537,12 @@ impl System {
                     "  - name: {}\n    labels: {}\n",
                     serde_json::to_string(name)?,
                     serde_json::to_string(labels)?
+                ));
+            }
+            if let Some(key) = &trusted_key {
+                cfg.push_str(&format!(
+                    "release:\n  enabled: true\n  trusted_key_files: [{}]\n",
+                    serde_json::to_string(&key.to_string_lossy())?
                 ));
             }
             let adir = dir.join(format!("agent-{a}"));
@@ -838,6 +890,89 @@ impl System {
             .find(|r| r.kind == RoleKind::Tsdb)
             .and_then(|r| r.api.clone())
     }
+
+    /// Gives the release role a new config file (`Spec::release`) and restarts it (cleanly) with it: the
+    /// role reads its settings, such as `release.windows`, when it starts.
+    pub async fn reconfigure_release(&mut self, text: &str) -> Result<()> {
+        let i = self
+            .role(RoleKind::Release, 0)
+            .context("the system runs no release role")?;
+        std::fs::write(self.dir.join(RELEASE_CONFIG), text)?;
+        self.roles[i].proc.terminate(Duration::from_secs(10));
+        self.restart_role(i).await
+    }
+
+    /// An object as a simulated cluster's API server serves it (`path` like
+    /// `/apis/apps/v1/namespaces/default/deployments/web`), read with the simulator's kubeconfig as any
+    /// client would: its CA, its bearer token.
+    pub async fn cluster_get(&self, cluster: &str, path: &str) -> Result<serde_json::Value> {
+        let text = std::fs::read_to_string(self.dir.join("sim/kubeconfig.yaml"))?;
+        let kc: serde_json::Value = serde_yaml::from_str(&text)?;
+        let named = |list: &str, name: &str| {
+            kc[list]
+                .as_array()
+                .and_then(|a| a.iter().find(|x| x["name"] == name))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let ctx = named("contexts", cluster);
+        let cl = named(
+            "clusters",
+            ctx["context"]["cluster"].as_str().unwrap_or(cluster),
+        );
+        let user = named("users", ctx["context"]["user"].as_str().unwrap_or_default());
+        let server = cl["cluster"]["server"]
+            .as_str()
+            .with_context(|| format!("no cluster {cluster} in the simulator's kubeconfig"))?;
+        let ca = base64_decode(
+            cl["cluster"]["certificate-authority-data"]
+                .as_str()
+                .unwrap_or_default(),
+        )?;
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .add_root_certificate(reqwest::Certificate::from_pem(&ca)?)
+            .build()?;
+        let r = http
+            .get(format!("{server}{path}"))
+            .bearer_auth(user["user"]["token"].as_str().unwrap_or_default())
+            .send()
+            .await
+            .with_context(|| format!("GET {path} on {cluster}"))?;
+        let status = r.status();
+        let v: serde_json::Value = r.json().await?;
+        if !status.is_success() {
+            bail!("GET {path} on {cluster}: {status}: {v}");
+        }
+        Ok(v)
+    }
+}
+
+/// Standard base64 (with or without padding), as a kubeconfig's `*-data` fields hold it.
+fn base64_decode(text: &str) -> Result<Vec<u8>> {
+    let mut out = Vec::with_capacity(text.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for ch in text
+        .bytes()
+        .filter(|c| !c.is_ascii_whitespace() && *c != b'=')
+    {
+        let v = match ch {
+            b'A'..=b'Z' => ch - b'A',
+            b'a'..=b'z' => ch - b'a' + 26,
+            b'0'..=b'9' => ch - b'0' + 52,
+            b'+' => 62,
+            b'/' => 63,
+            _ => bail!("not base64: {:?}", ch as char),
+        };
+        acc = (acc << 6) | u32::from(v);
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+            acc &= (1 << bits) - 1;
+        }
+    }
+    Ok(out)
 }
 
 /// Switches simulator faults (cheap to clone, usable from any task).
@@ -971,5 +1106,13 @@ mod tests {
         assert_eq!(j.stream("FLEET_EVENTS").map(|s| s.last_seq), Some(12));
         assert_eq!(j.consumers[0].num_pending, 3);
         assert_eq!(j.consumers[0].ack_floor_stream_seq, 8);
+    }
+
+    #[test]
+    fn base64_decodes_with_and_without_padding() {
+        assert_eq!(base64_decode("aGVsbG8=").unwrap(), b"hello");
+        assert_eq!(base64_decode("aGVsbG8").unwrap(), b"hello");
+        assert_eq!(base64_decode("LS0tLS1C\nRUdJTg==").unwrap(), b"-----BEGIN");
+        assert!(base64_decode("a*b").is_err());
     }
 }

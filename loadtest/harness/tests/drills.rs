@@ -86,3 +86,8 @@ fn crash_drill_short() {
 fn scaleout_short() {
     run("scaleout");
 }
+
+#[test]
+fn delivery_short() {
+    run("delivery");
+}

@@ -34,6 +34,7 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
         nats_nodes: 1,
         alerts_routing: Some(FAST_ROUTING.into()),
         outbox_max_bytes: None,
+        release: None,
     };
     let rounds = o.rounds.unwrap_or(o.pick(1, 3));
     let (between, down) = o.pick((6u64, 4u64), (20, 10));

@@ -456,6 +456,7 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
         nats_nodes: 1,
         alerts_routing: None,
         outbox_max_bytes: None,
+        release: None,
     };
     let quiet_s = o.duration.unwrap_or(o.pick(40, 1800));
     let classes: Vec<Class> = CLASSES

@@ -2,6 +2,7 @@
 //! standard figures and plots.
 
 pub mod crash;
+pub mod delivery;
 pub mod faults;
 pub mod fleet_phase;
 pub mod scaleout;

@@ -39,6 +39,7 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
         nats_nodes: 3,
         alerts_routing: Some(FAST_ROUTING.into()),
         outbox_max_bytes: None,
+        release: None,
     };
     let run_s = o.duration.unwrap_or(o.pick(15, 120));
     let mut r = Report::new(

@@ -29,6 +29,7 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
         nats_nodes: 1,
         alerts_routing: Some(FAST_ROUTING.into()),
         outbox_max_bytes: None,
+        release: None,
     };
     let duration = o.duration.unwrap_or(o.pick(45, 600));
     let warmup = o.pick(10.0, 60.0);

@@ -44,6 +44,7 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
         nats_nodes: 1,
         alerts_routing: Some(FAST_ROUTING.into()),
         outbox_max_bytes: Some(o.pick(256 << 20, 2 << 30)),
+        release: None,
     };
     let outage = o.duration.unwrap_or(o.pick(20, 600));
     let warmup = o.pick(15.0, 60.0);
