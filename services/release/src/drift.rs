@@ -420,6 +420,19 @@ impl Drift {
         }
     }
 
+    /// Forgets what was seen of these objects on `cluster`: a rollback just rewrote them, and until their
+    /// new states arrive the last seen is the failed revision's, which the restored release would call drift.
+    pub fn forget(&mut self, cluster: &str, objects: impl IntoIterator<Item = ObjectRef>) {
+        for o in objects {
+            self.live.remove(&(
+                cluster.to_string(),
+                o.kind,
+                o.namespace.unwrap_or_default(),
+                o.name,
+            ));
+        }
+    }
+
     /// Judges the dirty clusters: the new items per (release, cluster), and what to heal.
     fn judge_dirty(&mut self, controllers: &[String]) -> Vec<String> {
         let clusters: Vec<String> = std::mem::take(&mut self.dirty).into_iter().collect();

@@ -17,7 +17,9 @@ use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use multipilot_bus::jetstream::{Start, decode, header, read_history};
 use multipilot_schemas::codec::DEFAULT_MAX_BYTES;
-use multipilot_schemas::payload::{ApplyOutcome, FleetIncident, Incident, ReleaseAction};
+use multipilot_schemas::payload::{
+    ApplyOutcome, FleetIncident, Incident, ObjectRef, ReleaseAction,
+};
 use multipilot_schemas::streams::name;
 use multipilot_schemas::{HEADER_SCHEMA, Payload, subject};
 use serde_json::{Value, json};
@@ -86,6 +88,98 @@ pub fn restorable(live: &Value) -> Value {
         m.retain(|k, _| matches!(k.as_str(), "name" | "namespace" | "labels" | "annotations"));
     }
     v
+}
+
+/// The fields of `live` (a snapshot's object) at the places the `shapes` (what the release applied: this
+/// revision's rendered object, and the previous revision's) set — what a rollback re-applies under the
+/// release's field manager. Re-applying the whole snapshot would make that manager own every field of the
+/// object, and the next revision, which sets fewer, would delete the rest (resources, strategy…) as
+/// server-side apply does with fields a manager stops setting. Projected, the manager owns what it owned,
+/// with the values from before; a field the release added and the snapshot lacks is left out, so the apply
+/// removes it again. Lists of objects are matched by their merge key (`name`, `containerPort`,
+/// `mountPath`, `port`, …), other lists are atomic and taken whole.
+pub fn projected(live: &Value, shapes: &[&Value]) -> Value {
+    fn key_of(items: &[&Value]) -> Option<&'static str> {
+        [
+            "name",
+            "containerPort",
+            "mountPath",
+            "port",
+            "devicePath",
+            "ip",
+            "type",
+        ]
+        .into_iter()
+        .find(|k| !items.is_empty() && items.iter().all(|i| i.get(*k).is_some()))
+    }
+    fn walk(live: &Value, shapes: &[&Value]) -> Value {
+        match live {
+            Value::Object(m) => {
+                let mut out = serde_json::Map::new();
+                for (k, v) in m {
+                    let sub: Vec<&Value> = shapes.iter().filter_map(|s| s.get(k)).collect();
+                    if !sub.is_empty() {
+                        out.insert(k.clone(), walk(v, &sub));
+                    }
+                }
+                Value::Object(out)
+            }
+            Value::Array(items) => {
+                let shape_items: Vec<&Value> = shapes
+                    .iter()
+                    .filter_map(|s| s.as_array())
+                    .flatten()
+                    .collect();
+                let maps =
+                    items.iter().all(Value::is_object) && shape_items.iter().all(|i| i.is_object());
+                let key = if maps { key_of(&shape_items) } else { None };
+                match key {
+                    Some(k) => Value::Array(
+                        items
+                            .iter()
+                            .filter_map(|i| {
+                                let want = i.get(k)?;
+                                let sub: Vec<&Value> = shape_items
+                                    .iter()
+                                    .copied()
+                                    .filter(|s| s.get(k) == Some(want))
+                                    .collect();
+                                (!sub.is_empty()).then(|| walk(i, &sub))
+                            })
+                            .collect(),
+                    ),
+                    None => live.clone(),
+                }
+            }
+            other => other.clone(),
+        }
+    }
+    let mut out = walk(&restorable(live), shapes);
+    // what names the object, whatever the shapes say
+    if let (Some(o), Some(l)) = (out.as_object_mut(), live.as_object()) {
+        for k in ["apiVersion", "kind"] {
+            if let Some(v) = l.get(k) {
+                o.insert(k.into(), v.clone());
+            }
+        }
+        o.entry("metadata").or_insert_with(|| json!({}));
+    }
+    if let Some(m) = out.get_mut("metadata").and_then(Value::as_object_mut) {
+        for k in ["name", "namespace"] {
+            if let Some(v) = live.pointer(&format!("/metadata/{k}")) {
+                m.insert(k.into(), v.clone());
+            }
+        }
+    }
+    out
+}
+
+/// The same object (the namespace of a rendered one may be left to the default).
+fn same_object(a: &ObjectRef, b: &ObjectRef) -> bool {
+    a.kind == b.kind
+        && a.name == b.name
+        && a.api_version.split('/').next() == b.api_version.split('/').next()
+        && (a.namespace == b.namespace || a.namespace.is_none() || b.namespace.is_none())
 }
 
 /// What an agent's failed answer says: each object's error, or the command's.
@@ -639,9 +733,35 @@ impl Service {
         };
         let mut restore = Vec::new();
         let mut remove = Vec::new();
+        // what the release applied there, this revision and the one before (the fields its manager owns)
+        let applied: Vec<(ObjectRef, &Value)> = Self::cluster_plan(r, cluster)
+            .into_iter()
+            .flat_map(|p| p.objects.iter())
+            .filter(|o| o.applied())
+            .map(|o| (o.object.clone(), &o.rendered))
+            .chain(
+                r.deployed_before
+                    .get(cluster)
+                    .into_iter()
+                    .flat_map(|d| d.objects.iter())
+                    .map(|v| (crate::plan::oref(v), v)),
+            )
+            .collect();
         for o in &snap {
             match &o.live {
-                Some(live) => restore.push(restorable(live)),
+                Some(live) => {
+                    let shapes: Vec<&Value> = applied
+                        .iter()
+                        .filter(|(k, _)| same_object(k, &o.object))
+                        .map(|(_, v)| *v)
+                        .collect();
+                    restore.push(if shapes.is_empty() {
+                        // deleted by the release, or not of it: back whole
+                        restorable(live)
+                    } else {
+                        projected(live, &shapes)
+                    });
+                }
                 None if o.outcome == ApplyOutcome::Absent => {
                     let mut meta = serde_json::Map::new();
                     meta.insert("name".into(), json!(o.object.name));
@@ -692,6 +812,11 @@ impl Service {
                 Err(e) => failure = Some(format!("{cluster}: {e}")),
             }
         }
+        // the objects' last states are the failed revision's until the restored ones arrive
+        self.drift
+            .lock()
+            .await
+            .forget(cluster, snap.iter().map(|o| o.object.clone()));
         StepOutcome::Sent { outcomes, failure }
     }
 }
@@ -699,6 +824,44 @@ impl Service {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rollback_restores_only_the_fields_the_release_applied() {
+        let live = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "catalog", "uid": "u", "labels": {"team": "catalog"},
+                "managedFields": [{"manager": "kubectl"}]},
+            "spec": {"replicas": 3, "revisionHistoryLimit": 10,
+                "strategy": {"type": "RollingUpdate"},
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": {"metadata": {"labels": {"app": "web"}},
+                    "spec": {"containers": [
+                        {"name": "web", "image": "web:1.5.0", "resources": {"limits": {"memory": "256Mi"}},
+                         "ports": [{"containerPort": 8080, "name": "http", "protocol": "TCP"}]},
+                        {"name": "sidecar", "image": "proxy:1"}]}}},
+            "status": {"replicas": 3}});
+        let rendered = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "catalog"},
+            "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}},
+                "template": {"metadata": {"labels": {"app": "web"}},
+                    "spec": {"containers": [{"name": "web", "image": "web:1.6.0",
+                        "ports": [{"containerPort": 8080}], "args": ["--new"]}]}}}});
+        assert_eq!(
+            projected(&live, &[&rendered]),
+            json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "web", "namespace": "catalog"},
+                "spec": {"replicas": 3, "selector": {"matchLabels": {"app": "web"}},
+                    "template": {"metadata": {"labels": {"app": "web"}},
+                        "spec": {"containers": [{"name": "web", "image": "web:1.5.0",
+                            "ports": [{"containerPort": 8080}]}]}}}}),
+            "the image back, the release's new args left out (the apply removes them), what others own untouched"
+        );
+        // the previous revision's fields count too
+        let before = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web"},
+            "spec": {"revisionHistoryLimit": 5}});
+        let p = projected(&live, &[&rendered, &before]);
+        assert_eq!(p["spec"]["revisionHistoryLimit"], 10);
+        assert!(p["spec"].get("strategy").is_none());
+    }
 
     #[test]
     fn restorable_keeps_what_an_apply_may_carry() {
