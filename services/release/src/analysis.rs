@@ -66,7 +66,9 @@ pub const TEMPLATES: &[Template] = &[
         query: "sum(increase(kube_pod_container_status_restarts_total{cluster=\"{{cluster}}\",namespace=~\"{{namespace}}\",pod=~\"({{workloads}})-.*\"}[{{interval}}])) or vector(0)",
         success: None,
         // a fleet whose pods restart now and then anyway (the baseline) fails only on clearly more
-        failure: Some("baseline == null ? result >= 3.0 : result >= 1.0 && result > baseline * 2.0 + 1.0"),
+        failure: Some(
+            "baseline == null ? result >= 3.0 : result >= 1.0 && result > baseline * 2.0 + 1.0",
+        ),
     },
     Template {
         name: "readiness",
@@ -766,10 +768,22 @@ mod tests {
         let a = compiled("metrics: [{name: r, template: restarts}]");
         let v = |x: f64, b: Option<f64>| a.judge("r", "c", Ok(x), b).verdict;
         assert_eq!(v(0.0, Some(0.0)), Verdict::Successful);
-        assert_eq!(v(2.0, Some(0.0)), Verdict::Failed, "restarts where the baseline has none");
-        assert_eq!(v(13.8, Some(12.8)), Verdict::Successful, "as often as the rest of the fleet");
+        assert_eq!(
+            v(2.0, Some(0.0)),
+            Verdict::Failed,
+            "restarts where the baseline has none"
+        );
+        assert_eq!(
+            v(13.8, Some(12.8)),
+            Verdict::Successful,
+            "as often as the rest of the fleet"
+        );
         assert_eq!(v(30.0, Some(12.8)), Verdict::Failed);
-        assert_eq!(v(2.0, None), Verdict::Successful, "no baseline: a fixed threshold of 3");
+        assert_eq!(
+            v(2.0, None),
+            Verdict::Successful,
+            "no baseline: a fixed threshold of 3"
+        );
         assert_eq!(v(3.0, None), Verdict::Failed);
     }
 
