@@ -235,6 +235,29 @@ impl H {
         .await
     }
 
+    /// Applies `spec` (the release `name`) and waits until it is no longer busy: the role's last answer,
+    /// and its history one line an entry.
+    async fn apply_and_wait(&self, spec: &str, name: &str) -> Result<(Reply, Vec<String>)> {
+        let r = self
+            .call(
+                "apply",
+                &ApplyRequest {
+                    spec: Some(spec.into()),
+                    actor: "tester".into(),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        anyhow::ensure!(r.ok, "{r:?}");
+        let done = self.wait_state(name, 120).await?;
+        let entries = done
+            .history
+            .iter()
+            .map(|e| format!("{} {} {}", e.what, e.ok, e.summary))
+            .collect();
+        Ok((done, entries))
+    }
+
     async fn wait_until_state(&self, name: &str, want: State, secs: u64) -> Result<Reply> {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
         loop {
@@ -985,24 +1008,8 @@ async fn a_release_whose_error_ratio_rises_fails_its_analysis_and_a_good_one_pas
     }
     // 30 % of the new version's requests fail: its rollout is healthy, its analysis is not
     let bad = analysed_release("web-bad", "registry.example.com/web:2.0.0-errors30");
-    let r = h
-        .call(
-            "apply",
-            &ApplyRequest {
-                spec: Some(bad),
-                actor: "tester".into(),
-                ..Default::default()
-            },
-        )
-        .await?;
-    assert!(r.ok, "{r:?}");
-    let done = h.wait_state("web-bad", 120).await?;
+    let (done, entries) = h.apply_and_wait(&bad, "web-bad").await?;
     let rel = done.release.context("release")?;
-    let entries: Vec<String> = done
-        .history
-        .iter()
-        .map(|e| format!("{} {} {}", e.what, e.ok, e.summary))
-        .collect();
     assert_eq!(rel.state, State::RolledBack, "{entries:#?}");
     assert_eq!(rel.batches[0].state, "failed", "{entries:#?}");
     assert_eq!(
@@ -1041,24 +1048,8 @@ async fn a_release_whose_error_ratio_rises_fails_its_analysis_and_a_good_one_pas
     }
     // a good version passes both batches' analyses
     let good = analysed_release("web-good", "registry.example.com/web:2.0.1");
-    let r = h
-        .call(
-            "apply",
-            &ApplyRequest {
-                spec: Some(good),
-                actor: "tester".into(),
-                ..Default::default()
-            },
-        )
-        .await?;
-    assert!(r.ok, "{r:?}");
-    let done = h.wait_state("web-good", 120).await?;
+    let (done, entries) = h.apply_and_wait(&good, "web-good").await?;
     let rel = done.release.context("release")?;
-    let entries: Vec<String> = done
-        .history
-        .iter()
-        .map(|e| format!("{} {} {}", e.what, e.ok, e.summary))
-        .collect();
     assert_eq!(rel.state, State::Succeeded, "{entries:#?}");
     let rounds = done.history.iter().filter(|e| e.what == "analysis").count();
     assert_eq!(rounds, 4, "two rounds per batch: {entries:#?}");

@@ -756,14 +756,7 @@ impl Machine {
                         failures,
                     }
                 } else if let Some(e) = failures.into_iter().next() {
-                    self.fail_batch(
-                        r,
-                        index,
-                        e.clone(),
-                        &format!("batch {index}: {e}"),
-                        now,
-                        &mut out,
-                    )
+                    self.fail_batch_at(r, index, e, now, &mut out)
                 } else {
                     // the clusters count as changed from here on; the drift judge must know before their
                     // new states arrive
@@ -825,14 +818,7 @@ impl Machine {
                     }
                 } else if !failures.is_empty() {
                     let e = failures.join("; ");
-                    self.fail_batch(
-                        r,
-                        index,
-                        e.clone(),
-                        &format!("batch {index}: {e}"),
-                        now,
-                        &mut out,
-                    )
+                    self.fail_batch_at(r, index, e, now, &mut out)
                 } else {
                     self.health_gate(r, index, now, &mut out)
                 }
@@ -974,14 +960,7 @@ impl Machine {
                 match conclusion {
                     Conclusion::Failed(why) => {
                         let e = format!("analysis failed: {why}");
-                        self.fail_batch(
-                            r,
-                            index,
-                            e.clone(),
-                            &format!("batch {index}: {e}"),
-                            now,
-                            &mut out,
-                        )
+                        self.fail_batch_at(r, index, e, now, &mut out)
                     }
                     Conclusion::Inconclusive(why) => self.hold(r, index, why, &mut out),
                     Conclusion::Running | Conclusion::Passed => {
@@ -1005,26 +984,12 @@ impl Machine {
                     self.next_batch(r, now, &mut out)
                 } else {
                     let e = format!("new incidents during the soak: {}", found.join("; "));
-                    self.fail_batch(
-                        r,
-                        index,
-                        e.clone(),
-                        &format!("batch {index}: {e}"),
-                        now,
-                        &mut out,
-                    )
+                    self.fail_batch_at(r, index, e, now, &mut out)
                 }
             }
             (Phase::Soak { index, .. }, Input::IncidentsUnknown(why)) => {
                 let e = format!("cannot tell whether incidents opened: {why}");
-                self.fail_batch(
-                    r,
-                    index,
-                    e.clone(),
-                    &format!("batch {index}: {e}"),
-                    now,
-                    &mut out,
-                )
+                self.fail_batch_at(r, index, e, now, &mut out)
             }
             (
                 Phase::RollingBack {
@@ -1497,6 +1462,19 @@ impl Machine {
     }
 
     /// The batch failed: it stops the release.
+    /// The batch failed with `e`; the release's error is `batch <index>: <e>`.
+    fn fail_batch_at(
+        &mut self,
+        r: &mut Release,
+        index: u32,
+        e: String,
+        now: DateTime<Utc>,
+        out: &mut Vec<Decision>,
+    ) -> Phase {
+        let release_error = format!("batch {index}: {e}");
+        self.fail_batch(r, index, e, &release_error, now, out)
+    }
+
     fn fail_batch(
         &mut self,
         r: &mut Release,
