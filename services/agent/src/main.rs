@@ -5,7 +5,7 @@
 
 /// jemalloc, as TiKV, Vector and GreptimeDB use: it returns freed memory to the system (background
 /// purging) and does not fragment under the many small, short-lived allocations of message decoding.
-#[cfg(not(target_env = "msvc"))]
+#[cfg(all(feature = "jemalloc", not(target_env = "msvc")))]
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
