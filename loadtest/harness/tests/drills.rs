@@ -13,6 +13,10 @@ use std::sync::Mutex;
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 fn run(scenario: &str) {
+    run_with(scenario, &[]);
+}
+
+fn run_with(scenario: &str, args: &[&str]) {
     let _guard = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let exe = Path::new(env!("CARGO_BIN_EXE_multipilot-loadtest"));
     let bins = exe.parent().expect("the binary's directory");
@@ -27,6 +31,7 @@ fn run(scenario: &str) {
     let output = Command::new(exe)
         .arg(scenario)
         .arg("--short")
+        .args(args)
         .arg("--out")
         .arg(out.path())
         .env("RUST_LOG", "warn")
@@ -64,7 +69,8 @@ fn run(scenario: &str) {
 
 #[test]
 fn steady_short() {
-    run("steady");
+    // with the reconnect storm in the middle (5 s without NATS), as the 50-cluster variant runs it
+    run_with("steady", &["--storm", "5"]);
 }
 
 #[test]

@@ -62,6 +62,9 @@ pub struct Opts {
     /// profile one role.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,
+    /// Steady: a reconnect storm in the middle of the load window, NATS down for this many seconds.
+    #[arg(long)]
+    pub storm: Option<u64>,
 }
 
 impl Opts {
