@@ -166,7 +166,7 @@ pub struct Engine {
     nflog_retention: Duration,
     replaying: bool,
     /// Alerts changed since the last [`Engine::take_changes`] (an incident's alert is written once per
-    /// consumed batch, however many revisions of it the batch held).
+    /// tick, however many revisions of it came in meanwhile).
     unsaved: BTreeSet<String>,
     /// Alerts forgotten since then.
     forgotten: BTreeMap<String, Alert>,

@@ -9,9 +9,13 @@
 //! mute alerts. Receivers: webhooks (Alertmanager webhook payload v4), an existing Alertmanager
 //! (`/api/v2/alerts`), Slack-compatible incoming webhooks, and `fleet.alert.<receiver>` on NATS.
 //!
-//! Durability: alerts, silences, the notification log and pending notifications live in sled; an incident
-//! is acked only after its alert is on disk, and a notification is on disk (with its log entry) before it
-//! is sent. See `README.md` for the guarantees and their one window.
+//! Durability: alerts, silences, the notification log and pending notifications live in sled, and a
+//! notification is on disk (with its log entry) before it is sent. An incident is acked as soon as it is
+//! taken in memory: the tick loop writes the alerts changed since its last tick off the consumer's path,
+//! then marks in the store the durable's ack floor it read before taking them (every input up to it is on
+//! disk). At start the router takes in again, in stream order, what the durable delivered after that
+//! mark, so an input acked but not yet written is not lost (a second take of an input is a stale
+//! revision). See `README.md` for the guarantees and their one window.
 //!
 //! Alerts can also be posted to `POST /api/v2/alerts` (Alertmanager's API, as Prometheus and vmalert
 //! send them): their id is Alertmanager's fingerprint of their labels, and one without `endsAt` resolves
@@ -39,7 +43,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use chrono::Utc;
-use multipilot_bus::consume::{self, CommitError, Handler, Outcome, Received, Runner};
+use multipilot_bus::consume::{self, Handler, Outcome, Received, Runner};
 use multipilot_runtime::Context;
 // what the router reads: incident changes and event digests
 use multipilot_schemas::streams::AlertInput as Input;
@@ -116,32 +120,40 @@ struct H {
     event_ttl: std::time::Duration,
 }
 
-impl Handler<Input> for H {
-    async fn handle(&mut self, msg: Received<Input>) -> Outcome {
-        // taken in memory; written when the batch is committed, before it is acked
-        let e = &mut self.router.lock().await.engine;
-        match &msg.envelope.payload {
-            Input::Incident(inc) => {
-                e.on_incident(inc, Utc::now());
-            }
-            Input::Digest(d) if self.events.passes(d.severity) => {
-                e.on_digest(d, msg.ingest_time, Utc::now(), self.event_ttl);
-            }
-            Input::Digest(_) => {}
-            Input::Fleet(f) => {
-                e.on_fleet_incident(f, Utc::now());
-            }
+/// Takes one input into the engine, in memory.
+fn apply(
+    e: &mut engine::Engine,
+    input: &Input,
+    stored_at: chrono::DateTime<Utc>,
+    (events, event_ttl): (config::EventThreshold, std::time::Duration),
+) {
+    match input {
+        Input::Incident(inc) => {
+            e.on_incident(inc, Utc::now());
         }
-        Outcome::Done
+        Input::Digest(d) if events.passes(d.severity) => {
+            e.on_digest(d, stored_at, Utc::now(), event_ttl);
+        }
+        Input::Digest(_) => {}
+        Input::Fleet(f) => {
+            e.on_fleet_incident(f, Utc::now());
+        }
     }
+}
 
-    async fn commit(&mut self) -> Result<(), CommitError> {
-        let store = {
-            let mut r = self.router.lock().await;
-            r.save().map_err(CommitError::retryable)?;
-            r.store.clone()
-        };
-        store.flush().await.map_err(CommitError::retryable)
+impl Handler<Input> for H {
+    // Taken in memory and acked at once (no commit): the tick loop writes the alerts off this path and
+    // then marks the durable's ack floor in the store; a restart applies again what came after the mark
+    // (`catch_up`), so an input acked but not yet written is not lost.
+    async fn handle(&mut self, msg: Received<Input>) -> Outcome {
+        let e = &mut self.router.lock().await.engine;
+        apply(
+            e,
+            &msg.envelope.payload,
+            msg.ingest_time,
+            (self.events, self.event_ttl),
+        );
+        Outcome::Done
     }
 }
 
@@ -184,13 +196,13 @@ async fn open_replica(js: &async_nats::jetstream::Context, config: &Config) -> R
 
 /// Brings the store in line with the buckets at start: a blank (new or wiped) store is restored from them
 /// and the incidents are replayed from the start; a store that predates the buckets is copied into them;
-/// whatever a previous run left queued is replicated.
-async fn prepare(store: &Store, js: &async_nats::jetstream::Context) -> Result<()> {
+/// whatever a previous run left queued is replicated. Returns whether it restored (and a replay began).
+async fn prepare(store: &Store, js: &async_nats::jetstream::Context) -> Result<bool> {
     let local = store_err::<store::Error>;
-    if store
+    let blank = store
         .is_blank()
-        .map_err(local("reading the alerts store"))?
-    {
+        .map_err(local("reading the alerts store"))?;
+    if blank {
         store
             .begin_restore()
             .map_err(local("starting the restore"))?;
@@ -237,7 +249,7 @@ async fn prepare(store: &Store, js: &async_nats::jetstream::Context) -> Result<(
     store.replicate().await.map_err(bus_err(
         "replicating silences and the notification log to the KV buckets",
     ))?;
-    Ok(())
+    Ok(blank)
 }
 
 /// Recreates the durable `alerts` on FLEET_INCIDENTS with the topology's settings, so it delivers from the
@@ -272,6 +284,74 @@ async fn replay_done(js: &async_nats::jetstream::Context, target: u64) -> Result
         || (info.num_pending == 0 && info.num_ack_pending == 0))
 }
 
+/// The durable `alerts`' state: its ack floor (every input up to it was taken into the engine) and the
+/// last sequence it delivered (nothing after it was acked).
+async fn durable_position(js: &async_nats::jetstream::Context) -> Result<Option<(u64, u64)>> {
+    let (stream_name, durable) = INCIDENTS;
+    let info = multipilot_bus::jetstream::Durable::shared(stream_name, durable)
+        .info(js)
+        .await
+        .map_err(bus_err("reading the alerts durable"))?;
+    Ok(info.map(|i| (i.ack_floor.stream_sequence, i.delivered.stream_sequence)))
+}
+
+/// Takes in again, in stream order, what the durable delivered after `through` (the store's mark): inputs
+/// that may have been acked before their alerts were written. What it had not delivered, it delivers next
+/// (an input taken twice is a stale revision the second time). Returns how many were read.
+async fn catch_up(
+    js: &async_nats::jetstream::Context,
+    engine: &mut engine::Engine,
+    through: u64,
+    settings: (config::EventThreshold, std::time::Duration),
+) -> Result<u64> {
+    let (stream_name, durable) = INCIDENTS;
+    let Some((_, delivered)) = durable_position(js).await? else {
+        return Ok(0);
+    };
+    if delivered <= through {
+        return Ok(0);
+    }
+    let filters = multipilot_bus::topology::Topology::embedded()
+        .consumer(stream_name, durable)
+        .map(|c| c.filter_subjects.clone())
+        .unwrap_or_default();
+    let max_bytes = consume::Config::default().max_message_bytes;
+    multipilot_bus::jetstream::read_range(
+        js,
+        stream_name,
+        filters,
+        multipilot_bus::jetstream::Start::After(through),
+        Some(delivered),
+        |m| {
+            // what the consumer refuses (and dead-letters) is skipped here too
+            let Ok(env) = multipilot_bus::jetstream::decode::<Input>(m.message, max_bytes) else {
+                return;
+            };
+            if multipilot_schemas::subject::cluster_of(&m.message.subject)
+                .is_some_and(|owner| owner != env.cluster)
+            {
+                return;
+            }
+            apply(engine, &env.payload, m.published, settings);
+        },
+    )
+    .await
+    .map_err(bus_err(
+        "reading back FLEET_INCIDENTS after the store's mark",
+    ))
+}
+
+/// Records that every input up to `floor` (an ack floor read before the engine's changes were last taken)
+/// is in the store: what those changes wrote is flushed first, the mark after.
+async fn mark(store: &Store, floor: u64) -> Result<(), store::Error> {
+    store.flush().await?;
+    if store.incidents_through()?.is_some_and(|m| m >= floor) {
+        return Ok(());
+    }
+    store.set_incidents_through(floor)?;
+    store.flush().await
+}
+
 /// Runs the alert router until `ctx.cancel` fires.
 pub async fn run(config: Config, ctx: Context) -> Result<()> {
     config.auth.check_listen("alerts", &config.listen)?;
@@ -291,10 +371,30 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         config.data_dir
     )))?;
     let store = store.with_replica(open_replica(&ctx.js, &config).await?);
-    prepare(&store, &ctx.js).await?;
-    let replay_until = store
+    let restored = prepare(&store, &ctx.js).await?;
+    let local = store_err::<store::Error>;
+    let mut replay_until = store
         .replay_until()
-        .map_err(store_err::<store::Error>("reading the alerts store"))?;
+        .map_err(local("reading the alerts store"))?;
+    let through = store
+        .incidents_through()
+        .map_err(local("reading the alerts store"))?;
+    if replay_until.is_some() && !restored {
+        // a replay cut short: what it had acked was only in memory, so it starts again
+        replay_until = reset_consumer(&ctx.js).await?;
+        store
+            .set_replay_until(replay_until)
+            .map_err(local("recording the replay"))?;
+        store
+            .flush()
+            .await
+            .map_err(local("flushing the alerts store"))?;
+        tracing::info!(
+            ?replay_until,
+            "an unfinished replay of the incidents starts again"
+        );
+    }
+    let settings = (config.event_min_severity, config.event_ttl);
     let mut router = Router::open(
         store.clone(),
         (*routing).clone(),
@@ -302,6 +402,28 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         config.nflog_retention,
         Utc::now(),
     );
+    let mut through = through;
+    match (replay_until, through) {
+        // a replay rebuilds everything; the mark is written when it is over
+        (Some(_), _) => {}
+        (None, Some(t)) => {
+            let n = catch_up(&ctx.js, &mut router.engine, t, settings).await?;
+            tracing::info!(
+                through = t,
+                inputs = n,
+                "incidents after the store's mark taken in again"
+            );
+        }
+        (None, None) => {
+            // a store from before incidents were acked ahead of their alerts' write: it wrote each
+            // before its ack, so it holds everything up to the ack floor
+            let floor = durable_position(&ctx.js).await?.map_or(0, |(f, _)| f);
+            mark(&store, floor)
+                .await
+                .map_err(local("marking the incidents written"))?;
+            through = Some(floor);
+        }
+    }
     router.engine.set_replaying(replay_until.is_some());
     let router = Arc::new(Mutex::new(router));
     let metrics = {
@@ -374,6 +496,10 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
             let mut replay_until = replay_until;
+            // the store's mark, and whether it holds writes not flushed yet
+            let (mut marked, mut dirty) = (through.unwrap_or(0), false);
+            // a replay ended whose end the store does not record yet
+            let mut replay_over = false;
             loop {
                 tokio::select! {
                     _ = cancel.cancelled() => return,
@@ -382,13 +508,11 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
                 if let Some(target) = replay_until {
                     match replay_done(&js, target).await {
                         Ok(true) => {
-                            let mut r = router.lock().await;
-                            if let Err(err) = r.store.set_replay_until(None) {
-                                tracing::error!(error = %err, "recording the end of the replay failed; will retry");
-                                continue;
-                            }
-                            r.engine.set_replaying(false);
+                            // the store says the replay is over once its first mark is written (a
+                            // restart before that replays again: what it took in was only in memory)
+                            router.lock().await.engine.set_replaying(false);
                             replay_until = None;
+                            replay_over = true;
                             tracing::info!(target, "incidents replayed; notifying again");
                         }
                         Ok(false) => continue,
@@ -398,10 +522,20 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
                         }
                     }
                 }
+                // read before the engine's changes are taken: every input up to it is among them
+                let floor = match durable_position(&js).await {
+                    Ok(p) => p.map(|(floor, _)| floor),
+                    Err(err) => {
+                        tracing::debug!(error = %err, "reading the alerts durable failed; marking later");
+                        None
+                    }
+                };
                 let now = Utc::now();
                 let (n, store) = {
                     let mut r = router.lock().await;
-                    match r.tick(now) {
+                    let ticked = r.tick(now);
+                    dirty |= r.take_written();
+                    match ticked {
                         Ok(n) => (n, r.store.clone()),
                         Err(err) => {
                             tracing::error!(error = %err, "flushing alert groups failed; will retry");
@@ -409,11 +543,29 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
                         }
                     }
                 };
-                if n > 0 || store.outbox_len() > 0 {
+                if dirty || n > 0 || store.outbox_len() > 0 {
                     if let Err(err) = store.flush().await {
                         tracing::error!(error = %err, "flushing the alerts store failed");
                         continue;
                     }
+                    dirty = false;
+                }
+                if let Some(floor) = floor.filter(|f| *f > marked || replay_over) {
+                    match mark(&store, floor).await {
+                        Ok(()) => marked = floor,
+                        Err(err) => tracing::warn!(error = %err, "marking the incidents written failed; will retry"),
+                    }
+                    if replay_over && marked == floor {
+                        match store.set_replay_until(None) {
+                            Ok(_) => match store.flush().await {
+                                Ok(()) => replay_over = false,
+                                Err(err) => tracing::warn!(error = %err, "recording the end of the replay failed; will retry"),
+                            },
+                            Err(err) => tracing::warn!(error = %err, "recording the end of the replay failed; will retry"),
+                        }
+                    }
+                }
+                if n > 0 || store.outbox_len() > 0 {
                     // a notification goes out only once its log entry is in the bucket as well: a router
                     // restored from the bucket must not send it again
                     if let Err(err) = store.replicate().await {
@@ -436,11 +588,18 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     tracing::info!(%addr, data_dir = %config.data_dir, receivers = routing.receivers.len(), "alert router running; API on http://{addr}");
     while tasks.join_next().await.is_some() {}
     let _ = server.await;
-    let r = router.lock().await;
+    let floor = durable_position(&ctx.js).await.ok().flatten();
+    let mut r = router.lock().await;
+    r.save().map_err(local("writing the alerts"))?;
     r.store
         .flush()
         .await
-        .map_err(store_err::<store::Error>("flushing the alerts store"))?;
+        .map_err(local("flushing the alerts store"))?;
+    if let Some((floor, _)) = floor.filter(|_| !r.engine.replaying()) {
+        mark(&r.store, floor)
+            .await
+            .map_err(local("marking the incidents written"))?;
+    }
     tracing::info!(stats = ?r.engine.stats, "alert router stopped");
     Ok(())
 }

@@ -19,6 +19,8 @@ pub struct Router {
     pub store: Store,
     /// Decisions the store failed to write: written before the next ones.
     unwritten: Vec<Notify>,
+    /// Something was written since the last [`Router::take_written`] (the caller flushes it).
+    written: bool,
 }
 
 impl Router {
@@ -46,21 +48,28 @@ impl Router {
                 .with_nflog_retention(nflog_retention),
             store,
             unwritten: Vec::new(),
+            written: false,
         }
     }
 
-    /// Writes what the engine changed (not flushed: the caller flushes the store before it acks what it
-    /// consumed or answers a post). What could not be written is written next time.
+    /// Writes what the engine changed (not flushed: the caller flushes the store before it marks the
+    /// incidents written or answers a post). What could not be written is written next time.
     pub fn save(&mut self) -> Result<(), Error> {
         let changes = self.engine.take_changes();
         if changes.is_empty() {
             return Ok(());
         }
+        self.written = true;
         if let Err(e) = write(&self.store, &changes) {
             self.engine.unsaved(changes);
             return Err(e);
         }
         Ok(())
+    }
+
+    /// Whether anything was written since the last call (for the caller to flush).
+    pub fn take_written(&mut self) -> bool {
+        std::mem::take(&mut self.written)
     }
 
     /// Takes in alerts posted to the API and writes them (and queues them for their bucket).
@@ -85,6 +94,7 @@ impl Router {
                 .iter()
                 .map(|n| (n.nflog_key.clone(), n.entry.clone()))
                 .collect();
+            self.written = true;
             if let Err(e) = self.store.enqueue(&pending, &nflog) {
                 self.unwritten = decided;
                 return Err(e);

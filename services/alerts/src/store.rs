@@ -201,6 +201,9 @@ const MARK_REPLICATED: &[u8] = b"replicated";
 const RESTORING: &[u8] = b"restoring";
 /// Set in `meta` while the incidents are replayed after a restore: the stream sequence to reach.
 const REPLAY_UNTIL: &[u8] = b"replay_until";
+/// Set in `meta`: every incident input up to this FLEET_INCIDENTS sequence is in the `alerts` tree (written
+/// after the alerts it covers were flushed).
+const INCIDENTS_THROUGH: &[u8] = b"incidents_through";
 
 /// The replicated buckets.
 #[derive(Debug, Clone)]
@@ -340,6 +343,7 @@ impl Store {
     /// Notes that a restore begins.
     pub fn begin_restore(&self) -> Result<(), Error> {
         self.meta.insert(RESTORING, b"1".as_slice())?;
+        self.meta.remove(INCIDENTS_THROUGH)?;
         Ok(())
     }
 
@@ -372,6 +376,24 @@ impl Store {
             Some(s) => self.meta.insert(REPLAY_UNTIL, s.to_be_bytes().as_slice())?,
             None => self.meta.remove(REPLAY_UNTIL)?,
         };
+        Ok(())
+    }
+
+    /// The FLEET_INCIDENTS sequence up to which every input is in the `alerts` tree (`None`: a store from
+    /// before incidents were acked ahead of their alert's write, which wrote each alert before its ack).
+    pub fn incidents_through(&self) -> Result<Option<u64>, Error> {
+        Ok(self
+            .meta
+            .get(INCIDENTS_THROUGH)?
+            .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
+            .map(u64::from_be_bytes))
+    }
+
+    /// Records that every input up to `seq` is in the `alerts` tree; call only once the alerts it covers
+    /// are flushed (the mark itself is durable with the next flush).
+    pub fn set_incidents_through(&self, seq: u64) -> Result<(), Error> {
+        self.meta
+            .insert(INCIDENTS_THROUGH, seq.to_be_bytes().as_slice())?;
         Ok(())
     }
 
@@ -640,6 +662,23 @@ mod tests {
         kv.iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn the_incidents_mark_is_kept_and_a_restore_drops_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store").display().to_string();
+        {
+            let s = Store::open(&path).unwrap();
+            assert_eq!(s.incidents_through().unwrap(), None);
+            s.set_incidents_through(42).unwrap();
+            s.db.flush().unwrap();
+        }
+        let s = Store::open(&path).unwrap();
+        assert_eq!(s.incidents_through().unwrap(), Some(42));
+        // a restore replays the incidents from the start: no mark until that replay is over
+        s.begin_restore().unwrap();
+        assert_eq!(s.incidents_through().unwrap(), None);
     }
 
     #[test]
