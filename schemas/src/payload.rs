@@ -585,6 +585,21 @@ pub struct Sample {
     pub timestamp_ms: i64,
 }
 
+impl Sample {
+    /// A sample from borrowed labels (a label given twice keeps its last value).
+    pub fn new(name: &str, labels: &[(&str, &str)], value: f64, timestamp_ms: i64) -> Sample {
+        Sample {
+            name: name.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            value,
+            timestamp_ms,
+        }
+    }
+}
+
 /// Samples of one scrape, with the scrape's own series (`up`, `scrape_duration_seconds`,
 /// `scrape_samples_scraped`, `scrape_samples_post_metric_relabeling`, `scrape_series_added`) and
 /// staleness markers for the series gone since the target's previous scrape.

@@ -6,8 +6,11 @@
 //!    `TSDB_BENCH_RUNS` times (default 5: each time, then median, min and max); `TSDB_BENCH_DIR` keeps the
 //!    loaded store for the next run.
 //! 3. `memory`: resident memory with 1M active series (3 scrapes each).
+//! 4. `decode`: CPU per sample of decoding one 1,000-sample scrape message N times, into the owned
+//!    `MetricBatch` (and dropping it) and into the ingester's [`ScrapeBatch`], side by side.
 //!
-//! Usage: `tsdb-bench [ingest SCRAPES] [query HOURS] [memory SERIES]` (default: all three: 40, 24, 1000000).
+//! Usage: `tsdb-bench [ingest SCRAPES] [query HOURS] [memory SERIES] [decode N]` (default: the first three:
+//! 40, 24, 1000000).
 
 #![allow(clippy::print_stdout)] // a benchmark reports on stdout
 
@@ -25,6 +28,7 @@ use multipilot_runtime::Context;
 use multipilot_schemas::payload::{MetricBatch, Sample};
 use multipilot_schemas::{Envelope, subject};
 use multipilot_testkit::{NatsServer, free_port};
+use multipilot_tsdb::batch::ScrapeBatch;
 use multipilot_tsdb::promql::{Engine, Value};
 use multipilot_tsdb::store::{Options, Store};
 use tokio_util::sync::CancellationToken;
@@ -227,6 +231,63 @@ fn memory(series: usize) -> Result<()> {
     Ok(())
 }
 
+/// Decoding one scrape message `n` times each way; prints ns per sample.
+fn decode(n: usize) -> Result<()> {
+    let t = Utc::now().timestamp_millis();
+    let env = Envelope::new(
+        "c00",
+        "agent-c00",
+        Utc::now(),
+        1,
+        MetricBatch {
+            job: "node".into(),
+            instance: "n0:9100".into(),
+            families: Vec::new(),
+            samples: scrape(0, t, 1),
+            rejected_lines: 0,
+        },
+    );
+    let body = multipilot_schemas::encode(&env)?;
+    let header = <MetricBatch as multipilot_schemas::Payload>::schema_header();
+    let per_sample = |f: &dyn Fn() -> Result<usize>| -> Result<f64> {
+        let started = Instant::now();
+        let mut samples = 0;
+        for _ in 0..n {
+            samples += f()?;
+        }
+        Ok(started.elapsed().as_nanos() as f64 / samples.max(1) as f64)
+    };
+    let decode_owned = || -> Result<usize> {
+        let e: Envelope<MetricBatch> =
+            multipilot_schemas::decode(None, Some(&header), &body, usize::MAX)?;
+        Ok(e.payload.samples.len())
+    };
+    let decode_compact = || -> Result<usize> {
+        let e: Envelope<ScrapeBatch> =
+            multipilot_schemas::decode(None, Some(&header), &body, usize::MAX)?;
+        Ok(e.payload.len())
+    };
+    // warm both once, then alternate twice so neither side gets only the cold or the hot caches
+    decode_owned()?;
+    decode_compact()?;
+    let (mut owned, mut compact) = (Vec::new(), Vec::new());
+    for _ in 0..2 {
+        owned.push(per_sample(&decode_owned)?);
+        compact.push(per_sample(&decode_compact)?);
+    }
+    let best = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
+    println!(
+        "decode: {} bytes, {} samples per message, {n} messages each way: owned MetricBatch {:.1} ns/sample, \
+         ScrapeBatch {:.1} ns/sample ({:.2}x)",
+        body.len(),
+        SERIES,
+        best(&owned),
+        best(&compact),
+        best(&owned) / best(&compact)
+    );
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -252,6 +313,11 @@ async fn main() -> Result<()> {
         tokio::task::spawn_blocking(move || query(h, rt))
             .await?
             .context("query")?;
+    }
+    if !args.is_empty()
+        && let Some(n) = arg("decode", 20_000)?
+    {
+        decode(n as usize).context("decode")?;
     }
     if let Some(n) = arg("memory", 1_000_000)? {
         tokio::task::spawn_blocking(move || memory(n as usize))

@@ -1,6 +1,6 @@
 //! The `tsdb` role: durable fleet metrics and a Prometheus-compatible query API.
 //!
-//! Reads `fleet.metrics.<cluster>` ([`MetricBatch`]) from the FLEET_METRICS stream with the durable
+//! Reads `fleet.metrics.<cluster>` (`MetricBatch`, decoded as a [`batch::ScrapeBatch`]) from the FLEET_METRICS stream with the durable
 //! consumer `tsdb` (with `partitions: N`, `tsdb-p<k>-of-<N>` reading `fleet.metrics.<cluster>.<k>`, the
 //! partition token added by the server's subject mapping); writes nothing to the bus (undecodable batches go to `fleet.dlq.FLEET_METRICS` through
 //! the consumer runner). Samples are stored in Gorilla-compressed chunks ([`chunk`]) on sled ([`disk`]),
@@ -8,6 +8,7 @@
 //! write-ahead record. PromQL ([`promql`]) is served on the Prometheus HTTP API ([`http`]); samples can
 //! also be forwarded to a Prometheus remote-write endpoint ([`remote_write`]).
 
+pub mod batch;
 pub mod chunk;
 pub mod disk;
 pub mod federate;
@@ -23,13 +24,13 @@ use std::time::Duration;
 
 use multipilot_bus::consume::{self, Handler, Outcome, Received, Runner};
 use multipilot_runtime::Context;
-use multipilot_schemas::payload::MetricBatch;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
 
+use crate::batch::ScrapeBatch;
 use crate::store::Store;
 
 /// Role settings.
@@ -349,24 +350,20 @@ impl Ingest {
     }
 }
 
-impl Handler<MetricBatch> for Ingest {
-    async fn handle(&mut self, msg: Received<MetricBatch>) -> Outcome {
-        match self
-            .store
-            .append(&msg.envelope.cluster, &msg.envelope.payload.samples)
-        {
+impl Handler<ScrapeBatch> for Ingest {
+    async fn handle(&mut self, msg: Received<ScrapeBatch>) -> Outcome {
+        let env = &msg.envelope;
+        match self.store.append_scrape(&env.cluster, &env.payload) {
             Ok(stats) => {
                 self.metrics.count(stats);
                 if let Some(remote) = &self.remote {
-                    let env = &msg.envelope;
                     remote.offer(
                         env.payload
-                            .samples
-                            .iter()
-                            .filter(|s| !s.name.is_empty())
+                            .samples()
+                            .filter(|s| !s.name().is_empty())
                             .map(|s| {
-                                let labels = store::sample_labels(&s.name, &s.labels, &env.cluster);
-                                (labels, s.timestamp_ms, s.value)
+                                let labels = store::sample_labels(&s, &env.cluster);
+                                (labels, s.timestamp_ms(), s.value())
                             })
                             .collect(),
                     );

@@ -22,6 +22,7 @@ use std::time::Duration;
 use multipilot_schemas::payload::Sample;
 use promql_parser::label::{MatchOp, Matcher};
 
+use crate::batch::ScrapeBatch;
 use crate::chunk::{self, Chunk};
 use crate::disk::{self, Disk};
 
@@ -123,6 +124,9 @@ struct Head {
     postings: BTreeMap<String, BTreeMap<String, Vec<SeriesId>>>,
     next_id: SeriesId,
     pending: Vec<(SeriesId, i64, f64)>,
+    /// Per scrape target (a hash of cluster, job and instance): the label hash and series of each position
+    /// of its last scrape ([`Store::append_scrape`]).
+    scrape_cache: foldhash::HashMap<u64, Vec<(u64, SeriesId)>>,
 }
 
 /// The store. Cheap to share behind an `Arc`; one writer (the ingester) and any number of readers.
@@ -145,49 +149,109 @@ fn hash_pairs<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)>) -> u64 {
     h.finish()
 }
 
-/// A sample's labels in sorted order with `__name__` merged in (empty values dropped, as in Prometheus).
-fn sample_pairs<'a>(
-    name: &'a str,
-    labels: &'a BTreeMap<String, String>,
-    cluster: Option<(&'a str, &'a str)>,
-) -> Vec<(&'a str, &'a str)> {
-    let mut out = Vec::with_capacity(labels.len() + 2);
-    fill_pairs(&mut out, name, labels, cluster);
-    out
+/// A sample as the store reads it, its strings borrowed for `'a`: an owned [`Sample`] or a
+/// [`crate::batch::SampleRef`] of a decoded batch.
+pub trait SampleView<'a> {
+    /// The metric name.
+    fn name(&self) -> &'a str;
+    /// The labels, sorted by name, each name once.
+    fn labels(&self) -> impl Iterator<Item = (&'a str, &'a str)>;
+    /// The value.
+    fn value(&self) -> f64;
+    /// Milliseconds since the epoch.
+    fn timestamp_ms(&self) -> i64;
 }
 
-/// [`sample_pairs`] into `out` (cleared first): the ingest path reuses one buffer for every sample.
+impl<'a> SampleView<'a> for &'a Sample {
+    fn name(&self) -> &'a str {
+        &self.name
+    }
+    fn labels(&self) -> impl Iterator<Item = (&'a str, &'a str)> {
+        self.labels.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+    fn value(&self) -> f64 {
+        self.value
+    }
+    fn timestamp_ms(&self) -> i64 {
+        self.timestamp_ms
+    }
+}
+
+impl<'a> SampleView<'a> for crate::batch::SampleRef<'a> {
+    fn name(&self) -> &'a str {
+        crate::batch::SampleRef::name(self)
+    }
+    fn labels(&self) -> impl Iterator<Item = (&'a str, &'a str)> {
+        crate::batch::SampleRef::labels(self)
+    }
+    fn value(&self) -> f64 {
+        crate::batch::SampleRef::value(self)
+    }
+    fn timestamp_ms(&self) -> i64 {
+        crate::batch::SampleRef::timestamp_ms(self)
+    }
+}
+
+/// What [`fill_pairs`] found while reading a sample's labels.
+struct PairsCheck {
+    /// A label bomb: too many labels, an empty name, or a name or value longer than [`MAX_LABEL_BYTES`].
+    invalid: bool,
+}
+
+/// A sample's labels into `out` (cleared first; the ingest path reuses one buffer for every sample), in
+/// sorted order with `__name__` merged in, empty values dropped (as in Prometheus), and `cluster` when the
+/// sample has no `cluster` label of its own and `cluster` is not empty.
 fn fill_pairs<'a>(
     out: &mut Vec<(&'a str, &'a str)>,
     name: &'a str,
-    labels: &'a BTreeMap<String, String>,
-    cluster: Option<(&'a str, &'a str)>,
-) {
+    labels: impl Iterator<Item = (&'a str, &'a str)>,
+    cluster: &'a str,
+) -> PairsCheck {
     out.clear();
     out.push((METRIC_NAME, name));
-    out.extend(cluster);
-    out.extend(
-        labels
-            .iter()
-            .filter(|(k, v)| k.as_str() != METRIC_NAME && !v.is_empty())
-            .map(|(k, v)| (k.as_str(), v.as_str())),
-    );
-    // the labels come sorted (a BTreeMap): only `__name__` and `cluster` may be out of place
+    let mut invalid = name.is_empty() || name.len() > MAX_LABEL_BYTES;
+    let (mut count, mut has_cluster) = (0usize, false);
+    for (k, v) in labels {
+        count += 1;
+        invalid |= k.is_empty() || k.len() > MAX_LABEL_BYTES || v.len() > MAX_LABEL_BYTES;
+        has_cluster |= k == "cluster";
+        if k != METRIC_NAME && !v.is_empty() {
+            out.push((k, v));
+        }
+    }
+    if !has_cluster && !cluster.is_empty() {
+        out.push(("cluster", cluster));
+    }
+    // the labels come sorted: only `__name__` and `cluster` may be out of place
     if !out.is_sorted_by(|a, b| a.0 <= b.0) {
         out.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    }
+    PairsCheck {
+        invalid: invalid || count > MAX_LABELS,
     }
 }
 
 /// The labels a sample is stored under: its labels (empty values dropped), `__name__`, and `cluster` from
 /// the envelope when the sample has none.
-pub fn sample_labels(name: &str, labels: &BTreeMap<String, String>, cluster: &str) -> Labels {
-    let extra =
-        (!cluster.is_empty() && !labels.contains_key("cluster")).then_some(("cluster", cluster));
-    sample_pairs(name, labels, extra)
-        .into_iter()
+pub fn sample_labels<'a>(sample: &impl SampleView<'a>, cluster: &'a str) -> Labels {
+    let mut out = Vec::new();
+    fill_pairs(&mut out, sample.name(), sample.labels(), cluster);
+    out.into_iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
 }
+
+/// Whether stored labels are these pairs.
+fn same_labels(labels: &Labels, pairs: &[(&str, &str)]) -> bool {
+    labels.len() == pairs.len()
+        && labels
+            .iter()
+            .zip(pairs)
+            .all(|((k, v), (pk, pv))| k == pk && v == pv)
+}
+
+/// Scrape targets whose last scrape's series are remembered; beyond it the cache starts over.
+const MAX_CACHED_TARGETS: usize = 16_384;
 
 fn intersect(a: &[SeriesId], b: &[SeriesId]) -> Vec<SeriesId> {
     let (mut i, mut j, mut out) = (0, 0, Vec::new());
@@ -282,49 +346,68 @@ impl Store {
         self.opts.max_chunk_span.as_millis() as i64
     }
 
-    /// Appends the samples of one scrape. Samples without a `cluster` label get `cluster` (when not empty).
-    /// Not durable until [`Store::commit`].
-    pub fn append(&self, cluster: &str, samples: &[Sample]) -> Result<AppendStats> {
+    /// Appends samples. Samples without a `cluster` label get `cluster` (when not empty). Not durable
+    /// until [`Store::commit`].
+    pub fn append<'a, S: SampleView<'a>>(
+        &self,
+        cluster: &'a str,
+        samples: impl IntoIterator<Item = S>,
+    ) -> Result<AppendStats> {
+        self.append_inner(cluster, None, samples)
+    }
+
+    /// Appends the samples of one scrape, as [`Store::append`], remembering the series of each position of
+    /// the target's scrape (cluster, job, instance) for its next scrape, as Prometheus' scrape cache does:
+    /// a target sends its series in the same order every time, so the index is searched only for what
+    /// changed. A remembered series is used only if its labels are the sample's.
+    pub fn append_scrape(&self, cluster: &str, batch: &ScrapeBatch) -> Result<AppendStats> {
+        let target = hash_pairs([(cluster, ""), (&batch.job, &batch.instance)].into_iter());
+        self.append_inner(cluster, Some(target), batch.samples())
+    }
+
+    fn append_inner<'a, S: SampleView<'a>>(
+        &self,
+        cluster: &'a str,
+        target: Option<u64>,
+        samples: impl IntoIterator<Item = S>,
+    ) -> Result<AppendStats> {
         let mut stats = AppendStats::default();
         let cutoff = self.opts.retention.map(|r| {
             chrono::Utc::now()
                 .timestamp_millis()
                 .saturating_sub(r.as_millis().min(i64::MAX as u128) as i64)
         });
-        let mut head = self.write();
+        let mut guard = self.write();
+        let head = &mut *guard;
+        // taken out while the batch is appended, put back after
+        let mut refs = match target {
+            Some(t) => head.scrape_cache.remove(&t).unwrap_or_default(),
+            None => Vec::new(),
+        };
         let mut pairs = Vec::with_capacity(16);
-        for s in samples {
+        for (pos, s) in samples.into_iter().enumerate() {
             // A label bomb (thousands of labels, or megabyte values) is refused sample by sample: one bad
             // series can't bloat the index, and its valid neighbours are stored.
-            if s.name.is_empty()
-                || s.name.len() > MAX_LABEL_BYTES
-                || s.labels.len() > MAX_LABELS
-                || s.labels.iter().any(|(k, v)| {
-                    k.is_empty() || k.len() > MAX_LABEL_BYTES || v.len() > MAX_LABEL_BYTES
-                })
-            {
+            if fill_pairs(&mut pairs, s.name(), s.labels(), cluster).invalid {
                 stats.invalid += 1;
                 continue;
             }
-            if cutoff.is_some_and(|c| s.timestamp_ms < c) {
+            let (t, v) = (s.timestamp_ms(), s.value());
+            if cutoff.is_some_and(|c| t < c) {
                 stats.too_old += 1;
                 continue;
             }
-            let extra = (!cluster.is_empty() && !s.labels.contains_key("cluster"))
-                .then_some(("cluster", cluster));
-            fill_pairs(&mut pairs, &s.name, &s.labels, extra);
             let hash = hash_pairs(pairs.iter().copied());
-            let found = head.by_hash.get(&hash).and_then(|ids| {
-                ids.iter().copied().find(|id| {
-                    head.series.get(id).is_some_and(|ser| {
-                        ser.labels
-                            .iter()
-                            .map(|(k, v)| (k.as_str(), v.as_str()))
-                            .eq(pairs.iter().copied())
-                    })
-                })
-            });
-            let id = match found {
+            // the remembered series of this position: one lookup instead of the index's two
+            if let Some(&(h, id)) = refs.get(pos)
+                && h == hash
+                && let Some(series) = head.series.get_mut(&id)
+                && same_labels(&series.labels, &pairs)
+            {
+                stats.add(self.append_to(series, &mut head.pending, id, t, v)?);
+                continue;
+            }
+            let id = match head.find(hash, &pairs) {
                 Some(id) => id,
                 None => {
                     let labels: Labels = pairs
@@ -338,22 +421,48 @@ impl Store {
                     id
                 }
             };
-            let one = self.append_sample(&mut head, id, s.timestamp_ms, s.value)?;
-            stats.add(one);
+            if target.is_some() {
+                if refs.len() <= pos {
+                    refs.resize(pos + 1, (0, SeriesId::MAX));
+                }
+                refs[pos] = (hash, id);
+            }
+            stats.add(self.append_sample(head, id, t, v)?);
+        }
+        if let Some(t) = target {
+            // bounded: a fleet whose targets churn (pods come and go) starts over rather than growing
+            if head.scrape_cache.len() >= MAX_CACHED_TARGETS {
+                head.scrape_cache.clear();
+            }
+            head.scrape_cache.insert(t, refs);
         }
         Ok(stats)
     }
 
     /// Appends one sample of a known series, logging it for the next commit when it is stored.
     fn append_sample(&self, head: &mut Head, id: SeriesId, t: i64, v: f64) -> Result<AppendStats> {
-        let window = self.opts.out_of_order_window.as_millis() as i64;
-        let span = self.max_span_ms();
-        let Some(s) = head.series.get_mut(&id) else {
-            return Ok(AppendStats {
+        let Head {
+            series, pending, ..
+        } = head;
+        match series.get_mut(&id) {
+            Some(s) => self.append_to(s, pending, id, t, v),
+            None => Ok(AppendStats {
                 invalid: 1,
                 ..Default::default()
-            });
-        };
+            }),
+        }
+    }
+
+    fn append_to(
+        &self,
+        s: &mut Series,
+        pending: &mut Vec<(SeriesId, i64, f64)>,
+        id: SeriesId,
+        t: i64,
+        v: f64,
+    ) -> Result<AppendStats> {
+        let window = self.opts.out_of_order_window.as_millis() as i64;
+        let span = self.max_span_ms();
         let stats = if s.max_t == i64::MIN || t > s.max_t {
             if !s.head.is_empty()
                 && (s.head.len() >= self.opts.chunk_samples.min(chunk::MAX_SAMPLES)
@@ -386,7 +495,7 @@ impl Store {
             }
         };
         if stats.appended + stats.out_of_order > 0 {
-            head.pending.push((id, t, v));
+            pending.push((id, t, v));
         }
         Ok(stats)
     }
@@ -612,6 +721,17 @@ impl Store {
 }
 
 impl Head {
+    /// The series with these labels (their hash `hash`).
+    fn find(&self, hash: u64, pairs: &[(&str, &str)]) -> Option<SeriesId> {
+        self.by_hash.get(&hash).and_then(|ids| {
+            ids.iter().copied().find(|id| {
+                self.series
+                    .get(id)
+                    .is_some_and(|s| same_labels(&s.labels, pairs))
+            })
+        })
+    }
+
     fn insert_series(&mut self, id: SeriesId, labels: Arc<Labels>) {
         let hash = hash_pairs(labels.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         self.by_hash.entry(hash).or_default().push(id);

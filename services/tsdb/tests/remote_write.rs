@@ -10,6 +10,7 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
+use multipilot_schemas::payload::Sample;
 use multipilot_tsdb::remote_write::{self, proto};
 use multipilot_tsdb::{Metrics, store};
 use prost::Message as _;
@@ -52,10 +53,17 @@ async fn samples_are_forwarded_as_remote_write_requests_and_retried() -> Result<
         cancel.clone(),
     );
     let labels = BTreeMap::from([("job".to_string(), "node".to_string())]);
+    let sample = |name: &str| Sample {
+        name: name.into(),
+        labels: labels.clone(),
+        value: 0.0,
+        timestamp_ms: 0,
+    };
+    let (up, load) = (sample("up"), sample("load"));
     sender.offer(vec![
-        (store::sample_labels("up", &labels, "c1"), 1000, 1.0),
-        (store::sample_labels("up", &labels, "c1"), 2000, f64::NAN),
-        (store::sample_labels("load", &labels, "c2"), 1000, 0.5),
+        (store::sample_labels(&&up, "c1"), 1000, 1.0),
+        (store::sample_labels(&&up, "c1"), 2000, f64::NAN),
+        (store::sample_labels(&&load, "c2"), 1000, 0.5),
     ]);
 
     let end = Instant::now() + Duration::from_secs(30);

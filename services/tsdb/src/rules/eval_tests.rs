@@ -30,15 +30,9 @@ impl Table {
 
     fn put(&self, name: &str, labels: &[(&str, &str)], value: f64, minutes: &[i64]) {
         for &m in minutes {
-            self.samples.borrow_mut().push(Sample {
-                name: name.into(),
-                labels: labels
-                    .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
-                    .collect(),
-                value,
-                timestamp_ms: at(m),
-            });
+            self.samples
+                .borrow_mut()
+                .push(Sample::new(name, labels, value, at(m)));
         }
     }
 }

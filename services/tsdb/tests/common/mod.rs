@@ -25,13 +25,5 @@ pub fn sample(
     value: f64,
     t: i64,
 ) -> multipilot_schemas::payload::Sample {
-    multipilot_schemas::payload::Sample {
-        name: name.into(),
-        labels: labels
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-        value,
-        timestamp_ms: t,
-    }
+    multipilot_schemas::payload::Sample::new(name, labels, value, t)
 }
