@@ -458,20 +458,12 @@ impl Engine {
 
     fn place(&mut self, a: &Alert, now: DateTime<Utc>) {
         for node in self.tree.matches(&a.labels) {
-            let crate::route::Grouped {
-                key,
-                group_key,
-                labels,
-            } = self.tree.group_of(node, &a.labels, &a.id);
+            let key = self.tree.group_id(node, &a.labels, &a.id);
             let n = self.tree.node(node);
             let (wait, interval) = (
                 Duration::from_std(n.group_wait).unwrap_or_default(),
                 Duration::from_std(n.group_interval).unwrap_or_default(),
             );
-            let last = self
-                .nflog
-                .get(&nflog_key(&n.receiver, &key))
-                .and_then(|e| e.at);
             // as in Alertmanager, a posted alert that started longer than group_wait ago does not wait
             // again (a Prometheus alert whose `for` is over): its group's first notification is due now
             let first = if a.posted && a.starts_at + wait < now {
@@ -479,21 +471,33 @@ impl Engine {
             } else {
                 now + wait
             };
-            let g = self.groups.entry(key).or_insert_with(|| Group {
-                node,
-                group_key,
-                labels,
-                alerts: BTreeSet::new(),
-                phase: match last {
-                    // notified before (a restart): the next flush comes group_interval after that one
-                    Some(at) => Phase::Flushed((at + interval).max(now)),
-                    None => Phase::Waiting(first),
-                },
-            });
+            let g = match self.groups.entry(key) {
+                std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+                std::collections::btree_map::Entry::Vacant(v) => {
+                    let grouped = self.tree.group_of(node, &a.labels, &a.id);
+                    let last = self
+                        .nflog
+                        .get(&nflog_key(&n.receiver, v.key()))
+                        .and_then(|e| e.at);
+                    v.insert(Group {
+                        node,
+                        group_key: grouped.group_key,
+                        labels: grouped.labels,
+                        alerts: BTreeSet::new(),
+                        phase: match last {
+                            // notified before (a restart): the next flush comes group_interval after
+                            Some(at) => Phase::Flushed((at + interval).max(now)),
+                            None => Phase::Waiting(first),
+                        },
+                    })
+                }
+            };
             if let Phase::Waiting(due) = &mut g.phase {
                 *due = (*due).min(first);
             }
-            g.alerts.insert(a.id.clone());
+            if !g.alerts.contains(&a.id) {
+                g.alerts.insert(a.id.clone());
+            }
         }
     }
 

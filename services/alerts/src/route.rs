@@ -145,32 +145,72 @@ impl Tree {
 
     /// The group an alert falls into at a node.
     pub fn group_of(&self, i: usize, labels: &BTreeMap<String, String>, alert_id: &str) -> Grouped {
+        let group_labels = self.group_labels(i, labels);
+        Grouped {
+            key: self.group_id(i, labels, alert_id),
+            group_key: format!("{}:{}", self.nodes[i].key, label_set(&group_labels)),
+            labels: group_labels,
+        }
+    }
+
+    /// [`Grouped::key`] alone: what finds an alert's group once it exists (the router places an alert on
+    /// every revision; the rest of [`Tree::group_of`] is made only for a new group).
+    pub fn group_id(&self, i: usize, labels: &BTreeMap<String, String>, alert_id: &str) -> String {
         let n = &self.nodes[i];
-        let group_labels: BTreeMap<String, String> = match &n.group_by {
+        let mut key = String::with_capacity(64);
+        key.push_str(&n.id);
+        key.push_str(":{");
+        let mut first = true;
+        let mut push = |k: &str, v: &str| {
+            if !first {
+                key.push(',');
+            }
+            first = false;
+            key.push_str(k);
+            key.push('=');
+            // a JSON string: as is when nothing needs escaping (the usual case), else as serde_json writes it
+            if v.bytes().any(|b| b < 0x20 || b == b'"' || b == b'\\') {
+                key.push_str(&serde_json::to_string(v).unwrap_or_default());
+            } else {
+                key.push('"');
+                key.push_str(v);
+                key.push('"');
+            }
+        };
+        match &n.group_by {
+            GroupBy::All => labels.iter().for_each(|(k, v)| push(k, v)),
+            GroupBy::Labels(names) => {
+                // in label-name order, as the map of the group's labels iterates
+                let mut names: Vec<&String> = names.iter().collect();
+                names.sort_unstable();
+                names.dedup();
+                for k in names {
+                    if let Some(v) = labels.get(k) {
+                        push(k, v);
+                    }
+                }
+            }
+        }
+        key.push('}');
+        if n.group_by == GroupBy::All {
+            key.push('#');
+            key.push_str(alert_id);
+        }
+        key
+    }
+
+    /// The grouping labels an alert has at a node.
+    fn group_labels(
+        &self,
+        i: usize,
+        labels: &BTreeMap<String, String>,
+    ) -> BTreeMap<String, String> {
+        match &self.nodes[i].group_by {
             GroupBy::All => labels.clone(),
             GroupBy::Labels(names) => names
                 .iter()
                 .filter_map(|k| labels.get(k).map(|v| (k.clone(), v.clone())))
                 .collect(),
-        };
-        let mut key = format!("{}:{{", n.id);
-        for (i, (k, v)) in group_labels.iter().enumerate() {
-            if i > 0 {
-                key.push(',');
-            }
-            key.push_str(&format!(
-                "{k}={}",
-                serde_json::to_string(v).unwrap_or_default()
-            ));
-        }
-        key.push('}');
-        if n.group_by == GroupBy::All {
-            key.push_str(&format!("#{alert_id}"));
-        }
-        Grouped {
-            key,
-            group_key: format!("{}:{}", n.key, label_set(&group_labels)),
-            labels: group_labels,
         }
     }
 }
@@ -357,6 +397,41 @@ receivers: [{name: default}]
         assert_eq!(
             by(&[("a", "2"), ("b", "2")]),
             GroupBy::Labels(vec!["alertname".into()])
+        );
+    }
+
+    /// The router's group id is stored in the notification log: it is written as before, the values as
+    /// JSON strings, the grouping labels in name order whatever order `group_by` lists them in.
+    #[test]
+    fn group_ids_keep_their_stored_form() {
+        let r: Routing = serde_yaml::from_str(
+            r#"
+route:
+  receiver: default
+  group_by: [team, cluster, team]
+  routes:
+    - matchers: ['all="1"']
+      group_by: ['...']
+receivers: [{name: default}]
+"#,
+        )
+        .unwrap();
+        let t = Tree::new(&r.route);
+        let alert = labels(&[("cluster", "a\"b\\c\n\u{1}"), ("team", "é"), ("x", "1")]);
+        let node = t.matches(&alert)[0];
+        assert_eq!(
+            t.group_id(node, &alert, "id"),
+            r#"0:{cluster="a\"b\\c\n\u0001",team="é"}"#
+        );
+        assert_eq!(
+            t.group_of(node, &alert, "id").key,
+            t.group_id(node, &alert, "id")
+        );
+        let all = labels(&[("all", "1"), ("b", "q\"")]);
+        let node = t.matches(&all)[0];
+        assert_eq!(
+            t.group_id(node, &all, "id-7"),
+            r#"0/0:{all="1",b="q\""}#id-7"#
         );
     }
 
