@@ -6,8 +6,8 @@
 //! 2026-12-02 profile. [`ScrapeBatch`] reads the same bytes (same schema, same version, same rules: a sample
 //! without its `name`, `labels`, `value` or `timestamp_ms` fails the whole message, which goes to the
 //! dead-letter stream; unknown fields are skipped; a label given twice keeps its last value, as the map
-//! does) into three vectors allocated once per batch. The metric families (type and help) are skipped
-//! unread: the TSDB has no use for them. The usual message (the envelope as the agent writes it) is read by
+//! does; a malformed metric family fails the message too, though the TSDB has no use for them) into three
+//! vectors allocated once per batch. The usual message (the envelope as the agent writes it) is read by
 //! a MessagePack reader of its own ([`fast`]), a third of the time serde takes; anything it does not
 //! expect goes through serde.
 
@@ -17,7 +17,7 @@ use std::ops::Range;
 
 use multipilot_schemas::Payload;
 use multipilot_schemas::envelope::Envelope;
-use multipilot_schemas::payload::{MetricBatch, Sample};
+use multipilot_schemas::payload::{MetricBatch, MetricFamily, Sample};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
@@ -272,7 +272,8 @@ impl<'de> Visitor<'de> for BatchVisitor {
                 }
                 BatchField::Families => {
                     once(&mut families, "families")?;
-                    map.next_value::<IgnoredAny>()?;
+                    // checked as the owned decoder checks them, then dropped
+                    map.next_value::<Vec<MetricFamily>>()?;
                 }
                 BatchField::Other => {
                     map.next_value::<IgnoredAny>()?;
@@ -298,11 +299,13 @@ impl<'de> Visitor<'de> for BatchVisitor {
             instance: seq.next_element()?.unwrap_or_default(),
             ..Default::default()
         };
-        seq.next_element::<IgnoredAny>()?;
+        seq.next_element::<Vec<MetricFamily>>()?;
         seq.next_element_seed(SamplesSeed(&mut out))?
             .ok_or_else(|| de::Error::invalid_length(3, &self))?;
         out.rejected_lines = seq.next_element()?.unwrap_or_default();
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        if seq.next_element::<IgnoredAny>()?.is_some() {
+            return Err(de::Error::invalid_length(6, &"5 fields"));
+        }
         Ok(out)
     }
 }
@@ -409,7 +412,9 @@ impl<'de> Visitor<'de> for SampleSeed<'_> {
         let labels = seq.next_element_seed(Labels(&mut *self.0))?;
         let value = seq.next_element()?;
         let ts = seq.next_element()?;
-        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        if seq.next_element::<IgnoredAny>()?.is_some() {
+            return Err(de::Error::invalid_length(5, &"4 fields"));
+        }
         self.finish(name, labels, value, ts)
     }
 }
@@ -688,7 +693,9 @@ pub(crate) mod fast {
                 }
                 "families" => {
                     once(&mut families)?;
-                    r.skip(0)?;
+                    for _ in 0..r.array()? {
+                        family(r)?;
+                    }
                 }
                 "samples" => {
                     once(&mut samples)?;
@@ -708,6 +715,34 @@ pub(crate) mod fast {
             }
         }
         (job && samples).then_some(out)
+    }
+
+    /// A metric family, checked as `MetricFamily` decodes (`name` and a known `type` required, `help` a
+    /// string when given) and dropped.
+    fn family(r: &mut Reader<'_>) -> Option<()> {
+        let (mut name, mut type_, mut help) = (false, false, false);
+        for _ in 0..r.map()? {
+            match r.str()? {
+                "name" => {
+                    once(&mut name)?;
+                    r.str()?;
+                }
+                "type" => {
+                    once(&mut type_)?;
+                    matches!(
+                        r.str()?,
+                        "counter" | "gauge" | "histogram" | "summary" | "untyped"
+                    )
+                    .then_some(())?;
+                }
+                "help" => {
+                    once(&mut help)?;
+                    r.str()?;
+                }
+                _ => r.skip(0)?,
+            }
+        }
+        (name && type_).then_some(())
     }
 
     fn text(out: &mut ScrapeBatch, s: &str) -> Span {
@@ -903,6 +938,13 @@ mod tests {
             serde_json::json!({"job": "j", "samples": [{"name": "x", "labels": {"a": 1}, "value": 1.0, "timestamp_ms": 1}]}),
             serde_json::json!({"job": "j", "samples": [{"name": "x", "labels": [], "value": "1", "timestamp_ms": 1}]}),
             serde_json::json!({"job": "j", "samples": {}}),
+            serde_json::json!({"job": "j", "families": 5, "samples": []}),
+            serde_json::json!({"job": "j", "families": [{"name": "x", "type": "info"}], "samples": []}),
+            serde_json::json!({"job": "j", "families": [{"type": "gauge"}], "samples": []}),
+            serde_json::json!({"job": "j", "families": [{"name": "x"}], "samples": []}),
+            serde_json::json!({"job": "j", "families": [{"name": "x", "type": "gauge", "help": 1}], "samples": []}),
+            serde_json::json!(["j", "i", [], [], 0, "extra"]),
+            serde_json::json!(["j", "i", [], [["x", {}, 1.0, 1, "extra"]], 0]),
         ];
         for case in cases {
             let bytes = rmp_serde::to_vec_named(&case).unwrap();
@@ -966,6 +1008,16 @@ mod tests {
         let serde: Envelope<ScrapeBatch> = rmp_serde::from_slice(&body).unwrap();
         assert!(same(&fast, &serde));
         let check = |bytes: &[u8]| {
+            // and the compact decoder accepts exactly what the owned one accepts
+            let owned = rmp_serde::from_slice::<Envelope<MetricBatch>>(bytes);
+            let compact = rmp_serde::from_slice::<Envelope<ScrapeBatch>>(bytes);
+            assert_eq!(
+                owned.is_ok(),
+                compact.is_ok(),
+                "owned {:?} vs compact {:?}",
+                owned.err(),
+                compact.err()
+            );
             if let Some(f) = fast::envelope(bytes) {
                 let s = rmp_serde::from_slice::<Envelope<ScrapeBatch>>(bytes)
                     .unwrap_or_else(|e| panic!("fast accepted what serde refuses ({e})"));
