@@ -21,6 +21,8 @@ use multipilot_schemas::payload::{MetricBatch, MetricFamily, Sample};
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
+use crate::store::SampleView;
+
 /// A span of [`ScrapeBatch`]'s text.
 type Span = (u32, u32);
 
@@ -55,14 +57,12 @@ pub struct SampleRef<'a> {
     row: &'a Row,
 }
 
-impl<'a> SampleRef<'a> {
-    /// The metric name.
-    pub fn name(&self) -> &'a str {
+impl<'a> SampleView<'a> for SampleRef<'a> {
+    fn name(&self) -> &'a str {
         self.batch.span(self.row.name)
     }
 
-    /// The labels, sorted by name, each name once.
-    pub fn labels(&self) -> impl ExactSizeIterator<Item = (&'a str, &'a str)> + Clone + use<'a> {
+    fn labels(&self) -> impl Iterator<Item = (&'a str, &'a str)> {
         let b = self.batch;
         let (from, to) = self.row.labels;
         b.pairs[from as usize..to as usize]
@@ -70,13 +70,11 @@ impl<'a> SampleRef<'a> {
             .map(move |&(k, v)| (b.span(k), b.span(v)))
     }
 
-    /// The value.
-    pub fn value(&self) -> f64 {
+    fn value(&self) -> f64 {
         self.row.value
     }
 
-    /// Milliseconds since the epoch.
-    pub fn timestamp_ms(&self) -> i64 {
+    fn timestamp_ms(&self) -> i64 {
         self.row.timestamp_ms
     }
 }
@@ -127,14 +125,12 @@ impl ScrapeBatch {
         }
     }
 
-    fn push_text<E: de::Error>(&mut self, s: &str) -> Result<Span, E> {
+    /// Appends `s` to the text; `None` past 4 GiB (the spans are 32-bit).
+    fn push_text(&mut self, s: &str) -> Option<Span> {
         let from = self.text.len();
-        let to = from + s.len();
-        if to > u32::MAX as usize {
-            return Err(E::custom("batch text exceeds 4 GiB"));
-        }
+        let to = u32::try_from(from + s.len()).ok()?;
         self.text.push_str(s);
-        Ok((from as u32, to as u32))
+        Some((from as u32, to))
     }
 
     /// Sorts the labels of `range` by name, keeping the last value of a name given twice (what decoding into
@@ -438,16 +434,22 @@ impl<'de> Visitor<'de> for Text<'_> {
     }
 
     fn visit_str<E: de::Error>(self, v: &str) -> Result<Span, E> {
-        self.0.push_text(v)
+        push_text(self.0, v)
     }
 
     fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<Span, E> {
         // what `String` accepts too: bytes that are valid UTF-8
         match std::str::from_utf8(v) {
-            Ok(s) => self.0.push_text(s),
+            Ok(s) => push_text(self.0, s),
             Err(_) => Err(E::invalid_value(de::Unexpected::Bytes(v), &self)),
         }
     }
+}
+
+fn push_text<E: de::Error>(batch: &mut ScrapeBatch, s: &str) -> Result<Span, E> {
+    batch
+        .push_text(s)
+        .ok_or_else(|| E::custom("batch text exceeds 4 GiB"))
 }
 
 /// A sample's label map appended to the batch's pairs; yields its range.
@@ -493,7 +495,7 @@ pub(crate) mod fast {
     use chrono::{DateTime, Utc};
     use multipilot_schemas::envelope::Envelope;
 
-    use super::{Row, ScrapeBatch, Span};
+    use super::{Row, ScrapeBatch};
 
     /// Nesting a skipped value may have.
     const MAX_DEPTH: usize = 32;
@@ -745,13 +747,6 @@ pub(crate) mod fast {
         (name && type_).then_some(())
     }
 
-    fn text(out: &mut ScrapeBatch, s: &str) -> Span {
-        // the text is at most the body (≤ 4 GiB: the body limit is far below)
-        let from = out.text.len() as u32;
-        out.text.push_str(s);
-        (from, out.text.len() as u32)
-    }
-
     fn sample(r: &mut Reader<'_>, out: &mut ScrapeBatch) -> Option<()> {
         let (mut name, mut labels, mut value, mut ts) = (None, None, None, None);
         for _ in 0..r.map()? {
@@ -759,14 +754,14 @@ pub(crate) mod fast {
                 "name" => {
                     let s = r.str()?;
                     name.is_none().then_some(())?;
-                    name = Some(text(out, s));
+                    name = Some(out.push_text(s)?);
                 }
                 "labels" => {
                     labels.is_none().then_some(())?;
                     let from = out.pairs.len();
                     for _ in 0..r.map()? {
                         let (k, v) = (r.str()?, r.str()?);
-                        let pair = (text(out, k), text(out, v));
+                        let pair = (out.push_text(k)?, out.push_text(v)?);
                         out.pairs.push(pair);
                     }
                     out.normalize_labels(from..out.pairs.len());

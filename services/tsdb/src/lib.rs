@@ -31,7 +31,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use serde::{Deserialize, Serialize};
 
 use crate::batch::ScrapeBatch;
-use crate::store::Store;
+use crate::store::{SampleView as _, Store};
 
 /// Role settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -177,36 +177,16 @@ impl<'a> SampleView<'a> for &'a Sample {
     }
 }
 
-impl<'a> SampleView<'a> for crate::batch::SampleRef<'a> {
-    fn name(&self) -> &'a str {
-        crate::batch::SampleRef::name(self)
-    }
-    fn labels(&self) -> impl Iterator<Item = (&'a str, &'a str)> {
-        crate::batch::SampleRef::labels(self)
-    }
-    fn value(&self) -> f64 {
-        crate::batch::SampleRef::value(self)
-    }
-    fn timestamp_ms(&self) -> i64 {
-        crate::batch::SampleRef::timestamp_ms(self)
-    }
-}
-
-/// What [`fill_pairs`] found while reading a sample's labels.
-struct PairsCheck {
-    /// A label bomb: too many labels, an empty name, or a name or value longer than [`MAX_LABEL_BYTES`].
-    invalid: bool,
-}
-
 /// A sample's labels into `out` (cleared first; the ingest path reuses one buffer for every sample), in
 /// sorted order with `__name__` merged in, empty values dropped (as in Prometheus), and `cluster` when the
-/// sample has no `cluster` label of its own and `cluster` is not empty.
+/// sample has no `cluster` label of its own and `cluster` is not empty. Returns whether the sample is
+/// valid: not a label bomb (too many labels, an empty name, a name or value longer than [`MAX_LABEL_BYTES`]).
 fn fill_pairs<'a>(
     out: &mut Vec<(&'a str, &'a str)>,
     name: &'a str,
     labels: impl Iterator<Item = (&'a str, &'a str)>,
     cluster: &'a str,
-) -> PairsCheck {
+) -> bool {
     out.clear();
     out.push((METRIC_NAME, name));
     let mut invalid = name.is_empty() || name.len() > MAX_LABEL_BYTES;
@@ -226,9 +206,7 @@ fn fill_pairs<'a>(
     if !out.is_sorted_by(|a, b| a.0 <= b.0) {
         out.sort_unstable_by(|a, b| a.0.cmp(b.0));
     }
-    PairsCheck {
-        invalid: invalid || count > MAX_LABELS,
-    }
+    !invalid && count <= MAX_LABELS
 }
 
 /// The labels a sample is stored under: its labels (empty values dropped), `__name__`, and `cluster` from
@@ -388,7 +366,7 @@ impl Store {
         for (pos, s) in samples.into_iter().enumerate() {
             // A label bomb (thousands of labels, or megabyte values) is refused sample by sample: one bad
             // series can't bloat the index, and its valid neighbours are stored.
-            if fill_pairs(&mut pairs, s.name(), s.labels(), cluster).invalid {
+            if !fill_pairs(&mut pairs, s.name(), s.labels(), cluster) {
                 stats.invalid += 1;
                 continue;
             }
