@@ -8,11 +8,21 @@
 //! 3. `memory`: resident memory with 1M active series (3 scrapes each).
 //! 4. `decode`: CPU per sample of decoding one 1,000-sample scrape message N times, into the owned
 //!    `MetricBatch` (and dropping it) and into the ingester's [`ScrapeBatch`], side by side.
+//! 5. `fleet-memory`: resident memory and bytes per series with N clusters' worth of real exporter series:
+//!    the fixtures' kube-state-metrics and node-exporter scrapes (`../shared/fixtures/metrics/`), parsed as
+//!    the agent parses them, each cluster's pod names, uids, IPs, nodes and instances made its own (names,
+//!    namespaces and containers stay shared, as across real clusters); 3 scrapes each, through
+//!    [`Store::append_scrape`] as the role appends. jemalloc, as the `multipilot` binary.
 //!
-//! Usage: `tsdb-bench [ingest SCRAPES] [query HOURS] [memory SERIES] [decode N]` (default: the first three:
-//! 40, 24, 1000000).
+//! Usage: `tsdb-bench [ingest SCRAPES] [query HOURS] [memory SERIES] [decode N] [fleet-memory CLUSTERS]`
+//! (default: the first three: 40, 24, 1000000).
 
 #![allow(clippy::print_stdout)] // a benchmark reports on stdout
+
+/// jemalloc, as the `multipilot` binary: memory figures are the role's.
+#[cfg(not(target_env = "msvc"))]
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -231,6 +241,109 @@ fn memory(series: usize) -> Result<()> {
     Ok(())
 }
 
+/// Labels whose values differ from cluster to cluster (the rest, names included, are shared).
+const PER_CLUSTER: &[&str] = &[
+    "pod",
+    "uid",
+    "pod_ip",
+    "host_ip",
+    "node",
+    "instance",
+    "internal_ip",
+    "provider_id",
+    "system_uuid",
+    "kernel_version",
+    "boot_id",
+    "machine_id",
+    "device",
+    "address",
+];
+
+async fn fleet_memory(clusters: usize) -> Result<()> {
+    let fixtures =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures/metrics");
+    let mut scrapes = Vec::new();
+    for (job, file) in [
+        ("kube-state-metrics", "kube-state-metrics-v1.35.prom"),
+        ("node-exporter", "node-exporter.prom"),
+    ] {
+        let body = std::fs::read_to_string(fixtures.join(file))
+            .with_context(|| format!("reading {}", fixtures.join(file).display()))?;
+        let parsed = multipilot_agent::exposition::parse(&body, 0, &BTreeMap::new());
+        scrapes.push((job, parsed.samples));
+    }
+    let header = <MetricBatch as multipilot_schemas::Payload>::schema_header();
+    let dir = tempfile::tempdir()?;
+    // the role's page cache (`tsdb.cache_bytes`' default)
+    let cache_bytes = multipilot_tsdb::Config::default().cache_bytes;
+    let store = Store::open(
+        dir.path(),
+        Options {
+            cache_bytes,
+            ..Options::default()
+        },
+    )?;
+    let before = status_kib("VmRSS:");
+    let t0 = 1_750_000_000_000i64;
+    let mut samples = 0usize;
+    let started = Instant::now();
+    for k in 0..3i64 {
+        for c in 0..clusters {
+            let cluster = format!("prod-{c:03}");
+            for (job, fixture) in &scrapes {
+                let batch = MetricBatch {
+                    job: (*job).into(),
+                    instance: format!("{job}.{cluster}:8080"),
+                    families: Vec::new(),
+                    samples: fixture
+                        .iter()
+                        .map(|s| Sample {
+                            name: s.name.clone(),
+                            labels: s
+                                .labels
+                                .iter()
+                                .map(|(k, v)| {
+                                    let v = if PER_CLUSTER.contains(&k.as_str()) {
+                                        format!("{v}-{c:03}")
+                                    } else {
+                                        v.clone()
+                                    };
+                                    (k.clone(), v)
+                                })
+                                .collect(),
+                            value: s.value + k as f64,
+                            timestamp_ms: t0 + k * 30_000,
+                        })
+                        .collect(),
+                    rejected_lines: 0,
+                };
+                samples += batch.samples.len();
+                let env = Envelope::new(&cluster, "bench", Utc::now(), 1, batch);
+                let body = multipilot_schemas::encode(&env)?;
+                let scrape: Envelope<ScrapeBatch> =
+                    multipilot_schemas::decode(None, Some(&header), &body, usize::MAX)?;
+                store.append_scrape(&cluster, &scrape.payload)?;
+            }
+        }
+        store.commit().await?;
+    }
+    let elapsed = started.elapsed();
+    let series = store.series_count();
+    // jemalloc returns freed pages after its decay time (10 s): what stays is what the store holds
+    tokio::time::sleep(Duration::from_secs(12)).await;
+    let rss = status_kib("VmRSS:");
+    println!(
+        "fleet-memory: {clusters} clusters, {series} series ({samples} samples in {:.1} s): RSS {} MiB 12 s later \
+         (was {} MiB, peak {} MiB), {:.0} bytes per series",
+        elapsed.as_secs_f64(),
+        rss / 1024,
+        before / 1024,
+        status_kib("VmHWM:") / 1024,
+        (rss.saturating_sub(before) * 1024) as f64 / series.max(1) as f64
+    );
+    Ok(())
+}
+
 /// Decoding one scrape message `n` times each way; prints ns per sample.
 fn decode(n: usize) -> Result<()> {
     let t = Utc::now().timestamp_millis();
@@ -318,6 +431,11 @@ async fn main() -> Result<()> {
         && let Some(n) = arg("decode", 20_000)?
     {
         decode(n as usize).context("decode")?;
+    }
+    if !args.is_empty()
+        && let Some(n) = arg("fleet-memory", 30)?
+    {
+        fleet_memory(n as usize).await.context("fleet-memory")?;
     }
     if let Some(n) = arg("memory", 1_000_000)? {
         tokio::task::spawn_blocking(move || memory(n as usize))

@@ -200,7 +200,7 @@ impl Disk {
     }
 
     /// Records a new series.
-    pub fn put_series(&self, id: SeriesId, labels: &Labels) -> Result<()> {
+    pub fn put_series(&self, id: SeriesId, labels: &[(&str, &str)]) -> Result<()> {
         let v = serde_json::to_vec(labels).map_err(|e| corrupt("series", e))?;
         self.series.insert(id.to_be_bytes(), v)?;
         Ok(())

@@ -265,6 +265,8 @@ struct OutcomeLabel {
 pub struct Metrics {
     samples: Family<OutcomeLabel, Counter>,
     series: Gauge,
+    label_strings: Gauge,
+    label_string_bytes: Gauge,
     disk_bytes: Gauge,
     partitions_dropped: Counter,
     remote_write: Family<OutcomeLabel, Counter>,
@@ -283,6 +285,16 @@ impl Metrics {
             "multipilot_tsdb_series",
             "Series in the index",
             m.series.clone(),
+        );
+        registry.register(
+            "multipilot_tsdb_label_strings",
+            "Distinct label names and values held in memory (each once, shared by its series and postings)",
+            m.label_strings.clone(),
+        );
+        registry.register(
+            "multipilot_tsdb_label_string_bytes",
+            "Bytes of the distinct label names and values held in memory",
+            m.label_string_bytes.clone(),
         );
         registry.register(
             "multipilot_tsdb_disk_bytes",
@@ -576,6 +588,9 @@ async fn maintain(
                     Err(e) => tracing::warn!(error = %e, "retention task failed"),
                 }
                 metrics.series.set(store.series_count() as i64);
+                let (strings, bytes) = store.label_strings();
+                metrics.label_strings.set(strings as i64);
+                metrics.label_string_bytes.set(bytes as i64);
                 metrics.disk_bytes.set(store.size_on_disk() as i64);
             }
         }

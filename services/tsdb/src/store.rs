@@ -1,7 +1,9 @@
 //! The storage engine: the series index, the in-memory head and the rules for time.
 //!
 //! - **Index**: labels → series id (a hash map checked for collisions) and postings (label name → value →
-//!   sorted ids) for matching. Rebuilt from the `series` tree at open.
+//!   sorted ids) for matching. Rebuilt from the `series` tree at open. Every label name and value is kept
+//!   once in memory ([`Interner`]): the series and the postings share it, so `namespace` or a namespace's
+//!   name costs one allocation in the whole head, not one per series.
 //! - **Head**: per series one open Gorilla chunk; it is sealed (written to [`crate::disk`]) at
 //!   [`Options::chunk_samples`] samples or when it would span more than [`Options::max_chunk_span`].
 //! - **Durability**: every appended sample also goes to a pending write-ahead record; [`Store::commit`]
@@ -107,9 +109,35 @@ impl AppendStats {
     }
 }
 
+/// A label name or value as the head keeps it: one allocation shared by every series and posting using it.
+type Text = Arc<str>;
+
+/// A series' labels in the head: sorted by name, `__name__` included, every string interned.
+type HeadLabels = Box<[(Text, Text)]>;
+
+/// The head's label strings, each kept once.
+#[derive(Debug, Default)]
+struct Interner(foldhash::HashSet<Text>);
+
+impl Interner {
+    fn get(&mut self, s: &str) -> Text {
+        if let Some(t) = self.0.get(s) {
+            return t.clone();
+        }
+        let t: Text = Arc::from(s);
+        self.0.insert(t.clone());
+        t
+    }
+
+    /// Forgets the strings no series or posting holds any more.
+    fn sweep(&mut self) {
+        self.0.retain(|t| Arc::strong_count(t) > 1);
+    }
+}
+
 #[derive(Debug)]
 struct Series {
-    labels: Arc<Labels>,
+    labels: HeadLabels,
     hash: u64,
     head: Chunk,
     ooo: BTreeMap<i64, f64>,
@@ -120,8 +148,12 @@ struct Series {
 #[derive(Debug, Default)]
 struct Head {
     series: foldhash::HashMap<SeriesId, Series>,
-    by_hash: foldhash::HashMap<u64, Vec<SeriesId>>,
-    postings: BTreeMap<String, BTreeMap<String, Vec<SeriesId>>>,
+    /// Label hash → the series with it; a second series with the same hash (a collision: ~never) goes to
+    /// `collisions`, so the usual entry holds one id and no allocation.
+    by_hash: foldhash::HashMap<u64, SeriesId>,
+    collisions: foldhash::HashMap<u64, Vec<SeriesId>>,
+    postings: BTreeMap<Text, BTreeMap<Text, Vec<SeriesId>>>,
+    strings: Interner,
     next_id: SeriesId,
     pending: Vec<(SeriesId, i64, f64)>,
     /// Per scrape target (a hash of cluster, job and instance): the label hash and series of each position
@@ -220,12 +252,31 @@ pub fn sample_labels<'a>(sample: &impl SampleView<'a>, cluster: &'a str) -> Labe
 }
 
 /// Whether stored labels are these pairs.
-fn same_labels(labels: &Labels, pairs: &[(&str, &str)]) -> bool {
+fn same_labels(labels: &HeadLabels, pairs: &[(&str, &str)]) -> bool {
     labels.len() == pairs.len()
         && labels
             .iter()
             .zip(pairs)
-            .all(|((k, v), (pk, pv))| k == pk && v == pv)
+            .all(|((k, v), (pk, pv))| **k == **pk && **v == **pv)
+}
+
+/// A series' labels as the store hands them out.
+fn owned_labels(labels: &HeadLabels) -> Arc<Labels> {
+    Arc::new(
+        labels
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+}
+
+/// The value of a label in the head (empty when absent).
+fn head_label<'a>(labels: &'a HeadLabels, name: &str) -> &'a str {
+    labels
+        .iter()
+        .find(|(k, _)| **k == *name)
+        .map(|(_, v)| &**v)
+        .unwrap_or("")
 }
 
 /// Scrape targets whose last scrape's series are remembered; beyond it the cache starts over.
@@ -267,7 +318,11 @@ impl Store {
         let disk = Disk::open(dir, opts.cache_bytes)?;
         let mut head = Head::default();
         for (id, labels) in disk.load_series()? {
-            head.insert_series(id, Arc::new(labels));
+            let pairs: Vec<(&str, &str)> = labels
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .collect();
+            head.insert_series(id, &pairs);
             head.next_id = head.next_id.max(id + 1);
         }
         for (id, bytes) in disk.load_heads()? {
@@ -388,14 +443,10 @@ impl Store {
             let id = match head.find(hash, &pairs) {
                 Some(id) => id,
                 None => {
-                    let labels: Labels = pairs
-                        .iter()
-                        .map(|(k, v)| (k.to_string(), v.to_string()))
-                        .collect();
                     let id = head.next_id;
-                    self.disk.put_series(id, &labels)?;
+                    self.disk.put_series(id, &pairs)?;
                     head.next_id += 1;
-                    head.insert_series(id, Arc::new(labels));
+                    head.insert_series(id, &pairs);
                     id
                 }
             };
@@ -575,12 +626,25 @@ impl Store {
             self.disk.remove_series(*id)?;
             head.remove_series(*id);
         }
+        if !old.is_empty() {
+            head.strings.sweep();
+        }
         Ok((dropped, old.len()))
     }
 
     /// Number of series in the index.
     pub fn series_count(&self) -> usize {
         self.read().series.len()
+    }
+
+    /// Distinct label names and values the head holds, and their bytes (each kept once however many series
+    /// and postings use it).
+    pub fn label_strings(&self) -> (usize, usize) {
+        let head = self.read();
+        (
+            head.strings.0.len(),
+            head.strings.0.iter().map(|t| t.len()).sum(),
+        )
     }
 
     /// Bytes on disk.
@@ -610,7 +674,7 @@ impl Store {
         ids.sort_unstable();
         ids.dedup();
         ids.into_iter()
-            .filter_map(|id| head.series.get(&id).map(|s| (id, s.labels.clone())))
+            .filter_map(|id| head.series.get(&id).map(|s| (id, owned_labels(&s.labels))))
             .collect()
     }
 
@@ -664,7 +728,7 @@ impl Store {
     /// Label names of the series matching `alternatives` (all series when empty).
     pub fn label_names(&self, alternatives: &[Vec<Matcher>]) -> Vec<String> {
         if alternatives.is_empty() {
-            return self.read().postings.keys().cloned().collect();
+            return self.read().postings.keys().map(|k| k.to_string()).collect();
         }
         let mut names: Vec<String> = self
             .select(alternatives)
@@ -683,7 +747,7 @@ impl Store {
                 .read()
                 .postings
                 .get(name)
-                .map(|m| m.keys().cloned().collect())
+                .map(|m| m.keys().map(|v| v.to_string()).collect())
                 .unwrap_or_default();
         }
         let mut values: Vec<String> = self
@@ -701,18 +765,39 @@ impl Store {
 impl Head {
     /// The series with these labels (their hash `hash`).
     fn find(&self, hash: u64, pairs: &[(&str, &str)]) -> Option<SeriesId> {
-        self.by_hash.get(&hash).and_then(|ids| {
-            ids.iter().copied().find(|id| {
-                self.series
-                    .get(id)
-                    .is_some_and(|s| same_labels(&s.labels, pairs))
-            })
-        })
+        let is = |id: &SeriesId| {
+            self.series
+                .get(id)
+                .is_some_and(|s| same_labels(&s.labels, pairs))
+        };
+        let first = *self.by_hash.get(&hash)?;
+        if is(&first) {
+            return Some(first);
+        }
+        self.collisions
+            .get(&hash)
+            .and_then(|ids| ids.iter().copied().find(is))
     }
 
-    fn insert_series(&mut self, id: SeriesId, labels: Arc<Labels>) {
-        let hash = hash_pairs(labels.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-        self.by_hash.entry(hash).or_default().push(id);
+    /// Indexes a new series; `pairs` sorted by name.
+    fn insert_series(&mut self, id: SeriesId, pairs: &[(&str, &str)]) {
+        self.insert_hashed(id, pairs, hash_pairs(pairs.iter().copied()));
+    }
+
+    /// [`Head::insert_series`] under a given hash (tests force collisions with it).
+    fn insert_hashed(&mut self, id: SeriesId, pairs: &[(&str, &str)], hash: u64) {
+        match self.by_hash.entry(hash) {
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(id);
+            }
+            std::collections::hash_map::Entry::Occupied(_) => {
+                self.collisions.entry(hash).or_default().push(id)
+            }
+        }
+        let labels: HeadLabels = pairs
+            .iter()
+            .map(|(k, v)| (self.strings.get(k), self.strings.get(v)))
+            .collect();
         for (k, v) in labels.iter() {
             let list = self
                 .postings
@@ -743,11 +828,18 @@ impl Head {
         let Some(s) = self.series.remove(&id) else {
             return;
         };
-        if let Some(ids) = self.by_hash.get_mut(&s.hash) {
+        let others = self.collisions.get_mut(&s.hash);
+        if self.by_hash.get(&s.hash) == Some(&id) {
+            // a colliding series takes the freed place
+            match others.and_then(|ids| ids.pop()) {
+                Some(next) => self.by_hash.insert(s.hash, next),
+                None => self.by_hash.remove(&s.hash),
+            };
+        } else if let Some(ids) = others {
             ids.retain(|x| *x != id);
-            if ids.is_empty() {
-                self.by_hash.remove(&s.hash);
-            }
+        }
+        if self.collisions.get(&s.hash).is_some_and(Vec::is_empty) {
+            self.collisions.remove(&s.hash);
         }
         for (k, v) in s.labels.iter() {
             if let Some(values) = self.postings.get_mut(k) {
@@ -773,10 +865,10 @@ impl Head {
             if m.is_match("") {
                 continue;
             }
-            let values = self.postings.get(&m.name);
+            let values = self.postings.get(m.name.as_str());
             let list: Vec<SeriesId> = match &m.op {
                 MatchOp::Equal => values
-                    .and_then(|v| v.get(&m.value))
+                    .and_then(|v| v.get(m.value.as_str()))
                     .cloned()
                     .unwrap_or_default(),
                 _ => {
@@ -806,9 +898,41 @@ impl Head {
                 self.series.get(id).is_some_and(|s| {
                     matchers
                         .iter()
-                        .all(|m| m.is_match(label(&s.labels, &m.name)))
+                        .all(|m| m.is_match(head_label(&s.labels, &m.name)))
                 })
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn series_whose_labels_collide_on_the_hash_are_told_apart() {
+        let mut head = Head::default();
+        let (a, b, c) = ([("x", "1")], [("x", "2")], [("x", "3")]);
+        head.insert_hashed(1, &a, 7);
+        head.insert_hashed(2, &b, 7);
+        head.insert_hashed(3, &c, 7);
+        assert_eq!(
+            (head.find(7, &a), head.find(7, &b), head.find(7, &c)),
+            (Some(1), Some(2), Some(3))
+        );
+        assert_eq!(head.find(7, &[("x", "4")]), None);
+        // the first one goes: a colliding one takes its place, the others are still found
+        head.remove_series(1);
+        assert_eq!(
+            (head.find(7, &a), head.find(7, &b), head.find(7, &c)),
+            (None, Some(2), Some(3))
+        );
+        head.remove_series(3);
+        assert_eq!((head.find(7, &b), head.find(7, &c)), (Some(2), None));
+        head.remove_series(2);
+        assert!(head.by_hash.is_empty() && head.collisions.is_empty());
+        assert!(head.postings.is_empty());
+        head.strings.sweep();
+        assert!(head.strings.0.is_empty(), "{:?}", head.strings);
     }
 }

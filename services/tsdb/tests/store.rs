@@ -187,6 +187,8 @@ async fn retention_drops_old_days_in_bulk_and_forgets_dead_series() -> Result<()
     }
     store.checkpoint().await?;
     let (bytes_before, _) = store.chunk_stats()?;
+    // two series, five distinct strings: `__name__`, `cluster` and `a` kept once for both
+    assert_eq!(store.label_strings().0, 5);
 
     // Keep 2.5 days back from the end of day 5: days 0–2 are entirely older (their chunks end before).
     let cutoff = day0 + 6 * DAY - (5 * DAY / 2);
@@ -202,6 +204,16 @@ async fn retention_drops_old_days_in_bulk_and_forgets_dead_series() -> Result<()
         store
             .select(&[vec![Matcher::new(MatchOp::Equal, "__name__", "old")]])
             .is_empty()
+    );
+    // `old`'s name is no longer held in memory; what `live` uses is
+    let (strings, bytes) = store.label_strings();
+    assert_eq!(
+        (strings, bytes),
+        (
+            4,
+            "__name__".len() + "cluster".len() + "a".len() + "live".len()
+        ),
+        "only `live`'s label strings are left"
     );
     let live = all(&store, "live")?;
     assert!(
