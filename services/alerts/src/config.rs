@@ -20,6 +20,9 @@ pub const DEFAULT_ROUTING: &str = include_str!("../alerts.yaml");
 pub struct Config {
     /// Where silences, alerts, the notification log and pending notifications live (sled).
     pub data_dir: String,
+    /// The store's page cache in bytes (sled's `cache_capacity`). Alerts and groups are held in memory
+    /// and written through, so the cache only speeds up those writes and the start.
+    pub cache_bytes: u64,
     /// The routing file (Alertmanager-shaped YAML); empty: the embedded `alerts.yaml`.
     pub routing: Option<String>,
     /// The HTTP API (silences, alerts, receivers). With auth off it must be a loopback address.
@@ -89,6 +92,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             data_dir: "./data/hub/alerts".into(),
+            cache_bytes: 16 << 20,
             routing: None,
             listen: "127.0.0.1:9467".into(),
             auth: multipilot_runtime::auth::Config {

@@ -366,10 +366,11 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     let routing = Arc::new(Routing::load(config.routing.as_deref())?);
     std::fs::create_dir_all(&config.data_dir)
         .map_err(store_err(format!("creating {}", config.data_dir)))?;
-    let store = Store::open(&config.data_dir).map_err(store_err::<store::Error>(format!(
-        "opening the alerts store in {}",
-        config.data_dir
-    )))?;
+    let store =
+        Store::open(&config.data_dir, config.cache_bytes).map_err(store_err::<store::Error>(
+            format!("opening the alerts store in {}", config.data_dir),
+        ))?;
+    multipilot_runtime::store::report_cache(&ctx.registry, "alerts", config.cache_bytes);
     let store = store.with_replica(open_replica(&ctx.js, &config).await?);
     let restored = prepare(&store, &ctx.js).await?;
     let local = store_err::<store::Error>;

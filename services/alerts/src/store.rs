@@ -296,11 +296,11 @@ pub fn nflog_key(receiver: &str, group_key: &str) -> String {
 }
 
 impl Store {
-    /// Opens (or creates) the store.
-    pub fn open(path: &str) -> Result<Store, Error> {
+    /// Opens (or creates) the store, with a page cache of `cache_bytes`.
+    pub fn open(path: &str, cache_bytes: u64) -> Result<Store, Error> {
         let db = sled::Config::new()
             .path(path)
-            .cache_capacity(16 * 1024 * 1024)
+            .cache_capacity(cache_bytes)
             .open()?;
         Ok(Store {
             alerts: db.open_tree("alerts")?,
@@ -669,12 +669,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("store").display().to_string();
         {
-            let s = Store::open(&path).unwrap();
+            let s = Store::open(&path, 1 << 20).unwrap();
             assert_eq!(s.incidents_through().unwrap(), None);
             s.set_incidents_through(42).unwrap();
             s.db.flush().unwrap();
         }
-        let s = Store::open(&path).unwrap();
+        let s = Store::open(&path, 1 << 20).unwrap();
         assert_eq!(s.incidents_through().unwrap(), Some(42));
         // a restore replays the incidents from the start: no mark until that replay is over
         s.begin_restore().unwrap();

@@ -43,7 +43,7 @@ impl Running {
         std::fs::write(dir.join("routing.yaml"), ROUTING)?;
         let data = dir.join("data");
         eventually("the store free", 30, async || {
-            multipilot_alerts::store::Store::open(&data.display().to_string())
+            multipilot_alerts::store::Store::open(&data.display().to_string(), 1 << 20)
                 .ok()
                 .map(drop)
         })

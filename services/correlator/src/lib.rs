@@ -87,6 +87,9 @@ impl Error {
 pub struct Config {
     /// Where its state lives (sled).
     pub data_dir: String,
+    /// The store's page cache in bytes (sled's `cache_capacity`). Its state is held in memory and written
+    /// through, so the cache only speeds up those writes and the start.
+    pub cache_bytes: u64,
     /// Rules file (default: the embedded `rules.yaml`).
     pub rules: Option<String>,
     /// Baseline file (default: the embedded `baseline.yaml`).
@@ -113,6 +116,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             data_dir: "./data/hub/correlator".into(),
+            cache_bytes: 32 << 20,
             rules: None,
             baseline: None,
             batch: 500,

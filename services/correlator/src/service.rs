@@ -758,7 +758,8 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     let rules = crate::rules::Rules::load(config.rules.as_deref())?;
     let baseline = crate::baseline::Baseline::load(config.baseline.as_deref())?;
     let dir = std::path::PathBuf::from(&config.data_dir);
-    let store = Store::open(&dir)?;
+    let store = Store::open(&dir, config.cache_bytes)?;
+    multipilot_runtime::store::report_cache(&ctx.registry, "correlator", config.cache_bytes);
     // a new or wiped store rebuilds from the streams; the marker is written once that is done (and the
     // durables are recreated), so a crash in between rebuilds again
     let fresh = store.is_fresh()?;

@@ -151,15 +151,15 @@ pub struct Store {
 }
 
 impl Store {
-    /// Opens (or creates) the store in `dir`.
-    pub fn open(dir: &Path) -> Result<Self, Error> {
+    /// Opens (or creates) the store in `dir`, with a page cache of `cache_bytes`.
+    pub fn open(dir: &Path, cache_bytes: u64) -> Result<Self, Error> {
         std::fs::create_dir_all(dir).map_err(|e| Error::Dir {
             dir: dir.display().to_string(),
             reason: e.to_string(),
         })?;
         let db = sled::Config::new()
             .path(dir)
-            .cache_capacity(32 * 1024 * 1024)
+            .cache_capacity(cache_bytes)
             .open()
             .map_err(|e| Error::Dir {
                 dir: dir.display().to_string(),
@@ -499,7 +499,7 @@ mod tests {
     #[tokio::test]
     async fn what_is_written_reads_back_and_confirmed_outputs_are_gone() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::open(dir.path()).unwrap();
+        let store = Store::open(dir.path(), 1 << 20).unwrap();
         assert!(store.is_fresh().unwrap());
         let mut outbox = Outbox::default();
         outbox.push(vec![out("a"), out("b")]);
@@ -538,7 +538,7 @@ mod tests {
         store.mark_initialized().await.unwrap();
         store.close().await.unwrap();
 
-        let store = Store::open(dir.path()).unwrap();
+        let store = Store::open(dir.path(), 1 << 20).unwrap();
         assert!(!store.is_fresh().unwrap());
         let (s, outbox) = store.load().unwrap();
         assert_eq!(s.clusters.keys().collect::<Vec<_>>(), vec!["c1"]);
@@ -583,7 +583,7 @@ mod tests {
                 .await
                 .unwrap();
         }
-        let store = Store::open(dir.path()).unwrap();
+        let store = Store::open(dir.path(), 1 << 20).unwrap();
         assert!(!store.is_fresh().unwrap(), "the marker moved too");
         let (s, outbox) = store.load().unwrap();
         assert_eq!(s.dedup, vec![record("r1")]);

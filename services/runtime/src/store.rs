@@ -6,7 +6,11 @@
 //! [`wait_released`] waits until the lock can be taken, so a store is closed when `close` returns.
 
 use std::path::Path;
+use std::sync::RwLock;
 use std::time::{Duration, Instant};
+
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 
 /// The file sled locks in a store's directory.
 const LOCK_FILE: &str = "db";
@@ -71,9 +75,38 @@ pub async fn wait_released(dir: &Path, timeout: Duration) -> Result<(), Error> {
     }
 }
 
+/// Reports the page cache a role gave its sled store (`<role>.cache_bytes`) as
+/// `multipilot_<role>_cache_capacity_bytes`, so a dashboard sets the process' memory beside what was asked of it.
+pub fn report_cache(registry: &RwLock<Registry>, role: &str, bytes: u64) {
+    let gauge = Gauge::<i64>::default();
+    gauge.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    let mut registry = registry
+        .write()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    registry.register(
+        format!("multipilot_{role}_cache_capacity_bytes"),
+        format!("The page cache of the {role}'s local store (`{role}.cache_bytes`)"),
+        gauge,
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_roles_cache_is_reported_under_its_name() -> anyhow::Result<()> {
+        let registry = RwLock::new(Registry::default());
+        report_cache(&registry, "correlator", 32 << 20);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry.read().unwrap())?;
+        assert!(
+            out.lines()
+                .any(|l| l == "multipilot_correlator_cache_capacity_bytes 33554432"),
+            "{out}"
+        );
+        Ok(())
+    }
 
     #[tokio::test]
     async fn a_held_store_is_reported_and_a_dropped_one_released() -> anyhow::Result<()> {

@@ -462,6 +462,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<(), Error> {
         let mut registry = ctx.registry.write().unwrap_or_else(|e| e.into_inner());
         Metrics::register(&mut registry)
     };
+    multipilot_runtime::store::report_cache(&ctx.registry, "tsdb", config.cache_bytes);
     // The role's own tasks stop with the process or when the consumer runner gives up.
     let local = ctx.cancel.child_token();
     config.auth.check_listen("tsdb", &config.listen)?;
