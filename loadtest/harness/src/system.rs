@@ -467,8 +467,8 @@ impl System {
             None => None,
         };
 
-        // the simulator
-        let control_port = free_port()?;
+        // the simulator, its control API on a port it picks (one picked here and freed could be taken by
+        // another process' outgoing connection before the simulator binds it); the state file says which
         let kubeconfig = dir.join("sim/kubeconfig.yaml");
         std::fs::create_dir_all(dir.join("sim"))?;
         sys.sim = Proc::new(
@@ -486,7 +486,7 @@ impl System {
                 "--kubeconfig".into(),
                 kubeconfig.to_string_lossy().into_owned(),
                 "--control".into(),
-                format!("127.0.0.1:{control_port}"),
+                "127.0.0.1:0".into(),
                 "--seed".into(),
                 "42".into(),
             ],
@@ -494,13 +494,13 @@ impl System {
             dir.join("logs/sim.log"),
         );
         sys.sim.start()?;
-        sys.sim_control = format!("http://127.0.0.1:{control_port}");
         let state = kubeconfig.with_extension("sim.json");
         let deadline = Instant::now() + Duration::from_secs(120);
         let clusters: Vec<(String, serde_json::Value)> = loop {
             if let Ok(text) = std::fs::read(&state)
                 && let Ok(v) = serde_json::from_slice::<serde_json::Value>(&text)
             {
+                sys.sim_control = v["control"].as_str().unwrap_or_default().to_string();
                 break v["clusters"]
                     .as_array()
                     .map(|a| {
