@@ -44,20 +44,21 @@ pub fn is_change_kind(kind: &str) -> bool {
 /// How likely an object changes on `cluster` by chance in one lookback: the share of the objects of a
 /// change kind it holds that changed in `[from, to]` (at least one object counted, so a cluster whose
 /// objects have not arrived yet is a certain churn, never evidence).
-fn churn(view: View<'_>, cluster: &str, from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
-    let changed: BTreeSet<String> = touches(view, cluster)
-        .into_iter()
-        .filter(|t| t.release.is_none() && t.at >= from && t.at <= to)
-        .map(|t| t.key)
+/// `touches` and `held` are the cluster's ([`touches`], [`held`]).
+fn churn(touches: &[Touch<'_>], held: usize, from: DateTime<Utc>, to: DateTime<Utc>) -> f64 {
+    let changed: BTreeSet<String> = touches
+        .iter()
+        .filter(|t| t.release().is_none() && t.at >= from && t.at <= to)
+        .map(Touch::key)
         .collect();
-    changed.len() as f64 / held(view, cluster).max(changed.len()).max(1) as f64
+    changed.len() as f64 / held.max(changed.len()).max(1) as f64
 }
 
 /// The objects of a change kind `cluster` holds.
 fn held(view: View<'_>, cluster: &str) -> usize {
     view.objects.get(cluster).map_or(0, |o| {
         o.keys()
-            .filter(|k| k.split('/').next().is_some_and(is_change_kind))
+            .filter(|k| is_change_kind(k.split_once('/').map_or(k.as_str(), |(kind, _)| kind)))
             .count()
     })
 }
@@ -306,40 +307,66 @@ fn object_key(o: &ObjectRef) -> String {
 }
 
 /// One thing that changed on a cluster at a hub time: an object's spec, or a release batch applied there.
-struct Touch {
-    key: String,
+/// It borrows from the machine's view: a judgement reads every cluster's changes, and only those that
+/// fall in its windows are named (allocated).
+struct Touch<'a> {
     at: DateTime<Utc>,
-    object: ObjectRef,
-    release: Option<ReleaseRef>,
+    what: Touched<'a>,
+}
+
+enum Touched<'a> {
+    Object(&'a ObjectRef),
+    Release(&'a ReleaseRef),
+}
+
+impl Touch<'_> {
+    /// What changed, as one key: a release revision is one change, whichever batch took it where.
+    fn key(&self) -> String {
+        match self.what {
+            Touched::Object(o) => object_key(o),
+            Touched::Release(r) => format!("release {} revision {}", r.name, r.revision),
+        }
+    }
+
+    fn object(&self) -> ObjectRef {
+        match self.what {
+            Touched::Object(o) => o.clone(),
+            Touched::Release(r) => ObjectRef {
+                api_version: String::new(),
+                kind: "Release".into(),
+                namespace: None,
+                name: r.name.clone(),
+                uid: None,
+            },
+        }
+    }
+
+    fn release(&self) -> Option<&ReleaseRef> {
+        match self.what {
+            Touched::Object(_) => None,
+            Touched::Release(r) => Some(r),
+        }
+    }
 }
 
 /// What changed on `cluster`: its objects' spec changes (their times corrected by its skew) and the
 /// release batches applied there (the release role's clock is the hub's).
-fn touches(view: View<'_>, cluster: &str) -> Vec<Touch> {
+fn touches<'a>(view: View<'a>, cluster: &str) -> Vec<Touch<'a>> {
     let Some(state) = view.clusters.get(cluster) else {
         return Vec::new();
     };
-    let mut out: Vec<Touch> = state
+    let skew = skew(view, cluster);
+    let mut out: Vec<Touch<'a>> = state
         .changes
         .iter()
         .map(|ch| Touch {
-            key: object_key(&ch.object),
-            at: hub_time(view, cluster, ch.at),
-            object: ch.object.clone(),
-            release: None,
+            at: ch.at - skew,
+            what: Touched::Object(&ch.object),
         })
         .collect();
     out.extend(state.releases.iter().map(|(at, r)| Touch {
-        key: format!("release {} revision {}", r.name, r.revision),
         at: *at,
-        object: ObjectRef {
-            api_version: String::new(),
-            kind: "Release".into(),
-            namespace: None,
-            name: r.name.clone(),
-            uid: None,
-        },
-        release: Some(r.clone()),
+        what: Touched::Release(r),
     }));
     out
 }
@@ -370,20 +397,25 @@ pub fn suspects(
         ObjectRef,
         Option<ReleaseRef>,
     );
+    // each failing cluster's changes and objects, read once
+    let read: BTreeMap<&str, (Vec<Touch<'_>>, usize)> = since
+        .keys()
+        .map(|c| (c.as_str(), (touches(view, c), held(view, c))))
+        .collect();
     let mut failing: BTreeMap<String, Reached<'_>> = BTreeMap::new();
     for (c, at) in since {
-        for t in touches(view, c) {
+        for t in read.get(c.as_str()).map_or(&[][..], |(t, _)| t) {
             if t.at >= *at - lookback && t.at <= *at {
                 let e = failing
-                    .entry(t.key)
-                    .or_insert_with(|| (BTreeSet::new(), t.at, t.object, None));
+                    .entry(t.key())
+                    .or_insert_with(|| (BTreeSet::new(), t.at, t.object(), None));
                 e.0.insert(c.as_str());
                 e.1 = e.1.max(t.at);
                 // the first batch that took it to a failing cluster
-                if let Some(r) = t.release
+                if let Some(r) = t.release()
                     && e.3.as_ref().is_none_or(|old| r.batch < old.batch)
                 {
-                    e.3 = Some(r);
+                    e.3 = Some(r.clone());
                 }
             }
         }
@@ -398,18 +430,21 @@ pub fn suspects(
         .iter()
         .map(|c| {
             touches(view, c)
-                .into_iter()
+                .iter()
                 .filter(|t| t.at >= first - lookback && t.at <= last)
-                .map(|t| t.key)
+                .map(Touch::key)
                 .collect()
         })
         .collect();
     // each failing cluster's churn in its own lookback, and how many objects could have changed by chance
     let churns: BTreeMap<&str, f64> = since
         .iter()
-        .map(|(c, at)| (c.as_str(), churn(view, c, *at - lookback, *at)))
+        .filter_map(|(c, at)| {
+            let (touches, held) = read.get(c.as_str())?;
+            Some((c.as_str(), churn(touches, *held, *at - lookback, *at)))
+        })
         .collect();
-    let held = since.keys().map(|c| held(view, c)).max().unwrap_or(0) as f64;
+    let held = read.values().map(|(_, h)| *h).max().unwrap_or(0) as f64;
     let mut out: Vec<(bool, f64, Suspect)> = Vec::new();
     for (key, (clusters, latest, object, release)) in failing {
         let h = healthy_changed.iter().filter(|k| k.contains(&key)).count() as u32;
