@@ -270,15 +270,6 @@ fn owned_labels(labels: &HeadLabels) -> Arc<Labels> {
     )
 }
 
-/// The value of a label in the head (empty when absent).
-fn head_label<'a>(labels: &'a HeadLabels, name: &str) -> &'a str {
-    labels
-        .iter()
-        .find(|(k, _)| **k == *name)
-        .map(|(_, v)| &**v)
-        .unwrap_or("")
-}
-
 /// Scrape targets whose last scrape's series are remembered; beyond it the cache starts over.
 const MAX_CACHED_TARGETS: usize = 16_384;
 
@@ -299,11 +290,11 @@ fn intersect(a: &[SeriesId], b: &[SeriesId]) -> Vec<SeriesId> {
 }
 
 /// The value of a label (empty when absent).
-pub fn label<'a>(labels: &'a Labels, name: &str) -> &'a str {
+pub fn label<'a, S: AsRef<str>>(labels: &'a [(S, S)], name: &str) -> &'a str {
     labels
         .iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.as_str())
+        .find(|(k, _)| k.as_ref() == name)
+        .map(|(_, v)| v.as_ref())
         .unwrap_or("")
 }
 
@@ -898,7 +889,7 @@ impl Head {
                 self.series.get(id).is_some_and(|s| {
                     matchers
                         .iter()
-                        .all(|m| m.is_match(head_label(&s.labels, &m.name)))
+                        .all(|m| m.is_match(label(&s.labels, &m.name)))
                 })
             })
             .collect()
