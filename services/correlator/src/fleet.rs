@@ -31,8 +31,8 @@ pub struct View<'a> {
     pub clusters: &'a BTreeMap<String, ClusterState>,
     /// Every cluster incident, by key.
     pub incidents: &'a BTreeMap<String, Incident>,
-    /// Every object each cluster holds: `kind/namespace/name` → spec hash, by cluster.
-    pub objects: &'a BTreeMap<String, BTreeMap<String, String>>,
+    /// How many objects of a change kind ([`is_change_kind`]) each cluster holds, by cluster.
+    pub changeable: &'a BTreeMap<String, usize>,
 }
 
 /// Whether a spec change of this kind is a change someone made (Pods, ReplicaSets, EndpointSlices and
@@ -56,11 +56,7 @@ fn churn(touches: &[Touch<'_>], held: usize, from: DateTime<Utc>, to: DateTime<U
 
 /// The objects of a change kind `cluster` holds.
 fn held(view: View<'_>, cluster: &str) -> usize {
-    view.objects.get(cluster).map_or(0, |o| {
-        o.keys()
-            .filter(|k| is_change_kind(k.split_once('/').map_or(k.as_str(), |(kind, _)| kind)))
-            .count()
-    })
+    view.changeable.get(cluster).copied().unwrap_or(0)
 }
 
 /// The coincidences at most expected before an object changed on several failing clusters is named a

@@ -82,8 +82,10 @@ pub enum Input<'a> {
 /// What changed since the last [`Machine::take_changes`], for the store to write.
 #[derive(Debug, Default)]
 pub struct Changes {
-    /// Cluster states (`None`: forgotten).
+    /// Cluster states, without their changes ([`ClusterState::record`]; `None`: forgotten).
     pub clusters: Vec<(String, Option<ClusterState>)>,
+    /// Clusters' spec changes, keyed `cluster/<seq, 16 hex digits>` (`None`: forgotten).
+    pub changes: Vec<(String, Option<ChangeRec>)>,
     /// Storm windows (`None`: the cluster is forgotten).
     pub windows: Vec<(String, Option<StormWindow>)>,
     /// Spec hashes, keyed `cluster/kind/ns/name` (`None`: the object is gone).
@@ -104,6 +106,7 @@ impl Changes {
     /// Whether nothing changed.
     pub fn is_empty(&self) -> bool {
         self.clusters.is_empty()
+            && self.changes.is_empty()
             && self.windows.is_empty()
             && self.specs.is_empty()
             && self.workloads.is_empty()
@@ -170,6 +173,10 @@ pub struct Machine {
     clusters: BTreeMap<String, ClusterState>,
     /// Spec hash per object, per cluster (`kind/ns/name`).
     specs: BTreeMap<String, BTreeMap<String, String>>,
+    /// How many of each cluster's `specs` are of a change kind ([`fleet::is_change_kind`]), counted as
+    /// objects come and go: a fleet judgement reads it for every failing cluster, and counting the
+    /// inventory there was half the correlator's CPU while a fleet's first listings arrived.
+    changeable: BTreeMap<String, usize>,
     /// The compared settings of each workload ([`consistency::workload_settings`]), per cluster
     /// (`<kind> <ns>/<name>`): kept apart from the cluster state, which is written far more often.
     workloads: BTreeMap<String, BTreeMap<String, BTreeMap<String, String>>>,
@@ -193,6 +200,8 @@ pub struct Machine {
     dirty: Dirty,
     /// Per cluster, the newest warning time of its storm window when the window was last handed over.
     windows_saved: BTreeMap<String, DateTime<Utc>>,
+    /// Per cluster, the `seq`s of the changes last handed over ([`ClusterState::change_seqs`]).
+    changes_saved: BTreeMap<String, std::ops::Range<u64>>,
 }
 
 /// A condition found: what [`Machine::raise`] opens or updates an incident for.
@@ -251,7 +260,22 @@ impl Machine {
             baseline,
             source: source.to_string(),
             windows_saved: BTreeMap::new(),
+            changes_saved: clusters
+                .iter()
+                .map(|(name, c)| (name.clone(), c.change_seqs()))
+                .collect(),
             clusters,
+            changeable: s
+                .specs
+                .iter()
+                .map(|(c, objects)| {
+                    let n = objects
+                        .keys()
+                        .filter(|k| fleet::is_change_kind(k.split('/').next().unwrap_or_default()))
+                        .count();
+                    (c.clone(), n)
+                })
+                .collect(),
             specs: s.specs,
             workloads: s.workloads,
             incidents: s.incidents,
@@ -359,7 +383,7 @@ impl Machine {
         let view = fleet::View {
             clusters: &self.clusters,
             incidents: &self.incidents,
-            objects: &self.specs,
+            changeable: &self.changeable,
         };
         for k in self.fleet.rejudge(&self.rules.fleet, view, e.at, &known) {
             self.emit_fleet(&k);
@@ -416,13 +440,18 @@ impl Machine {
                 self.dirty.windows.insert(name, false);
             }
         }
+        let mut changes = Vec::new();
+        for k in &d.clusters {
+            self.hand_over_changes(k, &mut changes);
+        }
         Changes {
             windows,
+            changes,
             clusters: d
                 .clusters
                 .into_iter()
                 .map(|k| {
-                    let v = self.clusters.get(&k).cloned();
+                    let v = self.clusters.get(&k).map(ClusterState::record);
                     (k, v)
                 })
                 .collect(),
@@ -446,6 +475,28 @@ impl Machine {
                     (k, v)
                 })
                 .collect(),
+        }
+    }
+
+    /// The changes of `cluster` added and dropped since they were last handed over (all of them dropped
+    /// when the cluster is forgotten), keyed for the store.
+    fn hand_over_changes(&mut self, cluster: &str, out: &mut Vec<(String, Option<ChangeRec>)>) {
+        let key = |seq: u64| format!("{cluster}/{seq:016x}");
+        let held = self.clusters.get(cluster);
+        let now = held.map_or(u64::MAX..u64::MAX, ClusterState::change_seqs);
+        let was = self.changes_saved.get(cluster).cloned().unwrap_or(0..0);
+        for seq in was.start..was.end.min(now.start) {
+            out.push((key(seq), None));
+        }
+        if let Some(c) = held {
+            let from = was.end.max(now.start);
+            let added = c.changes.iter().rev().take_while(|ch| ch.seq >= from);
+            let at = out.len();
+            out.extend(added.map(|ch| (key(ch.seq), Some(ch.clone()))));
+            out[at..].reverse();
+            self.changes_saved.insert(cluster.to_string(), now);
+        } else {
+            self.changes_saved.remove(cluster);
         }
     }
 
@@ -555,7 +606,7 @@ impl Machine {
         let view = fleet::View {
             clusters: &self.clusters,
             incidents: &self.incidents,
-            objects: &self.specs,
+            changeable: &self.changeable,
         };
         let now = fleet::hub_time(view, &inc.cluster, inc.updated_at);
         if let Some(k) = self.fleet.on_incident(&self.rules.fleet, inc, view, now) {
@@ -635,7 +686,7 @@ impl Machine {
         let view = fleet::View {
             clusters: &self.clusters,
             incidents: &self.incidents,
-            objects: &self.specs,
+            changeable: &self.changeable,
         };
         let now = fleet::hub_time(view, &rec.cluster, rec.last_seen);
         if let Some(k) = self.fleet.on_digest(&self.rules.fleet, rec, view, now) {
@@ -992,7 +1043,7 @@ impl Machine {
             let view = fleet::View {
                 clusters: &self.clusters,
                 incidents: &self.incidents,
-                objects: &self.specs,
+                changeable: &self.changeable,
             };
             for k in self.fleet.sweep(&self.rules.fleet, view, now) {
                 self.emit_fleet(&k);
@@ -1215,29 +1266,31 @@ impl Machine {
                     && *prev != s.spec_hash
                     && fleet::is_change_kind(&s.kind)
                 {
-                    c.changes.push_back(ChangeRec {
-                        at,
-                        object: ObjectRef {
-                            api_version: s.api_version.clone(),
-                            kind: s.kind.clone(),
-                            namespace: s.namespace.clone(),
-                            name: s.name.clone(),
-                            uid: Some(s.uid.clone()),
-                        },
-                        from: prev.clone(),
-                        to: s.spec_hash.clone(),
-                    });
                     let window = Duration::from_std(self.rules.evidence.change_window)
                         .unwrap_or(Duration::minutes(30));
-                    let newest = c.changes.back().map(|ch| ch.at).unwrap_or(at);
-                    while c.changes.front().is_some_and(|ch| ch.at < newest - window)
-                        || c.changes.len() > 500
-                    {
-                        c.changes.pop_front();
-                    }
+                    c.push_change(
+                        ChangeRec {
+                            at,
+                            object: ObjectRef {
+                                api_version: s.api_version.clone(),
+                                kind: s.kind.clone(),
+                                namespace: s.namespace.clone(),
+                                name: s.name.clone(),
+                                uid: Some(s.uid.clone()),
+                            },
+                            from: prev.clone(),
+                            to: s.spec_hash.clone(),
+                            seq: 0,
+                        },
+                        window,
+                    );
                 }
                 self.dirty.specs.insert((cluster.clone(), key.clone()));
-                specs.insert(key, s.spec_hash.clone());
+                if specs.insert(key, s.spec_hash.clone()).is_none()
+                    && fleet::is_change_kind(&s.kind)
+                {
+                    *self.changeable.entry(cluster.clone()).or_default() += 1;
+                }
                 if let Some(t) = self.rules.fleet.consistency.iter().find(|t| {
                     t.kind == s.kind
                         && t.name == s.name
@@ -1273,6 +1326,11 @@ impl Machine {
                     && specs.remove(&key).is_some()
                 {
                     self.dirty.specs.insert((cluster.clone(), key));
+                    if fleet::is_change_kind(&d.kind)
+                        && let Some(n) = self.changeable.get_mut(&cluster)
+                    {
+                        *n = n.saturating_sub(1);
+                    }
                 }
                 let object =
                     consistency::object_key(&d.kind, d.namespace.as_deref().unwrap_or(""), &d.name);

@@ -7,7 +7,7 @@ use multipilot_schemas::control::{CommandOutcome, IncidentAction, IncidentComman
 use multipilot_schemas::payload::{
     AuditRecord, ClusterFacts, ComplianceReport, EventDigest, EvidenceKind, FleetIncident,
     Heartbeat, Incident, IncidentStatus, KubeEvent, ObjectRef, ProbeResult, ProbeStatus,
-    ReleaseRef, ResourceState, Severity, SuspectVerdict,
+    ReleaseRef, ResourceDeleted, ResourceState, Severity, SuspectVerdict,
 };
 use multipilot_schemas::streams::StateMsg;
 use multipilot_schemas::{Envelope, Payload, catalog};
@@ -748,6 +748,55 @@ fn people_acknowledge_and_resolve_incidents_with_an_audit_record() {
 }
 
 #[test]
+fn each_clusters_count_of_changeable_objects_follows_its_objects_and_a_restore() {
+    let mut m = machine();
+    let at = t0();
+    let mut seq = 0;
+    let mut state = |m: &mut Machine, cluster: &str, kind: &str, name: &str, hash: &str| {
+        seq += 1;
+        let s = ResourceState {
+            kind: kind.into(),
+            ..deployment(name, hash)
+        };
+        m.apply(Input::State(&env(cluster, at, seq, StateMsg::State(s))));
+    };
+    state(&mut m, "c1", "Deployment", "a", "01");
+    state(&mut m, "c1", "Deployment", "a", "02"); // a change, not another object
+    state(&mut m, "c1", "ConfigMap", "b", "01");
+    state(&mut m, "c1", "Pod", "p", "01"); // not a change kind
+    state(&mut m, "c2", "Deployment", "a", "01");
+    let gone = |kind: &str, name: &str| {
+        let d = ResourceDeleted {
+            api_version: "apps/v1".into(),
+            kind: kind.into(),
+            namespace: Some("kube-system".into()),
+            name: name.into(),
+            uid: format!("uid-{name}"),
+            resource_version: String::new(),
+            ..sample()
+        };
+        env("c1", at, 99, StateMsg::Deleted(d))
+    };
+    m.apply(Input::State(&gone("Pod", "p")));
+    m.apply(Input::State(&gone("ConfigMap", "b")));
+    m.apply(Input::State(&gone("ConfigMap", "b"))); // twice: counted once
+    m.apply(Input::State(&gone("Secret", "never-seen")));
+    let expected = BTreeMap::from([("c1".to_string(), 1), ("c2".to_string(), 1)]);
+    assert_eq!(m.changeable, expected);
+    // counted again from the objects, as a restart does
+    let again = Machine::restore_snapshot(
+        Rules::defaults(),
+        Baseline::defaults(),
+        "correlator-test",
+        Snapshot {
+            specs: m.specs.clone(),
+            ..Snapshot::default()
+        },
+    );
+    assert_eq!(again.changeable, expected);
+}
+
+#[test]
 fn changes_name_only_what_changed_and_a_snapshot_restores_the_machine() {
     let mut m = machine();
     rounds(&mut m, "c1", "etcd", ProbeStatus::Unhealthy, 1, 5, t0());
@@ -1294,6 +1343,85 @@ fn an_object_that_changed_on_two_failing_clusters_amid_heavy_churn_is_not_named_
 fn change(m: &mut Machine, cluster: &str, name: &str, hash: &str, at: DateTime<Utc>) {
     let s = env(cluster, at, 10, StateMsg::State(deployment(name, hash)));
     m.apply(Input::State(&s));
+}
+
+#[test]
+fn a_clusters_changes_are_handed_over_one_by_one_and_a_heartbeat_hands_over_none() {
+    let mut m = machine();
+    let at = t0();
+    let keys = |c: &Changes| -> Vec<(String, bool)> {
+        c.changes
+            .iter()
+            .map(|(k, v)| (k.clone(), v.is_some()))
+            .collect()
+    };
+    change(&mut m, "c1", "web", "01", at);
+    change(&mut m, "c1", "web", "02", at);
+    change(&mut m, "c1", "web", "03", at);
+    let first = m.take_changes();
+    assert_eq!(
+        keys(&first),
+        vec![
+            ("c1/0000000000000000".to_string(), true),
+            ("c1/0000000000000001".to_string(), true)
+        ]
+    );
+    let record = &first.clusters[0].1.as_ref().unwrap();
+    assert!(record.changes.is_empty(), "the record holds no change");
+    assert_eq!(record.changes_next, 2);
+    assert_eq!(first.changes[1].1.as_ref().unwrap().to, "03");
+
+    // a heartbeat rewrites the cluster's record, not its changes
+    let hb = env("c1", at, 1, heartbeat());
+    m.apply(Input::Heartbeat(&hb, at));
+    let beat = m.take_changes();
+    assert_eq!(beat.clusters.len(), 1);
+    assert!(beat.changes.is_empty());
+
+    // past the cap, the oldest go as the newest come, one key each
+    for i in 0..ClusterState::MAX_CHANGES {
+        change(&mut m, "c1", "web", &format!("{:02x}", i + 4), at);
+    }
+    let more = m.take_changes();
+    let dropped: Vec<&String> = more
+        .changes
+        .iter()
+        .filter(|(_, v)| v.is_none())
+        .map(|(k, _)| k)
+        .collect();
+    assert_eq!(
+        dropped,
+        vec!["c1/0000000000000000", "c1/0000000000000001"],
+        "two dropped"
+    );
+    let added = more.changes.iter().filter(|(_, v)| v.is_some()).count();
+    assert_eq!(added, ClusterState::MAX_CHANGES);
+    assert_eq!(
+        m.clusters["c1"].change_seqs(),
+        2..2 + ClusterState::MAX_CHANGES as u64
+    );
+
+    // restored as the store reads it back, nothing is handed over again
+    let mut again = Machine::restore_snapshot(
+        Rules::defaults(),
+        Baseline::defaults(),
+        "correlator-test",
+        Snapshot {
+            clusters: m.clusters.clone(),
+            specs: m.specs.clone(),
+            ..Snapshot::default()
+        },
+    );
+    again.apply(Input::Heartbeat(&hb, at));
+    assert!(again.take_changes().changes.is_empty());
+    change(&mut again, "c1", "web", "ff", at);
+    assert_eq!(
+        keys(&again.take_changes()),
+        vec![
+            ("c1/0000000000000002".to_string(), false),
+            (format!("c1/{:016x}", 2 + ClusterState::MAX_CHANGES), true)
+        ]
+    );
 }
 
 #[test]

@@ -20,6 +20,10 @@ pub struct ChangeRec {
     pub from: String,
     /// New spec hash.
     pub to: String,
+    /// Its place in its cluster's changes ([`ClusterState::changes_next`]); the store keeps it in the
+    /// record's key.
+    #[serde(skip)]
+    pub seq: u64,
 }
 
 /// What the engine tracks of one probe on one cluster.
@@ -61,8 +65,14 @@ pub struct ClusterState {
     pub skew_samples: VecDeque<f64>,
     /// Probes.
     pub probes: BTreeMap<String, ProbeTrack>,
-    /// Recent spec changes.
+    /// Recent spec changes (at most [`ClusterState::MAX_CHANGES`], oldest first). Stored apart, one record
+    /// per change under its `seq`, so that a heartbeat does not rewrite hundreds of them: a store written
+    /// before holds them here and is read as it was, never written so again.
+    #[serde(default, skip_serializing)]
     pub changes: VecDeque<ChangeRec>,
+    /// The `seq` the next change gets.
+    #[serde(default)]
+    pub changes_next: u64,
     /// Release batches applied here lately (hub time, newest last; the last 2 h, at most
     /// [`ClusterState::MAX_RELEASES`]).
     #[serde(default)]
@@ -119,6 +129,71 @@ impl ClusterState {
     pub const MAX_RELEASES: usize = 50;
     /// How many running releases a cluster remembers.
     pub const MAX_RUNNING: usize = 200;
+    /// How many spec changes a cluster remembers.
+    pub const MAX_CHANGES: usize = 500;
+
+    /// Records a spec change, numbered, and forgets those older than `window` before the newest and beyond
+    /// [`ClusterState::MAX_CHANGES`].
+    pub fn push_change(&mut self, mut change: ChangeRec, window: chrono::Duration) {
+        change.seq = self.changes_next;
+        self.changes_next += 1;
+        self.changes.push_back(change);
+        let newest = self.changes.back().map(|ch| ch.at);
+        while self
+            .changes
+            .front()
+            .is_some_and(|ch| newest.is_some_and(|n| ch.at < n - window))
+            || self.changes.len() > Self::MAX_CHANGES
+        {
+            self.changes.pop_front();
+        }
+    }
+
+    /// The `seq`s of the changes held: from the oldest's to [`ClusterState::changes_next`].
+    pub fn change_seqs(&self) -> std::ops::Range<u64> {
+        self.changes.front().map_or(self.changes_next, |c| c.seq)..self.changes_next
+    }
+
+    /// The cluster's state as its store record holds it: everything but what is stored apart (its changes
+    /// and its storm window), without copying those.
+    pub fn record(&self) -> ClusterState {
+        let ClusterState {
+            labels,
+            hb_last_ingest,
+            hb_interval_s,
+            hb_streak,
+            hb_last_seq,
+            skew_samples,
+            probes,
+            changes: _,
+            changes_next,
+            releases,
+            running,
+            spec_hashes: _,
+            inventory,
+            compliance,
+            settings,
+            warnings: _,
+            warnings_seen: _,
+            warnings_checked: _,
+        } = self;
+        ClusterState {
+            labels: labels.clone(),
+            hb_last_ingest: *hb_last_ingest,
+            hb_interval_s: *hb_interval_s,
+            hb_streak: *hb_streak,
+            hb_last_seq: *hb_last_seq,
+            skew_samples: skew_samples.clone(),
+            probes: probes.clone(),
+            changes_next: *changes_next,
+            releases: releases.clone(),
+            running: running.clone(),
+            inventory: inventory.clone(),
+            compliance: compliance.clone(),
+            settings: settings.clone(),
+            ..ClusterState::default()
+        }
+    }
 
     /// Records that `name` runs `r` here, unless a newer revision of it does.
     pub fn running_applied(&mut self, name: &str, r: Running) {

@@ -2,10 +2,12 @@
 //! messages not yet confirmed by JetStream, written together in one atomic batch, so state and outputs are
 //! never out of step after a crash.
 //!
-//! One tree, `state`, with a prefix per record type (MessagePack values): `c` cluster state, `s` spec hash
-//! (`<cluster>/<kind>/<ns>/<name>`), `i` incident (by key), `f` fleet incident (by key), `d` dedup record (by id), `o` outbox entry (by
+//! One tree, `state`, with a prefix per record type (MessagePack values): `c` cluster state, `h` a
+//! cluster's spec change (`<cluster>/<seq, 16 hex digits>`), `s` spec hash (`<cluster>/<kind>/<ns>/<name>`), `i` incident (by key), `f` fleet incident (by key), `d` dedup record (by id), `o` outbox entry (by
 //! sequence), `m` meta (high-water marks, the initialized marker). Only what changed is written: a change to
-//! one object rewrites one key, not the cluster. A store written by an older version (JSON in the trees
+//! one object rewrites one key, not the cluster, and a cluster's changes are added and dropped one by one
+//! (they were part of its record, rewritten with every heartbeat: a record written so is read as it
+//! was and its changes are moved to their own keys when the store opens). A store written by an older version (JSON in the trees
 //! `clusters`, `incidents`, `dedup`, `meta`) is moved into this layout when opened.
 
 use std::collections::BTreeMap;
@@ -16,9 +18,11 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::machine::{Changes, Out, Snapshot};
+use crate::state::{ChangeRec, ClusterState};
 
 const TREE: &str = "state";
 const P_CLUSTER: u8 = b'c';
+const P_CHANGE: u8 = b'h';
 const P_SPEC: u8 = b's';
 const P_INCIDENT: u8 = b'i';
 const P_DEDUP: u8 = b'd';
@@ -85,6 +89,20 @@ fn dec<T: DeserializeOwned>(what: &str, k: &[u8], v: &[u8]) -> Option<T> {
             None
         }
     }
+}
+
+/// Adds the changes an older version's record of `cluster` holds to `b` under their own keys, numbered from
+/// 0 in the order held, and numbers `c`'s next change after them (its record no longer holds them);
+/// returns how many.
+fn changes_apart(b: &mut sled::Batch, cluster: &str, c: &mut ClusterState) -> Result<usize, Error> {
+    for (seq, ch) in c.changes.iter().enumerate() {
+        b.insert(
+            key(P_CHANGE, &format!("{cluster}/{seq:016x}")),
+            enc("spec change", ch)?,
+        );
+    }
+    c.changes_next = c.changes_next.max(c.changes.len() as u64);
+    Ok(c.changes.len())
 }
 
 /// The outbox: messages the machine produced, in order, until JetStream confirms them.
@@ -172,6 +190,7 @@ impl Store {
             tree,
         };
         store.migrate()?;
+        store.move_changes()?;
         Ok(store)
     }
 
@@ -191,6 +210,8 @@ impl Store {
     pub fn load(&self) -> Result<(Snapshot, Outbox), Error> {
         let mut s = Snapshot::default();
         let mut outbox = Outbox::default();
+        // in key order: by cluster, each cluster's by seq
+        let mut changes: BTreeMap<String, Vec<ChangeRec>> = BTreeMap::new();
         for item in self.tree.iter() {
             let (k, v) = item?;
             let Some((&prefix, name)) = k.split_first() else {
@@ -201,6 +222,17 @@ impl Store {
                 P_CLUSTER => {
                     if let Some(c) = dec("cluster", &k, &v) {
                         s.clusters.insert(name, c);
+                    }
+                }
+                P_CHANGE => {
+                    let parsed = name.rsplit_once('/').and_then(|(cluster, seq)| {
+                        Some((cluster.to_string(), u64::from_str_radix(seq, 16).ok()?))
+                    });
+                    if let (Some((cluster, seq)), Some(mut ch)) =
+                        (parsed, dec::<ChangeRec>("spec change", &k, &v))
+                    {
+                        ch.seq = seq;
+                        changes.entry(cluster).or_default().push(ch);
                     }
                 }
                 P_WINDOW => {
@@ -259,6 +291,13 @@ impl Store {
                 _ => {}
             }
         }
+        for (cluster, list) in changes {
+            // a change whose cluster's record is gone (unreadable) goes with it
+            if let Some(c) = s.clusters.get_mut(&cluster) {
+                c.changes_next = c.changes_next.max(list.last().map_or(0, |ch| ch.seq + 1));
+                c.changes = list.into();
+            }
+        }
         Ok((s, outbox))
     }
 
@@ -272,6 +311,13 @@ impl Store {
         };
         for (k, c) in changes.clusters {
             put(P_CLUSTER, &k, c.map(|c| enc("cluster", &c)).transpose()?);
+        }
+        for (k, ch) in changes.changes {
+            put(
+                P_CHANGE,
+                &k,
+                ch.map(|ch| enc("spec change", &ch)).transpose()?,
+            );
         }
         for (k, w) in changes.windows {
             put(
@@ -352,6 +398,33 @@ impl Store {
             })
     }
 
+    /// Moves the changes a cluster record of an older version holds to their own keys (numbered from 0 in
+    /// the order they were held), in one batch with the record rewritten without them.
+    fn move_changes(&self) -> Result<(), Error> {
+        let mut b = sled::Batch::default();
+        let mut moved = 0usize;
+        for item in self.tree.scan_prefix([P_CLUSTER]) {
+            let (k, v) = item?;
+            let Some(mut c) = dec::<ClusterState>("cluster", &k, &v) else {
+                continue;
+            };
+            if c.changes.is_empty() {
+                continue;
+            }
+            moved += changes_apart(&mut b, &String::from_utf8_lossy(&k[1..]), &mut c)?;
+            b.insert(k, enc("cluster", &c)?);
+        }
+        if moved > 0 {
+            self.tree.apply_batch(b)?;
+            self.tree.flush()?;
+            tracing::info!(
+                changes = moved,
+                "correlator store: spec changes moved to their own records"
+            );
+        }
+        Ok(())
+    }
+
     /// Moves a store written by an older version (JSON values in per-type trees) into the one tree.
     fn migrate(&self) -> Result<(), Error> {
         let names = self.db.tree_names();
@@ -386,8 +459,9 @@ impl Store {
                     P_CLUSTER => {
                         match serde_json::from_value::<crate::state::ClusterState>(value) {
                             Ok(mut c) => {
-                                // spec hashes are kept per object now
+                                // spec hashes are kept per object now, and changes one by one
                                 let cluster = String::from_utf8_lossy(&k).into_owned();
+                                changes_apart(&mut b, &cluster, &mut c)?;
                                 for (object, hash) in std::mem::take(&mut c.spec_hashes) {
                                     b.insert(
                                         key(P_SPEC, &format!("{cluster}/{object}")),
@@ -505,6 +579,7 @@ mod tests {
         outbox.push(vec![out("a"), out("b")]);
         let changes = Changes {
             clusters: vec![("c1".into(), Some(ClusterState::default()))],
+            changes: vec![],
             windows: vec![(
                 "c1".into(),
                 Some(crate::state::StormWindow {
@@ -553,6 +628,96 @@ mod tests {
         assert_eq!(s.fleet["dns-failure"], fleet_incident());
         let pending: Vec<String> = outbox.pending().into_iter().map(|o| o.msg_id).collect();
         assert_eq!(pending, vec!["b"]);
+        store.close().await.unwrap();
+    }
+
+    fn change(at_s: i64, to: &str) -> ChangeRec {
+        ChangeRec {
+            at: chrono::DateTime::from_timestamp(at_s, 0).unwrap(),
+            object: ObjectRef {
+                kind: "Deployment".into(),
+                name: "web".into(),
+                ..Default::default()
+            },
+            from: "h0".into(),
+            to: to.into(),
+            seq: 0,
+        }
+    }
+
+    /// The store in `dir` opened again, and cluster c1 as it reads back.
+    fn reopened_c1(dir: &Path) -> (Store, ClusterState) {
+        let store = Store::open(dir, 1 << 20).unwrap();
+        let (mut s, _) = store.load().unwrap();
+        let c = s.clusters.remove("c1").expect("c1 reads back");
+        (store, c)
+    }
+
+    fn seqs_and_hashes(c: &ClusterState) -> Vec<(u64, String)> {
+        c.changes.iter().map(|ch| (ch.seq, ch.to.clone())).collect()
+    }
+
+    #[tokio::test]
+    async fn changes_stored_one_by_one_read_back_in_order_with_their_numbers() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), 1 << 20).unwrap();
+        let mut outbox = Outbox::default();
+        let cluster = ClusterState {
+            changes_next: 12,
+            ..Default::default()
+        };
+        let put = |seq: u64, to: &str| (format!("c1/{seq:016x}"), Some(change(seq as i64, to)));
+        let changes = Changes {
+            clusters: vec![("c1".into(), Some(cluster))],
+            changes: vec![put(9, "a"), put(10, "b"), put(11, "c")],
+            ..Default::default()
+        };
+        store.write(changes, &mut outbox).unwrap();
+        let dropped = Changes {
+            changes: vec![("c1/0000000000000009".into(), None)],
+            ..Default::default()
+        };
+        store.write(dropped, &mut outbox).unwrap();
+        store.close().await.unwrap();
+
+        let (store, c) = reopened_c1(dir.path());
+        assert_eq!(
+            seqs_and_hashes(&c),
+            vec![(10, "b".into()), (11, "c".into())]
+        );
+        assert_eq!(c.change_seqs(), 10..12);
+        store.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_cluster_record_holding_its_changes_has_them_moved_to_their_own_keys() {
+        // the record as the previous version wrote it: the changes inside
+        #[derive(Serialize)]
+        struct Old<'a> {
+            #[serde(flatten)]
+            state: &'a ClusterState,
+            changes: Vec<ChangeRec>,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = Store::open(dir.path(), 1 << 20).unwrap();
+            let old = Old {
+                state: &ClusterState::default(),
+                changes: vec![change(1, "a"), change(2, "b")],
+            };
+            store
+                .tree
+                .insert(key(P_CLUSTER, "c1"), enc("cluster", &old).unwrap())
+                .unwrap();
+            store.close().await.unwrap();
+        }
+        let (store, c) = reopened_c1(dir.path());
+        assert_eq!(seqs_and_hashes(&c), vec![(0, "a".into()), (1, "b".into())]);
+        assert_eq!(c.changes_next, 2);
+        let record: ClusterState =
+            rmp_serde::from_slice(&store.tree.get(key(P_CLUSTER, "c1")).unwrap().unwrap()).unwrap();
+        assert!(record.changes.is_empty(), "the record no longer holds them");
+        assert_eq!(store.tree.scan_prefix([P_CHANGE]).count(), 2);
         store.close().await.unwrap();
     }
 
