@@ -110,6 +110,8 @@ fn changes_apart(b: &mut sled::Batch, cluster: &str, c: &mut ClusterState) -> Re
 pub struct Outbox {
     pending: BTreeMap<u64, Out>,
     next: u64,
+    /// Entries below this sequence are durable (written and flushed): only they may be published.
+    durable: u64,
     unsaved: Vec<u64>,
     confirmed: Vec<u64>,
 }
@@ -129,13 +131,28 @@ impl Outbox {
         self.pending.values().cloned().collect()
     }
 
-    /// Those of `outs` still waiting for confirmation (another commit may have published them since).
-    pub fn unconfirmed(&self, outs: Vec<Out>) -> Vec<Out> {
-        let waiting: std::collections::HashSet<&str> =
-            self.pending.values().map(|p| p.msg_id.as_str()).collect();
-        outs.into_iter()
-            .filter(|o| waiting.contains(o.msg_id.as_str()))
+    /// How many wait for confirmation.
+    pub fn len(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// What waits for confirmation and is durable ([`Outbox::made_durable`]), in order: what may be
+    /// published.
+    pub fn publishable(&self) -> Vec<Out> {
+        self.pending
+            .range(..self.durable)
+            .map(|(_, o)| o.clone())
             .collect()
+    }
+
+    /// The sequence up to which the entries are written once [`Store::write`] returned.
+    pub fn written_up_to(&self) -> u64 {
+        self.next
+    }
+
+    /// The entries below `up_to` (from [`Outbox::written_up_to`]) are flushed.
+    pub fn made_durable(&mut self, up_to: u64) {
+        self.durable = self.durable.max(up_to);
     }
 
     /// Whether nothing waits.
@@ -281,6 +298,7 @@ impl Store {
                     if let (Ok(seq), Some(o)) = (seq, dec::<Out>("outbox entry", &k, &v)) {
                         outbox.pending.insert(seq, o);
                         outbox.next = outbox.next.max(seq + 1);
+                        outbox.durable = outbox.next;
                     }
                 }
                 P_META if name == K_HWM => {
@@ -655,6 +673,24 @@ mod tests {
 
     fn seqs_and_hashes(c: &ClusterState) -> Vec<(u64, String)> {
         c.changes.iter().map(|ch| (ch.seq, ch.to.clone())).collect()
+    }
+
+    #[test]
+    fn only_outputs_made_durable_may_be_published() {
+        let mut outbox = Outbox::default();
+        outbox.push(vec![out("a"), out("b")]);
+        assert!(outbox.publishable().is_empty(), "not written yet");
+        let written = outbox.written_up_to();
+        outbox.push(vec![out("c")]); // applied after the write: not in it
+        outbox.made_durable(written);
+        let ids =
+            |o: &Outbox| -> Vec<String> { o.publishable().into_iter().map(|o| o.msg_id).collect() };
+        assert_eq!(ids(&outbox), vec!["a", "b"]);
+        outbox.confirm(&["a".to_string()]);
+        assert_eq!(ids(&outbox), vec!["b"]);
+        assert_eq!(outbox.len(), 2);
+        outbox.made_durable(outbox.written_up_to());
+        assert_eq!(ids(&outbox), vec!["b", "c"]);
     }
 
     #[tokio::test]
