@@ -79,6 +79,10 @@ pub struct Seen {
     /// got the digest: (when seen, lag, whether that time was to the microsecond). core/v1 Events carry
     /// whole seconds unless they repeat (`series.lastObservedTime`), so a coarse lag is up to 1 s high.
     pub digest_lags: Vec<(Instant, f64, bool)>,
+    /// Event → stored lags: seconds from an event's time (cluster clock) to JetStream storing it, read once
+    /// a second from the newest message of FLEET_EVENTS (when seen, lag): the part of event → digest spent
+    /// before the hub (the simulator serving it, the agent publishing it, NATS storing it).
+    pub ingest_lags: Vec<(Instant, f64)>,
 }
 
 /// The observer of one run.
@@ -169,11 +173,13 @@ impl Observer {
         {
             let mut sub = sys.client.subscribe("fleet.digest.>").await?;
             let seen = seen.clone();
+            let rec = rec.clone();
             tasks.push(tokio::spawn(async move {
                 while let Some(m) = sub.next().await {
                     if let Ok(env) = rmp_serde::from_slice::<Envelope<EventDigest>>(&m.payload) {
                         let last = env.payload.last_seen;
                         let lag = (Utc::now() - last).num_microseconds().unwrap_or(0) as f64 / 1e6;
+                        rec.point("lag/event-digest", "s", lag);
                         seen.lock()
                             .unwrap_or_else(|e| e.into_inner())
                             .digest_lags
@@ -204,6 +210,14 @@ impl Observer {
             every,
             cancel.clone(),
         )));
+        if watch_samples {
+            tasks.push(tokio::spawn(ingest_lag_loop(
+                async_nats::jetstream::new(sys.client.clone()),
+                rec.clone(),
+                seen.clone(),
+                cancel.clone(),
+            )));
+        }
         if watch_samples && let Some(tsdb) = sys.tsdb_api() {
             tasks.push(tokio::spawn(sample_lag_loop(
                 tsdb,
@@ -371,6 +385,39 @@ async fn sample_loop(
 
 /// Polls the TSDB for one series per cluster (`apiserver_storage_objects{resource="pods"}`, scraped from each
 /// API server) and records, for every new sample, how long after its timestamp it became queryable.
+/// Once a second: the newest event JetStream stored, and how long after its time it was stored.
+async fn ingest_lag_loop(
+    js: async_nats::jetstream::Context,
+    rec: Recorder,
+    seen: Arc<Mutex<Seen>>,
+    cancel: Token,
+) {
+    let mut last_seq = 0;
+    while !cancel.is_cancelled() {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let Ok(stream) = js.get_stream("FLEET_EVENTS").await else {
+            continue;
+        };
+        let seq = stream.cached_info().state.last_sequence;
+        if seq == last_seq {
+            continue;
+        }
+        last_seq = seq;
+        let Ok(m) = stream.get_raw_message(seq).await else {
+            continue;
+        };
+        let Ok(env) = rmp_serde::from_slice::<Envelope<serde::de::IgnoredAny>>(&m.payload) else {
+            continue;
+        };
+        let lag = (m.time - env.cluster_time).num_microseconds().unwrap_or(0) as f64 / 1e6;
+        rec.point("lag/event-stored", "s", lag);
+        seen.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .ingest_lags
+            .push((Instant::now(), lag));
+    }
+}
+
 async fn sample_lag_loop(tsdb: String, rec: Recorder, seen: Arc<Mutex<Seen>>, cancel: Token) {
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))

@@ -1,6 +1,7 @@
 //! The correlator's NATS wiring: the four durable consumers feeding the [`Machine`], the commit that makes
-//! state and outputs durable before acks and then publishes the outputs, the clock, the query and command
-//! responders, and the rebuild of a new or wiped store from the streams. Each is a named task of [`run`].
+//! state and outputs durable before acks, the publisher that publishes the outputs once durable, the clock,
+//! the query and command responders, and the rebuild of a new or wiped store from the streams. Each is a
+//! named task of [`run`].
 
 use std::sync::Arc;
 use std::time::Duration;
