@@ -383,8 +383,6 @@ async fn sample_loop(
     }
 }
 
-/// Polls the TSDB for one series per cluster (`apiserver_storage_objects{resource="pods"}`, scraped from each
-/// API server) and records, for every new sample, how long after its timestamp it became queryable.
 /// Once a second: the newest event JetStream stored, and how long after its time it was stored.
 async fn ingest_lag_loop(
     js: async_nats::jetstream::Context,
@@ -418,6 +416,8 @@ async fn ingest_lag_loop(
     }
 }
 
+/// Polls the TSDB for one series per cluster (`apiserver_storage_objects{resource="pods"}`, scraped from each
+/// API server) and records, for every new sample, how long after its timestamp it became queryable.
 async fn sample_lag_loop(tsdb: String, rec: Recorder, seen: Arc<Mutex<Seen>>, cancel: Token) {
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(5))

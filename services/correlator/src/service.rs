@@ -144,7 +144,11 @@ async fn commit(
 /// growing the outbox without bound).
 const OUTBOX_HOLD: usize = 5_000;
 
+/// How long a stopping correlator tries to publish the outputs its last commits left.
+const STOP_PUBLISH_WITHIN: Duration = Duration::from_secs(5);
+
 /// Publishes the outbox whenever a consumer's commit made outputs durable (see [`Feed::commit`]).
+/// Stops with the consumers; [`run`] publishes what they left.
 async fn publisher(core: Shared, ctx: Context) {
     let kick = core.lock().await.kick.clone();
     loop {
@@ -877,6 +881,22 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     ctx.health.set("correlator", true);
     tracing::info!(data_dir = %config.data_dir, "correlator running");
     while tasks.join_next().await.is_some() {}
+    // the consumers' last commits were acked once durable and the publisher stopped with them: what they
+    // left goes out now, or with the next start from this store if JetStream can't take it in time
+    match tokio::time::timeout(
+        STOP_PUBLISH_WITHIN,
+        commit(&core, &ctx.js, &ctx.bus_metrics),
+    )
+    .await
+    {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "publishing the last outputs at the stop failed; the next start publishes them")
+        }
+        Err(_) => tracing::warn!(
+            "publishing the last outputs at the stop took too long; the next start publishes them"
+        ),
+    }
 
     let core = Arc::try_unwrap(core)
         .map_err(|_| Error::Internal("its tasks still hold the state after stopping".into()))?

@@ -312,7 +312,9 @@ impl Store {
         for (cluster, list) in changes {
             // a change whose cluster's record is gone (unreadable) goes with it
             if let Some(c) = s.clusters.get_mut(&cluster) {
-                c.changes_next = c.changes_next.max(list.last().map_or(0, |ch| ch.seq + 1));
+                c.changes_next = c
+                    .changes_next
+                    .max(list.last().map_or(0, |ch| ch.seq.saturating_add(1)));
                 c.changes = list.into();
             }
         }
@@ -429,7 +431,12 @@ impl Store {
             if c.changes.is_empty() {
                 continue;
             }
-            moved += changes_apart(&mut b, &String::from_utf8_lossy(&k[1..]), &mut c)?;
+            let cluster = String::from_utf8_lossy(&k[1..]).into_owned();
+            // change records a later version wrote for it before this one ran again are replaced
+            for old in self.tree.scan_prefix(key(P_CHANGE, &format!("{cluster}/"))) {
+                b.remove(old?.0);
+            }
+            moved += changes_apart(&mut b, &cluster, &mut c)?;
             b.insert(k, enc("cluster", &c)?);
         }
         if moved > 0 {
@@ -744,6 +751,14 @@ mod tests {
             store
                 .tree
                 .insert(key(P_CLUSTER, "c1"), enc("cluster", &old).unwrap())
+                .unwrap();
+            // what a later version had written for c1 before this older record came back: replaced
+            store
+                .tree
+                .insert(
+                    key(P_CHANGE, "c1/0000000000000007"),
+                    enc("spec change", &change(7, "stale")).unwrap(),
+                )
                 .unwrap();
             store.close().await.unwrap();
         }
