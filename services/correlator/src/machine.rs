@@ -481,7 +481,7 @@ impl Machine {
     /// The changes of `cluster` added and dropped since they were last handed over (all of them dropped
     /// when the cluster is forgotten), keyed for the store.
     fn hand_over_changes(&mut self, cluster: &str, out: &mut Vec<(String, Option<ChangeRec>)>) {
-        let key = |seq: u64| format!("{cluster}/{seq:016x}");
+        let key = |seq: u64| crate::state::change_key(cluster, seq);
         let held = self.clusters.get(cluster);
         let now = held.map_or(u64::MAX..u64::MAX, ClusterState::change_seqs);
         let was = self.changes_saved.get(cluster).cloned().unwrap_or(0..0);

@@ -26,6 +26,11 @@ pub struct ChangeRec {
     pub seq: u64,
 }
 
+/// The store key of `cluster`'s change numbered `seq` (sorting in `seq` order).
+pub fn change_key(cluster: &str, seq: u64) -> String {
+    format!("{cluster}/{seq:016x}")
+}
+
 /// What the engine tracks of one probe on one cluster.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProbeTrack {
@@ -137,12 +142,12 @@ impl ClusterState {
     pub fn push_change(&mut self, mut change: ChangeRec, window: chrono::Duration) {
         change.seq = self.changes_next;
         self.changes_next += 1;
+        let newest = change.at;
         self.changes.push_back(change);
-        let newest = self.changes.back().map(|ch| ch.at);
         while self
             .changes
             .front()
-            .is_some_and(|ch| newest.is_some_and(|n| ch.at < n - window))
+            .is_some_and(|ch| ch.at < newest - window)
             || self.changes.len() > Self::MAX_CHANGES
         {
             self.changes.pop_front();

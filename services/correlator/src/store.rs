@@ -18,7 +18,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::machine::{Changes, Out, Snapshot};
-use crate::state::{ChangeRec, ClusterState};
+use crate::state::{ChangeRec, ClusterState, change_key};
 
 const TREE: &str = "state";
 const P_CLUSTER: u8 = b'c';
@@ -97,7 +97,7 @@ fn dec<T: DeserializeOwned>(what: &str, k: &[u8], v: &[u8]) -> Option<T> {
 fn changes_apart(b: &mut sled::Batch, cluster: &str, c: &mut ClusterState) -> Result<usize, Error> {
     for (seq, ch) in c.changes.iter().enumerate() {
         b.insert(
-            key(P_CHANGE, &format!("{cluster}/{seq:016x}")),
+            key(P_CHANGE, &change_key(cluster, seq as u64)),
             enc("spec change", ch)?,
         );
     }
