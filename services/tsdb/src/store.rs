@@ -2,8 +2,9 @@
 //!
 //! - **Index**: labels → series id (a hash map checked for collisions) and postings (label name → value →
 //!   sorted ids) for matching. Rebuilt from the `series` tree at open. Every label name and value is kept
-//!   once in memory ([`Interner`]): the series and the postings share it, so `namespace` or a namespace's
-//!   name costs one allocation in the whole head, not one per series.
+//!   once in memory ([`Interner`]): a series holds each of its labels as two 4-byte numbers of it and the
+//!   postings share its strings, so `namespace` or a namespace's name costs one allocation in the whole
+//!   head, not one per series.
 //! - **Head**: per series one open Gorilla chunk; it is sealed (written to [`crate::disk`]) at
 //!   [`Options::chunk_samples`] samples or when it would span more than [`Options::max_chunk_span`].
 //! - **Durability**: every appended sample also goes to a pending write-ahead record; [`Store::commit`]
@@ -109,29 +110,83 @@ impl AppendStats {
     }
 }
 
-/// A label name or value as the head keeps it: one allocation shared by every series and posting using it.
+/// A label name or value as the head keeps it: one allocation shared by the interner and the postings.
 type Text = Arc<str>;
 
-/// A series' labels in the head: sorted by name, `__name__` included, every string interned.
-type HeadLabels = Box<[(Text, Text)]>;
+/// A label string's number in the head's [`Interner`].
+type Sym = u32;
 
-/// The head's label strings, each kept once.
+/// A series' labels in the head: sorted by name, `__name__` included, each string by its number (8 bytes
+/// a label where two shared pointers took 32: a quarter of the head's memory at 100k series).
+type HeadLabels = Box<[(Sym, Sym)]>;
+
+/// The head's label strings, each kept once and numbered.
 #[derive(Debug, Default)]
-struct Interner(foldhash::HashSet<Text>);
+struct Interner {
+    ids: foldhash::HashMap<Text, Sym>,
+    /// By number; `None` for a number freed by [`Interner::sweep`] and not yet given again.
+    texts: Vec<Option<Text>>,
+    free: Vec<Sym>,
+}
 
 impl Interner {
-    fn get(&mut self, s: &str) -> Text {
-        if let Some(t) = self.0.get(s) {
-            return t.clone();
+    /// The number of `s`, given a new one the first time.
+    fn get(&mut self, s: &str) -> Sym {
+        if let Some(&sym) = self.ids.get(s) {
+            return sym;
         }
         let t: Text = Arc::from(s);
-        self.0.insert(t.clone());
-        t
+        let sym = match self.free.pop() {
+            Some(sym) => {
+                self.texts[sym as usize] = Some(t.clone());
+                sym
+            }
+            None => {
+                // 2^32 distinct label strings would take hundreds of GiB before this could wrap
+                let sym = Sym::try_from(self.texts.len()).unwrap_or(Sym::MAX);
+                self.texts.push(Some(t.clone()));
+                sym
+            }
+        };
+        self.ids.insert(t, sym);
+        sym
     }
 
-    /// Forgets the strings no series or posting holds any more.
+    /// The string numbered `sym` (empty for a number not in use: a series only holds numbers in use).
+    fn text(&self, sym: Sym) -> &Text {
+        static NONE: std::sync::LazyLock<Text> = std::sync::LazyLock::new(|| Arc::from(""));
+        self.texts
+            .get(sym as usize)
+            .and_then(Option::as_ref)
+            .unwrap_or(&NONE)
+    }
+
+    fn str(&self, sym: Sym) -> &str {
+        self.text(sym)
+    }
+
+    /// Forgets the strings no posting holds any more. Every label of every series is in the postings, so
+    /// a string only the interner holds (its map and its list: two references) is no series' either.
     fn sweep(&mut self) {
-        self.0.retain(|t| Arc::strong_count(t) > 1);
+        let Interner { ids, texts, free } = self;
+        ids.retain(|t, sym| {
+            let keep = Arc::strong_count(t) > 2;
+            if !keep {
+                texts[*sym as usize] = None;
+                free.push(*sym);
+            }
+            keep
+        });
+    }
+
+    /// Strings held.
+    fn len(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Bytes of the strings held.
+    fn bytes(&self) -> usize {
+        self.ids.keys().map(|t| t.len()).sum()
     }
 }
 
@@ -252,22 +307,30 @@ pub fn sample_labels<'a>(sample: &impl SampleView<'a>, cluster: &'a str) -> Labe
 }
 
 /// Whether stored labels are these pairs.
-fn same_labels(labels: &HeadLabels, pairs: &[(&str, &str)]) -> bool {
+fn same_labels(strings: &Interner, labels: &HeadLabels, pairs: &[(&str, &str)]) -> bool {
     labels.len() == pairs.len()
         && labels
             .iter()
             .zip(pairs)
-            .all(|((k, v), (pk, pv))| **k == **pk && **v == **pv)
+            .all(|((k, v), (pk, pv))| strings.str(*k) == *pk && strings.str(*v) == *pv)
 }
 
 /// A series' labels as the store hands them out.
-fn owned_labels(labels: &HeadLabels) -> Arc<Labels> {
+fn owned_labels(strings: &Interner, labels: &HeadLabels) -> Arc<Labels> {
     Arc::new(
         labels
             .iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .map(|(k, v)| (strings.str(*k).to_string(), strings.str(*v).to_string()))
             .collect(),
     )
+}
+
+/// The value of label `name` among stored labels (empty when absent).
+fn head_label<'a>(strings: &'a Interner, labels: &HeadLabels, name: &str) -> &'a str {
+    labels
+        .iter()
+        .find(|(k, _)| strings.str(*k) == name)
+        .map_or("", |(_, v)| strings.str(*v))
 }
 
 /// Scrape targets whose last scrape's series are remembered; beyond it the cache starts over.
@@ -426,7 +489,7 @@ impl Store {
             if let Some(&(h, id)) = refs.get(pos)
                 && h == hash
                 && let Some(series) = head.series.get_mut(&id)
-                && same_labels(&series.labels, &pairs)
+                && same_labels(&head.strings, &series.labels, &pairs)
             {
                 stats.add(self.append_to(series, &mut head.pending, id, t, v)?);
                 continue;
@@ -632,10 +695,7 @@ impl Store {
     /// and postings use it).
     pub fn label_strings(&self) -> (usize, usize) {
         let head = self.read();
-        (
-            head.strings.0.len(),
-            head.strings.0.iter().map(|t| t.len()).sum(),
-        )
+        (head.strings.len(), head.strings.bytes())
     }
 
     /// Bytes on disk.
@@ -658,15 +718,27 @@ impl Store {
     /// [`Store::select`] in series id order (cheaper: no label comparisons).
     pub fn select_by_id(&self, alternatives: &[Vec<Matcher>]) -> Vec<(SeriesId, Arc<Labels>)> {
         let head = self.read();
-        let mut ids: Vec<SeriesId> = Vec::new();
-        for matchers in alternatives {
-            ids.extend(head.matching(matchers));
-        }
-        ids.sort_unstable();
-        ids.dedup();
-        ids.into_iter()
-            .filter_map(|id| head.series.get(&id).map(|s| (id, owned_labels(&s.labels))))
+        head.matching_any(alternatives)
+            .into_iter()
+            .filter_map(|id| {
+                let s = head.series.get(&id)?;
+                Some((id, owned_labels(&head.strings, &s.labels)))
+            })
             .collect()
+    }
+
+    /// The ids of the series matching any of the matcher sets, in id order: what a caller that visits the
+    /// series one at a time ([`Store::labels`]) selects, so a query over the whole head does not hold a
+    /// copy of every series' labels at once.
+    pub fn select_ids(&self, alternatives: &[Vec<Matcher>]) -> Vec<SeriesId> {
+        self.read().matching_any(alternatives)
+    }
+
+    /// A series' labels (`None` once retention has dropped it).
+    pub fn labels(&self, id: SeriesId) -> Option<Arc<Labels>> {
+        let head = self.read();
+        let s = head.series.get(&id)?;
+        Some(owned_labels(&head.strings, &s.labels))
     }
 
     /// The samples of a series in `[mint, maxt]`, sorted by time, one per timestamp.
@@ -721,14 +793,15 @@ impl Store {
         if alternatives.is_empty() {
             return self.read().postings.keys().map(|k| k.to_string()).collect();
         }
-        let mut names: Vec<String> = self
-            .select(alternatives)
+        // read in place: copying every matching series' labels first cost ~800 bytes a series
+        let head = self.read();
+        let names: std::collections::BTreeSet<&str> = head
+            .matching_any(alternatives)
             .iter()
-            .flat_map(|(_, l)| l.iter().map(|(k, _)| k.clone()))
+            .filter_map(|id| head.series.get(id))
+            .flat_map(|s| s.labels.iter().map(|(k, _)| head.strings.str(*k)))
             .collect();
-        names.sort();
-        names.dedup();
-        names
+        names.into_iter().map(str::to_string).collect()
     }
 
     /// Values of label `name` among the series matching `alternatives` (all series when empty).
@@ -741,15 +814,15 @@ impl Store {
                 .map(|m| m.keys().map(|v| v.to_string()).collect())
                 .unwrap_or_default();
         }
-        let mut values: Vec<String> = self
-            .select(alternatives)
+        let head = self.read();
+        let values: std::collections::BTreeSet<&str> = head
+            .matching_any(alternatives)
             .iter()
-            .map(|(_, l)| label(l, name).to_string())
+            .filter_map(|id| head.series.get(id))
+            .map(|s| head_label(&head.strings, &s.labels, name))
             .filter(|v| !v.is_empty())
             .collect();
-        values.sort();
-        values.dedup();
-        values
+        values.into_iter().map(str::to_string).collect()
     }
 }
 
@@ -759,7 +832,7 @@ impl Head {
         let is = |id: &SeriesId| {
             self.series
                 .get(id)
-                .is_some_and(|s| same_labels(&s.labels, pairs))
+                .is_some_and(|s| same_labels(&self.strings, &s.labels, pairs))
         };
         let first = *self.by_hash.get(&hash)?;
         if is(&first) {
@@ -792,9 +865,9 @@ impl Head {
         for (k, v) in labels.iter() {
             let list = self
                 .postings
-                .entry(k.clone())
+                .entry(self.strings.text(*k).clone())
                 .or_default()
-                .entry(v.clone())
+                .entry(self.strings.text(*v).clone())
                 .or_default();
             // Ids come in increasing order except at open, where the tree iterates in key (= id) order.
             if list.last().is_none_or(|last| *last < id) {
@@ -833,6 +906,7 @@ impl Head {
             self.collisions.remove(&s.hash);
         }
         for (k, v) in s.labels.iter() {
+            let (k, v) = (self.strings.str(*k), self.strings.str(*v));
             if let Some(values) = self.postings.get_mut(k) {
                 if let Some(list) = values.get_mut(v) {
                     if let Ok(pos) = list.binary_search(&id) {
@@ -847,6 +921,17 @@ impl Head {
                 }
             }
         }
+    }
+
+    /// Ids of the series any of the matcher sets match, sorted, each once.
+    fn matching_any(&self, alternatives: &[Vec<Matcher>]) -> Vec<SeriesId> {
+        let mut ids: Vec<SeriesId> = Vec::new();
+        for matchers in alternatives {
+            ids.extend(self.matching(matchers));
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        ids
     }
 
     /// Ids of the series all `matchers` match, sorted.
@@ -889,7 +974,7 @@ impl Head {
                 self.series.get(id).is_some_and(|s| {
                     matchers
                         .iter()
-                        .all(|m| m.is_match(label(&s.labels, &m.name)))
+                        .all(|m| m.is_match(head_label(&self.strings, &s.labels, &m.name)))
                 })
             })
             .collect()
@@ -924,6 +1009,49 @@ mod tests {
         assert!(head.by_hash.is_empty() && head.collisions.is_empty());
         assert!(head.postings.is_empty());
         head.strings.sweep();
-        assert!(head.strings.0.is_empty(), "{:?}", head.strings);
+        assert_eq!(head.strings.len(), 0, "{:?}", head.strings);
+    }
+
+    #[test]
+    fn a_label_strings_number_freed_by_retention_serves_a_new_string_without_touching_live_series()
+    {
+        let mut head = Head::default();
+        let (a, b) = (
+            [("__name__", "up"), ("pod", "web-1")],
+            [("__name__", "up"), ("pod", "web-2")],
+        );
+        head.insert_series(1, &a);
+        head.insert_series(2, &b);
+        assert_eq!(head.strings.len(), 5);
+        head.remove_series(1);
+        head.strings.sweep();
+        // only "web-1" went: "__name__", "up" and "pod" are series 2's too
+        assert_eq!(head.strings.len(), 4, "{:?}", head.strings);
+        let c = [("__name__", "up"), ("pod", "web-3")];
+        head.insert_series(3, &c);
+        assert_eq!(
+            head.strings.texts.len(),
+            5,
+            "the freed number is given again"
+        );
+        let labels = |id| owned_labels(&head.strings, &head.series[&id].labels);
+        let own = |pairs: &[(&str, &str)]| -> Labels {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(
+            (labels(2), labels(3)),
+            (Arc::new(own(&b)), Arc::new(own(&c)))
+        );
+        let h = |p: &[(&str, &str)]| hash_pairs(p.iter().copied());
+        assert_eq!(
+            (head.find(h(&b), &b), head.find(h(&c), &c)),
+            (Some(2), Some(3))
+        );
+        assert_eq!(head.find(h(&a), &a), None);
+        let pods: Vec<&str> = head.postings["pod"].keys().map(|v| &**v).collect();
+        assert_eq!(pods, ["web-2", "web-3"]);
     }
 }

@@ -96,6 +96,30 @@ impl Source {
         }
     }
 
+    /// The ids of the series [`Source::select_by_id`] would give, without their labels (fetched one at a
+    /// time with [`Source::labels`]).
+    pub fn select_ids(&self, alternatives: &[Vec<Matcher>]) -> Vec<SeriesId> {
+        match self {
+            Source::Local(s) => s.select_ids(alternatives),
+            Source::Gathered(_) => self
+                .select(alternatives)
+                .into_iter()
+                .map(|(id, _)| id)
+                .collect(),
+        }
+    }
+
+    /// A series' labels, by an id [`Source::select_ids`] gave.
+    pub fn labels(&self, id: SeriesId) -> Option<Arc<Labels>> {
+        match self {
+            Source::Local(s) => s.labels(id),
+            Source::Gathered(g) => usize::try_from(id)
+                .ok()
+                .and_then(|i| g.series.get(i))
+                .map(|(labels, _)| labels.clone()),
+        }
+    }
+
     /// The samples of a series in `[mint, maxt]`.
     pub fn samples(&self, id: SeriesId, mint: i64, maxt: i64) -> Result<Vec<(i64, f64)>> {
         let mut out = Vec::new();
