@@ -318,6 +318,9 @@ async fn sample_loop(
                 continue;
             };
             rec.point(&format!("rss/{name}"), "MiB", rss as f64 / 1048576.0);
+            if let Some(pss) = crate::proc::pss(pid) {
+                rec.point(&format!("pss/{name}"), "MiB", pss as f64 / 1048576.0);
+            }
             if let Some((lpid, lcpu, lat)) = last_cpu.get(name)
                 && *lpid == pid
             {

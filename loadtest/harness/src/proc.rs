@@ -148,6 +148,21 @@ pub fn usage(pid: u32) -> Option<(f64, u64)> {
     Some((ticks as f64 / clock_ticks(), rss_kib * 1024))
 }
 
+/// Proportional set size (bytes) of a process, from `/proc/<pid>/smaps_rollup`: its private pages plus
+/// its share of the pages it shares (the hub roles' common binary, mapped by each of them). Summed over
+/// processes it counts each page once, where summed RSS counts a shared page once per process.
+pub fn pss(pid: u32) -> Option<u64> {
+    let rollup = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok()?;
+    let kib: u64 = rollup
+        .lines()
+        .find_map(|l| l.strip_prefix("Pss:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
 fn clock_ticks() -> f64 {
     static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
     *TICKS.get_or_init(|| {
@@ -191,6 +206,11 @@ mod tests {
         assert!(
             rss > 1024 * 1024,
             "a test process uses more than 1 MiB: {rss}"
+        );
+        let pss = pss(std::process::id()).expect("own smaps_rollup");
+        assert!(
+            pss > 512 * 1024 && pss <= rss + 4096 * 1024,
+            "PSS {pss} is a share of RSS {rss}"
         );
     }
 }

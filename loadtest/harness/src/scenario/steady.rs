@@ -295,27 +295,35 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
         .unwrap_or(0.0);
     obs.stop().await;
     report_processes(&mut r, &rec);
-    let rss_max = |proc: &str| {
-        rec.series(&format!("rss/{proc}"))
+    let max_of = |series: String| {
+        rec.series(&series)
             .map(|s| s.points.iter().map(|p| p.1).fold(0.0, f64::max))
             .unwrap_or(0.0)
     };
+    let rss_max = |proc: &str| max_of(format!("rss/{proc}"));
+    let pss_max = |proc: &str| max_of(format!("pss/{proc}"));
     let cpu_mean = |proc: &str| {
         rec.series(&format!("cpu/{proc}"))
             .map(|s| Summary::of(&s.points.iter().map(|p| p.1).collect::<Vec<_>>()).mean)
             .unwrap_or(0.0)
     };
-    let hub: f64 = ["correlator", "tsdb", "alerts"]
-        .iter()
-        .map(|p| rss_max(p))
-        .sum();
+    // Together = the pages they occupy: the three processes map one binary, and summed RSS counts its
+    // shared pages three times (~20 MiB each), so the goal reads the sum of proportional set sizes; summed
+    // RSS is printed beside it.
+    let roles = ["correlator", "tsdb", "alerts"];
+    let hub: f64 = roles.iter().map(|p| pss_max(p)).sum();
+    let hub_rss: f64 = roles.iter().map(|p| rss_max(p)).sum();
     // issue 29's budget: 300 MiB at 30 clusters, 450 at 50 (7.5 MiB per cluster beyond 30)
     let budget = 300.0 + 7.5 * clusters.len().saturating_sub(30) as f64;
     r.goal(
-        format!("hub roles (correlator, TSDB, alert router) together ≤ {budget:.0} MiB RSS"),
+        format!("hub roles (correlator, TSDB, alert router) together ≤ {budget:.0} MiB (PSS)"),
         hub > 0.0 && hub <= budget,
         format!(
-            "{hub:.0} MiB (sum of each one's max: correlator {:.0}, TSDB {:.0}, alert router {:.0})",
+            "{hub:.0} MiB PSS (sum of each one's max: correlator {:.0}, TSDB {:.0}, alert router {:.0}); \
+             RSS {hub_rss:.0} MiB (correlator {:.0}, TSDB {:.0}, alert router {:.0})",
+            pss_max("correlator"),
+            pss_max("tsdb"),
+            pss_max("alerts"),
             rss_max("correlator"),
             rss_max("tsdb"),
             rss_max("alerts")
