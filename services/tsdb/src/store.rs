@@ -195,14 +195,82 @@ struct Series {
     labels: HeadLabels,
     hash: u64,
     head: Chunk,
-    ooo: BTreeMap<i64, f64>,
+    /// Samples stored out of order since the last checkpoint (boxed: almost every series has none, and
+    /// 8 bytes a series is less than an empty map's 24).
+    #[allow(clippy::box_collection)]
+    ooo: Option<Box<BTreeMap<i64, f64>>>,
     /// Newest timestamp stored in order (`i64::MIN` when none).
     max_t: i64,
 }
 
+impl Series {
+    fn has_ooo(&self) -> bool {
+        self.ooo.as_ref().is_some_and(|m| !m.is_empty())
+    }
+}
+
+/// The head's series by id, kept side by side in one vector and found through an id → position map. A
+/// hash map of whole series (112 bytes each) kept up to half of its buckets empty after growing: 36 MB for
+/// 120k series, where the series themselves take 13.
+#[derive(Debug, Default)]
+struct SeriesTable {
+    slots: foldhash::HashMap<SeriesId, usize>,
+    ids: Vec<SeriesId>,
+    series: Vec<Series>,
+}
+
+impl SeriesTable {
+    fn get(&self, id: &SeriesId) -> Option<&Series> {
+        self.series.get(*self.slots.get(id)?)
+    }
+
+    fn get_mut(&mut self, id: &SeriesId) -> Option<&mut Series> {
+        self.series.get_mut(*self.slots.get(id)?)
+    }
+
+    /// Adds a series, or replaces the one with this id.
+    fn insert(&mut self, id: SeriesId, series: Series) {
+        match self.slots.get(&id) {
+            Some(&slot) => self.series[slot] = series,
+            None => {
+                self.slots.insert(id, self.series.len());
+                self.ids.push(id);
+                self.series.push(series);
+            }
+        }
+    }
+
+    /// Removes a series; the last one takes its place.
+    fn remove(&mut self, id: &SeriesId) -> Option<Series> {
+        let slot = self.slots.remove(id)?;
+        self.ids.swap_remove(slot);
+        let series = self.series.swap_remove(slot);
+        if let Some(moved) = self.ids.get(slot) {
+            self.slots.insert(*moved, slot);
+        }
+        Some(series)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = (&SeriesId, &Series)> {
+        self.ids.iter().zip(&self.series)
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = (&SeriesId, &mut Series)> {
+        self.ids.iter().zip(&mut self.series)
+    }
+
+    fn keys(&self) -> impl Iterator<Item = &SeriesId> {
+        self.ids.iter()
+    }
+
+    fn len(&self) -> usize {
+        self.series.len()
+    }
+}
+
 #[derive(Debug, Default)]
 struct Head {
-    series: foldhash::HashMap<SeriesId, Series>,
+    series: SeriesTable,
     /// Label hash → the series with it; a second series with the same hash (a collision: ~never) goes to
     /// `collisions`, so the usual entry holds one id and no allocation.
     by_hash: foldhash::HashMap<u64, SeriesId>,
@@ -565,13 +633,15 @@ impl Store {
                 too_old: 1,
                 ..Default::default()
             }
-        } else if s.ooo.contains_key(&t) || self.stored(id, &s.head, t)? {
+        } else if s.ooo.as_ref().is_some_and(|m| m.contains_key(&t))
+            || self.stored(id, &s.head, t)?
+        {
             AppendStats {
                 duplicates: 1,
                 ..Default::default()
             }
         } else {
-            s.ooo.insert(t, v);
+            s.ooo.get_or_insert_default().insert(t, v);
             AppendStats {
                 out_of_order: 1,
                 ..Default::default()
@@ -638,9 +708,9 @@ impl Store {
             let generation = self.disk.rotate_wal()?;
             let mut heads = self.disk.begin_heads(generation)?;
             for (id, s) in head.series.iter_mut() {
-                if !s.ooo.is_empty() {
+                if let Some(ooo) = s.ooo.take() {
                     let mut c = Chunk::new();
-                    for (t, v) in std::mem::take(&mut s.ooo) {
+                    for (t, v) in *ooo {
                         if !c.is_empty()
                             && (c.len() >= self.opts.chunk_samples.min(chunk::MAX_SAMPLES)
                                 || t - c.first_t() >= span)
@@ -673,7 +743,7 @@ impl Store {
         let old: Vec<SeriesId> = head
             .series
             .iter()
-            .filter(|(_, s)| s.max_t != i64::MIN && s.max_t < cutoff_ms && s.ooo.is_empty())
+            .filter(|(_, s)| s.max_t != i64::MIN && s.max_t < cutoff_ms && !s.has_ooo())
             .map(|(id, _)| *id)
             .collect();
         for id in &old {
@@ -768,7 +838,9 @@ impl Store {
                     chunk::decode_into(s.head.bytes(), &mut head_part)
                         .map_err(|source| Error::Chunk { id, source })?;
                 }
-                head_part.extend(s.ooo.range(mint..=maxt).map(|(t, v)| (*t, *v)));
+                if let Some(ooo) = &s.ooo {
+                    head_part.extend(ooo.range(mint..=maxt).map(|(t, v)| (*t, *v)));
+                }
             }
         }
         self.disk
@@ -882,7 +954,7 @@ impl Head {
                 labels,
                 hash,
                 head: Chunk::new(),
-                ooo: BTreeMap::new(),
+                ooo: None,
                 max_t: i64::MIN,
             },
         );
@@ -1013,6 +1085,34 @@ mod tests {
     }
 
     #[test]
+    fn the_series_table_finds_every_series_after_removals_move_others() {
+        let series = |max_t| Series {
+            labels: Box::new([]),
+            hash: 0,
+            head: Chunk::new(),
+            ooo: None,
+            max_t,
+        };
+        let mut table = SeriesTable::default();
+        for id in [10, 11, 12, 13] {
+            table.insert(id, series(id as i64));
+        }
+        assert_eq!(table.remove(&10).map(|s| s.max_t), Some(10));
+        assert!(table.remove(&10).is_none());
+        table.remove(&12);
+        table.insert(11, series(111));
+        table.insert(14, series(14));
+        let mut seen: Vec<(SeriesId, i64)> = table.iter().map(|(id, s)| (*id, s.max_t)).collect();
+        seen.sort();
+        assert_eq!(seen, [(11, 111), (13, 13), (14, 14)]);
+        for (id, t) in seen {
+            assert_eq!(table.get(&id).map(|s| s.max_t), Some(t));
+        }
+        assert_eq!(table.len(), 3);
+        assert!(table.get(&12).is_none() && table.get_mut(&10).is_none());
+    }
+
+    #[test]
     fn a_label_strings_number_freed_by_retention_serves_a_new_string_without_touching_live_series()
     {
         let mut head = Head::default();
@@ -1034,7 +1134,8 @@ mod tests {
             5,
             "the freed number is given again"
         );
-        let labels = |id| owned_labels(&head.strings, &head.series[&id].labels);
+        let labels =
+            |id| owned_labels(&head.strings, &head.series.get(&id).expect("series").labels);
         let own = |pairs: &[(&str, &str)]| -> Labels {
             pairs
                 .iter()
