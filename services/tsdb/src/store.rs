@@ -780,21 +780,18 @@ impl Store {
 
     /// The series matching any of the matcher sets (each set: all must match), sorted by labels.
     pub fn select(&self, alternatives: &[Vec<Matcher>]) -> Vec<(SeriesId, Arc<Labels>)> {
-        let mut out = self.select_by_id(alternatives);
+        let mut out: Vec<(SeriesId, Arc<Labels>)> = {
+            let head = self.read();
+            head.matching_any(alternatives)
+                .into_iter()
+                .filter_map(|id| {
+                    let s = head.series.get(&id)?;
+                    Some((id, owned_labels(&head.strings, &s.labels)))
+                })
+                .collect()
+        };
         out.sort_by(|a, b| a.1.cmp(&b.1));
         out
-    }
-
-    /// [`Store::select`] in series id order (cheaper: no label comparisons).
-    pub fn select_by_id(&self, alternatives: &[Vec<Matcher>]) -> Vec<(SeriesId, Arc<Labels>)> {
-        let head = self.read();
-        head.matching_any(alternatives)
-            .into_iter()
-            .filter_map(|id| {
-                let s = head.series.get(&id)?;
-                Some((id, owned_labels(&head.strings, &s.labels)))
-            })
-            .collect()
     }
 
     /// The ids of the series matching any of the matcher sets, in id order: what a caller that visits the

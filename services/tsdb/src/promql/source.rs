@@ -88,16 +88,9 @@ impl Source {
         }
     }
 
-    /// [`Source::select`] in the source's cheapest order.
-    pub fn select_by_id(&self, alternatives: &[Vec<Matcher>]) -> Vec<(SeriesId, Arc<Labels>)> {
-        match self {
-            Source::Local(s) => s.select_by_id(alternatives),
-            Source::Gathered(_) => self.select(alternatives),
-        }
-    }
-
-    /// The ids of the series [`Source::select_by_id`] would give, without their labels (fetched one at a
-    /// time with [`Source::labels`]).
+    /// The ids of the series [`Source::select`] gives, in the source's cheapest order (series id order for
+    /// the local store: no label comparisons), without their labels (fetched one at a time with
+    /// [`Source::labels`]).
     pub fn select_ids(&self, alternatives: &[Vec<Matcher>]) -> Vec<SeriesId> {
         match self {
             Source::Local(s) => s.select_ids(alternatives),
