@@ -186,6 +186,12 @@ pub struct Machine {
     fleet: Fleet,
     /// When the fleet incidents' members were last checked for silent or forgotten clusters.
     fleet_swept: Option<DateTime<Utc>>,
+    /// Fleet incidents whose members changed since they were last judged, with the newest change's hub
+    /// time: judged at the end of each input, or with [`Machine::defer_fleet_judgement`] once per
+    /// [`Machine::settle`].
+    fleet_stale: BTreeMap<String, DateTime<Utc>>,
+    /// See [`Machine::defer_fleet_judgement`].
+    defer_fleet: bool,
     /// High-water mark per consumer (stream sequence).
     hwm: BTreeMap<String, u64>,
     dedup: Dedup,
@@ -281,6 +287,8 @@ impl Machine {
             incidents: s.incidents,
             fleet: Fleet::restored(s.fleet),
             fleet_swept: None,
+            fleet_stale: BTreeMap::new(),
+            defer_fleet: false,
             hwm: s.hwm,
             dedup,
             stats: Stats::default(),
@@ -323,7 +331,44 @@ impl Machine {
             Input::Tick(now) => self.tick(now),
             Input::Housekeeping(now) => self.housekeeping(now),
         }
+        if !self.defer_fleet {
+            self.judge_fleet();
+        }
         std::mem::take(&mut self.out)
+    }
+
+    /// Fleet incidents are judged (and their new revisions published) at [`Machine::settle`] instead of
+    /// after every input: a batch of digests adding clusters to one problem is judged once.
+    pub fn defer_fleet_judgement(&mut self) {
+        self.defer_fleet = true;
+    }
+
+    /// Judges the fleet incidents the inputs since the last call changed; returns what to publish.
+    pub fn settle(&mut self) -> Vec<Out> {
+        self.judge_fleet();
+        std::mem::take(&mut self.out)
+    }
+
+    fn fleet_changed(&mut self, key: String, now: DateTime<Utc>) {
+        let at = self.fleet_stale.entry(key).or_insert(now);
+        *at = (*at).max(now);
+    }
+
+    fn judge_fleet(&mut self) {
+        let mut attrs = fleet::Attributes::default();
+        for (k, now) in std::mem::take(&mut self.fleet_stale) {
+            let view = fleet::View {
+                clusters: &self.clusters,
+                incidents: &self.incidents,
+                changeable: &self.changeable,
+            };
+            if self
+                .fleet
+                .judge(&k, &self.rules.fleet, view, now, &mut attrs)
+            {
+                self.emit_fleet(&k);
+            }
+        }
     }
 
     /// Applies a message delivered by `consumer` at `stream_seq`, unless a message at or above that
@@ -610,7 +655,7 @@ impl Machine {
         };
         let now = fleet::hub_time(view, &inc.cluster, inc.updated_at);
         if let Some(k) = self.fleet.on_incident(&self.rules.fleet, inc, view, now) {
-            self.emit_fleet(&k);
+            self.fleet_changed(k, now);
         }
     }
 
@@ -689,8 +734,8 @@ impl Machine {
             changeable: &self.changeable,
         };
         let now = fleet::hub_time(view, &rec.cluster, rec.last_seen);
-        if let Some(k) = self.fleet.on_digest(&self.rules.fleet, rec, view, now) {
-            self.emit_fleet(&k);
+        if let Some(k) = self.fleet.on_digest(&self.rules.fleet, rec, now) {
+            self.fleet_changed(k, now);
         }
     }
 

@@ -1798,6 +1798,78 @@ fn an_unreachable_cluster_says_what_it_takes_down_and_what_runs_nowhere_else() {
 }
 
 #[test]
+fn a_batch_of_digests_is_judged_once_at_settle_and_says_what_judging_each_would_have_said() {
+    let probe_failed = "Readiness probe failed: HTTP probe failed with statuscode: 503";
+    let at = t0() + Duration::seconds(60);
+    let events: Vec<_> = ["c1", "c2", "c3", "c4"]
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let t = at + Duration::seconds(i as i64);
+            env(
+                c,
+                t,
+                1,
+                event("coredns-5d78c9869d-7xk2p", "Unhealthy", probe_failed, t),
+            )
+        })
+        .collect();
+    // judged after every input
+    let mut each = machine();
+    six_clusters(&mut each, t0());
+    let mut outs = Vec::new();
+    for e in &events {
+        outs.extend(each.apply(Input::Event(e)));
+    }
+    let every = fleet_incidents(&outs);
+    assert_eq!(
+        every.len(),
+        3,
+        "opened with c2, joined by c3 and c4: {every:#?}"
+    );
+    // deferred: nothing until the batch settles, then one revision saying what the last one said
+    let mut batched = machine();
+    six_clusters(&mut batched, t0());
+    batched.defer_fleet_judgement();
+    let mut outs = Vec::new();
+    for e in &events {
+        outs.extend(batched.apply(Input::Event(e)));
+    }
+    assert!(
+        fleet_incidents(&outs).is_empty(),
+        "not judged before settling"
+    );
+    let settled = fleet_incidents(&batched.settle());
+    assert_eq!(settled.len(), 1, "{settled:#?}");
+    let (a, b) = (every.last().expect("judged"), &settled[0]);
+    assert_eq!(b.revision, 1);
+    assert_eq!(
+        (
+            &a.id,
+            &a.members,
+            &a.shared,
+            &a.suspects,
+            &a.summary,
+            &a.labels
+        ),
+        (
+            &b.id,
+            &b.members,
+            &b.shared,
+            &b.suspects,
+            &b.summary,
+            &b.labels
+        )
+    );
+    assert!(
+        fleet_incidents(&batched.settle()).is_empty(),
+        "nothing changed since"
+    );
+    // and it is stored, like any judged one
+    assert!(!batched.take_changes().fleet.is_empty());
+}
+
+#[test]
 fn the_same_event_problem_on_several_clusters_is_one_fleet_problem_that_ends_when_it_stops() {
     let mut m = machine();
     six_clusters(&mut m, t0());

@@ -75,6 +75,7 @@ async fn persist(core: &Shared) -> Result<(), CommitError> {
             store,
             ..
         } = &mut *c;
+        outbox.push(machine.settle());
         store
             .write(machine.take_changes(), outbox)
             .map_err(store_failed)?;
@@ -713,7 +714,10 @@ async fn answer_queries(
             .unwrap_or_default()
             .all;
         let body = {
-            let c = core.lock().await;
+            let mut c = core.lock().await;
+            // what the batch in progress changed, judged (published with its next commit)
+            let outs = c.machine.settle();
+            c.outbox.push(outs);
             match query {
                 Query::Incidents => serde_json::to_vec(&c.machine.current(all)),
                 Query::FleetIncidents => serde_json::to_vec(&c.machine.current_fleet(all)),
@@ -815,7 +819,8 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
     // durables are recreated), so a crash in between rebuilds again
     let fresh = store.is_fresh()?;
     let (snapshot, outbox) = store.load()?;
-    let machine = Machine::restore_snapshot(rules, baseline, &ctx.instance, snapshot);
+    let mut machine = Machine::restore_snapshot(rules, baseline, &ctx.instance, snapshot);
+    machine.defer_fleet_judgement();
     let core: Shared = Arc::new(Mutex::new(Core {
         machine,
         outbox,
