@@ -17,6 +17,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use multipilot_runtime::store::GroupFlush;
 use serde::{Deserialize, Serialize};
 use sled::Transactional;
 use sled::transaction::TransactionError;
@@ -191,6 +192,7 @@ pub struct Counters {
 pub struct Store {
     db: sled::Db,
     config: Config,
+    flusher: Arc<GroupFlush>,
 }
 
 impl Store {
@@ -202,6 +204,8 @@ impl Store {
             .mode(sled::Mode::LowSpace)
             .open()?;
         Ok(Store {
+            // each cluster's outbox asks every 100 ms: one fsync serves them all (see GroupFlush)
+            flusher: Arc::new(GroupFlush::new(db.clone(), FLUSH_GAP)),
             db,
             config: config.clone(),
         })
@@ -209,7 +213,12 @@ impl Store {
 
     /// The outbox of one cluster.
     pub fn outbox(&self, cluster: &str) -> Result<Outbox> {
-        Outbox::open(self.db.clone(), cluster, self.config.max_bytes)
+        Outbox::open(
+            self.db.clone(),
+            self.flusher.clone(),
+            cluster,
+            self.config.max_bytes,
+        )
     }
 
     /// A tree for other durable agent state (e.g. what was last published per object).
@@ -219,20 +228,12 @@ impl Store {
 
     /// Flushes everything written so far to disk.
     pub async fn flush(&self) -> Result<()> {
-        blocking_flush(&self.db).await
+        Ok(self.flusher.flush().await?)
     }
 }
 
-/// A flush on the blocking pool. sled 0.34's `flush_async`, awaited by many cluster flushers at once while
-/// other workers sit in the outbox's transactions, can leave every runtime worker blocked (seen with one
-/// agent serving 30 clusters on 2 cores); a blocking flush on its own thread always makes progress.
-async fn blocking_flush(db: &sled::Db) -> Result<()> {
-    let db = db.clone();
-    tokio::task::spawn_blocking(move || db.flush())
-        .await
-        .map_err(|e| sled::Error::Unsupported(format!("flush task: {e}")))??;
-    Ok(())
-}
+/// Shortest time between two flushes of the outboxes' store.
+const FLUSH_GAP: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// One cluster's outbox.
 #[derive(Debug, Clone)]
@@ -242,7 +243,8 @@ pub struct Outbox {
 
 #[derive(Debug)]
 struct Inner {
-    db: sled::Db,
+    /// Shared by every outbox of `db`.
+    flusher: Arc<GroupFlush>,
     queues: Vec<sled::Tree>,
     /// collapse key → (class byte, seq)
     index: sled::Tree,
@@ -288,7 +290,7 @@ fn get_u64(tree: &sled::Tree, key: &[u8]) -> Result<u64> {
 }
 
 impl Outbox {
-    fn open(db: sled::Db, cluster: &str, max_bytes: u64) -> Result<Self> {
+    fn open(db: sled::Db, flusher: Arc<GroupFlush>, cluster: &str, max_bytes: u64) -> Result<Self> {
         let queues = Class::ALL
             .iter()
             .map(|c| db.open_tree(format!("outbox/{cluster}/{}", c.name())))
@@ -313,7 +315,7 @@ impl Outbox {
             duplicates: AtomicU64::new(get_u64(&meta, META_DUPLICATES)?),
             attempted: Default::default(),
             attempted_floor: seq,
-            db,
+            flusher,
             queues,
             index,
             meta,
@@ -434,7 +436,7 @@ impl Outbox {
         if upto == self.inner.flushed.load(Ordering::SeqCst) {
             return Ok(());
         }
-        blocking_flush(&self.inner.db).await?;
+        self.inner.flusher.flush().await?;
         self.inner.flushed.fetch_max(upto, Ordering::SeqCst);
         self.inner.notify.notify_waiters();
         Ok(())
@@ -622,6 +624,36 @@ mod tests {
         let store = Store::open(&cfg).unwrap();
         let ob = store.outbox("c1").unwrap();
         (store, ob)
+    }
+
+    #[tokio::test]
+    async fn clusters_flushing_together_share_fsyncs_and_each_sees_what_it_wrote_flushed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (store, _) = open(dir.path(), 1 << 30);
+        let outboxes: Vec<Outbox> = (0..20)
+            .map(|i| store.outbox(&format!("c{i}")).unwrap())
+            .collect();
+        for round in 0..3 {
+            for (i, ob) in outboxes.iter().enumerate() {
+                ob.push::<()>(Class::Event, |_| {
+                    Ok(item(&format!("e{i}-{round}"), None, 10))
+                })
+                .unwrap();
+            }
+            let before = store.flusher.flushes();
+            for r in futures::future::join_all(outboxes.iter().map(Outbox::flush)).await {
+                r.unwrap();
+            }
+            // the first one asking starts a flush; those asking meanwhile are served by at most one more
+            let fsyncs = store.flusher.flushes() - before;
+            assert!(
+                (1..=2).contains(&fsyncs),
+                "{fsyncs} flushes for 20 outboxes"
+            );
+            for ob in &outboxes {
+                assert_eq!(ob.peek(10).unwrap().len(), round + 1, "flushed and visible");
+            }
+        }
     }
 
     #[tokio::test]

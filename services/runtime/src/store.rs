@@ -4,9 +4,12 @@
 //! Dropping a `sled::Db` does not release its file lock at once: sled's background threads still hold the
 //! store's configuration, and so the locked `<dir>/db` file, for a moment after the last handle is gone.
 //! [`wait_released`] waits until the lock can be taken, so a store is closed when `close` returns.
+//!
+//! [`GroupFlush`]: one fsync at a time for a store many tasks flush.
 
 use std::path::Path;
 use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use prometheus_client::metrics::gauge::Gauge;
@@ -123,5 +126,66 @@ mod tests {
         // no store at all: nothing to wait for
         wait_released(&dir.path().join("absent"), Duration::from_millis(1)).await?;
         Ok(())
+    }
+}
+
+/// The flushes of one sled store that several tasks flush (an agent's outboxes, one per cluster; a role's
+/// consumers, each committing its batches), done together.
+///
+/// sled 0.34 holds its process-wide concurrency control for the whole fsync of a flush, and every
+/// transaction and batch (`Tree::transaction`, `Tree::apply_batch`) must wait for it. Tasks flushing on
+/// their own keep an fsync running most of the time: an agent serving 17 clusters, each flushing its
+/// outbox every 100 ms, stored what its watchers read so slowly that events reached the bus 15–35 s late
+/// (50 clusters on 2 cores), and the correlator's four consumers, each flushing after its batch, held the
+/// machine's lock while their batches waited. A caller here is answered by the first flush that starts
+/// after it asked; flushes run one at a time, at least `min_gap` apart, so one fsync serves every task
+/// that asked meanwhile.
+#[derive(Debug)]
+pub struct GroupFlush {
+    db: sled::Db,
+    min_gap: Duration,
+    /// Flushes started.
+    started: AtomicU64,
+    /// The number of the last flush that finished, and when the last one started.
+    done: tokio::sync::Mutex<(u64, Option<tokio::time::Instant>)>,
+}
+
+impl GroupFlush {
+    /// Flushes of `db`, started at most every `min_gap`.
+    pub fn new(db: sled::Db, min_gap: Duration) -> Self {
+        GroupFlush {
+            db,
+            min_gap,
+            started: AtomicU64::new(0),
+            done: tokio::sync::Mutex::new((0, None)),
+        }
+    }
+
+    /// Returns once everything written to the store before the call is on disk. The fsync runs on the
+    /// blocking pool: sled's `flush_async`, awaited by many tasks at once while others wait in
+    /// transactions, could leave every runtime worker blocked.
+    pub async fn flush(&self) -> sled::Result<()> {
+        let asked = self.started.load(Ordering::SeqCst);
+        let mut done = self.done.lock().await;
+        // a flush that started after this call has finished: it covered what was written before it
+        if done.0 > asked {
+            return Ok(());
+        }
+        if let Some(last) = done.1 {
+            tokio::time::sleep_until(last + self.min_gap).await;
+        }
+        let n = self.started.fetch_add(1, Ordering::SeqCst) + 1;
+        done.1 = Some(tokio::time::Instant::now());
+        let db = self.db.clone();
+        tokio::task::spawn_blocking(move || db.flush())
+            .await
+            .map_err(|e| sled::Error::Unsupported(format!("flush task: {e}")))??;
+        done.0 = n;
+        Ok(())
+    }
+
+    /// Flushes started so far.
+    pub fn flushes(&self) -> u64 {
+        self.started.load(Ordering::SeqCst)
     }
 }
