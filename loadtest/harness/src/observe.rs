@@ -83,6 +83,9 @@ pub struct Seen {
     /// a second from the newest message of FLEET_EVENTS (when seen, lag): the part of event → digest spent
     /// before the hub (the simulator serving it, the agent publishing it, NATS storing it).
     pub ingest_lags: Vec<(Instant, f64)>,
+    /// The same messages' event → agent lags: seconds from the event's time to its agent reading it from the
+    /// watch (`agent_time`), the part of `ingest_lags` before the agent's outbox and drain.
+    pub agent_lags: Vec<(Instant, f64)>,
 }
 
 /// The observer of one run.
@@ -411,11 +414,15 @@ async fn ingest_lag_loop(
             continue;
         };
         let lag = (m.time - env.cluster_time).num_microseconds().unwrap_or(0) as f64 / 1e6;
+        let read = (env.agent_time - env.cluster_time)
+            .num_microseconds()
+            .unwrap_or(0) as f64
+            / 1e6;
         rec.point("lag/event-stored", "s", lag);
-        seen.lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .ingest_lags
-            .push((Instant::now(), lag));
+        rec.point("lag/event-agent", "s", read);
+        let mut s = seen.lock().unwrap_or_else(|e| e.into_inner());
+        s.ingest_lags.push((Instant::now(), lag));
+        s.agent_lags.push((Instant::now(), read));
     }
 }
 
