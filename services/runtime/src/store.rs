@@ -93,51 +93,14 @@ pub fn report_cache(registry: &RwLock<Registry>, role: &str, bytes: u64) {
     );
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_roles_cache_is_reported_under_its_name() -> anyhow::Result<()> {
-        let registry = RwLock::new(Registry::default());
-        report_cache(&registry, "correlator", 32 << 20);
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &registry.read().unwrap())?;
-        assert!(
-            out.lines()
-                .any(|l| l == "multipilot_correlator_cache_capacity_bytes 33554432"),
-            "{out}"
-        );
-        Ok(())
-    }
-
-    #[tokio::test]
-    async fn a_held_store_is_reported_and_a_dropped_one_released() -> anyhow::Result<()> {
-        let dir = tempfile::tempdir()?;
-        std::fs::write(dir.path().join(LOCK_FILE), b"")?;
-        let held = std::fs::File::open(dir.path().join(LOCK_FILE))?;
-        held.lock()?;
-        let err = wait_released(dir.path(), Duration::from_millis(100))
-            .await
-            .unwrap_err();
-        assert!(matches!(err, Error::StillLocked { .. }), "{err}");
-        drop(held);
-        wait_released(dir.path(), Duration::from_secs(1)).await?;
-        // no store at all: nothing to wait for
-        wait_released(&dir.path().join("absent"), Duration::from_millis(1)).await?;
-        Ok(())
-    }
-}
-
-/// The flushes of one sled store that several tasks flush (an agent's outboxes, one per cluster; a role's
-/// consumers, each committing its batches), done together.
+/// The flushes of one sled store that several tasks flush (an agent's outboxes, one per cluster), done
+/// together.
 ///
 /// sled 0.34 holds its process-wide concurrency control for the whole fsync of a flush, and every
 /// transaction and batch (`Tree::transaction`, `Tree::apply_batch`) must wait for it. Tasks flushing on
 /// their own keep an fsync running most of the time: an agent serving 17 clusters, each flushing its
 /// outbox every 100 ms, stored what its watchers read so slowly that events reached the bus 15–35 s late
-/// (50 clusters on 2 cores), and the correlator's four consumers, each flushing after its batch, held the
-/// machine's lock while their batches waited. A caller here is answered by the first flush that starts
+/// (50 clusters on 2 cores). A caller here is answered by the first flush that starts
 /// after it asked; flushes run one at a time, at least `min_gap` apart, so one fsync serves every task
 /// that asked meanwhile.
 #[derive(Debug)]
@@ -187,5 +150,41 @@ impl GroupFlush {
     /// Flushes started so far.
     pub fn flushes(&self) -> u64 {
         self.started.load(Ordering::SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_roles_cache_is_reported_under_its_name() -> anyhow::Result<()> {
+        let registry = RwLock::new(Registry::default());
+        report_cache(&registry, "correlator", 32 << 20);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry.read().unwrap())?;
+        assert!(
+            out.lines()
+                .any(|l| l == "multipilot_correlator_cache_capacity_bytes 33554432"),
+            "{out}"
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_held_store_is_reported_and_a_dropped_one_released() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        std::fs::write(dir.path().join(LOCK_FILE), b"")?;
+        let held = std::fs::File::open(dir.path().join(LOCK_FILE))?;
+        held.lock()?;
+        let err = wait_released(dir.path(), Duration::from_millis(100))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, Error::StillLocked { .. }), "{err}");
+        drop(held);
+        wait_released(dir.path(), Duration::from_secs(1)).await?;
+        // no store at all: nothing to wait for
+        wait_released(&dir.path().join("absent"), Duration::from_millis(1)).await?;
+        Ok(())
     }
 }
