@@ -427,6 +427,69 @@ async fn garbage_is_dead_lettered_with_its_reason_and_valid_neighbours_are_proce
 }
 
 #[tokio::test]
+async fn a_continuous_pull_hands_over_in_stream_order_and_skipped_subjects_are_acked_unread()
+-> Result<()> {
+    let (_server, js) = setup().await?;
+    // no filter: the durable reads heartbeats and probe results, the role only heartbeats
+    js.get_stream("FLEET_HEALTH")
+        .await?
+        .create_consumer(jetstream::consumer::pull::Config {
+            durable_name: Some("t-skip".into()),
+            max_deliver: -1,
+            ..Default::default()
+        })
+        .await?;
+    let mut p = Publisher::new(js.clone(), 64, BusMetrics::default());
+    // more than several pulls' worth (batch 50 below), a probe result between every 10 heartbeats
+    for seq in 1..=1_000u64 {
+        p.send(seq, hb_msg("prod-1", seq)).await;
+        if seq % 10 == 0 {
+            let mut probe = hb_msg("prod-1", seq);
+            probe.subject = subject::probe("prod-1", "dns");
+            probe.msg_id = format!("probe-{seq}");
+            probe.headers.insert("Nats-Msg-Id", probe.msg_id.as_str());
+            probe.headers.insert("Multipilot-Schema", "ProbeResult/1");
+            p.send(10_000 + seq, probe).await;
+        }
+    }
+    p.flush().await;
+
+    let metrics = BusMetrics::default();
+    let rec = Recorder::default();
+    let r = Runner::new(
+        js.clone(),
+        consume::Config {
+            stream: "FLEET_HEALTH".into(),
+            durable: "t-skip".into(),
+            batch: 50,
+            fetch_wait: Duration::from_millis(200),
+            skip: vec!["fleet.probe.>".into()],
+            ..Default::default()
+        },
+        metrics.clone(),
+    );
+    let (cancel, task) = spawn_runner(r, rec.clone());
+    let mut stream = js.get_stream("FLEET_HEALTH").await?;
+    let last = stream.info().await?.state.last_sequence;
+    for _ in 0..200 {
+        let c = stream.consumer_info("t-skip").await?;
+        if c.ack_floor.stream_sequence >= last && c.num_ack_pending == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cancel.cancel();
+    task.await?;
+    let c = stream.consumer_info("t-skip").await?;
+    assert_eq!(c.ack_floor.stream_sequence, last, "everything acked");
+    let seqs: Vec<u64> = rec.seen.lock().unwrap().iter().map(|s| s.1).collect();
+    assert_eq!(seqs, (1..=1_000).collect::<Vec<_>>(), "in stream order");
+    assert_eq!(metrics.consumed_count("t-skip", "skipped"), 100);
+    assert_eq!(metrics.dead_letters("t-skip", "schema"), 0);
+    Ok(())
+}
+
+#[tokio::test]
 async fn retryable_failure_is_redelivered_not_lost() -> Result<()> {
     let (_server, js) = setup().await?;
     health_consumer(&js, "t-retry").await?;
