@@ -21,7 +21,7 @@ pub struct Config {
     /// Where silences, alerts, the notification log and pending notifications live (sled).
     pub data_dir: String,
     /// The store's page cache in bytes (sled's `cache_capacity`). Alerts and groups are held in memory
-    /// and written through, so the cache only speeds up those writes and the start.
+    /// and written at checkpoints, so the cache only speeds up those writes and the start.
     pub cache_bytes: u64,
     /// The routing file (Alertmanager-shaped YAML); empty: the embedded `alerts.yaml`.
     pub routing: Option<String>,
@@ -35,6 +35,12 @@ pub struct Config {
     /// How often groups are checked for due notifications.
     #[serde(with = "humantime_serde")]
     pub tick: Duration,
+    /// How often the alerts changed since the last checkpoint are written to the store, marked with the
+    /// durable's ack floor read before them. Alerts live in memory; a restart loads the last checkpoint and
+    /// takes in again what FLEET_INCIDENTS holds after its mark (at most about this long of the stream).
+    /// Notifications, silences and posted alerts are written at once whatever this is; 0: every tick.
+    #[serde(with = "humantime_serde")]
+    pub checkpoint: Duration,
     /// Resolved alerts are forgotten this long after they resolved (once their groups have been told).
     #[serde(with = "humantime_serde")]
     pub retain_resolved: Duration,
@@ -101,6 +107,7 @@ impl Default for Config {
             },
             batch: 500,
             tick: Duration::from_millis(200),
+            checkpoint: Duration::from_secs(10),
             retain_resolved: Duration::from_secs(3600),
             event_min_severity: EventThreshold::Warning,
             event_ttl: Duration::from_secs(3600),

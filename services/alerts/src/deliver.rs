@@ -52,6 +52,7 @@ pub struct Metrics {
     attempts: Family<Outcome, Counter>,
     pending: Family<ByReceiver, Gauge>,
     latency: Family<ByReceiver, Histogram>,
+    checkpoint: Gauge,
 }
 
 impl Metrics {
@@ -63,6 +64,7 @@ impl Metrics {
             latency: Family::new_with_constructor(|| {
                 Histogram::new([0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0])
             }),
+            checkpoint: Gauge::default(),
         };
         registry.register(
             "multipilot_alerts_deliveries",
@@ -79,7 +81,19 @@ impl Metrics {
             "Time of one delivery attempt, by receiver",
             m.latency.clone(),
         );
+        registry.register(
+            "multipilot_alerts_checkpoint_sequence",
+            "The FLEET_INCIDENTS sequence through which the alerts are on disk (the last checkpoint's mark); \
+             a restart takes in again what came after it",
+            m.checkpoint.clone(),
+        );
         m
+    }
+
+    /// Records a checkpoint's mark.
+    pub fn checkpointed(&self, through: u64) {
+        self.checkpoint
+            .set(i64::try_from(through).unwrap_or(i64::MAX));
     }
 
     /// Attempts with this outcome so far.

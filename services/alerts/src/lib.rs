@@ -1,6 +1,7 @@
 //! The alert router (`alerts` role): incidents in, grouped notifications out.
 //!
-//! Reads `fleet.incident.>` and `fleet.digest.>` (durable `alerts` on FLEET_INCIDENTS). Each incident change
+//! Reads `fleet.incident.>`, `fleet.digest.>` and `fleet.fleet-incident.>` (durable `alerts` on
+//! FLEET_INCIDENTS, which acks the stream's compliance reports unread). Each incident change
 //! becomes an alert (labels: `alertname`/`kind`, `cluster`, `severity` and the cluster's registry labels), as
 //! does each deduplicated event digest at or above `event_min_severity` (`alertname` = the event reason,
 //! `kind=event`; it resolves `event_ttl` after its last refresh). Alerts are routed through an
@@ -11,9 +12,9 @@
 //!
 //! Durability: alerts, silences, the notification log and pending notifications live in sled, and a
 //! notification is on disk (with its log entry) before it is sent. An incident is acked as soon as it is
-//! taken in memory: the tick loop writes the alerts changed since its last tick off the consumer's path,
-//! then marks in the store the durable's ack floor it read before taking them (every input up to it is on
-//! disk). At start the router takes in again, in stream order, what the durable delivered after that
+//! taken in memory: every `checkpoint` the tick loop writes the alerts changed since the last checkpoint off
+//! the consumer's path, then marks in the store the durable's ack floor it read before taking them (every
+//! input up to it is on disk). At start the router takes in again, in stream order, what the durable delivered after that
 //! mark, so an input acked but not yet written is not lost (a second take of an input is a stale
 //! revision). See `README.md` for the guarantees and their one window.
 //!
@@ -113,6 +114,9 @@ pub const NFLOG_BUCKET: &str = "MULTIPILOT_NFLOG";
 pub const ALERTS_BUCKET: &str = "MULTIPILOT_ALERTS";
 /// The stream and durable consumer the router reads.
 const INCIDENTS: (&str, &str) = (multipilot_schemas::streams::name::INCIDENTS, "alerts");
+/// What FLEET_INCIDENTS holds that the router does not read: its durable has no filter (see
+/// `consume::Config::skip`) and skips these.
+const COMPLIANCE: &str = "fleet.compliance.>";
 
 struct H {
     router: Arc<Mutex<Router>>,
@@ -441,6 +445,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         )
         .map_err(|e| config::ConfigError(format!("the receivers' HTTP client: {e}")))?,
     );
+    metrics.checkpointed(through.unwrap_or(0));
     ctx.health.register("alerts");
 
     let api = api::Api {
@@ -448,7 +453,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         tokens,
         js: ctx.js.clone(),
         instance: ctx.instance.clone(),
-        metrics,
+        metrics: metrics.clone(),
         resolve_timeout: config.resolve_timeout,
         started_at: Utc::now(),
     };
@@ -469,6 +474,8 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
                 durable: INCIDENTS.1.into(),
                 batch: config.batch,
                 rate: config.rate.clone(),
+                // compliance reports share the stream
+                skip: vec![COMPLIANCE.into()],
                 ..Default::default()
             },
             ctx.bus_metrics.clone(),
@@ -493,6 +500,8 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
             ctx.js.clone(),
         );
         let every = config.tick.max(std::time::Duration::from_millis(50));
+        let every_checkpoint = config.checkpoint;
+        let metrics = metrics.clone();
         tasks.spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
@@ -501,6 +510,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
             let (mut marked, mut dirty) = (through.unwrap_or(0), false);
             // a replay ended whose end the store does not record yet
             let mut replay_over = false;
+            let mut last_checkpoint = std::time::Instant::now();
             loop {
                 tokio::select! {
                     _ = cancel.cancelled() => return,
@@ -523,21 +533,34 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
                         }
                     }
                 }
-                // read before the engine's changes are taken: every input up to it is among them
-                let floor = match durable_position(&js).await {
-                    Ok(p) => p.map(|(floor, _)| floor),
-                    Err(err) => {
-                        tracing::debug!(error = %err, "reading the alerts durable failed; marking later");
-                        None
+                // a checkpoint writes the alerts changed since the last one, then marks the ack floor read
+                // before their changes were taken (every input up to it is among them)
+                let checkpoint = replay_over || last_checkpoint.elapsed() >= every_checkpoint;
+                let floor = if checkpoint {
+                    match durable_position(&js).await {
+                        Ok(p) => p.map(|(floor, _)| floor),
+                        Err(err) => {
+                            tracing::debug!(error = %err, "reading the alerts durable failed; marking later");
+                            None
+                        }
                     }
+                } else {
+                    None
                 };
                 let now = Utc::now();
-                let (n, store) = {
+                let (n, saved, store) = {
                     let mut r = router.lock().await;
                     let ticked = r.tick(now);
+                    let saved = checkpoint && match r.save() {
+                        Ok(()) => true,
+                        Err(err) => {
+                            tracing::error!(error = %err, "writing the alerts failed; will retry");
+                            false
+                        }
+                    };
                     dirty |= r.take_written();
                     match ticked {
-                        Ok(n) => (n, r.store.clone()),
+                        Ok(n) => (n, saved, r.store.clone()),
                         Err(err) => {
                             tracing::error!(error = %err, "flushing alert groups failed; will retry");
                             continue;
@@ -551,9 +574,15 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
                     }
                     dirty = false;
                 }
-                if let Some(floor) = floor.filter(|f| *f > marked || replay_over) {
+                if saved && floor.is_some() {
+                    last_checkpoint = std::time::Instant::now();
+                }
+                if let Some(floor) = floor.filter(|f| saved && (*f > marked || replay_over)) {
                     match mark(&store, floor).await {
-                        Ok(()) => marked = floor,
+                        Ok(()) => {
+                            marked = floor;
+                            metrics.checkpointed(floor);
+                        }
                         Err(err) => tracing::warn!(error = %err, "marking the incidents written failed; will retry"),
                     }
                     if replay_over && marked == floor {

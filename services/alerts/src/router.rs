@@ -1,7 +1,8 @@
 //! The dispatcher's shell: the [`Engine`] on its [`Store`]. It starts the engine from what sled holds,
-//! writes what the engine decided and changed (a flush's notifications with their log entries in one sled
-//! transaction, which also queues the log entries, posted alerts and silences for the KV buckets), and
-//! keeps what the store could not write to write it next time. Flushing sled, draining the outbox into
+//! writes what the engine decided (a flush's notifications with their log entries in one sled transaction,
+//! which also queues the log entries for the KV bucket) at every tick, and what it changed (alerts, posted
+//! ones queued for their bucket) when asked: at a checkpoint, after a post, at the stop. It keeps what the
+//! store could not write to write it next time. Flushing sled, draining the outbox into
 //! the buckets and waking the deliverer are the caller's (the tick loop in `lib.rs`, the API).
 
 use chrono::{DateTime, Utc};
@@ -81,7 +82,8 @@ impl Router {
     }
 
     /// Flushes the groups due at `now` and writes the notifications they decided with their log entries,
-    /// atomically, then what else changed. Returns how many notifications were enqueued.
+    /// atomically. Returns how many notifications were enqueued. The alerts that changed are not written
+    /// here: they are the checkpoint's ([`Router::save`]), which a restart completes from the stream.
     pub fn tick(&mut self, now: DateTime<Utc>) -> Result<usize, Error> {
         let mut decided = std::mem::take(&mut self.unwritten);
         decided.extend(self.engine.tick(now));
@@ -100,7 +102,6 @@ impl Router {
                 return Err(e);
             }
         }
-        self.save()?;
         Ok(pending.len())
     }
 

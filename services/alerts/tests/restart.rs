@@ -1,6 +1,7 @@
-//! The router's alerts across a crash: incidents are acked once taken in memory, and written (with the
-//! durable's ack floor as the store's mark) off that path; a router killed before it wrote them takes
-//! them in again from FLEET_INCIDENTS when it starts, and does not notify again what it had notified.
+//! The router's alerts across a crash: incidents are acked once taken in memory, and written at the
+//! router's checkpoints (with the durable's ack floor as the store's mark) off that path; a router killed
+//! before it wrote them takes them in again from FLEET_INCIDENTS when it starts, and does not notify
+//! again what it had notified.
 
 use std::path::Path;
 use std::time::Duration;
@@ -38,8 +39,14 @@ struct Running {
 }
 
 impl Running {
-    /// Starts the router on `dir`, once the previous one let go of the store.
-    async fn start(nats: &NatsServer, dir: &Path, tick: Duration) -> Result<Running> {
+    /// Starts the router on `dir`, once the previous one let go of the store: it ticks every `tick` and
+    /// writes its alerts every `checkpoint`.
+    async fn start(
+        nats: &NatsServer,
+        dir: &Path,
+        tick: Duration,
+        checkpoint: Duration,
+    ) -> Result<Running> {
         std::fs::write(dir.join("routing.yaml"), ROUTING)?;
         let data = dir.join("data");
         eventually("the store free", 30, async || {
@@ -53,6 +60,7 @@ impl Running {
             routing: Some(dir.join("routing.yaml").display().to_string()),
             listen: "127.0.0.1:0".into(),
             tick,
+            checkpoint,
             ..Default::default()
         };
         let cancel = CancellationToken::new();
@@ -115,6 +123,21 @@ async fn notified(js: &jetstream::Context) -> Option<u64> {
     Some(s.info().await.ok()?.state.messages)
 }
 
+/// The clusters of the alerts the store holds (once the stopped router let go of it).
+async fn stored_clusters(dir: &Path) -> Result<std::collections::BTreeSet<String>> {
+    let data = dir.join("data").display().to_string();
+    let store = eventually("the store free", 30, async || {
+        multipilot_alerts::store::Store::open(&data, 1 << 20).ok()
+    })
+    .await?;
+    Ok(
+        multipilot_alerts::store::all::<multipilot_alerts::store::Alert>(&store.alerts)
+            .into_iter()
+            .filter_map(|(_, a)| a.labels.get("cluster").cloned())
+            .collect(),
+    )
+}
+
 /// Whether the durable `alerts` acked everything FLEET_INCIDENTS holds.
 async fn all_acked(js: &jetstream::Context) -> Option<()> {
     let mut s = js.get_stream("FLEET_INCIDENTS").await.ok()?;
@@ -131,37 +154,50 @@ async fn an_incident_acked_before_its_alert_was_written_is_taken_in_again_after_
     Topology::embedded().provision(&js).await?;
     let dir = tempfile::tempdir()?;
 
+    const NEVER: Duration = Duration::from_secs(3600);
+    const TICK: Duration = Duration::from_millis(100);
     // a tick that never comes after the first: incidents are acked but never written
-    let r = Running::start(&nats, dir.path(), Duration::from_secs(3600)).await?;
+    let r = Running::start(&nats, dir.path(), NEVER, NEVER).await?;
     open_incident(&js, "k00").await?;
     eventually("k00 acked", 30, async || all_acked(&js).await).await?;
     r.kill().await;
     assert_eq!(notified(&js).await, Some(0));
 
-    // started again, it takes k00 in again from the stream and notifies it
-    let r = Running::start(&nats, dir.path(), Duration::from_millis(100)).await?;
+    // started again (a checkpoint at every tick), it takes k00 in again from the stream and notifies it
+    let r = Running::start(&nats, dir.path(), TICK, Duration::ZERO).await?;
     eventually("k00 notified", 30, async || {
         (notified(&js).await? == 1).then_some(())
     })
     .await?;
     r.stop().await?;
 
-    // and after a clean restart it does not notify k00 again, while a new incident is notified
-    let r = Running::start(&nats, dir.path(), Duration::from_millis(100)).await?;
+    // after a clean restart it does not notify k00 again, while a new incident is notified; its alert is
+    // in memory only (no checkpoint comes) when the router is killed
+    let r = Running::start(&nats, dir.path(), TICK, NEVER).await?;
     open_incident(&js, "k01").await?;
     eventually("k01 notified", 30, async || {
         (notified(&js).await? >= 2).then_some(())
     })
     .await?;
     r.kill().await;
-    // a third restart: everything was written and marked, nothing is notified again
-    let r = Running::start(&nats, dir.path(), Duration::from_millis(100)).await?;
+    assert!(
+        !stored_clusters(dir.path()).await?.contains("k01"),
+        "k01's alert was not checkpointed"
+    );
+    // a third restart: k01 is taken in again from the stream and not notified again (its notification
+    // is in the log), a new incident is
+    let r = Running::start(&nats, dir.path(), TICK, NEVER).await?;
     open_incident(&js, "k02").await?;
     eventually("k02 notified", 30, async || {
         (notified(&js).await? >= 3).then_some(())
     })
     .await?;
     r.stop().await?;
+    // the clean stop wrote every alert, k01's taken in again included
+    assert_eq!(
+        stored_clusters(dir.path()).await?,
+        ["k00", "k01", "k02"].map(String::from).into()
+    );
     let mut s = js.get_stream("FLEET_ALERTS").await?;
     assert_eq!(
         s.info().await?.state.messages,
