@@ -14,7 +14,8 @@
 //!   (counted by its `multipilot_console_applied_total{feed="state"}`).
 //! - **Alert router**: the same for incident changes (open, acknowledged, resolved revisions of incidents
 //!   over the clusters, as the correlator publishes them) on FLEET_INCIDENTS and `multipilot alerts` (its
-//!   default routing: grouped notifications published on FLEET_ALERTS).
+//!   default routing: grouped notifications published on FLEET_ALERTS). It acks an input once applied in
+//!   memory and writes its alerts at its checkpoint (10 s), after the drain.
 //!
 //! Each role runs alone on the server with only its stream loaded; its CPU time per message and resident
 //! memory come from `/proc`.
@@ -97,7 +98,8 @@ pub async fn run(o: &Opts, dir: &Path) -> Result<(Report, Recorder)> {
             what: "events",
             stream: "FLEET_EVENTS",
             durable: "correlator-events",
-            target: 0.30,
+            target: 0.40,
+            how: PERSISTED,
         }
         .compare(&mut r, &js, &bins.multipilot, &server.url(), dir, events)
         .await?;
@@ -119,6 +121,7 @@ pub async fn run(o: &Opts, dir: &Path) -> Result<(Report, Recorder)> {
             stream: "FLEET_EVENTS",
             durable: "correlator-events",
             target: 0.30,
+            how: PERSISTED,
         }
         .compare(
             &mut r,
@@ -141,6 +144,7 @@ pub async fn run(o: &Opts, dir: &Path) -> Result<(Report, Recorder)> {
             stream: "FLEET_METRICS",
             durable: "tsdb",
             target: 0.50,
+            how: PERSISTED,
         }
         .compare(&mut r, &js, &bins.multipilot, &server.url(), dir, scrapes)
         .await?;
@@ -157,6 +161,7 @@ pub async fn run(o: &Opts, dir: &Path) -> Result<(Report, Recorder)> {
             stream: "FLEET_INCIDENTS",
             durable: "alerts",
             target: 0.50,
+            how: "alerts in memory, acked once applied, written at its 10 s checkpoint",
         }
         .compare(&mut r, &js, &bins.multipilot, &server.url(), dir, changes)
         .await?;
@@ -206,7 +211,12 @@ struct Durable<'a> {
     stream: &'a str,
     durable: &'a str,
     target: f64,
+    /// When it acks.
+    how: &'static str,
 }
+
+/// How the correlator and the TSDB ack.
+const PERSISTED: &str = "state persisted before acks";
 
 impl Durable<'_> {
     /// A raw pull reads the `n` messages of the stream, then the role drains them; reported in `r`.
@@ -230,7 +240,7 @@ impl Durable<'_> {
             raw,
             &role,
             self.target,
-            Reads::Durable,
+            Reads::Durable(self.how),
         );
         Ok(())
     }
@@ -251,7 +261,7 @@ struct Drained {
 /// How a consumer reads: a durable acking after its state is persisted, or an ordered reader (no acks).
 #[derive(Clone, Copy)]
 enum Reads {
-    Durable,
+    Durable(&'static str),
     Ordered,
 }
 
@@ -269,9 +279,9 @@ fn report_consumer(
     let raw_rate = n as f64 / raw_s;
     let rate = n as f64 / d.from_first;
     let (reference, how) = match reads {
-        Reads::Durable => (
+        Reads::Durable(how) => (
             format!("raw pull reference (batch {RAW_BATCH}, ack each)"),
-            "state persisted before acks",
+            how,
         ),
         Reads::Ordered => (
             "raw ordered consumer reference (no acks)".to_string(),
