@@ -1,7 +1,7 @@
 //! The consumer runner: what every hub role uses to read a stream.
 //!
-//! - Pulls continuously from a durable consumer (defined in [`crate::topology`]), up to `batch` messages
-//!   ahead, and settles what it handled in batches of up to `batch` (or `commit_within` after the oldest).
+//! - Pulls from a durable consumer (defined in [`crate::topology`]) in batches, the next asked for while the
+//!   last is settled.
 //! - Decodes each message against the payload type the role reads; what can't be decoded (truncated or
 //!   malformed MessagePack, a wrong or unknown schema version, an oversized body, an implausible timestamp)
 //!   is published to `fleet.dlq.<stream>` as a [`DeadLetter`] with its reason, counted, and terminated.
@@ -43,9 +43,9 @@ pub struct Config {
     pub stream: String,
     /// Durable consumer name (as in `deploy/streams.yaml`).
     pub durable: String,
-    /// Messages per pull request (the client asks for more when half have come) and per commit.
+    /// Messages per pull.
     pub batch: usize,
-    /// How long one pull request waits for messages (its idle heartbeat is half of it).
+    /// How long one pull waits for messages.
     #[serde(with = "humantime_serde")]
     pub fetch_wait: Duration,
     /// Longest a handled message waits for its batch's commit and ack: a pull still filling commits what it
@@ -137,7 +137,7 @@ pub enum Outcome {
 }
 
 /// Naks, for redelivery at once, the messages already received (a stopping runner's).
-async fn release(batch: &mut pull::Stream) {
+async fn release(batch: &mut pull::Batch) {
     use futures::FutureExt as _;
     while let Some(Some(Ok(m))) = batch.next().now_or_never() {
         let _ = m.ack_with(AckKind::Nak(None)).await;
@@ -279,15 +279,21 @@ impl Runner {
         };
         let mut since_shrink = 0usize;
         let mut pull_backoff = Duration::from_millis(100);
-        'pulls: while !cancel.is_cancelled() {
-            // one continuous pull: the client asks for more on the same inbox once half of what it asked for
-            // came, so the server delivers (in stream order) while the role works and settles. A pull per
-            // batch made each wait for the other: the server for the batch's acks and next request, the
-            // role for the server (the alert router drained at half its CPU's speed).
-            let mut messages = match self.pull(&consumer).await {
-                Ok(m) => {
+        // the next pull, asked for once the current one has delivered all it will and before its messages
+        // are settled: the server delivers the next batch while the role commits and acks this one (a pull
+        // asked for after the acks left the server idle through every commit, and the role through every
+        // delivery). Only one pull is open at a time: nats-server hands the messages of pulls open together
+        // out in turn, one each, which would mix their order.
+        let mut next: Option<pull::Batch> = None;
+        while !cancel.is_cancelled() {
+            let batch = match next.take() {
+                Some(b) => Ok(b),
+                None => self.pull(&consumer).await,
+            };
+            let mut batch = match batch {
+                Ok(b) => {
                     pull_backoff = Duration::from_millis(100);
-                    m
+                    b
                 }
                 Err(e) => {
                     tracing::warn!(durable = %c.durable, error = %e, "pull failed; retrying");
@@ -302,27 +308,25 @@ impl Runner {
             let mut to_ack = Vec::new();
             // when the oldest message of `to_ack` must be committed by
             let mut due: Option<tokio::time::Instant> = None;
+            let mut ended = false;
             loop {
-                let next = tokio::select! {
+                let next_msg = tokio::select! {
                     _ = cancel.cancelled() => None,
-                    n = messages.next() => n,
+                    n = batch.next() => {
+                        ended = n.is_none();
+                        n
+                    }
                     _ = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)), if due.is_some() => {
                         self.settle(handler, std::mem::take(&mut to_ack)).await;
                         due = None;
                         continue;
                     }
                 };
-                let Some(msg) = next else { break };
+                let Some(msg) = next_msg else { break };
                 let msg = match msg {
                     Ok(m) => m,
                     Err(e) => {
-                        use jetstream::consumer::pull::MessagesErrorKind as K;
-                        // a missed heartbeat or a failed pull request: the stream asks again by itself
-                        if matches!(e.kind(), K::MissingHeartbeat | K::Pull | K::Other) {
-                            tracing::debug!(durable = %c.durable, error = %e, "pull interrupted");
-                            continue;
-                        }
-                        tracing::warn!(durable = %c.durable, error = %e, "pull ended; pulling again");
+                        tracing::debug!(durable = %c.durable, error = %e, "batch ended");
                         break;
                     }
                 };
@@ -330,42 +334,37 @@ impl Runner {
                     to_ack.push(m);
                     due.get_or_insert_with(|| tokio::time::Instant::now() + c.commit_within);
                 }
-                if to_ack.len() >= self.batch_size() {
-                    self.settle(handler, std::mem::take(&mut to_ack)).await;
-                    due = None;
-                    since_shrink += 1;
-                    if since_shrink >= 1000 {
-                        self.limiter.shrink();
-                        since_shrink = 0;
-                    }
-                }
+            }
+            if ended && !cancel.is_cancelled() {
+                // a pull that fails here is asked for again at the top
+                next = self.pull(&consumer).await.ok();
             }
             self.settle(handler, to_ack).await;
             if cancel.is_cancelled() {
                 // what was delivered but not handled goes back now, not after the ack wait
-                release(&mut messages).await;
-                break 'pulls;
+                release(&mut batch).await;
+                if let Some(mut b) = next.take() {
+                    release(&mut b).await;
+                }
             }
-            tokio::select! {
-                _ = cancel.cancelled() => {}
-                _ = tokio::time::sleep(pull_backoff) => {}
+            since_shrink += 1;
+            if since_shrink >= 1000 {
+                self.limiter.shrink();
+                since_shrink = 0;
             }
-            pull_backoff = (pull_backoff * 2).min(Duration::from_secs(5));
         }
         Ok(())
     }
 
-    /// Starts the continuous pull.
+    /// Asks for a batch.
     async fn pull(
         &self,
         consumer: &jetstream::consumer::Consumer<pull::Config>,
-    ) -> Result<pull::Stream, jetstream::consumer::StreamError> {
-        let expires = self.config.fetch_wait.max(Duration::from_millis(100));
+    ) -> Result<pull::Batch, jetstream::consumer::pull::BatchError> {
         consumer
-            .stream()
-            .max_messages_per_batch(self.batch_size())
-            .expires(expires)
-            .heartbeat(expires / 2)
+            .batch()
+            .max_messages(self.batch_size())
+            .expires(self.config.fetch_wait)
             .messages()
             .await
     }

@@ -427,8 +427,7 @@ async fn garbage_is_dead_lettered_with_its_reason_and_valid_neighbours_are_proce
 }
 
 #[tokio::test]
-async fn a_continuous_pull_hands_over_in_stream_order_and_skipped_subjects_are_acked_unread()
--> Result<()> {
+async fn pulls_hand_over_in_stream_order_and_skipped_subjects_are_acked_unread() -> Result<()> {
     let (_server, js) = setup().await?;
     // no filter: the durable reads heartbeats and probe results, the role only heartbeats
     js.get_stream("FLEET_HEALTH")
