@@ -109,7 +109,7 @@ impl Default for Config {
             consumer: consume::Config {
                 stream: multipilot_schemas::streams::name::METRICS.into(),
                 durable: "tsdb".into(),
-                batch: 500,
+                batch: 200,
                 ..Default::default()
             },
             checkpoint_interval: Duration::from_secs(300),
