@@ -120,7 +120,7 @@ pub async fn run(o: &Opts, dir: &Path) -> Result<(Report, Recorder)> {
             what: "events",
             stream: "FLEET_EVENTS",
             durable: "correlator-events",
-            target: 0.30,
+            target: 0.40,
             how: PERSISTED,
         }
         .compare(
