@@ -114,9 +114,6 @@ pub const NFLOG_BUCKET: &str = "MULTIPILOT_NFLOG";
 pub const ALERTS_BUCKET: &str = "MULTIPILOT_ALERTS";
 /// The stream and durable consumer the router reads.
 const INCIDENTS: (&str, &str) = (multipilot_schemas::streams::name::INCIDENTS, "alerts");
-/// What FLEET_INCIDENTS holds that the router does not read: its durable has no filter (see
-/// `consume::Config::skip`) and skips these.
-const COMPLIANCE: &str = "fleet.compliance.>";
 
 struct H {
     router: Arc<Mutex<Router>>,
@@ -474,8 +471,8 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
                 durable: INCIDENTS.1.into(),
                 batch: config.batch,
                 rate: config.rate.clone(),
-                // compliance reports share the stream
-                skip: vec![COMPLIANCE.into()],
+                // compliance reports share the stream: the durable has no filter (see `consume::Config::skip`)
+                skip: vec![multipilot_schemas::subject::COMPLIANCE.all()],
                 ..Default::default()
             },
             ctx.bus_metrics.clone(),
