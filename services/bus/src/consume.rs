@@ -6,6 +6,8 @@
 //!   malformed MessagePack, a wrong or unknown schema version, an oversized body, an implausible timestamp)
 //!   is published to `fleet.dlq.<stream>` as a [`DeadLetter`] with its reason, counted, and terminated.
 //!   The valid messages around it are processed normally.
+//! - Acks unread, without decoding, the subjects the role says are not its own ([`Config::skip`]: a durable
+//!   reading its whole stream instead of several filter subjects).
 //! - Applies the rate limits ([`crate::limit`]): a key (cluster) over its own rate is nak'ed with the delay
 //!   after which it may go on, so other clusters' messages keep flowing; the global rate is waited for, so
 //!   the configured input rate is never exceeded.
@@ -136,7 +138,13 @@ pub enum Outcome {
     },
 }
 
-/// Naks, for redelivery at once, the messages already received (a stopping runner's).
+/// Longest a commit may take for the pull asked for ahead of it to be used; past it that pull's messages are
+/// nak'ed for redelivery (its handling would run into async-nats' end of the pull, `fetch_wait` + 5 s after
+/// it was asked for).
+const PULL_AHEAD_HOLD: Duration = Duration::from_secs(2);
+
+/// Naks, for redelivery at once, the messages of a pull already received (what a stopping runner, or one
+/// dropping a pull, did not handle; what is still on its way waits for the ack wait).
 async fn release(batch: &mut pull::Batch) {
     use futures::FutureExt as _;
     while let Some(Some(Ok(m))) = batch.next().now_or_never() {
@@ -335,11 +343,23 @@ impl Runner {
                     due.get_or_insert_with(|| tokio::time::Instant::now() + c.commit_within);
                 }
             }
-            if ended && !cancel.is_cancelled() {
+            // not under a global input limit: its batches take up to ~5 s to hand over, and async-nats ends
+            // a pull (its buffered messages left unacked until the ack wait) `fetch_wait` + 5 s after it was
+            // asked for
+            let ahead = ended && !cancel.is_cancelled() && c.rate.per_second == 0;
+            let asked = tokio::time::Instant::now();
+            if ahead {
                 // a pull that fails here is asked for again at the top
                 next = self.pull(&consumer).await.ok();
             }
             self.settle(handler, to_ack).await;
+            if asked.elapsed() > PULL_AHEAD_HOLD
+                && let Some(mut b) = next.take()
+            {
+                // a slow commit: what the pull asked for ahead brought goes back for redelivery now rather
+                // than risk async-nats ending the pull while it is handled
+                release(&mut b).await;
+            }
             if cancel.is_cancelled() {
                 // what was delivered but not handled goes back now, not after the ack wait
                 release(&mut batch).await;
