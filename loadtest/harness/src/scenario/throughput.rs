@@ -151,7 +151,7 @@ pub async fn run(o: &Opts, dir: &Path) -> Result<(Report, Recorder)> {
     }
 
     if o.runs("alerts") {
-        // --- the alert router against a raw pull on FLEET_INCIDENTS (its durable reads incidents and digests)
+        // --- the alert router against a raw pull on FLEET_INCIDENTS (its durable reads the whole stream)
         let changes = o.pick(5_000usize, 30_000);
         publish_all(&js, incident_messages(changes, clusters)?).await?;
         Durable {
