@@ -315,6 +315,56 @@ async fn windowed_publisher_stores_everything_it_confirms() -> Result<()> {
     Ok(())
 }
 
+/// Acks that never come (the server stopped after the sends) fail within the ack timeout of their
+/// sends, not one timeout after another as they are awaited in turn.
+#[tokio::test]
+async fn lost_acks_fail_together_within_the_timeout_of_their_send() -> Result<()> {
+    let (server, js) = setup().await?;
+    let pid = server.pid().context("nats-server pid")?.to_string();
+    let signal = |sig: &str| -> Result<()> {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()?
+            .success();
+        anyhow::ensure!(ok, "kill {sig} {pid}");
+        Ok(())
+    };
+    let timeout = Duration::from_secs(1);
+    let mut p = Publisher::new(js.clone(), 64, BusMetrics::default()).with_ack_timeout(timeout);
+    signal("-STOP")?;
+    let n = 20u64;
+    let started = Instant::now();
+    for i in 0..n {
+        assert!(p.send(i, hb_msg("lost", i)).await.is_empty());
+    }
+    let done = p.flush().await;
+    let took = started.elapsed();
+    signal("-CONT")?;
+    assert_eq!(done.len() as u64, n);
+    for c in &done {
+        assert!(
+            matches!(c, Completion::Failed { error, .. } if error.to_string().contains("timed out")),
+            "{c:?}"
+        );
+    }
+    // awaited in turn with a fresh timeout each they would take n seconds
+    assert!(
+        took < timeout * 10,
+        "{n} lost acks took {took:?} to fail with a {timeout:?} timeout"
+    );
+    // the server back, the same messages are stored (or recognised) on a re-send
+    let mut p = Publisher::new(js.clone(), 64, BusMetrics::default());
+    for i in 0..n {
+        p.send(i, hb_msg("lost", i)).await;
+    }
+    let done = p.flush().await;
+    assert!(
+        done.iter().all(|c| matches!(c, Completion::Stored { .. })),
+        "{done:?}"
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn garbage_is_dead_lettered_with_its_reason_and_valid_neighbours_are_processed() -> Result<()>
 {
