@@ -67,6 +67,8 @@ pub struct Seen {
     pub beats: Vec<Beat>,
     /// The latest heartbeat per cluster.
     pub last_heartbeat: BTreeMap<String, Heartbeat>,
+    /// When it arrived.
+    pub heartbeat_at: BTreeMap<String, Instant>,
     /// Incident changes.
     pub incidents: Vec<SeenIncident>,
     /// Fleet incident changes, as the subscriber got them.
@@ -123,6 +125,7 @@ impl Observer {
                                 heartbeat: true,
                                 cluster_time: env.cluster_time,
                             });
+                            g.heartbeat_at.insert(env.cluster.clone(), at);
                             g.last_heartbeat.insert(env.cluster, env.payload);
                         }
                     } else if let Ok(env) =
@@ -303,6 +306,7 @@ async fn sample_loop(
         .build()
         .unwrap_or_default();
     let mut last_cpu: BTreeMap<String, (u32, f64, Instant)> = BTreeMap::new();
+    let mut outbox_t = 0.0;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     while !cancel.is_cancelled() {
@@ -347,7 +351,7 @@ async fn sample_loop(
         }
         // JetStream: stream input (last_seq as a counter), consumer backlogs
         for m in &monitors {
-            let url = format!("{m}/jsz?accounts=true&streams=true&consumers=true");
+            let url = format!("{m}{}", crate::system::JSZ);
             let Ok(r) = http.get(&url).send().await else {
                 continue;
             };
@@ -362,11 +366,7 @@ async fn sample_loop(
                     }
                     for c in s["consumer_detail"].as_array().into_iter().flatten() {
                         // durable consumers only: ephemeral ones (KV watchers, ordered readers) come and go
-                        if c["config"].is_object()
-                            && c["config"]["durable_name"]
-                                .as_str()
-                                .is_none_or(str::is_empty)
-                        {
+                        if !crate::system::is_durable(c) {
                             continue;
                         }
                         let cname = c["name"].as_str().unwrap_or_default();
@@ -378,14 +378,25 @@ async fn sample_loop(
             }
             break;
         }
-        let depth: u64 = seen
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .last_heartbeat
-            .values()
-            .map(|h| h.outbox_depth)
-            .sum();
-        rec.point("backlog/agent-outboxes", "msgs", depth as f64);
+        // the outboxes' depth as the heartbeats tell it, timed by the oldest of them: while NATS is away
+        // (or an agent's drain stalls) no heartbeat comes and the figure is not repeated as if current
+        let (depth, oldest) = {
+            let g = seen.lock().unwrap_or_else(|e| e.into_inner());
+            let depth: u64 = g.last_heartbeat.values().map(|h| h.outbox_depth).sum();
+            // an agent silent for 30 s is gone (stopped, killed), not late
+            let live = g
+                .heartbeat_at
+                .values()
+                .filter(|at| at.elapsed() < Duration::from_secs(30));
+            (depth, live.min().copied())
+        };
+        if let Some(oldest) = oldest {
+            let t = oldest.saturating_duration_since(rec.start()).as_secs_f64();
+            if t > outbox_t {
+                outbox_t = t;
+                rec.point_at("backlog/agent-outboxes", "msgs", t, depth as f64);
+            }
+        }
     }
 }
 

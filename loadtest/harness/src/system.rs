@@ -718,7 +718,7 @@ impl System {
     pub async fn jsz(&self) -> Result<Jsz> {
         let mut last = None;
         for m in &self.monitors {
-            let url = format!("{m}/jsz?accounts=true&streams=true&consumers=true");
+            let url = format!("{m}{JSZ}");
             match self.http.get(&url).send().await {
                 Ok(r) if r.status().is_success() => {
                     let v: serde_json::Value = r.json().await?;
@@ -1039,6 +1039,16 @@ pub struct ConsumerState {
     pub ack_floor_stream_seq: u64,
 }
 
+/// The `/jsz` query: streams and consumers with their configuration (which says whether one is durable).
+pub const JSZ: &str = "/jsz?accounts=true&streams=true&consumers=true&config=true";
+
+/// Whether a `/jsz` consumer is durable (its configuration names it so).
+pub fn is_durable(consumer: &serde_json::Value) -> bool {
+    consumer["config"]["durable_name"]
+        .as_str()
+        .is_some_and(|d| !d.is_empty())
+}
+
 /// One stream in `/jsz`.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct StreamState {
@@ -1060,6 +1070,8 @@ pub struct Jsz {
 }
 
 impl Jsz {
+    /// Streams and durable consumers (ephemeral ones — ordered readers, KV watchers — come and go, and one
+    /// left behind by a client that reconnected keeps a growing backlog until the server reaps it).
     fn from_json(v: &serde_json::Value) -> Self {
         let mut j = Jsz::default();
         let u = |v: &serde_json::Value| v.as_u64().unwrap_or(0);
@@ -1072,6 +1084,9 @@ impl Jsz {
                     last_seq: u(&s["state"]["last_seq"]),
                 });
                 for c in s["consumer_detail"].as_array().into_iter().flatten() {
+                    if !is_durable(c) {
+                        continue;
+                    }
                     j.consumers.push(ConsumerState {
                         stream: name.clone(),
                         name: c["name"].as_str().unwrap_or_default().to_string(),
@@ -1101,8 +1116,11 @@ mod tests {
         let v = serde_json::json!({"account_details": [{"name": "$G", "stream_detail": [{
             "name": "FLEET_EVENTS", "state": {"messages": 10, "last_seq": 12},
             "consumer_detail": [{"name": "correlator-events", "num_pending": 3, "num_ack_pending": 1,
-                                 "num_redelivered": 0, "ack_floor": {"stream_seq": 8}}]}]}]});
+                                 "num_redelivered": 0, "ack_floor": {"stream_seq": 8},
+                                 "config": {"durable_name": "correlator-events"}},
+                                {"name": "ZLBEmOnv", "num_pending": 40, "config": {"deliver_policy": "all"}}]}]}]});
         let j = Jsz::from_json(&v);
+        assert_eq!(j.consumers.len(), 1, "the ephemeral consumer is left out");
         assert_eq!(j.stream("FLEET_EVENTS").map(|s| s.last_seq), Some(12));
         assert_eq!(j.consumers[0].num_pending, 3);
         assert_eq!(j.consumers[0].ack_floor_stream_seq, 8);
