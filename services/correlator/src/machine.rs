@@ -26,7 +26,7 @@ use crate::dedup::{Dedup, Pass, Record};
 use crate::evidence::{self, obj_label, secs};
 use crate::fleet::{self, Fleet};
 use crate::rules::{Rules, render};
-use crate::state::{ChangeRec, ClusterState, StormWindow};
+use crate::state::{Beat, ChangeRec, ClusterState, ProbeTrack, StormWindow, probe_key};
 use crate::{blast, consistency};
 
 /// A message to publish.
@@ -82,8 +82,13 @@ pub enum Input<'a> {
 /// What changed since the last [`Machine::take_changes`], for the store to write.
 #[derive(Debug, Default)]
 pub struct Changes {
-    /// Cluster states, without their changes ([`ClusterState::record`]; `None`: forgotten).
+    /// Cluster states, without what is stored apart ([`ClusterState::record`]; `None`: forgotten, with
+    /// everything stored apart).
     pub clusters: Vec<(String, Option<ClusterState>)>,
+    /// Clusters' heartbeat fields (`None`: forgotten).
+    pub beats: Vec<(String, Option<Beat>)>,
+    /// Clusters' probes, keyed `cluster/probe` (`None`: forgotten).
+    pub probes: Vec<(String, Option<ProbeTrack>)>,
     /// Clusters' spec changes, keyed `cluster/<seq, 16 hex digits>` (`None`: forgotten).
     pub changes: Vec<(String, Option<ChangeRec>)>,
     /// Storm windows (`None`: the cluster is forgotten).
@@ -106,6 +111,8 @@ impl Changes {
     /// Whether nothing changed.
     pub fn is_empty(&self) -> bool {
         self.clusters.is_empty()
+            && self.beats.is_empty()
+            && self.probes.is_empty()
             && self.changes.is_empty()
             && self.windows.is_empty()
             && self.specs.is_empty()
@@ -119,7 +126,12 @@ impl Changes {
 
 #[derive(Debug, Default)]
 struct Dirty {
+    /// Clusters whose record changed (what is not stored apart).
     clusters: BTreeSet<String>,
+    /// Clusters whose heartbeat fields changed.
+    beats: BTreeSet<String>,
+    /// Probes that changed, by cluster and probe.
+    probes: BTreeSet<(String, String)>,
     specs: BTreeSet<(String, String)>,
     workloads: BTreeSet<(String, String)>,
     incidents: BTreeSet<String>,
@@ -492,6 +504,26 @@ impl Machine {
         Changes {
             windows,
             changes,
+            beats: d
+                .beats
+                .into_iter()
+                .map(|k| {
+                    let v = self.clusters.get(&k).map(ClusterState::beat);
+                    (k, v)
+                })
+                .collect(),
+            probes: d
+                .probes
+                .into_iter()
+                .map(|(c, p)| {
+                    let v = self
+                        .clusters
+                        .get(&c)
+                        .and_then(|s| s.probes.get(&p))
+                        .cloned();
+                    (probe_key(&c, &p), v)
+                })
+                .collect(),
             clusters: d
                 .clusters
                 .into_iter()
@@ -964,7 +996,10 @@ impl Machine {
         let cluster = env.cluster.clone();
         let rule = self.rules.heartbeat.clone();
         let skew_rule = self.rules.clock_skew.clone();
-        self.dirty.clusters.insert(cluster.clone());
+        if !self.clusters.contains_key(&cluster) {
+            self.dirty.clusters.insert(cluster.clone());
+        }
+        self.dirty.beats.insert(cluster.clone());
         let c = self.clusters.entry(cluster.clone()).or_default();
         if env.seq != 0 && env.seq <= c.hb_last_seq && env.payload.started_at.timestamp() != 0 {
             // an agent restart starts a new outbox seq only with a new outbox; older seqs are late
@@ -1060,7 +1095,7 @@ impl Machine {
         for (cluster, last) in silent {
             if let Some(c) = self.clusters.get_mut(&cluster) {
                 c.hb_streak = 0;
-                self.dirty.clusters.insert(cluster.clone());
+                self.dirty.beats.insert(cluster.clone());
             }
             if self.is_open(&cluster, &rule.kind, "heartbeat") {
                 continue;
@@ -1108,7 +1143,10 @@ impl Machine {
             .filter(|r| r.probe == p.probe)
             .cloned()
             .collect();
-        self.dirty.clusters.insert(cluster.clone());
+        if !self.clusters.contains_key(&cluster) {
+            self.dirty.clusters.insert(cluster.clone());
+        }
+        self.dirty.probes.insert((cluster.clone(), p.probe.clone()));
         let c = self.clusters.entry(cluster.clone()).or_default();
         let track = c.probes.entry(p.probe.clone()).or_default();
         if track.last_time.is_some_and(|t| at <= t) {
@@ -1202,6 +1240,7 @@ impl Machine {
             }
         }
         if policy_changed {
+            self.dirty.clusters.insert(cluster.clone());
             self.judge(&cluster, at);
         }
     }

@@ -1371,12 +1371,28 @@ fn a_clusters_changes_are_handed_over_one_by_one_and_a_heartbeat_hands_over_none
     assert_eq!(record.changes_next, 2);
     assert_eq!(first.changes[1].1.as_ref().unwrap().to, "03");
 
-    // a heartbeat rewrites the cluster's record, not its changes
+    // a heartbeat writes the cluster's heartbeat fields: not its record, not its changes
     let hb = env("c1", at, 1, heartbeat());
     m.apply(Input::Heartbeat(&hb, at));
     let beat = m.take_changes();
-    assert_eq!(beat.clusters.len(), 1);
-    assert!(beat.changes.is_empty());
+    assert!(beat.clusters.is_empty());
+    assert_eq!(beat.beats.len(), 1);
+    assert_eq!(beat.beats[0].1.as_ref().map(|b| b.last_seq), Some(1));
+    assert!(beat.changes.is_empty() && beat.probes.is_empty());
+
+    // a probe result writes that probe, nothing else of the cluster
+    let p = env("c1", at, 2, probe("coredns", ProbeStatus::Healthy, 1));
+    m.apply(Input::Probe(&p, at));
+    let probe = m.take_changes();
+    assert!(probe.clusters.is_empty() && probe.beats.is_empty());
+    assert_eq!(
+        probe
+            .probes
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.is_some()))
+            .collect::<Vec<_>>(),
+        vec![("c1/coredns", true)]
+    );
 
     // past the cap, the oldest go as the newest come, one key each
     for i in 0..ClusterState::MAX_CHANGES {

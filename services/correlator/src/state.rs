@@ -1,5 +1,6 @@
 //! What the correlator knows of each cluster: heartbeats, probe streaks, recent changes, the inventory the
-//! baseline is judged on, recent warning events. Plain data, persisted as JSON per cluster.
+//! baseline is judged on, recent warning events. Plain data, persisted per cluster
+//! (MessagePack), with what changes often (heartbeats, probes, changes, the storm window) in records of its own.
 
 use std::collections::{BTreeMap, VecDeque};
 
@@ -53,22 +54,51 @@ pub struct ProbeTrack {
     pub history: VecDeque<(DateTime<Utc>, BTreeMap<String, f64>)>,
 }
 
+/// A cluster's heartbeat fields, as the store keeps them (apart from the rest of its state).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Beat {
+    /// [`ClusterState::hb_last_ingest`].
+    pub last_ingest: Option<DateTime<Utc>>,
+    /// [`ClusterState::hb_interval_s`].
+    pub interval_s: u32,
+    /// [`ClusterState::hb_streak`].
+    pub streak: u32,
+    /// [`ClusterState::hb_last_seq`].
+    pub last_seq: u64,
+    /// [`ClusterState::skew_samples`].
+    pub skew_samples: VecDeque<f64>,
+}
+
+/// The store key of `cluster`'s probe `probe`.
+pub fn probe_key(cluster: &str, probe: &str) -> String {
+    format!("{cluster}/{probe}")
+}
+
 /// What the engine tracks of one cluster.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ClusterState {
     /// Registry labels (from facts).
     pub labels: BTreeMap<String, String>,
+    // The heartbeat's fields and the probes change with every heartbeat and probe result; they are stored
+    // apart (a [`Beat`] per cluster, a [`ProbeTrack`] per probe) so that those do not rewrite the rest. A
+    // store written before holds them here: read as it was, and moved when the store opens.
     /// ingest_time of the latest heartbeat.
+    #[serde(default, skip_serializing)]
     pub hb_last_ingest: Option<DateTime<Utc>>,
     /// Heartbeat interval the agent announced.
+    #[serde(default, skip_serializing)]
     pub hb_interval_s: u32,
     /// Heartbeats in a row since the last silence.
+    #[serde(default, skip_serializing)]
     pub hb_streak: u32,
     /// Highest heartbeat seq applied.
+    #[serde(default, skip_serializing)]
     pub hb_last_seq: u64,
     /// (cluster_time - ingest_time) of recent heartbeats, seconds.
+    #[serde(default, skip_serializing)]
     pub skew_samples: VecDeque<f64>,
     /// Probes.
+    #[serde(default, skip_serializing)]
     pub probes: BTreeMap<String, ProbeTrack>,
     /// Recent spec changes (at most [`ClusterState::MAX_CHANGES`], oldest first). Stored apart, one record
     /// per change under its `seq`, so that a heartbeat does not rewrite hundreds of them: a store written
@@ -159,17 +189,42 @@ impl ClusterState {
         self.changes.front().map_or(self.changes_next, |c| c.seq)..self.changes_next
     }
 
-    /// The cluster's state as its store record holds it: everything but what is stored apart (its changes
-    /// and its storm window), without copying those.
+    /// The heartbeat's fields, as stored apart.
+    pub fn beat(&self) -> Beat {
+        Beat {
+            last_ingest: self.hb_last_ingest,
+            interval_s: self.hb_interval_s,
+            streak: self.hb_streak,
+            last_seq: self.hb_last_seq,
+            skew_samples: self.skew_samples.clone(),
+        }
+    }
+
+    /// Puts back the heartbeat's fields stored apart.
+    pub fn set_beat(&mut self, b: Beat) {
+        self.hb_last_ingest = b.last_ingest;
+        self.hb_interval_s = b.interval_s;
+        self.hb_streak = b.streak;
+        self.hb_last_seq = b.last_seq;
+        self.skew_samples = b.skew_samples;
+    }
+
+    /// Whether the record holds what is now stored apart (a store written by an older version).
+    pub fn holds_beat_or_probes(&self) -> bool {
+        !self.probes.is_empty() || self.hb_last_ingest.is_some() || self.hb_last_seq > 0
+    }
+
+    /// The cluster's state as its store record holds it: everything but what is stored apart (its changes,
+    /// storm window, heartbeat and probes), without copying those.
     pub fn record(&self) -> ClusterState {
         let ClusterState {
             labels,
-            hb_last_ingest,
-            hb_interval_s,
-            hb_streak,
-            hb_last_seq,
-            skew_samples,
-            probes,
+            hb_last_ingest: _,
+            hb_interval_s: _,
+            hb_streak: _,
+            hb_last_seq: _,
+            skew_samples: _,
+            probes: _,
             changes: _,
             changes_next,
             releases,
@@ -184,12 +239,6 @@ impl ClusterState {
         } = self;
         ClusterState {
             labels: labels.clone(),
-            hb_last_ingest: *hb_last_ingest,
-            hb_interval_s: *hb_interval_s,
-            hb_streak: *hb_streak,
-            hb_last_seq: *hb_last_seq,
-            skew_samples: skew_samples.clone(),
-            probes: probes.clone(),
             changes_next: *changes_next,
             releases: releases.clone(),
             running: running.clone(),

@@ -18,7 +18,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::machine::{Changes, Out, Snapshot};
-use crate::state::{ChangeRec, ClusterState, change_key};
+use crate::state::{Beat, ChangeRec, ClusterState, ProbeTrack, change_key, probe_key};
 
 const TREE: &str = "state";
 const P_CLUSTER: u8 = b'c';
@@ -31,6 +31,8 @@ const P_META: u8 = b'm';
 const P_WINDOW: u8 = b'w';
 const P_FLEET: u8 = b'f';
 const P_WORKLOAD: u8 = b'a';
+const P_BEAT: u8 = b'b';
+const P_PROBE: u8 = b'p';
 const K_HWM: &str = "hwm";
 /// Written once the store was set up (its absence on an empty store: new or wiped).
 const K_INITIALIZED: &str = "initialized";
@@ -91,10 +93,26 @@ fn dec<T: DeserializeOwned>(what: &str, k: &[u8], v: &[u8]) -> Option<T> {
     }
 }
 
-/// Adds the changes an older version's record of `cluster` holds to `b` under their own keys, numbered from
-/// 0 in the order held, and numbers `c`'s next change after them (its record no longer holds them);
-/// returns how many.
-fn changes_apart(b: &mut sled::Batch, cluster: &str, c: &mut ClusterState) -> Result<usize, Error> {
+/// What [`apart`] moved.
+#[derive(Debug, Default)]
+struct Apart {
+    /// Spec changes.
+    changes: usize,
+    /// Clusters whose heartbeat and probes were moved.
+    clusters: usize,
+}
+
+impl Apart {
+    fn add(&mut self, o: Apart) {
+        self.changes += o.changes;
+        self.clusters += o.clusters;
+    }
+}
+
+/// Adds what an older version's record of `cluster` holds that is now stored apart to `b` under their own
+/// keys: its changes, numbered from 0 in the order held (and numbers `c`'s next change after them), its
+/// heartbeat fields and its probes. `c`, encoded, no longer holds them.
+fn apart(b: &mut sled::Batch, cluster: &str, c: &mut ClusterState) -> Result<Apart, Error> {
     for (seq, ch) in c.changes.iter().enumerate() {
         b.insert(
             key(P_CHANGE, &change_key(cluster, seq as u64)),
@@ -102,7 +120,17 @@ fn changes_apart(b: &mut sled::Batch, cluster: &str, c: &mut ClusterState) -> Re
         );
     }
     c.changes_next = c.changes_next.max(c.changes.len() as u64);
-    Ok(c.changes.len())
+    let held = c.holds_beat_or_probes();
+    if held {
+        b.insert(key(P_BEAT, cluster), enc("heartbeat", &c.beat())?);
+        for (probe, p) in &c.probes {
+            b.insert(key(P_PROBE, &probe_key(cluster, probe)), enc("probe", p)?);
+        }
+    }
+    Ok(Apart {
+        changes: c.changes.len(),
+        clusters: usize::from(held),
+    })
 }
 
 /// The outbox: messages the machine produced, in order, until JetStream confirms them.
@@ -207,7 +235,7 @@ impl Store {
             tree,
         };
         store.migrate()?;
-        store.move_changes()?;
+        store.move_apart()?;
         Ok(store)
     }
 
@@ -229,6 +257,8 @@ impl Store {
         let mut outbox = Outbox::default();
         // in key order: by cluster, each cluster's by seq
         let mut changes: BTreeMap<String, Vec<ChangeRec>> = BTreeMap::new();
+        let mut beats: BTreeMap<String, Beat> = BTreeMap::new();
+        let mut probes: BTreeMap<String, BTreeMap<String, ProbeTrack>> = BTreeMap::new();
         for item in self.tree.iter() {
             let (k, v) = item?;
             let Some((&prefix, name)) = k.split_first() else {
@@ -250,6 +280,21 @@ impl Store {
                     {
                         ch.seq = seq;
                         changes.entry(cluster).or_default().push(ch);
+                    }
+                }
+                P_BEAT => {
+                    if let Some(h) = dec::<Beat>("heartbeat", &k, &v) {
+                        beats.insert(name, h);
+                    }
+                }
+                P_PROBE => {
+                    if let (Some((cluster, probe)), Some(p)) =
+                        (name.split_once('/'), dec::<ProbeTrack>("probe", &k, &v))
+                    {
+                        probes
+                            .entry(cluster.to_string())
+                            .or_default()
+                            .insert(probe.to_string(), p);
                     }
                 }
                 P_WINDOW => {
@@ -309,8 +354,18 @@ impl Store {
                 _ => {}
             }
         }
+        // what is stored apart whose cluster's record is gone (unreadable) goes with it
+        for (cluster, h) in beats {
+            if let Some(c) = s.clusters.get_mut(&cluster) {
+                c.set_beat(h);
+            }
+        }
+        for (cluster, p) in probes {
+            if let Some(c) = s.clusters.get_mut(&cluster) {
+                c.probes = p;
+            }
+        }
         for (cluster, list) in changes {
-            // a change whose cluster's record is gone (unreadable) goes with it
             if let Some(c) = s.clusters.get_mut(&cluster) {
                 c.changes_next = c
                     .changes_next
@@ -325,52 +380,57 @@ impl Store {
     /// flushed: see [`Store::flush`]).
     pub fn write(&self, changes: Changes, outbox: &mut Outbox) -> Result<(), Error> {
         let mut b = sled::Batch::default();
-        let mut put = |prefix: u8, name: &str, v: Option<Vec<u8>>| match v {
-            Some(v) => b.insert(key(prefix, name), v),
-            None => b.remove(key(prefix, name)),
-        };
+        fn put(b: &mut sled::Batch, prefix: u8, name: &str, v: Option<Vec<u8>>) {
+            match v {
+                Some(v) => b.insert(key(prefix, name), v),
+                None => b.remove(key(prefix, name)),
+            }
+        }
+        fn encoded<T: Serialize>(
+            what: &'static str,
+            v: Option<T>,
+        ) -> Result<Option<Vec<u8>>, Error> {
+            v.map(|v| enc(what, &v)).transpose()
+        }
         for (k, c) in changes.clusters {
-            put(P_CLUSTER, &k, c.map(|c| enc("cluster", &c)).transpose()?);
+            if c.is_none() {
+                // what is stored apart goes with it
+                b.remove(key(P_BEAT, &k));
+                for old in self.tree.scan_prefix(key(P_PROBE, &format!("{k}/"))) {
+                    b.remove(old?.0);
+                }
+            }
+            put(&mut b, P_CLUSTER, &k, encoded("cluster", c)?);
+        }
+        for (k, h) in changes.beats {
+            put(&mut b, P_BEAT, &k, encoded("heartbeat", h)?);
+        }
+        for (k, p) in changes.probes {
+            put(&mut b, P_PROBE, &k, encoded("probe", p)?);
         }
         for (k, ch) in changes.changes {
-            put(
-                P_CHANGE,
-                &k,
-                ch.map(|ch| enc("spec change", &ch)).transpose()?,
-            );
+            put(&mut b, P_CHANGE, &k, encoded("spec change", ch)?);
         }
         for (k, w) in changes.windows {
-            put(
-                P_WINDOW,
-                &k,
-                w.map(|w| enc("storm window", &w)).transpose()?,
-            );
+            put(&mut b, P_WINDOW, &k, encoded("storm window", w)?);
         }
         for (k, h) in changes.specs {
-            put(P_SPEC, &k, h.map(|h| enc("spec hash", &h)).transpose()?);
+            put(&mut b, P_SPEC, &k, encoded("spec hash", h)?);
         }
         for (k, w) in changes.workloads {
-            put(
-                P_WORKLOAD,
-                &k,
-                w.map(|w| enc("workload settings", &w)).transpose()?,
-            );
+            put(&mut b, P_WORKLOAD, &k, encoded("workload settings", w)?);
         }
         for (k, i) in changes.incidents {
-            put(P_INCIDENT, &k, i.map(|i| enc("incident", &i)).transpose()?);
+            put(&mut b, P_INCIDENT, &k, encoded("incident", i)?);
         }
         for (k, f) in changes.fleet {
-            put(
-                P_FLEET,
-                &k,
-                f.map(|f| enc("fleet incident", &f)).transpose()?,
-            );
+            put(&mut b, P_FLEET, &k, encoded("fleet incident", f)?);
         }
         for (k, r) in changes.dedup {
-            put(P_DEDUP, &k, r.map(|r| enc("dedup record", &r)).transpose()?);
+            put(&mut b, P_DEDUP, &k, encoded("dedup record", r)?);
         }
         if let Some(h) = changes.hwm {
-            put(P_META, K_HWM, Some(enc("high-water marks", &h)?));
+            put(&mut b, P_META, K_HWM, Some(enc("high-water marks", &h)?));
         }
         let outbox_key = |seq: u64| {
             let mut k = vec![P_OUTBOX];
@@ -418,33 +478,42 @@ impl Store {
             })
     }
 
-    /// Moves the changes a cluster record of an older version holds to their own keys (numbered from 0 in
-    /// the order they were held), in one batch with the record rewritten without them.
-    fn move_changes(&self) -> Result<(), Error> {
+    /// Moves what a cluster record of an older version holds that is now stored apart (its changes,
+    /// numbered from 0 in the order they were held; its heartbeat fields; its probes) to their own records,
+    /// in one batch with the record rewritten without them.
+    fn move_apart(&self) -> Result<(), Error> {
         let mut b = sled::Batch::default();
-        let mut moved = 0usize;
+        let mut moved = Apart::default();
         for item in self.tree.scan_prefix([P_CLUSTER]) {
             let (k, v) = item?;
             let Some(mut c) = dec::<ClusterState>("cluster", &k, &v) else {
                 continue;
             };
-            if c.changes.is_empty() {
+            if c.changes.is_empty() && !c.holds_beat_or_probes() {
                 continue;
             }
             let cluster = String::from_utf8_lossy(&k[1..]).into_owned();
-            // change records a later version wrote for it before this one ran again are replaced
-            for old in self.tree.scan_prefix(key(P_CHANGE, &format!("{cluster}/"))) {
-                b.remove(old?.0);
+            // records a later version wrote for it before this one ran again are replaced
+            if !c.changes.is_empty() {
+                for old in self.tree.scan_prefix(key(P_CHANGE, &format!("{cluster}/"))) {
+                    b.remove(old?.0);
+                }
             }
-            moved += changes_apart(&mut b, &cluster, &mut c)?;
+            if c.holds_beat_or_probes() {
+                for old in self.tree.scan_prefix(key(P_PROBE, &format!("{cluster}/"))) {
+                    b.remove(old?.0);
+                }
+            }
+            moved.add(apart(&mut b, &cluster, &mut c)?);
             b.insert(k, enc("cluster", &c)?);
         }
-        if moved > 0 {
+        if moved.changes + moved.clusters > 0 {
             self.tree.apply_batch(b)?;
             self.tree.flush()?;
             tracing::info!(
-                changes = moved,
-                "correlator store: spec changes moved to their own records"
+                changes = moved.changes,
+                clusters = moved.clusters,
+                "correlator store: spec changes, heartbeats and probes moved to their own records"
             );
         }
         Ok(())
@@ -486,7 +555,7 @@ impl Store {
                             Ok(mut c) => {
                                 // spec hashes are kept per object now, and changes one by one
                                 let cluster = String::from_utf8_lossy(&k).into_owned();
-                                changes_apart(&mut b, &cluster, &mut c)?;
+                                apart(&mut b, &cluster, &mut c)?;
                                 for (object, hash) in std::mem::take(&mut c.spec_hashes) {
                                     b.insert(
                                         key(P_SPEC, &format!("{cluster}/{object}")),
@@ -627,6 +696,8 @@ mod tests {
             ],
             hwm: Some(BTreeMap::from([("correlator-events".to_string(), 42)])),
             fleet: vec![("dns-failure".into(), Some(fleet_incident()))],
+            beats: vec![("c1".into(), Some(beat()))],
+            probes: vec![("c1/coredns".into(), Some(probe("NXDOMAIN")))],
         };
         store.write(changes, &mut outbox).unwrap();
         outbox.confirm(&["a".to_string()]);
@@ -642,6 +713,8 @@ mod tests {
         assert!(!store.is_fresh().unwrap());
         let (s, outbox) = store.load().unwrap();
         assert_eq!(s.clusters.keys().collect::<Vec<_>>(), vec!["c1"]);
+        assert_eq!(s.clusters["c1"].beat(), beat());
+        assert_eq!(s.clusters["c1"].probes["coredns"], probe("NXDOMAIN"));
         assert_eq!(s.windows["c1"].seen, 7);
         assert_eq!(s.specs["c1"]["Deployment/ns/web"], "h1");
         assert_eq!(
@@ -653,6 +726,157 @@ mod tests {
         assert_eq!(s.fleet["dns-failure"], fleet_incident());
         let pending: Vec<String> = outbox.pending().into_iter().map(|o| o.msg_id).collect();
         assert_eq!(pending, vec!["b"]);
+        store.close().await.unwrap();
+    }
+
+    fn beat() -> crate::state::Beat {
+        crate::state::Beat {
+            last_ingest: chrono::DateTime::from_timestamp(1_800_000_000, 0),
+            interval_s: 5,
+            streak: 3,
+            last_seq: 41,
+            skew_samples: [0.25, -0.5].into(),
+        }
+    }
+
+    fn probe(detail: &str) -> ProbeTrack {
+        ProbeTrack {
+            last_time: chrono::DateTime::from_timestamp(1_800_000_005, 0),
+            bad: BTreeMap::from([("dns-failure".to_string(), 2)]),
+            detail: detail.into(),
+            history: [(
+                chrono::DateTime::from_timestamp(1_800_000_005, 0).unwrap(),
+                BTreeMap::from([("latency_ms".to_string(), 12.5)]),
+            )]
+            .into(),
+            ..Default::default()
+        }
+    }
+
+    /// A heartbeat or a probe result writes only its own record; a cluster's record written again keeps
+    /// them, and a cluster forgotten takes them along.
+    #[tokio::test]
+    async fn heartbeats_and_probes_are_written_apart_and_go_with_their_cluster() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), 1 << 20).unwrap();
+        let mut outbox = Outbox::default();
+        let labels = ClusterState {
+            labels: BTreeMap::from([("tier".to_string(), "prod".to_string())]),
+            ..Default::default()
+        };
+        let first = Changes {
+            clusters: vec![("c1".into(), Some(labels.record()))],
+            beats: vec![("c1".into(), Some(beat()))],
+            probes: vec![
+                ("c1/coredns".into(), Some(probe("old"))),
+                ("c1/etcd".into(), Some(probe("fine"))),
+            ],
+            ..Default::default()
+        };
+        store.write(first, &mut outbox).unwrap();
+        let one_probe = Changes {
+            probes: vec![("c1/coredns".into(), Some(probe("NXDOMAIN")))],
+            ..Default::default()
+        };
+        store.write(one_probe, &mut outbox).unwrap();
+        let mut full = labels.clone();
+        full.set_beat(beat());
+        full.probes.insert("coredns".into(), probe("ignored"));
+        let record_again = Changes {
+            clusters: vec![("c1".into(), Some(full.record()))],
+            ..Default::default()
+        };
+        store.write(record_again, &mut outbox).unwrap();
+        let raw: serde_json::Value =
+            rmp_serde::from_slice(&store.tree.get(key(P_CLUSTER, "c1")).unwrap().unwrap()).unwrap();
+        for field in ["probes", "hb_last_ingest", "skew_samples"] {
+            assert!(raw.get(field).is_none(), "{field} is stored apart: {raw}");
+        }
+        store.close().await.unwrap();
+
+        let (store, c) = reopened_c1(dir.path());
+        assert_eq!(c.labels, labels.labels);
+        assert_eq!(c.beat(), beat());
+        assert_eq!(c.probes.len(), 2);
+        assert_eq!(c.probes["coredns"], probe("NXDOMAIN"));
+        assert_eq!(c.probes["etcd"], probe("fine"));
+        let forgotten = Changes {
+            clusters: vec![("c1".into(), None)],
+            ..Default::default()
+        };
+        store.write(forgotten, &mut outbox).unwrap();
+        assert_eq!(store.tree.scan_prefix([P_BEAT]).count(), 0);
+        assert_eq!(store.tree.scan_prefix([P_PROBE]).count(), 0);
+        store.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_cluster_record_holding_its_heartbeat_and_probes_has_them_moved_to_their_own_keys() {
+        // the record as the previous version wrote it: heartbeat fields, probes and changes inside
+        #[derive(Serialize)]
+        struct Old<'a> {
+            #[serde(flatten)]
+            state: &'a ClusterState,
+            hb_last_ingest: Option<chrono::DateTime<chrono::Utc>>,
+            hb_interval_s: u32,
+            hb_streak: u32,
+            hb_last_seq: u64,
+            skew_samples: Vec<f64>,
+            probes: BTreeMap<String, ProbeTrack>,
+            changes: Vec<ChangeRec>,
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let b = beat();
+        {
+            let store = Store::open(dir.path(), 1 << 20).unwrap();
+            let state = ClusterState {
+                labels: BTreeMap::from([("tier".to_string(), "prod".to_string())]),
+                ..Default::default()
+            };
+            let old = Old {
+                state: &state,
+                hb_last_ingest: b.last_ingest,
+                hb_interval_s: b.interval_s,
+                hb_streak: b.streak,
+                hb_last_seq: b.last_seq,
+                skew_samples: b.skew_samples.iter().copied().collect(),
+                probes: BTreeMap::from([("coredns".to_string(), probe("NXDOMAIN"))]),
+                changes: vec![change(1, "a")],
+            };
+            store
+                .tree
+                .insert(key(P_CLUSTER, "c1"), enc("cluster", &old).unwrap())
+                .unwrap();
+            // what a later version had written for c1 before this older record came back: replaced
+            store
+                .tree
+                .insert(
+                    key(P_PROBE, "c1/etcd"),
+                    enc("probe", &probe("stale")).unwrap(),
+                )
+                .unwrap();
+            store.close().await.unwrap();
+        }
+        let (store, c) = reopened_c1(dir.path());
+        assert_eq!(c.labels["tier"], "prod");
+        assert_eq!(c.beat(), b);
+        assert_eq!(
+            c.probes,
+            BTreeMap::from([("coredns".to_string(), probe("NXDOMAIN"))])
+        );
+        assert_eq!(seqs_and_hashes(&c), vec![(0, "a".into())]);
+        let raw: serde_json::Value =
+            rmp_serde::from_slice(&store.tree.get(key(P_CLUSTER, "c1")).unwrap().unwrap()).unwrap();
+        assert!(
+            raw.get("probes").is_none() && raw.get("hb_last_seq").is_none(),
+            "{raw}"
+        );
+        assert_eq!(raw["labels"]["tier"], "prod");
+        store.close().await.unwrap();
+        // and once more: nothing left to move, the same state
+        let (store, again) = reopened_c1(dir.path());
+        assert_eq!(again.beat(), b);
+        assert_eq!(again.probes.len(), 1);
         store.close().await.unwrap();
     }
 
