@@ -132,6 +132,8 @@ struct Dirty {
     beats: BTreeSet<String>,
     /// Probes that changed, by cluster and probe.
     probes: BTreeSet<(String, String)>,
+    /// Clusters with spec changes added (and so dropped) since they were handed over.
+    changes: BTreeSet<String>,
     specs: BTreeSet<(String, String)>,
     workloads: BTreeSet<(String, String)>,
     incidents: BTreeSet<String>,
@@ -498,7 +500,7 @@ impl Machine {
             }
         }
         let mut changes = Vec::new();
-        for k in &d.clusters {
+        for k in d.clusters.union(&d.changes) {
             self.hand_over_changes(k, &mut changes);
         }
         Changes {
@@ -1335,7 +1337,9 @@ impl Machine {
     fn on_state(&mut self, env: &Envelope<StateMsg>) {
         let cluster = env.cluster.clone();
         let at = env.cluster_time;
-        self.dirty.clusters.insert(cluster.clone());
+        // most states change nothing of the cluster's record (a spec change is a record of its own): it
+        // is written when the cluster is new or its inventory or compared settings change
+        let mut record_changed = !self.clusters.contains_key(&cluster);
         let c = self.clusters.entry(cluster.clone()).or_default();
         let inventory_changed = match &env.payload {
             StateMsg::State(s) => {
@@ -1368,6 +1372,7 @@ impl Machine {
                         },
                         window,
                     );
+                    self.dirty.changes.insert(cluster.clone());
                 }
                 self.dirty.specs.insert((cluster.clone(), key.clone()));
                 if specs.insert(key, s.spec_hash.clone()).is_none()
@@ -1380,7 +1385,11 @@ impl Machine {
                         && t.name == s.name
                         && s.namespace.as_deref().unwrap_or("") == t.namespace
                 }) {
-                    c.settings.insert(t.key(), consistency::settings_of(s));
+                    let settings = consistency::settings_of(s);
+                    if c.settings.get(&t.key()) != Some(&settings) {
+                        c.settings.insert(t.key(), settings);
+                        record_changed = true;
+                    }
                 }
                 if self.rules.fleet.consistency_workloads.contains(&s.kind) {
                     let object = consistency::object_key(
@@ -1418,7 +1427,7 @@ impl Machine {
                 }
                 let object =
                     consistency::object_key(&d.kind, d.namespace.as_deref().unwrap_or(""), &d.name);
-                c.settings.remove(&object);
+                record_changed |= c.settings.remove(&object).is_some();
                 if let Some(held) = self.workloads.get_mut(&cluster)
                     && held.remove(&object).is_some()
                 {
@@ -1428,6 +1437,9 @@ impl Machine {
             }
             StateMsg::Resync(r) => resync_inventory(&mut c.inventory, r),
         };
+        if record_changed || inventory_changed {
+            self.dirty.clusters.insert(cluster.clone());
+        }
         if inventory_changed {
             self.judge(&cluster, at);
         }

@@ -1412,6 +1412,10 @@ fn a_clusters_changes_are_handed_over_one_by_one_and_a_heartbeat_hands_over_none
     );
     let added = more.changes.iter().filter(|(_, v)| v.is_some()).count();
     assert_eq!(added, ClusterState::MAX_CHANGES);
+    assert!(
+        more.clusters.is_empty(),
+        "spec changes are records of their own: the cluster's record is not written again"
+    );
     assert_eq!(
         m.clusters["c1"].change_seqs(),
         2..2 + ClusterState::MAX_CHANGES as u64
