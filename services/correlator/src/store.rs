@@ -2,13 +2,20 @@
 //! messages not yet confirmed by JetStream, written together in one atomic batch, so state and outputs are
 //! never out of step after a crash.
 //!
-//! One tree, `state`, with a prefix per record type (MessagePack values): `c` cluster state, `h` a
-//! cluster's spec change (`<cluster>/<seq, 16 hex digits>`), `s` spec hash (`<cluster>/<kind>/<ns>/<name>`), `i` incident (by key), `f` fleet incident (by key), `d` dedup record (by id), `o` outbox entry (by
-//! sequence), `m` meta (high-water marks, the initialized marker). Only what changed is written: a change to
-//! one object rewrites one key, not the cluster, and a cluster's changes are added and dropped one by one
-//! (they were part of its record, rewritten with every heartbeat: a record written so is read as it
-//! was and its changes are moved to their own keys when the store opens). A store written by an older version (JSON in the trees
-//! `clusters`, `incidents`, `dedup`, `meta`) is moved into this layout when opened.
+//! One tree, `state`, with a prefix per record type (MessagePack values): `c` cluster state, `b` its
+//! heartbeat fields, `p` a probe (`<cluster>/<probe>`), `h` a spec change (`<cluster>/<seq, 16 hex
+//! digits>`), `e` a storm window's counters and `g` its warnings in parts of 5 s of cluster time
+//! (`<cluster>/<start>`), `s` spec hash (`<cluster>/<kind>/<ns>/<name>`), `a` a workload's compared
+//! settings, `i` incident (by key), `f` fleet incident (by key), `d` dedup record (by id), `o` outbox entry
+//! (by sequence), `m` meta (high-water marks, the initialized marker).
+//!
+//! Only what changed is written: a heartbeat rewrites its `b` record, a probe result its `p` record, a spec
+//! change adds one `h` record (and drops the oldest), a storm window the parts that changed — not the
+//! cluster's record, which changes with its facts, inventory, compared settings, compliance and releases.
+//! Records of an older version that held these inside the cluster's record (or a storm window whole, `w`)
+//! are read as they were and moved to their own keys when the store opens (a whole window, when next
+//! written). A store written by an older version still (JSON in the trees `clusters`, `incidents`,
+//! `dedup`, `meta`) is moved into this layout when opened.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -33,6 +40,57 @@ const P_FLEET: u8 = b'f';
 const P_WORKLOAD: u8 = b'a';
 const P_BEAT: u8 = b'b';
 const P_PROBE: u8 = b'p';
+const P_STORM_HEAD: u8 = b'e';
+const P_STORM_PART: u8 = b'g';
+
+/// The span of cluster time one stored part of a storm window holds (the window is written at most every
+/// [`crate::state::StormWindow::SAVE_EVERY`]: a write rewrites the parts that changed, mostly the newest).
+const STORM_PART_SECS: i64 = 5;
+
+/// A storm window's fields but its warnings (which are stored in parts by time).
+#[derive(Debug, Clone, Default, Serialize, serde::Deserialize)]
+struct StormHead {
+    seen: u64,
+    checked: Option<(u64, chrono::DateTime<chrono::Utc>)>,
+}
+
+type Warning = (chrono::DateTime<chrono::Utc>, String);
+
+/// A storm window's parts as written: start → [`storm_signature`].
+type StormParts = BTreeMap<i64, (usize, i128)>;
+
+/// The start of the part of a storm window that holds a warning at `t`.
+fn storm_part(t: chrono::DateTime<chrono::Utc>) -> i64 {
+    t.timestamp().div_euclid(STORM_PART_SECS) * STORM_PART_SECS
+}
+
+/// The key of `cluster`'s storm window part starting at `start` (sorting in time order).
+fn storm_part_key(cluster: &str, start: i64) -> String {
+    format!("{cluster}/{:016x}", (start as u64) ^ (1 << 63))
+}
+
+/// What tells a written part from a changed one: warnings are only added (in time order) or dropped from
+/// the front, so a part whose count and sum of times are the same holds the same warnings.
+fn storm_signature(part: &[Warning]) -> (usize, i128) {
+    let sum = part
+        .iter()
+        .map(|(t, _)| i128::from(t.timestamp_micros()))
+        .sum();
+    (part.len(), sum)
+}
+
+/// A storm window's warnings cut into parts: (start, warnings), in time order.
+fn storm_parts(warnings: &std::collections::VecDeque<Warning>) -> Vec<(i64, Vec<Warning>)> {
+    let mut parts: Vec<(i64, Vec<Warning>)> = Vec::new();
+    for w in warnings {
+        let start = storm_part(w.0);
+        match parts.last_mut() {
+            Some((s, ws)) if *s == start => ws.push(w.clone()),
+            _ => parts.push((start, vec![w.clone()])),
+        }
+    }
+    parts
+}
 const K_HWM: &str = "hwm";
 /// Written once the store was set up (its absence on an empty store: new or wiped).
 const K_INITIALIZED: &str = "initialized";
@@ -211,6 +269,8 @@ pub struct Store {
     dir: PathBuf,
     db: sled::Db,
     tree: sled::Tree,
+    /// Per cluster, the parts of its storm window as written: start → signature.
+    storm_written: std::sync::Mutex<BTreeMap<String, StormParts>>,
 }
 
 impl Store {
@@ -233,6 +293,7 @@ impl Store {
             dir: dir.to_path_buf(),
             db,
             tree,
+            storm_written: Default::default(),
         };
         store.migrate()?;
         store.move_apart()?;
@@ -259,6 +320,8 @@ impl Store {
         let mut changes: BTreeMap<String, Vec<ChangeRec>> = BTreeMap::new();
         let mut beats: BTreeMap<String, Beat> = BTreeMap::new();
         let mut probes: BTreeMap<String, BTreeMap<String, ProbeTrack>> = BTreeMap::new();
+        let mut storm_parts_read: BTreeMap<String, Vec<Vec<Warning>>> = BTreeMap::new();
+        let mut storm_whole: BTreeMap<String, crate::state::StormWindow> = BTreeMap::new();
         for item in self.tree.iter() {
             let (k, v) = item?;
             let Some((&prefix, name)) = k.split_first() else {
@@ -298,8 +361,28 @@ impl Store {
                     }
                 }
                 P_WINDOW => {
-                    if let Some(w) = dec("storm window", &k, &v) {
-                        s.windows.insert(name, w);
+                    // the older layout: the whole window in one record (replaced when next written);
+                    // an older version wrote it after any parts there are
+                    if let Some(w) = dec::<crate::state::StormWindow>("storm window", &k, &v) {
+                        storm_whole.insert(name, w);
+                    }
+                }
+                P_STORM_HEAD => {
+                    if let Some(h) = dec::<StormHead>("storm window", &k, &v) {
+                        let w = s.windows.entry(name).or_default();
+                        w.seen = h.seen;
+                        w.checked = h.checked;
+                    }
+                }
+                P_STORM_PART => {
+                    if let (Some((cluster, _)), Some(part)) = (
+                        name.rsplit_once('/'),
+                        dec::<Vec<Warning>>("storm window part", &k, &v),
+                    ) {
+                        storm_parts_read
+                            .entry(cluster.to_string())
+                            .or_default()
+                            .push(part);
                     }
                 }
                 P_SPEC => {
@@ -353,6 +436,26 @@ impl Store {
                 }
                 _ => {}
             }
+        }
+        // a window's parts, in key order: in time order
+        let mut written = self.storm_written.lock().unwrap_or_else(|e| e.into_inner());
+        written.clear();
+        for (cluster, parts) in storm_parts_read {
+            let w = s.windows.entry(cluster.clone()).or_default();
+            w.warnings = parts.into_iter().flatten().collect();
+            let sigs = storm_parts(&w.warnings)
+                .into_iter()
+                .map(|(start, part)| (start, storm_signature(&part)))
+                .collect();
+            written.insert(cluster, sigs);
+        }
+        drop(written);
+        for (cluster, w) in storm_whole {
+            self.storm_written
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&cluster);
+            s.windows.insert(cluster, w);
         }
         // what is stored apart whose cluster's record is gone (unreadable) goes with it
         for (cluster, h) in beats {
@@ -411,9 +514,7 @@ impl Store {
         for (k, ch) in changes.changes {
             put(&mut b, P_CHANGE, &k, encoded("spec change", ch)?);
         }
-        for (k, w) in changes.windows {
-            put(&mut b, P_WINDOW, &k, encoded("storm window", w)?);
-        }
+        let storm_written = self.storm(changes.windows, &mut b)?;
         for (k, h) in changes.specs {
             put(&mut b, P_SPEC, &k, encoded("spec hash", h)?);
         }
@@ -446,7 +547,73 @@ impl Store {
             b.remove(outbox_key(seq));
         }
         self.tree.apply_batch(b)?;
+        let mut written = self.storm_written.lock().unwrap_or_else(|e| e.into_inner());
+        for (cluster, parts) in storm_written {
+            match parts {
+                Some(p) => written.insert(cluster, p),
+                None => written.remove(&cluster),
+            };
+        }
         Ok(())
+    }
+
+    /// Adds storm windows to `b`: each one's head, and the parts of its warnings that changed since they
+    /// were written (and the removal of those that fell out of it). Returns what is written once `b` is.
+    fn storm(
+        &self,
+        windows: Vec<(String, Option<crate::state::StormWindow>)>,
+        b: &mut sled::Batch,
+    ) -> Result<Vec<(String, Option<StormParts>)>, Error> {
+        let written = self.storm_written.lock().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::with_capacity(windows.len());
+        for (cluster, w) in windows {
+            // a window of the older layout (whole, in one record) is replaced
+            b.remove(key(P_WINDOW, &cluster));
+            let Some(w) = w else {
+                b.remove(key(P_STORM_HEAD, &cluster));
+                for old in self
+                    .tree
+                    .scan_prefix(key(P_STORM_PART, &format!("{cluster}/")))
+                {
+                    b.remove(old?.0);
+                }
+                out.push((cluster, None));
+                continue;
+            };
+            let head = StormHead {
+                seen: w.seen,
+                checked: w.checked,
+            };
+            b.insert(key(P_STORM_HEAD, &cluster), enc("storm window", &head)?);
+            let before = written.get(&cluster);
+            if before.is_none() {
+                // not written by this process nor read back whole: whatever parts are stored go
+                for old in self
+                    .tree
+                    .scan_prefix(key(P_STORM_PART, &format!("{cluster}/")))
+                {
+                    b.remove(old?.0);
+                }
+            }
+            let mut now = BTreeMap::new();
+            for (start, part) in storm_parts(&w.warnings) {
+                let sig = storm_signature(&part);
+                if before.and_then(|p| p.get(&start)) != Some(&sig) {
+                    b.insert(
+                        key(P_STORM_PART, &storm_part_key(&cluster, start)),
+                        enc("storm window part", &part)?,
+                    );
+                }
+                now.insert(start, sig);
+            }
+            for start in before.into_iter().flat_map(BTreeMap::keys) {
+                if !now.contains_key(start) {
+                    b.remove(key(P_STORM_PART, &storm_part_key(&cluster, *start)));
+                }
+            }
+            out.push((cluster, Some(now)));
+        }
+        Ok(out)
     }
 
     /// Makes everything written so far durable.
@@ -467,7 +634,7 @@ impl Store {
     /// have let go of its lock).
     pub async fn close(self) -> Result<(), Error> {
         self.flush().await?;
-        let Store { dir, db, tree } = self;
+        let Store { dir, db, tree, .. } = self;
         drop(tree);
         drop(db);
         multipilot_runtime::store::wait_released(&dir, Duration::from_secs(10))
@@ -877,6 +1044,107 @@ mod tests {
         let (store, again) = reopened_c1(dir.path());
         assert_eq!(again.beat(), b);
         assert_eq!(again.probes.len(), 1);
+        store.close().await.unwrap();
+    }
+
+    fn window(seen: u64, times: &[i64]) -> crate::state::StormWindow {
+        crate::state::StormWindow {
+            warnings: times
+                .iter()
+                .map(|t| {
+                    (
+                        chrono::DateTime::from_timestamp(*t, 0).unwrap(),
+                        format!("BackOff Pod shop/web-{t}"),
+                    )
+                })
+                .collect(),
+            seen,
+            checked: None,
+        }
+    }
+
+    fn write_window(store: &Store, w: crate::state::StormWindow) {
+        let changes = Changes {
+            windows: vec![("c1".into(), Some(w))],
+            ..Default::default()
+        };
+        store.write(changes, &mut Outbox::default()).unwrap();
+    }
+
+    /// A storm window is written in parts of 5 s of cluster time: a write rewrites the parts that changed
+    /// and drops those that fell out of the window, and the parts read back as the window.
+    #[tokio::test]
+    async fn a_storm_window_is_written_in_parts_and_only_changed_parts_are_rewritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path(), 1 << 20).unwrap();
+        let t0 = 1_800_000_000; // a multiple of 5
+        write_window(&store, window(3, &[t0, t0 + 6, t0 + 11]));
+        assert_eq!(store.tree.scan_prefix([P_STORM_PART]).count(), 3);
+        // mark the middle part as stored: a write that does not rewrite it leaves the mark
+        let middle = key(P_STORM_PART, &storm_part_key("c1", t0 + 5));
+        let marked: Vec<Warning> = vec![(
+            chrono::DateTime::from_timestamp(t0 + 6, 0).unwrap(),
+            "marked".into(),
+        )];
+        store
+            .tree
+            .insert(&middle, enc("part", &marked).unwrap())
+            .unwrap();
+        // the oldest part falls out, the newest gets one more warning
+        write_window(&store, window(4, &[t0 + 6, t0 + 11, t0 + 12]));
+        assert_eq!(store.tree.scan_prefix([P_STORM_PART]).count(), 2);
+        store.close().await.unwrap();
+
+        let store = Store::open(dir.path(), 1 << 20).unwrap();
+        let (s, _) = store.load().unwrap();
+        let w = &s.windows["c1"];
+        assert_eq!(w.seen, 4);
+        let read: Vec<(i64, &str)> = w
+            .warnings
+            .iter()
+            .map(|(t, k)| (t.timestamp() - t0, k.as_str()))
+            .collect();
+        let (k11, k12) = (
+            format!("BackOff Pod shop/web-{}", t0 + 11),
+            format!("BackOff Pod shop/web-{}", t0 + 12),
+        );
+        assert_eq!(
+            read,
+            vec![(6, "marked"), (11, k11.as_str()), (12, k12.as_str())],
+            "the unchanged part was not rewritten"
+        );
+        // read back, the same window is not written again; a cleared one drops every part
+        write_window(&store, window(4, &[t0 + 6, t0 + 11, t0 + 12]));
+        assert!(store.tree.get(&middle).unwrap().is_some());
+        write_window(&store, window(4, &[]));
+        assert_eq!(store.tree.scan_prefix([P_STORM_PART]).count(), 0);
+        store.close().await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_storm_window_of_the_older_layout_reads_back_and_is_written_in_parts() {
+        let dir = tempfile::tempdir().unwrap();
+        let t0 = 1_800_000_000;
+        {
+            let store = Store::open(dir.path(), 1 << 20).unwrap();
+            store
+                .tree
+                .insert(
+                    key(P_WINDOW, "c1"),
+                    enc("storm window", &window(2, &[t0, t0 + 7])).unwrap(),
+                )
+                .unwrap();
+            store.close().await.unwrap();
+        }
+        let store = Store::open(dir.path(), 1 << 20).unwrap();
+        let (s, _) = store.load().unwrap();
+        assert_eq!(s.windows["c1"], window(2, &[t0, t0 + 7]));
+        write_window(&store, window(3, &[t0, t0 + 7, t0 + 8]));
+        assert!(store.tree.get(key(P_WINDOW, "c1")).unwrap().is_none());
+        store.close().await.unwrap();
+        let store = Store::open(dir.path(), 1 << 20).unwrap();
+        let (s, _) = store.load().unwrap();
+        assert_eq!(s.windows["c1"], window(3, &[t0, t0 + 7, t0 + 8]));
         store.close().await.unwrap();
     }
 
