@@ -108,16 +108,34 @@ pub const ACK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A JetStream publisher with a bounded window of acks in flight.
 ///
-/// Each ack is awaited until [`ACK_TIMEOUT`] after its message was sent. (async-nats starts an ack's
-/// timeout only when the ack is awaited, so acks lost with a connection, awaited in turn, would take
-/// one timeout each: a window of seven lost acks held an agent's drain 35 s after a reconnect.)
+/// Each ack is awaited until [`ACK_TIMEOUT`] after its message was sent, or until the client has
+/// connected again since the send: an ack owed over a connection that was lost never comes, and the
+/// message is reported failed at once (sent again, JetStream's duplicate window drops a second copy).
+/// (async-nats starts an ack's timeout only when the ack is awaited, so acks lost with a connection,
+/// awaited in turn, took one timeout each: a window of seven lost acks held an agent's drain 35 s after a
+/// reconnect.)
 pub struct Publisher<K> {
     js: jetstream::Context,
     window: usize,
     ack_timeout: Duration,
-    in_flight: VecDeque<(K, String, Instant, PublishAckFuture)>,
+    stats: std::sync::Arc<async_nats::Statistics>,
+    in_flight: VecDeque<InFlight<K>>,
     metrics: BusMetrics,
 }
+
+/// A message sent whose ack is awaited.
+struct InFlight<K> {
+    key: K,
+    subject: String,
+    /// When its ack is given up.
+    deadline: Instant,
+    /// The client's connects when it was sent.
+    connects: u64,
+    ack: PublishAckFuture,
+}
+
+/// How often an ack still awaited checks whether the connection it was owed over is gone.
+const RECONNECT_CHECK: Duration = Duration::from_millis(200);
 
 impl<K> std::fmt::Debug for Publisher<K> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -132,6 +150,7 @@ impl<K> Publisher<K> {
     /// A publisher keeping at most `window` acks outstanding (256 is a good default on loopback).
     pub fn new(js: jetstream::Context, window: usize, metrics: BusMetrics) -> Self {
         Publisher {
+            stats: js.client().statistics(),
             js,
             window: window.max(1),
             ack_timeout: ACK_TIMEOUT,
@@ -168,10 +187,13 @@ impl<K> Publisher<K> {
             .headers(msg.headers)
             .message_id(msg.msg_id);
         match self.js.send_publish(msg.subject.clone(), publish).await {
-            Ok(fut) => {
-                let deadline = Instant::now() + self.ack_timeout;
-                self.in_flight.push_back((key, msg.subject, deadline, fut))
-            }
+            Ok(ack) => self.in_flight.push_back(InFlight {
+                key,
+                subject: msg.subject,
+                deadline: Instant::now() + self.ack_timeout,
+                connects: self.connects(),
+                ack,
+            }),
             Err(e) => {
                 self.metrics.published("failed");
                 done.push(Completion::Failed {
@@ -198,10 +220,27 @@ impl<K> Publisher<K> {
     }
 
     async fn complete_oldest(&mut self) -> Option<Completion<K>> {
-        let (key, subject, deadline, fut) = self.in_flight.pop_front()?;
-        let acked = tokio::time::timeout_at(deadline, fut.into_future())
-            .await
-            .unwrap_or_else(|_| Err(PublishError::new(PublishErrorKind::TimedOut)));
+        let InFlight {
+            key,
+            subject,
+            deadline,
+            connects,
+            ack,
+        } = self.in_flight.pop_front()?;
+        let mut ack = ack.into_future();
+        let acked = loop {
+            let step = (Instant::now() + RECONNECT_CHECK).min(deadline);
+            match tokio::time::timeout_at(step, &mut ack).await {
+                Ok(r) => break r.map_err(|e| e.to_string()),
+                Err(_) if step >= deadline => {
+                    break Err(PublishError::new(PublishErrorKind::TimedOut).to_string());
+                }
+                Err(_) if self.connects() != connects => {
+                    break Err("connection lost before the ack came".to_string());
+                }
+                Err(_) => {}
+            }
+        };
         Some(match acked {
             Ok(ack) => {
                 self.metrics
@@ -217,13 +256,16 @@ impl<K> Publisher<K> {
                 self.metrics.published("failed");
                 Completion::Failed {
                     key,
-                    error: Error::Publish {
-                        subject,
-                        reason: e.to_string(),
-                    },
+                    error: Error::Publish { subject, reason: e },
                 }
             }
         })
+    }
+
+    fn connects(&self) -> u64 {
+        self.stats
+            .connects
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

@@ -365,6 +365,54 @@ async fn lost_acks_fail_together_within_the_timeout_of_their_send() -> Result<()
     Ok(())
 }
 
+/// Acks owed over a connection that was lost (the server killed with the messages unanswered, then back)
+/// fail once the client has connected again, not at the end of their timeout.
+#[tokio::test]
+async fn acks_owed_over_a_lost_connection_fail_once_the_client_is_back() -> Result<()> {
+    let (mut server, _) = setup().await?;
+    let mut js = jetstream::new(server.client().await?);
+    let long = Duration::from_secs(60);
+    js.set_timeout(long);
+    let mut p = Publisher::new(js.clone(), 64, BusMetrics::default()).with_ack_timeout(long);
+    let pid = server.pid().context("nats-server pid")?.to_string();
+    let stopped = std::process::Command::new("kill")
+        .args(["-STOP", &pid])
+        .status()?
+        .success();
+    anyhow::ensure!(stopped, "kill -STOP {pid}");
+    let n = 20u64;
+    for i in 0..n {
+        assert!(p.send(i, hb_msg("reconnect", i)).await.is_empty());
+    }
+    // the messages are on their way (the stopped server reads none); the server dies and comes back
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.restart().await?;
+    let started = Instant::now();
+    let done = p.flush().await;
+    let took = started.elapsed();
+    assert_eq!(done.len() as u64, n);
+    for c in &done {
+        assert!(
+            matches!(c, Completion::Failed { error, .. } if error.to_string().contains("connection lost")),
+            "{c:?}"
+        );
+    }
+    assert!(
+        took < long / 3,
+        "the lost acks took {took:?} to fail (timeout {long:?})"
+    );
+    // sent again on the new connection, they are stored
+    for i in 0..n {
+        p.send(i, hb_msg("reconnect", i)).await;
+    }
+    let done = p.flush().await;
+    assert!(
+        done.iter().all(|c| matches!(c, Completion::Stored { .. })),
+        "{done:?}"
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn garbage_is_dead_lettered_with_its_reason_and_valid_neighbours_are_processed() -> Result<()>
 {
