@@ -978,8 +978,9 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_cluster_record_holding_its_heartbeat_and_probes_has_them_moved_to_their_own_keys() {
-        // the record as the previous version wrote it: heartbeat fields, probes and changes inside
+    async fn a_cluster_record_holding_its_heartbeat_probes_and_changes_has_them_moved_to_their_own_keys()
+     {
+        // the record as an older version wrote it: heartbeat fields, probes and changes inside
         #[derive(Serialize)]
         struct Old<'a> {
             #[serde(flatten)]
@@ -1008,7 +1009,7 @@ mod tests {
                 hb_last_seq: b.last_seq,
                 skew_samples: b.skew_samples.iter().copied().collect(),
                 probes: BTreeMap::from([("coredns".to_string(), probe("NXDOMAIN"))]),
-                changes: vec![change(1, "a")],
+                changes: vec![change(1, "a"), change(2, "b")],
             };
             store
                 .tree
@@ -1022,6 +1023,13 @@ mod tests {
                     enc("probe", &probe("stale")).unwrap(),
                 )
                 .unwrap();
+            store
+                .tree
+                .insert(
+                    key(P_CHANGE, "c1/0000000000000007"),
+                    enc("spec change", &change(7, "stale")).unwrap(),
+                )
+                .unwrap();
             store.close().await.unwrap();
         }
         let (store, c) = reopened_c1(dir.path());
@@ -1031,13 +1039,14 @@ mod tests {
             c.probes,
             BTreeMap::from([("coredns".to_string(), probe("NXDOMAIN"))])
         );
-        assert_eq!(seqs_and_hashes(&c), vec![(0, "a".into())]);
+        assert_eq!(seqs_and_hashes(&c), vec![(0, "a".into()), (1, "b".into())]);
+        assert_eq!(c.changes_next, 2);
+        assert_eq!(store.tree.scan_prefix([P_CHANGE]).count(), 2);
         let raw: serde_json::Value =
             rmp_serde::from_slice(&store.tree.get(key(P_CLUSTER, "c1")).unwrap().unwrap()).unwrap();
-        assert!(
-            raw.get("probes").is_none() && raw.get("hb_last_seq").is_none(),
-            "{raw}"
-        );
+        for field in ["probes", "hb_last_seq", "changes"] {
+            assert!(raw.get(field).is_none(), "{field} is stored apart: {raw}");
+        }
         assert_eq!(raw["labels"]["tier"], "prod");
         store.close().await.unwrap();
         // and once more: nothing left to move, the same state
@@ -1221,46 +1230,6 @@ mod tests {
             vec![(10, "b".into()), (11, "c".into())]
         );
         assert_eq!(c.change_seqs(), 10..12);
-        store.close().await.unwrap();
-    }
-
-    #[tokio::test]
-    async fn a_cluster_record_holding_its_changes_has_them_moved_to_their_own_keys() {
-        // the record as the previous version wrote it: the changes inside
-        #[derive(Serialize)]
-        struct Old<'a> {
-            #[serde(flatten)]
-            state: &'a ClusterState,
-            changes: Vec<ChangeRec>,
-        }
-        let dir = tempfile::tempdir().unwrap();
-        {
-            let store = Store::open(dir.path(), 1 << 20).unwrap();
-            let old = Old {
-                state: &ClusterState::default(),
-                changes: vec![change(1, "a"), change(2, "b")],
-            };
-            store
-                .tree
-                .insert(key(P_CLUSTER, "c1"), enc("cluster", &old).unwrap())
-                .unwrap();
-            // what a later version had written for c1 before this older record came back: replaced
-            store
-                .tree
-                .insert(
-                    key(P_CHANGE, "c1/0000000000000007"),
-                    enc("spec change", &change(7, "stale")).unwrap(),
-                )
-                .unwrap();
-            store.close().await.unwrap();
-        }
-        let (store, c) = reopened_c1(dir.path());
-        assert_eq!(seqs_and_hashes(&c), vec![(0, "a".into()), (1, "b".into())]);
-        assert_eq!(c.changes_next, 2);
-        let record: ClusterState =
-            rmp_serde::from_slice(&store.tree.get(key(P_CLUSTER, "c1")).unwrap().unwrap()).unwrap();
-        assert!(record.changes.is_empty(), "the record no longer holds them");
-        assert_eq!(store.tree.scan_prefix([P_CHANGE]).count(), 2);
         store.close().await.unwrap();
     }
 
