@@ -1061,6 +1061,7 @@ impl Machine {
     /// at all for a minute is over (a storm is otherwise judged as warnings arrive).
     fn tick(&mut self, now: DateTime<Utc>) {
         let storm = self.rules.event_storm.kind.clone();
+        let mut checked = Vec::new();
         let quiet: Vec<String> = self
             .clusters
             .iter_mut()
@@ -1070,10 +1071,15 @@ impl Machine {
                 }
                 _ => {
                     c.warnings_checked = Some((c.warnings_seen, now));
+                    checked.push(name.clone());
                     None
                 }
             })
             .collect();
+        // stored with the window, when it is next written
+        for name in checked {
+            self.dirty.windows.entry(name).or_insert(false);
+        }
         for cluster in quiet {
             if self.is_open(&cluster, &storm, "events") {
                 self.dirty.windows.insert(cluster.clone(), true);
@@ -1095,7 +1101,9 @@ impl Machine {
             })
             .collect();
         for (cluster, last) in silent {
-            if let Some(c) = self.clusters.get_mut(&cluster) {
+            if let Some(c) = self.clusters.get_mut(&cluster)
+                && c.hb_streak != 0
+            {
                 c.hb_streak = 0;
                 self.dirty.beats.insert(cluster.clone());
             }

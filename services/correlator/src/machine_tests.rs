@@ -1,4 +1,5 @@
-//! The state machine on its own: envelopes in, state changes and messages out, no server and no disk.
+//! The state machine on its own: envelopes in, state changes and messages out, no server and no disk (but
+//! for the last case, which commits its changes to the store and reads them back).
 //! Payloads start from the contract's own samples (`multipilot_schemas::catalog`) and change what a case
 //! needs.
 
@@ -2214,4 +2215,128 @@ fn what_was_rolled_out_where_long_ago_is_a_shared_attribute_until_rolled_back() 
         "{:#?}",
         f.shared
     );
+}
+
+/// The one case that touches a disk: whatever the machine changes, committed step by step as the service
+/// commits it (each part of a cluster marked as it changes) and read back, is the machine it was.
+#[tokio::test]
+async fn a_machine_committed_step_by_step_reads_back_from_the_store_as_it_was() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = crate::store::Store::open(dir.path(), 1 << 20).unwrap();
+    let mut outbox = crate::store::Outbox::default();
+    let mut m = machine();
+    let at = t0();
+    let mut commit = |m: &mut Machine| {
+        outbox.push(m.settle());
+        store.write(m.take_changes(), &mut outbox).unwrap();
+    };
+    // two of the compared ConfigMaps: their settings are part of the cluster's record
+    let config_map = |name: &str, data: &str| ResourceState {
+        api_version: "v1".into(),
+        kind: "ConfigMap".into(),
+        namespace: Some("kube-system".into()),
+        name: name.into(),
+        uid: format!("uid-{name}-cm"),
+        spec_hash: format!("h-{data}"),
+        spec: Some(serde_json::json!({"data": {"config": data}})),
+        ..sample()
+    };
+    let mut seq = 0;
+    let mut next = || {
+        seq += 1;
+        seq
+    };
+    for step in 0..6i64 {
+        let t = at + Duration::seconds(step * 10);
+        m.apply(Input::Heartbeat(&env("c1", t, next(), heartbeat()), t));
+        commit(&mut m);
+        let status = if step < 3 {
+            ProbeStatus::Unhealthy
+        } else {
+            ProbeStatus::Healthy
+        };
+        let p = env("c1", t, next(), probe("coredns", status, step as u64));
+        m.apply(Input::Probe(&p, t));
+        commit(&mut m);
+        if step == 0 {
+            let f = env("c1", t, next(), facts(31));
+            m.apply(Input::Facts(&f));
+            let proxy = env(
+                "c1",
+                t,
+                next(),
+                StateMsg::State(config_map("kube-proxy", "iptables")),
+            );
+            m.apply(Input::State(&proxy));
+            commit(&mut m);
+        }
+        let d = env(
+            "c1",
+            t,
+            next(),
+            StateMsg::State(deployment("coredns", &format!("hash-{step}"))),
+        );
+        m.apply(Input::State(&d));
+        let cm = env(
+            "c1",
+            t,
+            next(),
+            StateMsg::State(config_map("coredns", &format!("cache {step}"))),
+        );
+        m.apply(Input::State(&cm));
+        commit(&mut m);
+        m.apply(Input::Event(&failed_mount(step, "web-0", t)));
+        commit(&mut m);
+    }
+    // a compared ConfigMap deleted (its settings leave the record), and a silence long enough to make the
+    // cluster unreachable
+    let gone = env(
+        "c1",
+        at + Duration::seconds(61),
+        next(),
+        StateMsg::Deleted(ResourceDeleted {
+            kind: "ConfigMap".into(),
+            namespace: Some("kube-system".into()),
+            name: "kube-proxy".into(),
+            ..sample()
+        }),
+    );
+    m.apply(Input::State(&gone));
+    commit(&mut m);
+    // each part's last change comes after anything else that writes that part
+    let last = at + Duration::seconds(62);
+    let cm = env(
+        "c1",
+        last,
+        next(),
+        StateMsg::State(config_map("coredns", "last")),
+    );
+    m.apply(Input::State(&cm));
+    commit(&mut m);
+    m.apply(Input::Tick(at + Duration::minutes(10)));
+    commit(&mut m);
+    let back = at + Duration::minutes(10);
+    m.apply(Input::Heartbeat(
+        &env("c1", back, next(), heartbeat()),
+        back,
+    ));
+    outbox.push(m.settle());
+    store.write(m.take_all_changes(), &mut outbox).unwrap();
+    store.close().await.unwrap();
+
+    let store = crate::store::Store::open(dir.path(), 1 << 20).unwrap();
+    let (snapshot, _) = store.load().unwrap();
+    let again = Machine::restore_snapshot(
+        Rules::defaults(),
+        Baseline::defaults(),
+        "correlator-test",
+        snapshot,
+    );
+    let (was, now) = (&m.clusters["c1"], &again.clusters["c1"]);
+    assert_eq!(was.hb_streak, 1, "back after the silence");
+    assert!(!was.probes.is_empty() && !was.changes.is_empty() && !was.warnings.is_empty());
+    assert_eq!(was.settings.len(), 1, "{:?}", was.settings);
+    assert_eq!(now, was);
+    assert_eq!(again.current(true), m.current(true));
+    store.close().await.unwrap();
 }

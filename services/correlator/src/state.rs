@@ -80,25 +80,26 @@ pub struct ClusterState {
     /// Registry labels (from facts).
     pub labels: BTreeMap<String, String>,
     // The heartbeat's fields and the probes change with every heartbeat and probe result; they are stored
-    // apart (a [`Beat`] per cluster, a [`ProbeTrack`] per probe) so that those do not rewrite the rest. A
+    // apart (a [`Beat`] per cluster, a [`ProbeTrack`] per probe) so that those do not rewrite the rest.
+    // [`ClusterState::record`] leaves them empty (written so, an older version still reads the record); a
     // store written before holds them here: read as it was, and moved when the store opens.
     /// ingest_time of the latest heartbeat.
-    #[serde(default, skip_serializing)]
+    #[serde(default)]
     pub hb_last_ingest: Option<DateTime<Utc>>,
     /// Heartbeat interval the agent announced.
-    #[serde(default, skip_serializing)]
+    #[serde(default)]
     pub hb_interval_s: u32,
     /// Heartbeats in a row since the last silence.
-    #[serde(default, skip_serializing)]
+    #[serde(default)]
     pub hb_streak: u32,
     /// Highest heartbeat seq applied.
-    #[serde(default, skip_serializing)]
+    #[serde(default)]
     pub hb_last_seq: u64,
     /// (cluster_time - ingest_time) of recent heartbeats, seconds.
-    #[serde(default, skip_serializing)]
+    #[serde(default)]
     pub skew_samples: VecDeque<f64>,
     /// Probes.
-    #[serde(default, skip_serializing)]
+    #[serde(default)]
     pub probes: BTreeMap<String, ProbeTrack>,
     /// Recent spec changes (at most [`ClusterState::MAX_CHANGES`], oldest first). Stored apart, one record
     /// per change under its `seq`, so that a heartbeat does not rewrite hundreds of them: a store written
