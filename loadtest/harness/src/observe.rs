@@ -382,13 +382,19 @@ async fn sample_loop(
         // (or an agent's drain stalls) no heartbeat comes and the figure is not repeated as if current
         let (depth, oldest) = {
             let g = seen.lock().unwrap_or_else(|e| e.into_inner());
-            let depth: u64 = g.last_heartbeat.values().map(|h| h.outbox_depth).sum();
-            // an agent silent for 30 s is gone (stopped, killed), not late
-            let live = g
+            // an agent silent for 30 s is gone (stopped, killed, or cut off by a long outage), not late:
+            // neither its depth nor its time counts
+            let live: Vec<(&String, &Instant)> = g
                 .heartbeat_at
-                .values()
-                .filter(|at| at.elapsed() < Duration::from_secs(30));
-            (depth, live.min().copied())
+                .iter()
+                .filter(|(_, at)| at.elapsed() < Duration::from_secs(30))
+                .collect();
+            let depth: u64 = live
+                .iter()
+                .filter_map(|(c, _)| g.last_heartbeat.get(*c))
+                .map(|h| h.outbox_depth)
+                .sum();
+            (depth, live.iter().map(|(_, at)| **at).min())
         };
         if let Some(oldest) = oldest {
             let t = oldest.saturating_duration_since(rec.start()).as_secs_f64();

@@ -738,6 +738,26 @@ impl System {
         let mut last = String::new();
         while Instant::now() < deadline {
             if let Ok(j) = self.jsz().await {
+                // none seen, or one named missing, is not caught up (a /jsz without the consumers'
+                // configuration would list no durable one)
+                let missing: Vec<&str> = if durables.is_empty() {
+                    if j.consumers.is_empty() {
+                        vec!["any durable consumer"]
+                    } else {
+                        vec![]
+                    }
+                } else {
+                    durables
+                        .iter()
+                        .copied()
+                        .filter(|d| !j.consumers.iter().any(|c| c.name == *d))
+                        .collect()
+                };
+                if !missing.is_empty() {
+                    last = format!("not listed: {}", missing.join(", "));
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                    continue;
+                }
                 let behind: Vec<String> = j
                     .consumers
                     .iter()

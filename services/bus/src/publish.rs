@@ -118,6 +118,7 @@ pub struct Publisher<K> {
     js: jetstream::Context,
     window: usize,
     ack_timeout: Duration,
+    client: async_nats::Client,
     stats: std::sync::Arc<async_nats::Statistics>,
     in_flight: VecDeque<InFlight<K>>,
     metrics: BusMetrics,
@@ -129,7 +130,8 @@ struct InFlight<K> {
     subject: String,
     /// When its ack is given up.
     deadline: Instant,
-    /// The client's connects when it was sent.
+    /// The connection it was sent over, by the client's count of connects (a message sent while the
+    /// client is away goes out over the next one).
     connects: u64,
     ack: PublishAckFuture,
 }
@@ -149,8 +151,10 @@ impl<K> std::fmt::Debug for Publisher<K> {
 impl<K> Publisher<K> {
     /// A publisher keeping at most `window` acks outstanding (256 is a good default on loopback).
     pub fn new(js: jetstream::Context, window: usize, metrics: BusMetrics) -> Self {
+        let client = js.client();
         Publisher {
-            stats: js.client().statistics(),
+            stats: client.statistics(),
+            client,
             js,
             window: window.max(1),
             ack_timeout: ACK_TIMEOUT,
@@ -191,7 +195,10 @@ impl<K> Publisher<K> {
                 key,
                 subject: msg.subject,
                 deadline: Instant::now() + self.ack_timeout,
-                connects: self.connects(),
+                connects: self.connects()
+                    + u64::from(
+                        self.client.connection_state() != async_nats::connection::State::Connected,
+                    ),
                 ack,
             }),
             Err(e) => {
@@ -229,14 +236,19 @@ impl<K> Publisher<K> {
         } = self.in_flight.pop_front()?;
         let mut ack = ack.into_future();
         let acked = loop {
-            let step = (Instant::now() + RECONNECT_CHECK).min(deadline);
+            // once the client has connected again, an ack not here yet is not coming: every one still
+            // awaited fails at once, not one check apart
+            let lost = self.connects() > connects;
+            let step = if lost {
+                Instant::now()
+            } else {
+                (Instant::now() + RECONNECT_CHECK).min(deadline)
+            };
             match tokio::time::timeout_at(step, &mut ack).await {
                 Ok(r) => break r.map_err(|e| e.to_string()),
+                Err(_) if lost => break Err("connection lost before the ack came".to_string()),
                 Err(_) if step >= deadline => {
                     break Err(PublishError::new(PublishErrorKind::TimedOut).to_string());
-                }
-                Err(_) if self.connects() != connects => {
-                    break Err("connection lost before the ack came".to_string());
                 }
                 Err(_) => {}
             }

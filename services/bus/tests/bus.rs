@@ -373,14 +373,15 @@ async fn acks_owed_over_a_lost_connection_fail_once_the_client_is_back() -> Resu
     let mut js = jetstream::new(server.client().await?);
     let long = Duration::from_secs(60);
     js.set_timeout(long);
-    let mut p = Publisher::new(js.clone(), 64, BusMetrics::default()).with_ack_timeout(long);
+    let mut p = Publisher::new(js.clone(), 256, BusMetrics::default()).with_ack_timeout(long);
     let pid = server.pid().context("nats-server pid")?.to_string();
     let stopped = std::process::Command::new("kill")
         .args(["-STOP", &pid])
         .status()?
         .success();
     anyhow::ensure!(stopped, "kill -STOP {pid}");
-    let n = 20u64;
+    // many: failed one check apart (200 ms) they would take 40 s
+    let n = 200u64;
     for i in 0..n {
         assert!(p.send(i, hb_msg("reconnect", i)).await.is_empty());
     }
