@@ -16,8 +16,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use async_nats::HeaderMap;
+use async_nats::jetstream;
 use async_nats::jetstream::context::{PublishAckFuture, PublishError, PublishErrorKind};
-use async_nats::jetstream::{self};
 use bytes::Bytes;
 use multipilot_schemas::{
     CONTENT_TYPE_MSGPACK, Envelope, HEADER_CONTENT_TYPE, HEADER_MSG_ID, HEADER_SCHEMA, Payload,

@@ -315,23 +315,48 @@ async fn windowed_publisher_stores_everything_it_confirms() -> Result<()> {
     Ok(())
 }
 
+/// Sends `sig` to the server's process (`-STOP`: it reads nothing and answers nothing until `-CONT`).
+fn signal(server: &NatsServer, sig: &str) -> Result<()> {
+    let pid = server.pid().context("nats-server pid")?.to_string();
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid])
+        .status()?
+        .success();
+    anyhow::ensure!(ok, "kill {sig} {pid}");
+    Ok(())
+}
+
+/// Every one of `n` completions failed, saying `why`.
+fn all_failed(done: &[Completion<u64>], n: u64, why: &str) {
+    assert_eq!(done.len() as u64, n);
+    for c in done {
+        assert!(
+            matches!(c, Completion::Failed { error, .. } if error.to_string().contains(why)),
+            "{c:?}"
+        );
+    }
+}
+
+/// The same `n` messages of `cluster` sent again are stored (or recognised as stored).
+async fn sent_again_are_stored(p: &mut Publisher<u64>, cluster: &str, n: u64) {
+    for i in 0..n {
+        p.send(i, hb_msg(cluster, i)).await;
+    }
+    let done = p.flush().await;
+    assert!(
+        done.iter().all(|c| matches!(c, Completion::Stored { .. })),
+        "{done:?}"
+    );
+}
+
 /// Acks that never come (the server stopped after the sends) fail within the ack timeout of their
 /// sends, not one timeout after another as they are awaited in turn.
 #[tokio::test]
 async fn lost_acks_fail_together_within_the_timeout_of_their_send() -> Result<()> {
     let (server, js) = setup().await?;
-    let pid = server.pid().context("nats-server pid")?.to_string();
-    let signal = |sig: &str| -> Result<()> {
-        let ok = std::process::Command::new("kill")
-            .args([sig, &pid])
-            .status()?
-            .success();
-        anyhow::ensure!(ok, "kill {sig} {pid}");
-        Ok(())
-    };
     let timeout = Duration::from_secs(1);
     let mut p = Publisher::new(js.clone(), 64, BusMetrics::default()).with_ack_timeout(timeout);
-    signal("-STOP")?;
+    signal(&server, "-STOP")?;
     let n = 20u64;
     let started = Instant::now();
     for i in 0..n {
@@ -339,14 +364,8 @@ async fn lost_acks_fail_together_within_the_timeout_of_their_send() -> Result<()
     }
     let done = p.flush().await;
     let took = started.elapsed();
-    signal("-CONT")?;
-    assert_eq!(done.len() as u64, n);
-    for c in &done {
-        assert!(
-            matches!(c, Completion::Failed { error, .. } if error.to_string().contains("timed out")),
-            "{c:?}"
-        );
-    }
+    signal(&server, "-CONT")?;
+    all_failed(&done, n, "timed out");
     // awaited in turn with a fresh timeout each they would take n seconds
     assert!(
         took < timeout * 10,
@@ -354,14 +373,7 @@ async fn lost_acks_fail_together_within_the_timeout_of_their_send() -> Result<()
     );
     // the server back, the same messages are stored (or recognised) on a re-send
     let mut p = Publisher::new(js.clone(), 64, BusMetrics::default());
-    for i in 0..n {
-        p.send(i, hb_msg("lost", i)).await;
-    }
-    let done = p.flush().await;
-    assert!(
-        done.iter().all(|c| matches!(c, Completion::Stored { .. })),
-        "{done:?}"
-    );
+    sent_again_are_stored(&mut p, "lost", n).await;
     Ok(())
 }
 
@@ -370,47 +382,41 @@ async fn lost_acks_fail_together_within_the_timeout_of_their_send() -> Result<()
 #[tokio::test]
 async fn acks_owed_over_a_lost_connection_fail_once_the_client_is_back() -> Result<()> {
     let (mut server, _) = setup().await?;
-    let mut js = jetstream::new(server.client().await?);
+    let client = server.client().await?;
+    let mut js = jetstream::new(client.clone());
     let long = Duration::from_secs(60);
     js.set_timeout(long);
     let mut p = Publisher::new(js.clone(), 256, BusMetrics::default()).with_ack_timeout(long);
-    let pid = server.pid().context("nats-server pid")?.to_string();
-    let stopped = std::process::Command::new("kill")
-        .args(["-STOP", &pid])
-        .status()?
-        .success();
-    anyhow::ensure!(stopped, "kill -STOP {pid}");
+    signal(&server, "-STOP")?;
     // many: failed one check apart (200 ms) they would take 40 s
     let n = 200u64;
+    let stats = client.statistics();
+    let out = || {
+        stats
+            .out_messages
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = out();
     for i in 0..n {
         assert!(p.send(i, hb_msg("reconnect", i)).await.is_empty());
     }
-    // the messages are on their way (the stopped server reads none); the server dies and comes back
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // the messages written to the connection (the stopped server reads none), the server dies and
+    // comes back
+    wait_until("the messages written", Duration::from_secs(10), || {
+        out() >= before + n
+    })
+    .await?;
     server.restart().await?;
     let started = Instant::now();
     let done = p.flush().await;
     let took = started.elapsed();
-    assert_eq!(done.len() as u64, n);
-    for c in &done {
-        assert!(
-            matches!(c, Completion::Failed { error, .. } if error.to_string().contains("connection lost")),
-            "{c:?}"
-        );
-    }
+    all_failed(&done, n, "connection lost");
     assert!(
         took < long / 3,
         "the lost acks took {took:?} to fail (timeout {long:?})"
     );
     // sent again on the new connection, they are stored
-    for i in 0..n {
-        p.send(i, hb_msg("reconnect", i)).await;
-    }
-    let done = p.flush().await;
-    assert!(
-        done.iter().all(|c| matches!(c, Completion::Stored { .. })),
-        "{done:?}"
-    );
+    sent_again_are_stored(&mut p, "reconnect", n).await;
     Ok(())
 }
 

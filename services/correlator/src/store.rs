@@ -79,17 +79,24 @@ fn storm_signature(part: &[Warning]) -> (usize, i128) {
     (part.len(), sum)
 }
 
-/// A storm window's warnings cut into parts: (start, warnings), in time order.
-fn storm_parts(warnings: &std::collections::VecDeque<Warning>) -> Vec<(i64, Vec<Warning>)> {
-    let mut parts: Vec<(i64, Vec<Warning>)> = Vec::new();
-    for w in warnings {
-        let start = storm_part(w.0);
-        match parts.last_mut() {
-            Some((s, ws)) if *s == start => ws.push(w.clone()),
-            _ => parts.push((start, vec![w.clone()])),
-        }
+/// A storm window's warnings (in time order) cut into parts: (start, warnings), in time order.
+fn storm_parts(warnings: &[Warning]) -> impl Iterator<Item = (i64, &[Warning])> {
+    warnings
+        .chunk_by(|a, b| storm_part(a.0) == storm_part(b.0))
+        .map(|part| (storm_part(part[0].0), part))
+}
+
+/// Adds to `b` the removal of every record of `prefix` under `cluster/`.
+fn remove_under(
+    tree: &sled::Tree,
+    b: &mut sled::Batch,
+    prefix: u8,
+    cluster: &str,
+) -> Result<(), Error> {
+    for old in tree.scan_prefix(key(prefix, &format!("{cluster}/"))) {
+        b.remove(old?.0);
     }
-    parts
+    Ok(())
 }
 const K_HWM: &str = "hwm";
 /// Written once the store was set up (its absence on an empty store: new or wiped).
@@ -441,22 +448,19 @@ impl Store {
         let mut written = self.storm_written.lock().unwrap_or_else(|e| e.into_inner());
         written.clear();
         for (cluster, parts) in storm_parts_read {
-            let w = s.windows.entry(cluster.clone()).or_default();
-            w.warnings = parts.into_iter().flatten().collect();
-            let sigs = storm_parts(&w.warnings)
-                .into_iter()
-                .map(|(start, part)| (start, storm_signature(&part)))
+            // each record is one part, as written
+            let sigs = parts
+                .iter()
+                .filter_map(|p| Some((storm_part(p.first()?.0), storm_signature(p))))
                 .collect();
-            written.insert(cluster, sigs);
+            written.insert(cluster.clone(), sigs);
+            s.windows.entry(cluster).or_default().warnings = parts.into_iter().flatten().collect();
         }
-        drop(written);
         for (cluster, w) in storm_whole {
-            self.storm_written
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&cluster);
+            written.remove(&cluster);
             s.windows.insert(cluster, w);
         }
+        drop(written);
         // what is stored apart whose cluster's record is gone (unreadable) goes with it
         for (cluster, h) in beats {
             if let Some(c) = s.clusters.get_mut(&cluster) {
@@ -499,9 +503,7 @@ impl Store {
             if c.is_none() {
                 // what is stored apart goes with it
                 b.remove(key(P_BEAT, &k));
-                for old in self.tree.scan_prefix(key(P_PROBE, &format!("{k}/"))) {
-                    b.remove(old?.0);
-                }
+                remove_under(&self.tree, &mut b, P_PROBE, &k)?;
             }
             put(&mut b, P_CLUSTER, &k, encoded("cluster", c)?);
         }
@@ -569,14 +571,9 @@ impl Store {
         for (cluster, w) in windows {
             // a window of the older layout (whole, in one record) is replaced
             b.remove(key(P_WINDOW, &cluster));
-            let Some(w) = w else {
+            let Some(mut w) = w else {
                 b.remove(key(P_STORM_HEAD, &cluster));
-                for old in self
-                    .tree
-                    .scan_prefix(key(P_STORM_PART, &format!("{cluster}/")))
-                {
-                    b.remove(old?.0);
-                }
+                remove_under(&self.tree, b, P_STORM_PART, &cluster)?;
                 out.push((cluster, None));
                 continue;
             };
@@ -588,16 +585,11 @@ impl Store {
             let before = written.get(&cluster);
             if before.is_none() {
                 // not written by this process nor read back whole: whatever parts are stored go
-                for old in self
-                    .tree
-                    .scan_prefix(key(P_STORM_PART, &format!("{cluster}/")))
-                {
-                    b.remove(old?.0);
-                }
+                remove_under(&self.tree, b, P_STORM_PART, &cluster)?;
             }
             let mut now = BTreeMap::new();
-            for (start, part) in storm_parts(&w.warnings) {
-                let sig = storm_signature(&part);
+            for (start, part) in storm_parts(w.warnings.make_contiguous()) {
+                let sig = storm_signature(part);
                 if before.and_then(|p| p.get(&start)) != Some(&sig) {
                     b.insert(
                         key(P_STORM_PART, &storm_part_key(&cluster, start)),
@@ -662,14 +654,10 @@ impl Store {
             let cluster = String::from_utf8_lossy(&k[1..]).into_owned();
             // records a later version wrote for it before this one ran again are replaced
             if !c.changes.is_empty() {
-                for old in self.tree.scan_prefix(key(P_CHANGE, &format!("{cluster}/"))) {
-                    b.remove(old?.0);
-                }
+                remove_under(&self.tree, &mut b, P_CHANGE, &cluster)?;
             }
             if c.holds_beat_or_probes() {
-                for old in self.tree.scan_prefix(key(P_PROBE, &format!("{cluster}/"))) {
-                    b.remove(old?.0);
-                }
+                remove_under(&self.tree, &mut b, P_PROBE, &cluster)?;
             }
             moved.add(apart(&mut b, &cluster, &mut c)?);
             b.insert(k, enc("cluster", &c.record())?);
