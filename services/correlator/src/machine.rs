@@ -993,14 +993,20 @@ impl Machine {
             .is_some_and(|i| i.status != IncidentStatus::Resolved)
     }
 
+    /// Marks a cluster not seen before for its record to be written (a heartbeat, probe result or event
+    /// otherwise writes only its own part).
+    fn mark_if_new(&mut self, cluster: &str) {
+        if !self.clusters.contains_key(cluster) {
+            self.dirty.clusters.insert(cluster.to_string());
+        }
+    }
+
     /// A heartbeat.
     fn on_heartbeat(&mut self, env: &Envelope<Heartbeat>, ingest: DateTime<Utc>) {
         let cluster = env.cluster.clone();
         let rule = self.rules.heartbeat.clone();
         let skew_rule = self.rules.clock_skew.clone();
-        if !self.clusters.contains_key(&cluster) {
-            self.dirty.clusters.insert(cluster.clone());
-        }
+        self.mark_if_new(&cluster);
         self.dirty.beats.insert(cluster.clone());
         let c = self.clusters.entry(cluster.clone()).or_default();
         if env.seq != 0 && env.seq <= c.hb_last_seq && env.payload.started_at.timestamp() != 0 {
@@ -1153,9 +1159,7 @@ impl Machine {
             .filter(|r| r.probe == p.probe)
             .cloned()
             .collect();
-        if !self.clusters.contains_key(&cluster) {
-            self.dirty.clusters.insert(cluster.clone());
-        }
+        self.mark_if_new(&cluster);
         self.dirty.probes.insert((cluster.clone(), p.probe.clone()));
         let c = self.clusters.entry(cluster.clone()).or_default();
         let track = c.probes.entry(p.probe.clone()).or_default();
@@ -1275,9 +1279,7 @@ impl Machine {
         let rule = self.rules.event_storm.clone();
         let cluster = env.cluster.clone();
         let at = e.last_time;
-        if !self.clusters.contains_key(&cluster) {
-            self.dirty.clusters.insert(cluster.clone());
-        }
+        self.mark_if_new(&cluster);
         self.dirty.windows.entry(cluster.clone()).or_insert(false);
         let c = self.clusters.entry(cluster.clone()).or_default();
         c.warnings_seen += 1;
