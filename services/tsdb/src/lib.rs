@@ -268,6 +268,8 @@ pub struct Metrics {
     series: Gauge,
     label_strings: Gauge,
     label_string_bytes: Gauge,
+    scrape_cache_targets: Gauge,
+    scrape_cache_bytes: Gauge,
     disk_bytes: Gauge,
     partitions_dropped: Counter,
     remote_write: Family<OutcomeLabel, Counter>,
@@ -296,6 +298,16 @@ impl Metrics {
             "multipilot_tsdb_label_string_bytes",
             "Bytes of the distinct label names and values held in memory",
             m.label_string_bytes.clone(),
+        );
+        registry.register(
+            "multipilot_tsdb_scrape_cache_targets",
+            "Scrape targets whose last scrape is cached (series found by the samples' spelling, as Prometheus' scrape cache does; at most 16,384)",
+            m.scrape_cache_targets.clone(),
+        );
+        registry.register(
+            "multipilot_tsdb_scrape_cache_bytes",
+            "Bytes of the scrape cache: each cached target's last samples as spelled, and their series",
+            m.scrape_cache_bytes.clone(),
         );
         registry.register(
             "multipilot_tsdb_disk_bytes",
@@ -593,6 +605,9 @@ async fn maintain(
                 let (strings, bytes) = store.label_strings();
                 metrics.label_strings.set(strings as i64);
                 metrics.label_string_bytes.set(bytes as i64);
+                let (targets, bytes) = store.scrape_cache();
+                metrics.scrape_cache_targets.set(targets as i64);
+                metrics.scrape_cache_bytes.set(bytes as i64);
                 metrics.disk_bytes.set(store.size_on_disk() as i64);
             }
         }

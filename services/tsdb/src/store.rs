@@ -220,6 +220,14 @@ struct SeriesTable {
 }
 
 impl SeriesTable {
+    /// The slot of series `id`: `hint` when the series is still there, else looked up.
+    fn slot(&self, id: SeriesId, hint: usize) -> Option<usize> {
+        match self.ids.get(hint) {
+            Some(&at) if at == id => Some(hint),
+            _ => self.slots.get(&id).copied(),
+        }
+    }
+
     fn get(&self, id: &SeriesId) -> Option<&Series> {
         self.series.get(*self.slots.get(id)?)
     }
@@ -279,9 +287,49 @@ struct Head {
     strings: Interner,
     next_id: SeriesId,
     pending: Vec<(SeriesId, i64, f64)>,
-    /// Per scrape target (a hash of cluster, job and instance): the label hash and series of each position
-    /// of its last scrape ([`Store::append_scrape`]).
-    scrape_cache: foldhash::HashMap<u64, Vec<(u64, SeriesId)>>,
+    /// Per scrape target (a hash of cluster, job and instance): its last scrape's samples as spelled and
+    /// their series ([`Store::append_scrape`]).
+    scrape_cache: foldhash::HashMap<u64, ScrapeCache>,
+}
+
+/// A target's last scrape, as Prometheus' scrape cache keeps it: each position's name and labels as the
+/// message spelled them (MessagePack bytes, one after another in `ident`) and the series they were stored
+/// in. A sample spelled as the one at its position last time is that series: no labels to build, hash
+/// or compare.
+#[derive(Debug, Default)]
+struct ScrapeCache {
+    ident: Vec<u8>,
+    /// Per position: where its spelling ends in `ident` (it starts where the one before ends), its
+    /// series (`SeriesId::MAX`: none, as for a refused sample) and that series' slot in the table when
+    /// cached (a hint: checked before use).
+    rows: Vec<CachedRow>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct CachedRow {
+    end: u32,
+    slot: u32,
+    id: SeriesId,
+}
+
+impl ScrapeCache {
+    /// The series of position `pos` if the sample there is spelled `ident` as last time.
+    fn hit(&self, pos: usize, ident: &[u8]) -> Option<CachedRow> {
+        let row = *self.rows.get(pos)?;
+        let start = match pos {
+            0 => 0,
+            _ => self.rows[pos - 1].end as usize,
+        };
+        (row.id != SeriesId::MAX
+            && !ident.is_empty()
+            && self.ident.get(start..row.end as usize)? == ident)
+            .then_some(row)
+    }
+
+    /// Bytes held (reported with the head's size).
+    fn bytes(&self) -> usize {
+        self.ident.capacity() + self.rows.capacity() * std::mem::size_of::<CachedRow>()
+    }
 }
 
 /// The store. Cheap to share behind an `Arc`; one writer (the ingester) and any number of readers.
@@ -315,6 +363,11 @@ pub trait SampleView<'a> {
     fn value(&self) -> f64;
     /// Milliseconds since the epoch.
     fn timestamp_ms(&self) -> i64;
+    /// The sample's name and labels as its message spelled them, for the scrape cache
+    /// ([`Store::append_scrape`]); empty when unknown (never cached).
+    fn ident(&self) -> &'a [u8] {
+        &[]
+    }
 }
 
 impl<'a> SampleView<'a> for &'a Sample {
@@ -535,57 +588,89 @@ impl Store {
         let mut guard = self.write();
         let head = &mut *guard;
         // taken out while the batch is appended, put back after
-        let mut refs = match target {
+        let cached = match target {
             Some(t) => head.scrape_cache.remove(&t).unwrap_or_default(),
-            None => Vec::new(),
+            None => ScrapeCache::default(),
         };
+        // this scrape's cache, built only once a sample is not spelled as last time
+        let mut next: Option<ScrapeCache> = None;
         let mut pairs = Vec::with_capacity(16);
+        let mut count = 0;
         for (pos, s) in samples.into_iter().enumerate() {
-            // A label bomb (thousands of labels, or megabyte values) is refused sample by sample: one bad
-            // series can't bloat the index, and its valid neighbours are stored.
-            if !fill_pairs(&mut pairs, s.name(), s.labels(), cluster) {
-                stats.invalid += 1;
-                continue;
+            count = pos + 1;
+            let ident = s.ident();
+            let hit = cached.hit(pos, ident);
+            if hit.is_none() && next.is_none() && target.is_some() {
+                // every position before this one was a hit: the same spellings and series
+                let rows = cached.rows[..pos].to_vec();
+                let end = rows.last().map_or(0, |r| r.end as usize);
+                next = Some(ScrapeCache {
+                    ident: cached.ident[..end].to_vec(),
+                    rows,
+                });
             }
             let (t, v) = (s.timestamp_ms(), s.value());
-            if cutoff.is_some_and(|c| t < c) {
-                stats.too_old += 1;
-                continue;
-            }
-            let hash = hash_pairs(pairs.iter().copied());
-            // the remembered series of this position: one lookup instead of the index's two
-            if let Some(&(h, id)) = refs.get(pos)
-                && h == hash
-                && let Some(series) = head.series.get_mut(&id)
-                && same_labels(&head.strings, &series.labels, &pairs)
-            {
-                stats.add(self.append_to(series, &mut head.pending, id, t, v)?);
-                continue;
-            }
-            let id = match head.find(hash, &pairs) {
-                Some(id) => id,
-                None => {
-                    let id = head.next_id;
-                    self.disk.put_series(id, &pairs)?;
-                    head.next_id += 1;
-                    head.insert_series(id, &pairs);
-                    id
+            let id = 'sample: {
+                if let Some(row) = hit {
+                    // its labels were valid when cached: only the time is left to check
+                    if cutoff.is_some_and(|c| t < c) {
+                        stats.too_old += 1;
+                        break 'sample row.id;
+                    }
+                    if let Some(slot) = head.series.slot(row.id, row.slot as usize) {
+                        let series = &mut head.series.series[slot];
+                        stats.add(self.append_to(series, &mut head.pending, row.id, t, v)?);
+                        break 'sample row.id;
+                    }
+                    // the series is gone (retention): found or made anew below
                 }
+                // A label bomb (thousands of labels, or megabyte values) is refused sample by sample: one
+                // bad series can't bloat the index, and its valid neighbours are stored.
+                if !fill_pairs(&mut pairs, s.name(), s.labels(), cluster) {
+                    stats.invalid += 1;
+                    break 'sample SeriesId::MAX;
+                }
+                if cutoff.is_some_and(|c| t < c) {
+                    stats.too_old += 1;
+                    break 'sample SeriesId::MAX;
+                }
+                let hash = hash_pairs(pairs.iter().copied());
+                let id = match head.find(hash, &pairs) {
+                    Some(id) => id,
+                    None => {
+                        let id = head.next_id;
+                        self.disk.put_series(id, &pairs)?;
+                        head.next_id += 1;
+                        head.insert_series(id, &pairs);
+                        id
+                    }
+                };
+                stats.add(self.append_sample(head, id, t, v)?);
+                id
             };
-            if target.is_some() {
-                if refs.len() <= pos {
-                    refs.resize(pos + 1, (0, SeriesId::MAX));
-                }
-                refs[pos] = (hash, id);
+            if let Some(next) = &mut next {
+                next.ident.extend_from_slice(ident);
+                let slot = head.series.slots.get(&id).copied().unwrap_or(usize::MAX);
+                next.rows.push(CachedRow {
+                    end: u32::try_from(next.ident.len()).unwrap_or(u32::MAX),
+                    slot: u32::try_from(slot).unwrap_or(u32::MAX),
+                    id,
+                });
             }
-            stats.add(self.append_sample(head, id, t, v)?);
         }
         if let Some(t) = target {
+            // the same samples as last time: the cache stands; fewer: the first `count` of it
+            let mut kept = next.unwrap_or(cached);
+            if kept.rows.len() > count {
+                kept.rows.truncate(count);
+                let end = kept.rows.last().map_or(0, |r| r.end as usize);
+                kept.ident.truncate(end);
+            }
             // bounded: a fleet whose targets churn (pods come and go) starts over rather than growing
             if head.scrape_cache.len() >= MAX_CACHED_TARGETS {
                 head.scrape_cache.clear();
             }
-            head.scrape_cache.insert(t, refs);
+            head.scrape_cache.insert(t, kept);
         }
         Ok(stats)
     }
@@ -766,6 +851,13 @@ impl Store {
     pub fn label_strings(&self) -> (usize, usize) {
         let head = self.read();
         (head.strings.len(), head.strings.bytes())
+    }
+
+    /// Scrape targets in the scrape cache, and the bytes their last scrapes' spellings and series take.
+    pub fn scrape_cache(&self) -> (usize, usize) {
+        let head = self.read();
+        let bytes = head.scrape_cache.values().map(ScrapeCache::bytes).sum();
+        (head.scrape_cache.len(), bytes)
     }
 
     /// Bytes on disk.
@@ -1079,6 +1171,98 @@ mod tests {
         assert!(head.postings.is_empty());
         head.strings.sweep();
         assert_eq!(head.strings.len(), 0, "{:?}", head.strings);
+    }
+
+    /// A scrape as the agent sends it, decoded as the ingester decodes it.
+    fn scrape(job: &str, samples: &[(&str, &str, i64, f64)]) -> ScrapeBatch {
+        let batch = multipilot_schemas::payload::MetricBatch {
+            job: job.into(),
+            instance: "i".into(),
+            families: Vec::new(),
+            samples: samples
+                .iter()
+                .map(|&(name, pod, t, v)| Sample::new(name, &[("pod", pod)], v, t))
+                .collect(),
+            rejected_lines: 0,
+        };
+        let env =
+            multipilot_schemas::envelope::Envelope::new("c", "a", chrono::Utc::now(), 1, batch);
+        let body = multipilot_schemas::encode(&env).expect("encodes");
+        crate::batch::fast::envelope(&body)
+            .expect("the agent's form")
+            .payload
+    }
+
+    /// The samples of the series `name{pod}` (exactly one such series).
+    fn stored(store: &Store, name: &str, pod: &str) -> Vec<(i64, f64)> {
+        let found = store.select(&[vec![
+            Matcher::new(MatchOp::Equal, "__name__", name),
+            Matcher::new(MatchOp::Equal, "pod", pod),
+        ]]);
+        assert_eq!(found.len(), 1, "{name}{{pod={pod}}}");
+        store
+            .samples(found[0].0, i64::MIN, i64::MAX)
+            .expect("reads")
+    }
+
+    /// The scrape cache finds a sample's series by its spelling at its position; whatever changes between
+    /// scrapes (a series in another place, one more or fewer, a series removed by retention, another series
+    /// moved into its slot) still lands every sample in its own series.
+    #[tokio::test]
+    async fn the_scrape_cache_follows_what_changes_between_scrapes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path(), Options::default()).expect("opens");
+        let t = 1_750_000_000_000;
+        let m = 60_000;
+        let x = |samples: &[(&str, &str, i64, f64)]| {
+            store
+                .append_scrape("c", &scrape("x", samples))
+                .expect("appends")
+        };
+        let y = |samples: &[(&str, &str, i64, f64)]| {
+            store
+                .append_scrape("c", &scrape("y", samples))
+                .expect("appends")
+        };
+        x(&[("a", "1", t, 1.0), ("b", "1", t, 2.0)]);
+        y(&[("c", "1", t, 3.0)]);
+        // the same spellings: every sample found by the cache
+        assert_eq!(x(&[("a", "1", t + m, 1.5), ("b", "1", t, 2.0)]).appended, 1);
+        assert_eq!(store.scrape_cache().0, 2);
+        // b's position now holds d, and one more sample at the end
+        x(&[
+            ("a", "1", t + 2 * m, 1.7),
+            ("d", "1", t + 2 * m, 4.0),
+            ("b", "1", t + 2 * m, 2.5),
+        ]);
+        // fewer samples
+        x(&[("a", "1", t + 3 * m, 1.9)]);
+        x(&[("a", "1", t + 4 * m, 2.1), ("b", "1", t + 2 * m, 2.5)]);
+        assert_eq!(stored(&store, "a", "1").len(), 5);
+        assert_eq!(stored(&store, "b", "1"), [(t, 2.0), (t + 2 * m, 2.5)]);
+        assert_eq!(stored(&store, "d", "1"), [(t + 2 * m, 4.0)]);
+        // retention removes b (its newest sample is old) while x's cache still names it, and another
+        // series takes b's slot
+        x(&[("a", "1", t + 9 * m, 3.0), ("b", "1", t + 2 * m, 2.5)]);
+        x(&[("a", "1", t + 10 * m, 3.1), ("b", "1", t + 2 * m, 2.5)]);
+        y(&[("c", "1", t + 10 * m, 3.3)]);
+        let (_, removed) = store.apply_retention(t + 8 * m).expect("retention");
+        // b, and d (not scraped since)
+        assert_eq!(removed, 2);
+        assert!(
+            store
+                .select(&[vec![Matcher::new(MatchOp::Equal, "__name__", "b")]])
+                .is_empty()
+        );
+        x(&[("a", "1", t + 11 * m, 3.2), ("b", "1", t + 11 * m, 5.0)]);
+        y(&[("c", "1", t + 11 * m, 3.4)]);
+        assert_eq!(stored(&store, "b", "1"), [(t + 11 * m, 5.0)]);
+        assert_eq!(
+            stored(&store, "c", "1"),
+            [(t, 3.0), (t + 10 * m, 3.3), (t + 11 * m, 3.4)]
+        );
+        assert_eq!(stored(&store, "a", "1").last(), Some(&(t + 11 * m, 3.2)));
+        assert_eq!(store.series_count(), 3);
     }
 
     #[test]
