@@ -623,7 +623,7 @@ mod tests {
                 let n = (next() % 65) as u8;
                 w.write_bits(v, n);
                 reference(&mut bytes, &mut free, v, n);
-                if n % 7 == 0 {
+                if n.is_multiple_of(7) {
                     let bit = v & 1 == 1;
                     w.write_bit(bit);
                     reference(&mut bytes, &mut free, bit as u64, 1);
