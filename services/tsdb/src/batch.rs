@@ -712,9 +712,12 @@ pub(crate) mod fast {
         }
 
         /// The text, if it is UTF-8 and every span starts and ends on a character: then each span is
-        /// UTF-8 on its own, as if checked one by one.
+        /// UTF-8 on its own, as if checked one by one. In ASCII text every byte starts a character.
         fn finish(self, out: &ScrapeBatch) -> Option<String> {
             let text = String::from_utf8(self.bytes).ok()?;
+            if text.is_ascii() {
+                return Some(text);
+            }
             let on_char = |(from, to): Span| {
                 text.is_char_boundary(from as usize) && text.is_char_boundary(to as usize)
             };

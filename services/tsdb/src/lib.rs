@@ -327,6 +327,18 @@ impl Metrics {
         m
     }
 
+    /// Sets the gauges of the store's sizes.
+    fn gauges(&self, store: &Store) {
+        self.series.set(store.series_count() as i64);
+        let (strings, bytes) = store.label_strings();
+        self.label_strings.set(strings as i64);
+        self.label_string_bytes.set(bytes as i64);
+        let (targets, bytes) = store.scrape_cache();
+        self.scrape_cache_targets.set(targets as i64);
+        self.scrape_cache_bytes.set(bytes as i64);
+        self.disk_bytes.set(store.size_on_disk() as i64);
+    }
+
     pub(crate) fn remote_write(&self, outcome: &'static str, n: u64) {
         self.remote_write
             .get_or_create(&OutcomeLabel { outcome })
@@ -570,6 +582,9 @@ pub async fn run(config: Config, ctx: Context) -> Result<(), Error> {
 }
 
 /// Checkpoints and retention, each on its own interval, until cancelled.
+/// How often the store's size gauges are set.
+const GAUGES_EVERY: Duration = Duration::from_secs(15);
+
 async fn maintain(
     store: Arc<Store>,
     config: Config,
@@ -578,6 +593,9 @@ async fn maintain(
 ) {
     let mut checkpoint = tokio::time::interval(config.checkpoint_interval);
     let mut retention = tokio::time::interval(config.retention_interval);
+    // the store's sizes, as often as a fleet's scrapes come (they were set at retention, hourly: a new
+    // TSDB reported no series for its first hour)
+    let mut gauges = tokio::time::interval(GAUGES_EVERY);
     checkpoint.tick().await;
     loop {
         tokio::select! {
@@ -601,15 +619,9 @@ async fn maintain(
                     Ok(Err(e)) => tracing::warn!(error = %e, "retention failed"),
                     Err(e) => tracing::warn!(error = %e, "retention task failed"),
                 }
-                metrics.series.set(store.series_count() as i64);
-                let (strings, bytes) = store.label_strings();
-                metrics.label_strings.set(strings as i64);
-                metrics.label_string_bytes.set(bytes as i64);
-                let (targets, bytes) = store.scrape_cache();
-                metrics.scrape_cache_targets.set(targets as i64);
-                metrics.scrape_cache_bytes.set(bytes as i64);
-                metrics.disk_bytes.set(store.size_on_disk() as i64);
+                metrics.gauges(&store);
             }
+            _ = gauges.tick() => metrics.gauges(&store),
         }
     }
 }

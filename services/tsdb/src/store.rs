@@ -293,42 +293,126 @@ struct Head {
 }
 
 /// A target's last scrape, as Prometheus' scrape cache keeps it: each position's name and labels as the
-/// message spelled them (MessagePack bytes, one after another in `ident`) and the series they were stored
-/// in. A sample spelled as the one at its position last time is that series: no labels to build, hash
-/// or compare.
+/// message spelled them (MessagePack bytes) and the series they were stored in. A sample spelled as the one
+/// at its position last time is that series: no labels to build, hash or compare.
+///
+/// A spelling is kept as what it does not share with the one before it (a scrape's neighbours differ in a
+/// label value or two): ~200 bytes a series kept whole were 41 MB at 50 clusters, a fifth of the TSDB.
 #[derive(Debug, Default)]
 struct ScrapeCache {
-    ident: Vec<u8>,
-    /// Per position: where its spelling ends in `ident` (it starts where the one before ends), its
-    /// series (`SeriesId::MAX`: none, as for a refused sample) and that series' slot in the table when
-    /// cached (a hint: checked before use).
+    /// Each position's spelling but its shared start and end, one after another.
+    middles: Vec<u8>,
     rows: Vec<CachedRow>,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct CachedRow {
-    end: u32,
-    slot: u32,
+    /// Its series (`SeriesId::MAX`: none, as for a refused sample).
     id: SeriesId,
+    /// The series' slot in the table when cached (a hint: checked before use).
+    slot: u32,
+    /// Where its middle ends in `middles` (it starts where the one before ends).
+    end: u32,
+    /// Bytes its spelling shares with the spelling before it: at its start, at its end.
+    prefix: u16,
+    suffix: u16,
 }
 
 impl ScrapeCache {
-    /// The series of position `pos` if the sample there is spelled `ident` as last time.
-    fn hit(&self, pos: usize, ident: &[u8]) -> Option<CachedRow> {
-        let row = *self.rows.get(pos)?;
+    fn middle(&self, pos: usize) -> Option<&[u8]> {
         let start = match pos {
             0 => 0,
-            _ => self.rows[pos - 1].end as usize,
+            _ => self.rows.get(pos - 1)?.end as usize,
         };
-        (row.id != SeriesId::MAX
-            && !ident.is_empty()
-            && self.ident.get(start..row.end as usize)? == ident)
-            .then_some(row)
+        self.middles.get(start..self.rows.get(pos)?.end as usize)
     }
 
-    /// Bytes held (reported with the head's size).
+    /// Appends a position spelled `ident`, the position before it spelled `prev`.
+    fn push(&mut self, prev: &[u8], ident: &[u8], id: SeriesId, slot: usize) {
+        let max = u16::MAX as usize;
+        let prefix = prev
+            .iter()
+            .zip(ident)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(max);
+        let room = prev.len().min(ident.len()) - prefix;
+        let suffix = (prev.iter().rev().zip(ident.iter().rev()))
+            .take(room)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(max);
+        self.middles
+            .extend_from_slice(&ident[prefix..ident.len() - suffix]);
+        self.rows.push(CachedRow {
+            id,
+            slot: u32::try_from(slot).unwrap_or(u32::MAX),
+            end: u32::try_from(self.middles.len()).unwrap_or(u32::MAX),
+            prefix: prefix as u16,
+            suffix: suffix as u16,
+        });
+    }
+
+    /// A copy of the first `n` positions.
+    fn first(&self, n: usize) -> ScrapeCache {
+        let n = n.min(self.rows.len());
+        let end = n
+            .checked_sub(1)
+            .map_or(0, |last| self.rows[last].end as usize);
+        ScrapeCache {
+            middles: self.middles[..end.min(self.middles.len())].to_vec(),
+            rows: self.rows[..n].to_vec(),
+        }
+    }
+
+    /// Keeps the first `n` positions.
+    fn truncate(&mut self, n: usize) {
+        self.rows.truncate(n);
+        self.middles
+            .truncate(self.rows.last().map_or(0, |r| r.end as usize));
+    }
+
+    /// Bytes held (reported as a metric).
     fn bytes(&self) -> usize {
-        self.ident.capacity() + self.rows.capacity() * std::mem::size_of::<CachedRow>()
+        self.middles.capacity() + self.rows.capacity() * std::mem::size_of::<CachedRow>()
+    }
+}
+
+/// Goes through a cached scrape position by position beside a new one, telling which positions are
+/// spelled as last time.
+struct Walk<'c> {
+    cache: &'c ScrapeCache,
+    /// The cached spelling of the position before, when it differs from the new one's.
+    own: Option<Vec<u8>>,
+}
+
+impl<'c> Walk<'c> {
+    fn new(cache: &'c ScrapeCache) -> Self {
+        Walk { cache, own: None }
+    }
+
+    /// The cached row of position `pos` if it was spelled `ident`; `prev` is the new spelling of the
+    /// position before. Called for every position in order.
+    fn hit(&mut self, pos: usize, prev: &[u8], ident: &[u8]) -> Option<CachedRow> {
+        let row = *self.cache.rows.get(pos)?;
+        let middle = self.cache.middle(pos)?;
+        let before = self.own.as_deref().unwrap_or(prev);
+        let (p, s) = (row.prefix as usize, row.suffix as usize);
+        if before.len() < p + s {
+            // never made so; whatever follows is read as new
+            self.own = Some(Vec::new());
+            return None;
+        }
+        let tail = &before[before.len() - s..];
+        let same = ident.len() == p + middle.len() + s
+            && ident[..p] == before[..p]
+            && &ident[p..p + middle.len()] == middle
+            && &ident[p + middle.len()..] == tail;
+        self.own = match same {
+            true => None,
+            false => Some([&before[..p], middle, tail].concat()),
+        };
+        (same && row.id != SeriesId::MAX && !ident.is_empty()).then_some(row)
     }
 }
 
@@ -592,22 +676,19 @@ impl Store {
             Some(t) => head.scrape_cache.remove(&t).unwrap_or_default(),
             None => ScrapeCache::default(),
         };
+        let mut walk = Walk::new(&cached);
         // this scrape's cache, built only once a sample is not spelled as last time
         let mut next: Option<ScrapeCache> = None;
         let mut pairs = Vec::with_capacity(16);
         let mut count = 0;
+        let mut prev: &[u8] = &[];
         for (pos, s) in samples.into_iter().enumerate() {
             count = pos + 1;
             let ident = s.ident();
-            let hit = cached.hit(pos, ident);
+            let hit = walk.hit(pos, prev, ident);
             if hit.is_none() && next.is_none() && target.is_some() {
                 // every position before this one was a hit: the same spellings and series
-                let rows = cached.rows[..pos].to_vec();
-                let end = rows.last().map_or(0, |r| r.end as usize);
-                next = Some(ScrapeCache {
-                    ident: cached.ident[..end].to_vec(),
-                    rows,
-                });
+                next = Some(cached.first(pos));
             }
             let (t, v) = (s.timestamp_ms(), s.value());
             let id = 'sample: {
@@ -649,22 +730,21 @@ impl Store {
                 id
             };
             if let Some(next) = &mut next {
-                next.ident.extend_from_slice(ident);
                 let slot = head.series.slots.get(&id).copied().unwrap_or(usize::MAX);
-                next.rows.push(CachedRow {
-                    end: u32::try_from(next.ident.len()).unwrap_or(u32::MAX),
-                    slot: u32::try_from(slot).unwrap_or(u32::MAX),
-                    id,
-                });
+                next.push(prev, ident, id, slot);
             }
+            prev = ident;
         }
         if let Some(t) = target {
             // the same samples as last time: the cache stands; fewer: the first `count` of it
+            let rebuilt = next.is_some() || cached.rows.len() > count;
+            drop(walk);
             let mut kept = next.unwrap_or(cached);
-            if kept.rows.len() > count {
-                kept.rows.truncate(count);
-                let end = kept.rows.last().map_or(0, |r| r.end as usize);
-                kept.ident.truncate(end);
+            kept.truncate(count);
+            if rebuilt {
+                // held until the target's samples change: no room left to grow into
+                kept.middles.shrink_to_fit();
+                kept.rows.shrink_to_fit();
             }
             // bounded: a fleet whose targets churn (pods come and go) starts over rather than growing
             if head.scrape_cache.len() >= MAX_CACHED_TARGETS {
@@ -1171,6 +1251,87 @@ mod tests {
         assert!(head.postings.is_empty());
         head.strings.sweep();
         assert_eq!(head.strings.len(), 0, "{:?}", head.strings);
+    }
+
+    /// A cached scrape keeps each spelling as what it does not share with the one before, and a walk
+    /// beside another scrape finds exactly the positions spelled the same, however the spellings around
+    /// them changed.
+    #[test]
+    fn a_walk_finds_exactly_the_positions_spelled_as_last_time() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        // spellings of a few shapes: shared starts and ends, one longer than the other, empty
+        fn spelling(n: &mut impl FnMut() -> u64) -> Vec<u8> {
+            let kind = n() % 6;
+            let (v, w) = ((n() % 4) as u8, (n() % 3) as u8);
+            match kind {
+                0 => Vec::new(),
+                1 => vec![b'a'; (n() % 5) as usize],
+                // a value in the middle and one at the end
+                _ => [
+                    &b"\xa4name\x83"[..],
+                    &[b'0' + v],
+                    b"\xa3job\xa4",
+                    &[b'0' + w],
+                    b"node",
+                ]
+                .concat(),
+            }
+        }
+        for round in 0..300 {
+            let old: Vec<Vec<u8>> = (0..(next() % 12)).map(|_| spelling(&mut next)).collect();
+            let mut new = old.clone();
+            for _ in 0..(next() % 4) {
+                if new.is_empty() {
+                    break;
+                }
+                let at = (next() as usize) % new.len();
+                match next() % 3 {
+                    0 => new[at] = spelling(&mut next),
+                    1 => new.insert(at, spelling(&mut next)),
+                    _ => {
+                        new.remove(at);
+                    }
+                }
+            }
+            let mut cache = ScrapeCache::default();
+            let mut prev: &[u8] = &[];
+            for (i, s) in old.iter().enumerate() {
+                cache.push(prev, s, i as SeriesId, i);
+                prev = s;
+            }
+            let mut walk = Walk::new(&cache);
+            let mut prev: &[u8] = &[];
+            for (i, s) in new.iter().enumerate() {
+                let want = old.get(i).is_some_and(|o| o == s && !s.is_empty());
+                let got = walk.hit(i, prev, s).map(|r| r.id);
+                assert_eq!(
+                    got,
+                    want.then_some(i as SeriesId),
+                    "round {round} position {i}: {old:?} → {new:?}"
+                );
+                prev = s;
+            }
+            // the first n positions of a cache are the cache of the first n spellings
+            let n = (next() as usize) % (old.len() + 1);
+            let first = cache.first(n);
+            let mut walk = Walk::new(&first);
+            let mut prev: &[u8] = &[];
+            for (i, s) in old.iter().enumerate() {
+                let got = walk.hit(i, prev, s).is_some();
+                assert_eq!(
+                    got,
+                    i < n && !s.is_empty(),
+                    "round {round}: first {n} of {old:?}"
+                );
+                prev = s;
+            }
+        }
     }
 
     /// A scrape as the agent sends it, decoded as the ingester decodes it.
