@@ -158,23 +158,41 @@ pub async fn run(o: &Opts, dir: &std::path::Path) -> Result<(Report, Recorder)> 
         "… of which event → read by its agent (the same events' agent_time: the simulator serving the watch, the agent reading it)",
         read.line("s"),
     );
-    // judged on the microsecond-timed events only; with none of them there is nothing to judge, and the
-    // report says so instead of a p99 of 0.00 s. The goal: 1 s up to 30 clusters, 2 s beyond (issue 29).
+    // judged on the microsecond-timed events; with none of them, on the events timed to the second, whose
+    // lags read up to 1 s high: an upper bound, so a p99 under the goal there is under it in truth (one over
+    // it proves nothing and is reported as not met). With no digest at all there is nothing to judge, and
+    // the report says so instead of a p99 of 0.00 s. The goal: 1 s up to 30 clusters, 2 s beyond (issue 29).
     let digest_goal = if clusters.len() > 30 { 2.0 } else { 1.0 };
+    let (met, evidence) = if precise.count > 0 {
+        (
+            precise.p99 < digest_goal,
+            format!("p99 {:.2} s over {} digests", precise.p99, precise.count),
+        )
+    } else if coarse.count > 0 {
+        (
+            coarse.p99 < digest_goal,
+            format!(
+                "p99 ≤ {:.2} s over {} digests of events timed to the second (their lags read up to 1 s high: an upper bound; no microsecond-timed event was digested)",
+                coarse.p99, coarse.count
+            ),
+        )
+    } else {
+        (
+            false,
+            "no data: no event was digested in the load window".to_string(),
+        )
+    };
     r.goal(
         format!(
             "event → digest p99 < {digest_goal:.0} s{}",
-            if storm.is_some() { " (outside the storm and its drain)" } else { "" }
+            if storm.is_some() {
+                " (outside the storm and its drain)"
+            } else {
+                ""
+            }
         ),
-        precise.count > 0 && precise.p99 < digest_goal,
-        if precise.count == 0 {
-            format!(
-                "no data: no microsecond-timed event was digested in the load window (events timed to the second: {})",
-                coarse.line("s")
-            )
-        } else {
-            format!("p99 {:.2} s over {} digests", precise.p99, precise.count)
-        },
+        met,
+        evidence,
     );
     r.plot(
         "lags",
