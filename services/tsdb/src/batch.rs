@@ -90,7 +90,8 @@ impl<'a> SampleView<'a> for SampleRef<'a> {
 
 impl ScrapeBatch {
     fn span(&self, (from, to): Span) -> &str {
-        // spans are made by `push_str` on this text, always on char boundaries
+        // spans are made by `push_text` on this text, or by the fast reader's `Text::push` and checked to be
+        // on char boundaries by `Text::finish` (or each string checked on its own): always on char boundaries
         &self.text[from as usize..to as usize]
     }
 
@@ -143,15 +144,21 @@ impl ScrapeBatch {
     }
 }
 
-/// Sorts the labels from `from` to the end by name, keeping the last value of a name given twice (what decoding into a
-/// map did). Producers send them sorted: then this only checks. Names compare as bytes, which orders them
-/// as strings do.
-fn normalize_labels(pairs: &mut Vec<(Span, Span)>, text: &[u8], from: usize) {
+/// Whether the labels from `from` on are sorted by name, each name once (as producers send them).
+fn sorted_once(pairs: &[(Span, Span)], text: &[u8], from: usize) -> bool {
     let key = |p: &(Span, Span)| &text[p.0.0 as usize..p.0.1 as usize];
-    let labels = &mut pairs[from..];
-    if labels.windows(2).all(|w| key(&w[0]) < key(&w[1])) {
+    pairs[from..].windows(2).all(|w| key(&w[0]) < key(&w[1]))
+}
+
+/// Sorts the labels from `from` to the end by name, keeping the last value of a name given twice (what
+/// decoding into a map did). Producers send them sorted: then this only checks. Names compare as bytes,
+/// which orders them as strings do.
+fn normalize_labels(pairs: &mut Vec<(Span, Span)>, text: &[u8], from: usize) {
+    if sorted_once(pairs, text, from) {
         return;
     }
+    let key = |p: &(Span, Span)| &text[p.0.0 as usize..p.0.1 as usize];
+    let labels = &mut pairs[from..];
     // stable: equal names stay in message order, so the last of a run is the one given last
     labels.sort_by(|a, b| key(a).cmp(key(b)));
     let mut kept: Vec<(Span, Span)> = Vec::with_capacity(labels.len());
@@ -505,7 +512,7 @@ pub(crate) mod fast {
     use chrono::{DateTime, Utc};
     use multipilot_schemas::envelope::Envelope;
 
-    use super::{Row, ScrapeBatch, Span, normalize_labels};
+    use super::{Row, ScrapeBatch, Span, normalize_labels, sorted_once};
 
     /// Nesting a skipped value may have.
     const MAX_DEPTH: usize = 32;
@@ -822,6 +829,15 @@ pub(crate) mod fast {
                         let pair = (text.push(k)?, text.push(v)?);
                         out.pairs.push(pair);
                     }
+                    if !sorted_once(&out.pairs, &text.bytes, from) {
+                        // a name given twice drops a pair, whose strings `Text::finish` would not see:
+                        // checked one by one here (rare: producers send each name once, in order)
+                        for &(k, v) in &out.pairs[from..] {
+                            for (a, b) in [k, v] {
+                                std::str::from_utf8(&text.bytes[a as usize..b as usize]).ok()?;
+                            }
+                        }
+                    }
                     normalize_labels(&mut out.pairs, &text.bytes, from);
                     labels = Some((from as u32, out.pairs.len() as u32));
                     out.ident.extend_from_slice(r.read_since(start));
@@ -1116,7 +1132,8 @@ mod tests {
     }
 
     /// The sample strings are checked as UTF-8 all at once: a character split between a label's name and
-    /// its value (each invalid alone, valid together) is still refused, as serde refuses it; an unknown
+    /// its value (each invalid alone, valid together), or between two values a repeated name drops, is
+    /// still refused, as serde refuses it; an unknown
     /// key of a sample that is not UTF-8 is left to serde (which skips it, as the owned decoder does).
     #[test]
     fn strings_checked_together_are_refused_as_when_checked_alone() {
@@ -1161,7 +1178,18 @@ mod tests {
         let key = rmp_serde::to_vec_named(&with_key).unwrap();
         assert!(rmp_serde::from_slice::<ScrapeBatch>(&key).is_ok());
         let key = replace(&key, b"\xa2zz", b"\xa2z\xff");
-        for bytes in [&split, &name] {
+        // three labels named "" (a map keeps the last): "\xc3" and "\xa9", dropped, are "é" together
+        let dropped = {
+            let body = env(&[("a", "1"), ("b", "2"), ("c", "x")]);
+            let from: &[u8] = b"\xa1a\xa11\xa1b\xa12\xa1c\xa1x";
+            let at = body
+                .windows(from.len())
+                .position(|w| w == from)
+                .expect("present");
+            let to: &[u8] = b"\xa0\xa1\xc3\xa0\xa1\xa9\xa0\xa1x";
+            [&body[..at], to, &body[at + from.len()..]].concat()
+        };
+        for bytes in [&split, &name, &dropped] {
             assert!(
                 fast::envelope(bytes).is_none(),
                 "the fast reader leaves it to serde"

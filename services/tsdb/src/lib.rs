@@ -270,6 +270,7 @@ pub struct Metrics {
     label_string_bytes: Gauge,
     scrape_cache_targets: Gauge,
     scrape_cache_bytes: Gauge,
+    scrape_cache_hits: Counter,
     disk_bytes: Gauge,
     partitions_dropped: Counter,
     remote_write: Family<OutcomeLabel, Counter>,
@@ -303,6 +304,11 @@ impl Metrics {
             "multipilot_tsdb_scrape_cache_targets",
             "Scrape targets whose last scrape is cached (series found by the samples' spelling, as Prometheus' scrape cache does; at most 16,384)",
             m.scrape_cache_targets.clone(),
+        );
+        registry.register(
+            "multipilot_tsdb_scrape_cache_hits",
+            "Samples whose series the scrape cache knew (spelled as at their position in the target's last scrape)",
+            m.scrape_cache_hits.clone(),
         );
         registry.register(
             "multipilot_tsdb_scrape_cache_bytes",
@@ -346,6 +352,7 @@ impl Metrics {
     }
 
     fn count(&self, s: store::AppendStats) {
+        self.scrape_cache_hits.inc_by(s.cached);
         for (outcome, n) in [
             ("appended", s.appended),
             ("out_of_order", s.out_of_order),
@@ -581,10 +588,10 @@ pub async fn run(config: Config, ctx: Context) -> Result<(), Error> {
     Ok(())
 }
 
-/// Checkpoints and retention, each on its own interval, until cancelled.
 /// How often the store's size gauges are set.
 const GAUGES_EVERY: Duration = Duration::from_secs(15);
 
+/// Checkpoints, retention and the size gauges, each on its own interval, until cancelled.
 async fn maintain(
     store: Arc<Store>,
     config: Config,

@@ -98,6 +98,8 @@ pub struct AppendStats {
     pub too_old: u64,
     /// Unusable (empty metric name).
     pub invalid: u64,
+    /// Of all the above, the samples whose series the scrape cache knew by their spelling.
+    pub cached: u64,
 }
 
 impl AppendStats {
@@ -107,6 +109,7 @@ impl AppendStats {
         self.duplicates += o.duplicates;
         self.too_old += o.too_old;
         self.invalid += o.invalid;
+        self.cached += o.cached;
     }
 }
 
@@ -300,6 +303,9 @@ struct Head {
 /// label value or two): ~200 bytes a series kept whole were 41 MB at 50 clusters, a fifth of the TSDB.
 #[derive(Debug, Default)]
 struct ScrapeCache {
+    /// The target (cluster, job, instance, each with its length before it): the map's key is a hash of it,
+    /// which an agent choosing its job and instance could make collide with another cluster's.
+    target: Box<[u8]>,
     /// Each position's spelling but its shared start and end, one after another.
     middles: Vec<u8>,
     rows: Vec<CachedRow>,
@@ -328,7 +334,7 @@ impl ScrapeCache {
     }
 
     /// Appends a position spelled `ident`, the position before it spelled `prev`.
-    fn push(&mut self, prev: &[u8], ident: &[u8], id: SeriesId, slot: usize) {
+    fn push(&mut self, prev: &[u8], ident: &[u8], id: SeriesId, slot: u32) {
         let max = u16::MAX as usize;
         let prefix = prev
             .iter()
@@ -346,7 +352,7 @@ impl ScrapeCache {
             .extend_from_slice(&ident[prefix..ident.len() - suffix]);
         self.rows.push(CachedRow {
             id,
-            slot: u32::try_from(slot).unwrap_or(u32::MAX),
+            slot,
             end: u32::try_from(self.middles.len()).unwrap_or(u32::MAX),
             prefix: prefix as u16,
             suffix: suffix as u16,
@@ -360,6 +366,7 @@ impl ScrapeCache {
             .checked_sub(1)
             .map_or(0, |last| self.rows[last].end as usize);
         ScrapeCache {
+            target: self.target.clone(),
             middles: self.middles[..end.min(self.middles.len())].to_vec(),
             rows: self.rows[..n].to_vec(),
         }
@@ -374,33 +381,58 @@ impl ScrapeCache {
 
     /// Bytes held (reported as a metric).
     fn bytes(&self) -> usize {
-        self.middles.capacity() + self.rows.capacity() * std::mem::size_of::<CachedRow>()
+        self.target.len()
+            + self.middles.capacity()
+            + self.rows.capacity() * std::mem::size_of::<CachedRow>()
     }
+}
+
+/// A scrape target's key in the scrape cache, and the target itself (see [`ScrapeCache::target`]).
+fn scrape_target(cluster: &str, job: &str, instance: &str) -> (u64, Box<[u8]>) {
+    let key = hash_pairs([(cluster, ""), (job, instance)].into_iter());
+    let mut target = Vec::with_capacity(cluster.len() + job.len() + instance.len() + 24);
+    for part in [cluster, job, instance] {
+        target.extend_from_slice(&(part.len() as u64).to_le_bytes());
+        target.extend_from_slice(part.as_bytes());
+    }
+    (key, target.into_boxed_slice())
 }
 
 /// Goes through a cached scrape position by position beside a new one, telling which positions are
 /// spelled as last time.
 struct Walk<'c> {
     cache: &'c ScrapeCache,
-    /// The cached spelling of the position before, when it differs from the new one's.
-    own: Option<Vec<u8>>,
+    /// The cached spelling of the position before, when `differs` (else it is the new one's).
+    own: Vec<u8>,
+    differs: bool,
+    spare: Vec<u8>,
+    /// The cache does not add up (never made so): every later position reads as new.
+    broken: bool,
 }
 
 impl<'c> Walk<'c> {
     fn new(cache: &'c ScrapeCache) -> Self {
-        Walk { cache, own: None }
+        Walk {
+            cache,
+            own: Vec::new(),
+            differs: false,
+            spare: Vec::new(),
+            broken: false,
+        }
     }
 
-    /// The cached row of position `pos` if it was spelled `ident`; `prev` is the new spelling of the
-    /// position before. Called for every position in order.
-    fn hit(&mut self, pos: usize, prev: &[u8], ident: &[u8]) -> Option<CachedRow> {
+    /// The cached row of position `pos` if it was spelled `ident` there last time; `prev` is the new
+    /// spelling of the position before. Called for every position in order.
+    fn same(&mut self, pos: usize, prev: &[u8], ident: &[u8]) -> Option<CachedRow> {
+        if self.broken {
+            return None;
+        }
         let row = *self.cache.rows.get(pos)?;
         let middle = self.cache.middle(pos)?;
-        let before = self.own.as_deref().unwrap_or(prev);
+        let before = if self.differs { &self.own[..] } else { prev };
         let (p, s) = (row.prefix as usize, row.suffix as usize);
         if before.len() < p + s {
-            // never made so; whatever follows is read as new
-            self.own = Some(Vec::new());
+            self.broken = true;
             return None;
         }
         let tail = &before[before.len() - s..];
@@ -408,11 +440,16 @@ impl<'c> Walk<'c> {
             && ident[..p] == before[..p]
             && &ident[p..p + middle.len()] == middle
             && &ident[p + middle.len()..] == tail;
-        self.own = match same {
-            true => None,
-            false => Some([&before[..p], middle, tail].concat()),
-        };
-        (same && row.id != SeriesId::MAX && !ident.is_empty()).then_some(row)
+        if !same {
+            // the cached spelling, for the next position's comparison
+            self.spare.clear();
+            self.spare.extend_from_slice(&before[..p]);
+            self.spare.extend_from_slice(middle);
+            self.spare.extend_from_slice(tail);
+            std::mem::swap(&mut self.own, &mut self.spare);
+        }
+        self.differs = !same;
+        same.then_some(row)
     }
 }
 
@@ -424,8 +461,8 @@ pub struct Store {
     opts: Options,
 }
 
-/// A series' label hash (in memory only: the index is rebuilt at open). foldhash, not SipHash: no
-/// attacker picks the keys' collisions here (a collision costs a label comparison, not correctness), and
+/// A series' label hash (in memory only: the index is rebuilt at open), and a scrape target's key.
+/// foldhash, not SipHash: a collision costs a comparison (of the labels, of the target), not correctness, and
 /// hashing every sample's labels was a tenth of the ingest time.
 fn hash_pairs<'a>(pairs: impl Iterator<Item = (&'a str, &'a str)>) -> u64 {
     let mut h = foldhash::fast::FixedState::with_seed(0x6d75_6c74_6970_696c).build_hasher();
@@ -651,16 +688,17 @@ impl Store {
     /// Appends the samples of one scrape, as [`Store::append`], remembering the series of each position of
     /// the target's scrape (cluster, job, instance) for its next scrape, as Prometheus' scrape cache does:
     /// a target sends its series in the same order every time, so the index is searched only for what
-    /// changed. A remembered series is used only if its labels are the sample's.
+    /// changed. A remembered series is used only if the sample is spelled byte for byte as at its position last
+    /// time, for the same target.
     pub fn append_scrape(&self, cluster: &str, batch: &ScrapeBatch) -> Result<AppendStats> {
-        let target = hash_pairs([(cluster, ""), (&batch.job, &batch.instance)].into_iter());
+        let target = scrape_target(cluster, &batch.job, &batch.instance);
         self.append_inner(cluster, Some(target), batch.samples())
     }
 
     fn append_inner<'a, S: SampleView<'a>>(
         &self,
         cluster: &'a str,
-        target: Option<u64>,
+        target: Option<(u64, Box<[u8]>)>,
         samples: impl IntoIterator<Item = S>,
     ) -> Result<AppendStats> {
         let mut stats = AppendStats::default();
@@ -671,13 +709,22 @@ impl Store {
         });
         let mut guard = self.write();
         let head = &mut *guard;
-        // taken out while the batch is appended, put back after
-        let cached = match target {
-            Some(t) => head.scrape_cache.remove(&t).unwrap_or_default(),
+        // taken out while the batch is appended, put back after; another target's under the same key is
+        // not this one's
+        let cached = match &target {
+            Some((key, t)) => head
+                .scrape_cache
+                .remove(key)
+                .filter(|c| c.target == *t)
+                .unwrap_or_else(|| ScrapeCache {
+                    target: t.clone(),
+                    ..Default::default()
+                }),
             None => ScrapeCache::default(),
         };
         let mut walk = Walk::new(&cached);
-        // this scrape's cache, built only once a sample is not spelled as last time
+        // this scrape's cache, built from the first position whose spelling, series or slot is not as
+        // cached
         let mut next: Option<ScrapeCache> = None;
         let mut pairs = Vec::with_capacity(16);
         let mut count = 0;
@@ -685,23 +732,21 @@ impl Store {
         for (pos, s) in samples.into_iter().enumerate() {
             count = pos + 1;
             let ident = s.ident();
-            let hit = walk.hit(pos, prev, ident);
-            if hit.is_none() && next.is_none() && target.is_some() {
-                // every position before this one was a hit: the same spellings and series
-                next = Some(cached.first(pos));
-            }
+            let same = walk.same(pos, prev, ident);
             let (t, v) = (s.timestamp_ms(), s.value());
-            let id = 'sample: {
-                if let Some(row) = hit {
+            let (id, slot) = 'sample: {
+                if let Some(row) = same.filter(|r| r.id != SeriesId::MAX && !ident.is_empty()) {
                     // its labels were valid when cached: only the time is left to check
                     if cutoff.is_some_and(|c| t < c) {
                         stats.too_old += 1;
-                        break 'sample row.id;
+                        stats.cached += 1;
+                        break 'sample (row.id, row.slot as usize);
                     }
                     if let Some(slot) = head.series.slot(row.id, row.slot as usize) {
                         let series = &mut head.series.series[slot];
                         stats.add(self.append_to(series, &mut head.pending, row.id, t, v)?);
-                        break 'sample row.id;
+                        stats.cached += 1;
+                        break 'sample (row.id, slot);
                     }
                     // the series is gone (retention): found or made anew below
                 }
@@ -709,11 +754,11 @@ impl Store {
                 // bad series can't bloat the index, and its valid neighbours are stored.
                 if !fill_pairs(&mut pairs, s.name(), s.labels(), cluster) {
                     stats.invalid += 1;
-                    break 'sample SeriesId::MAX;
+                    break 'sample (SeriesId::MAX, usize::MAX);
                 }
                 if cutoff.is_some_and(|c| t < c) {
                     stats.too_old += 1;
-                    break 'sample SeriesId::MAX;
+                    break 'sample (SeriesId::MAX, usize::MAX);
                 }
                 let hash = hash_pairs(pairs.iter().copied());
                 let id = match head.find(hash, &pairs) {
@@ -727,16 +772,24 @@ impl Store {
                     }
                 };
                 stats.add(self.append_sample(head, id, t, v)?);
-                id
+                (
+                    id,
+                    head.series.slots.get(&id).copied().unwrap_or(usize::MAX),
+                )
             };
+            let slot = u32::try_from(slot).unwrap_or(u32::MAX);
+            let unchanged = same.is_some_and(|r| r.id == id && r.slot == slot);
+            if !unchanged && next.is_none() && target.is_some() {
+                // every position before this one was as cached
+                next = Some(cached.first(pos));
+            }
             if let Some(next) = &mut next {
-                let slot = head.series.slots.get(&id).copied().unwrap_or(usize::MAX);
                 next.push(prev, ident, id, slot);
             }
             prev = ident;
         }
-        if let Some(t) = target {
-            // the same samples as last time: the cache stands; fewer: the first `count` of it
+        if let Some((key, _)) = target {
+            // as cached: the cache stands; fewer samples: the first `count` of it
             let rebuilt = next.is_some() || cached.rows.len() > count;
             drop(walk);
             let mut kept = next.unwrap_or(cached);
@@ -750,7 +803,7 @@ impl Store {
             if head.scrape_cache.len() >= MAX_CACHED_TARGETS {
                 head.scrape_cache.clear();
             }
-            head.scrape_cache.insert(t, kept);
+            head.scrape_cache.insert(key, kept);
         }
         Ok(stats)
     }
@@ -1254,8 +1307,8 @@ mod tests {
     }
 
     /// A cached scrape keeps each spelling as what it does not share with the one before, and a walk
-    /// beside another scrape finds exactly the positions spelled the same, however the spellings around
-    /// them changed.
+    /// beside another scrape finds exactly the positions spelled the same (empty spellings included: the
+    /// store does not use those), however the spellings around them changed.
     #[test]
     fn a_walk_finds_exactly_the_positions_spelled_as_last_time() {
         let mut x = 0x9e37_79b9_7f4a_7c15u64;
@@ -1302,14 +1355,14 @@ mod tests {
             let mut cache = ScrapeCache::default();
             let mut prev: &[u8] = &[];
             for (i, s) in old.iter().enumerate() {
-                cache.push(prev, s, i as SeriesId, i);
+                cache.push(prev, s, i as SeriesId, i as u32);
                 prev = s;
             }
             let mut walk = Walk::new(&cache);
             let mut prev: &[u8] = &[];
             for (i, s) in new.iter().enumerate() {
-                let want = old.get(i).is_some_and(|o| o == s && !s.is_empty());
-                let got = walk.hit(i, prev, s).map(|r| r.id);
+                let want = old.get(i) == Some(s);
+                let got = walk.same(i, prev, s).map(|r| r.id);
                 assert_eq!(
                     got,
                     want.then_some(i as SeriesId),
@@ -1323,12 +1376,8 @@ mod tests {
             let mut walk = Walk::new(&first);
             let mut prev: &[u8] = &[];
             for (i, s) in old.iter().enumerate() {
-                let got = walk.hit(i, prev, s).is_some();
-                assert_eq!(
-                    got,
-                    i < n && !s.is_empty(),
-                    "round {round}: first {n} of {old:?}"
-                );
+                let got = walk.same(i, prev, s).is_some();
+                assert_eq!(got, i < n, "round {round}: first {n} of {old:?}");
                 prev = s;
             }
         }
@@ -1388,24 +1437,47 @@ mod tests {
         x(&[("a", "1", t, 1.0), ("b", "1", t, 2.0)]);
         y(&[("c", "1", t, 3.0)]);
         // the same spellings: every sample found by the cache
-        assert_eq!(x(&[("a", "1", t + m, 1.5), ("b", "1", t, 2.0)]).appended, 1);
+        let st = x(&[("a", "1", t + m, 1.5), ("b", "1", t, 2.0)]);
+        assert_eq!((st.appended, st.duplicates, st.cached), (1, 1, 2));
         assert_eq!(store.scrape_cache().0, 2);
         // b's position now holds d, and one more sample at the end
-        x(&[
+        let st = x(&[
             ("a", "1", t + 2 * m, 1.7),
             ("d", "1", t + 2 * m, 4.0),
             ("b", "1", t + 2 * m, 2.5),
         ]);
+        assert_eq!(st.cached, 1);
+        assert_eq!(
+            x(&[
+                ("a", "1", t + 2 * m + 1, 1.8),
+                ("d", "1", t + 3 * m, 4.1),
+                ("b", "1", t + 3 * m, 2.6)
+            ])
+            .cached,
+            3
+        );
         // fewer samples
-        x(&[("a", "1", t + 3 * m, 1.9)]);
-        x(&[("a", "1", t + 4 * m, 2.1), ("b", "1", t + 2 * m, 2.5)]);
-        assert_eq!(stored(&store, "a", "1").len(), 5);
-        assert_eq!(stored(&store, "b", "1"), [(t, 2.0), (t + 2 * m, 2.5)]);
-        assert_eq!(stored(&store, "d", "1"), [(t + 2 * m, 4.0)]);
+        assert_eq!(x(&[("a", "1", t + 3 * m, 1.9)]).cached, 1);
+        assert_eq!(
+            x(&[("a", "1", t + 4 * m, 2.1), ("b", "1", t + 3 * m, 2.6)]).cached,
+            1
+        );
+        assert_eq!(stored(&store, "a", "1").len(), 6);
+        assert_eq!(
+            stored(&store, "b", "1"),
+            [(t, 2.0), (t + 2 * m, 2.5), (t + 3 * m, 2.6)]
+        );
+        assert_eq!(
+            stored(&store, "d", "1"),
+            [(t + 2 * m, 4.0), (t + 3 * m, 4.1)]
+        );
         // retention removes b (its newest sample is old) while x's cache still names it, and another
         // series takes b's slot
-        x(&[("a", "1", t + 9 * m, 3.0), ("b", "1", t + 2 * m, 2.5)]);
-        x(&[("a", "1", t + 10 * m, 3.1), ("b", "1", t + 2 * m, 2.5)]);
+        assert_eq!(
+            x(&[("a", "1", t + 9 * m, 3.0), ("b", "1", t + 3 * m, 2.6)]).cached,
+            2
+        );
+        x(&[("a", "1", t + 10 * m, 3.1), ("b", "1", t + 3 * m, 2.6)]);
         y(&[("c", "1", t + 10 * m, 3.3)]);
         let (_, removed) = store.apply_retention(t + 8 * m).expect("retention");
         // b, and d (not scraped since)
@@ -1415,15 +1487,73 @@ mod tests {
                 .select(&[vec![Matcher::new(MatchOp::Equal, "__name__", "b")]])
                 .is_empty()
         );
-        x(&[("a", "1", t + 11 * m, 3.2), ("b", "1", t + 11 * m, 5.0)]);
-        y(&[("c", "1", t + 11 * m, 3.4)]);
-        assert_eq!(stored(&store, "b", "1"), [(t + 11 * m, 5.0)]);
+        // b's series is gone: found anew; c's slot moved: found by its id
+        assert_eq!(
+            x(&[("a", "1", t + 11 * m, 3.2), ("b", "1", t + 11 * m, 5.0)]).cached,
+            1
+        );
+        assert_eq!(y(&[("c", "1", t + 11 * m, 3.4)]).cached, 1);
+        // and both remembered anew: the next scrapes find them by their spelling and slot
+        assert_eq!(
+            x(&[("a", "1", t + 12 * m, 3.3), ("b", "1", t + 12 * m, 5.1)]).cached,
+            2
+        );
+        {
+            let head = store.read();
+            for cache in head.scrape_cache.values() {
+                for row in &cache.rows {
+                    assert_eq!(
+                        head.series.slots.get(&row.id).map(|&s| s as u32),
+                        Some(row.slot)
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            stored(&store, "b", "1"),
+            [(t + 11 * m, 5.0), (t + 12 * m, 5.1)]
+        );
         assert_eq!(
             stored(&store, "c", "1"),
             [(t, 3.0), (t + 10 * m, 3.3), (t + 11 * m, 3.4)]
         );
-        assert_eq!(stored(&store, "a", "1").last(), Some(&(t + 11 * m, 3.2)));
+        assert_eq!(stored(&store, "a", "1").last(), Some(&(t + 12 * m, 3.3)));
         assert_eq!(store.series_count(), 3);
+    }
+
+    /// Two targets whose keys collide (an agent picks its job and instance) do not share a cache: the
+    /// second cluster's samples never land in the first one's series.
+    #[tokio::test]
+    async fn a_target_under_another_targets_key_starts_its_own_cache() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Store::open(dir.path(), Options::default()).expect("opens");
+        let t = 1_750_000_000_000;
+        let one = [("a", "1", t, 1.0)];
+        store
+            .append_scrape("c1", &scrape("x", &one))
+            .expect("appends");
+        // as if c2's target hashed to c1's key
+        {
+            let mut head = store.write();
+            let (key1, _) = scrape_target("c1", "x", "i");
+            let (key2, _) = scrape_target("c2", "x", "i");
+            let cache = head.scrape_cache.remove(&key1).expect("cached");
+            head.scrape_cache.insert(key2, cache);
+        }
+        let st = store
+            .append_scrape("c2", &scrape("x", &[("a", "1", t + 1, 2.0)]))
+            .expect("appends");
+        assert_eq!((st.appended, st.cached), (1, 0));
+        let found = store.select(&[vec![Matcher::new(MatchOp::Equal, "__name__", "a")]]);
+        assert_eq!(found.len(), 2, "a series of its own for c2");
+        for (id, labels) in found {
+            let cluster = labels.iter().find(|(k, _)| k == "cluster");
+            let want = match cluster.map(|(_, v)| v.as_str()) {
+                Some("c1") => vec![(t, 1.0)],
+                _ => vec![(t + 1, 2.0)],
+            };
+            assert_eq!(store.samples(id, i64::MIN, i64::MAX).expect("reads"), want);
+        }
     }
 
     #[test]
