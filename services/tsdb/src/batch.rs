@@ -154,9 +154,13 @@ fn sorted_once(pairs: &[(Span, Span)], text: &[u8], from: usize) -> bool {
 /// decoding into a map did). Producers send them sorted: then this only checks. Names compare as bytes,
 /// which orders them as strings do.
 fn normalize_labels(pairs: &mut Vec<(Span, Span)>, text: &[u8], from: usize) {
-    if sorted_once(pairs, text, from) {
-        return;
+    if !sorted_once(pairs, text, from) {
+        sort_labels(pairs, text, from);
     }
+}
+
+/// [`normalize_labels`] for labels known not to be sorted and unique.
+fn sort_labels(pairs: &mut Vec<(Span, Span)>, text: &[u8], from: usize) {
     let key = |p: &(Span, Span)| &text[p.0.0 as usize..p.0.1 as usize];
     let labels = &mut pairs[from..];
     // stable: equal names stay in message order, so the last of a run is the one given last
@@ -512,7 +516,7 @@ pub(crate) mod fast {
     use chrono::{DateTime, Utc};
     use multipilot_schemas::envelope::Envelope;
 
-    use super::{Row, ScrapeBatch, Span, normalize_labels, sorted_once};
+    use super::{Row, ScrapeBatch, Span, sort_labels, sorted_once};
 
     /// Nesting a skipped value may have.
     const MAX_DEPTH: usize = 32;
@@ -729,8 +733,8 @@ pub(crate) mod fast {
                 text.is_char_boundary(from as usize) && text.is_char_boundary(to as usize)
             };
             let spans = out.rows.iter().map(|r| r.name);
-            let spans = spans.chain(out.pairs.iter().flat_map(|&(k, v)| [k, v]));
-            spans.into_iter().all(on_char).then_some(text)
+            let mut spans = spans.chain(out.pairs.iter().flat_map(|&(k, v)| [k, v]));
+            spans.all(on_char).then_some(text)
         }
     }
 
@@ -837,8 +841,8 @@ pub(crate) mod fast {
                                 std::str::from_utf8(&text.bytes[a as usize..b as usize]).ok()?;
                             }
                         }
+                        sort_labels(&mut out.pairs, &text.bytes, from);
                     }
-                    normalize_labels(&mut out.pairs, &text.bytes, from);
                     labels = Some((from as u32, out.pairs.len() as u32));
                     out.ident.extend_from_slice(r.read_since(start));
                 }
