@@ -9,6 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::{Map, Value, json};
 
+use crate::store::Pointer;
+
 /// One step of a field path.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Seg {
@@ -291,10 +293,7 @@ impl Managed {
     /// Reads `metadata.managedFields`.
     pub fn read(obj: &Value) -> Self {
         let mut m = BTreeMap::new();
-        if let Some(list) = obj
-            .pointer("/metadata/managedFields")
-            .and_then(Value::as_array)
-        {
+        if let Some(list) = obj.at("/metadata/managedFields").and_then(Value::as_array) {
             for e in list {
                 let field = |k: &str, default: &'static str| {
                     e.get(k).and_then(Value::as_str).unwrap_or(default)
@@ -482,7 +481,7 @@ mod tests {
         let paths = leaves(&deploy(2, "nginx:1"));
         let v = to_fields_v1(&paths);
         assert!(
-            v.pointer("/f:spec/f:template/f:spec/f:containers/k:{\"name\":\"web\"}/f:image")
+            v.at("/f:spec/f:template/f:spec/f:containers/k:{\"name\":\"web\"}/f:image")
                 .is_some()
         );
         assert_eq!(from_fields_v1(&v), paths);
@@ -500,7 +499,7 @@ mod tests {
             vec![("\"alice\"".to_string(), ".spec.replicas".to_string())]
         );
         let forced = apply(Some(&a), &deploy(3, "nginx:1"), "bob", "apps/v1", true, t).unwrap();
-        assert_eq!(forced.pointer("/spec/replicas"), Some(&json!(3)));
+        assert_eq!(forced.at("/spec/replicas"), Some(&json!(3)));
         let m = Managed::read(&forced);
         let alice = &m.0[&Owner::new("alice", "Apply")].1;
         assert!(!alice.contains(&vec![
@@ -524,8 +523,8 @@ mod tests {
             t,
         )
         .unwrap();
-        assert!(b.pointer("/metadata/labels/extra").is_none());
-        assert_eq!(b.pointer("/metadata/labels/app"), Some(&json!("web")));
+        assert!(b.at("/metadata/labels/extra").is_none());
+        assert_eq!(b.at("/metadata/labels/app"), Some(&json!("web")));
     }
 
     #[test]

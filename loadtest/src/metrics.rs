@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use serde_json::Value;
 
 use crate::cluster::Cluster;
-use crate::store::{ResKey, str_at};
+use crate::store::{Pointer, ResKey, str_at};
 
 fn family(out: &mut String, name: &str, ty: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}");
@@ -150,7 +150,7 @@ fn all(c: &Cluster, group: &str, plural: &str) -> Vec<std::sync::Arc<Value>> {
 }
 
 fn num(v: &Value, ptr: &str) -> i64 {
-    v.pointer(ptr).and_then(Value::as_i64).unwrap_or(0)
+    v.at(ptr).and_then(Value::as_i64).unwrap_or(0)
 }
 
 /// kube-state-metrics' scrape (the series the correlator and the TSDB use).
@@ -209,7 +209,7 @@ pub fn kube_state_metrics(c: &Cluster) -> String {
     let mut waiting = String::new();
     for p in &pods {
         for s in p
-            .pointer("/status/containerStatuses")
+            .at("/status/containerStatuses")
             .and_then(Value::as_array)
             .into_iter()
             .flatten()
@@ -226,7 +226,7 @@ pub fn kube_state_metrics(c: &Cluster) -> String {
                 "kube_pod_container_status_restarts_total{{{labels}}} {}",
                 num(s, "/restartCount")
             );
-            if let Some(reason) = s.pointer("/state/waiting/reason").and_then(Value::as_str) {
+            if let Some(reason) = s.at("/state/waiting/reason").and_then(Value::as_str) {
                 let _ = writeln!(
                     waiting,
                     "kube_pod_container_status_waiting_reason{{{labels},reason=\"{reason}\"}} 1"
@@ -252,13 +252,13 @@ pub fn kube_state_metrics(c: &Cluster) -> String {
         family(&mut out, name, "gauge", help);
         for p in &pods {
             for ctr in p
-                .pointer("/spec/containers")
+                .at("/spec/containers")
                 .and_then(Value::as_array)
                 .into_iter()
                 .flatten()
             {
                 let res = |kind: &str| {
-                    ctr.pointer(&format!("/resources/{kind}"))
+                    ctr.at(&format!("/resources/{kind}"))
                         .and_then(Value::as_object)
                 };
                 let mut amounts = res("limits").cloned().unwrap_or_default();
@@ -352,7 +352,7 @@ pub fn kube_state_metrics(c: &Cluster) -> String {
     );
     for n in &nodes {
         for cond in n
-            .pointer("/status/conditions")
+            .at("/status/conditions")
             .and_then(Value::as_array)
             .into_iter()
             .flatten()
@@ -376,7 +376,7 @@ pub fn kube_state_metrics(c: &Cluster) -> String {
         "[STABLE] The allocatable for different resources of a node that are available for scheduling.",
     );
     for n in &nodes {
-        if let Some(alloc) = n.pointer("/status/allocatable").and_then(Value::as_object) {
+        if let Some(alloc) = n.at("/status/allocatable").and_then(Value::as_object) {
             for (res, v) in alloc {
                 let (resource, unit, value) = quantity(res, v.as_str().unwrap_or("0"));
                 let _ = writeln!(

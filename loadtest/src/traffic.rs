@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use crate::store::str_at;
+use crate::store::{Pointer, str_at};
 use crate::world::{template_error_share, unpullable};
 
 /// Requests a second one ready replica serves.
@@ -56,7 +56,7 @@ impl Serving {
     /// As a Deployment's status tells: of the ready replicas, the updated share (`updatedReplicas` of
     /// `replicas`) serves the current template — none while the new pods never pull.
     pub fn of(d: &Value) -> Self {
-        let num = |p: &str| d.pointer(p).and_then(Value::as_i64).unwrap_or(0).max(0) as f64;
+        let num = |p: &str| d.at(p).and_then(Value::as_i64).unwrap_or(0).max(0) as f64;
         let ready = num("/status/readyReplicas");
         let replicas = num("/status/replicas");
         let updated = num("/status/updatedReplicas");
@@ -136,7 +136,7 @@ impl Workload {
             self.generation = generation;
         }
         self.serving = Serving::of(d);
-        let num = |p: &str| d.pointer(p).and_then(Value::as_i64).unwrap_or(0);
+        let num = |p: &str| d.at(p).and_then(Value::as_i64).unwrap_or(0);
         if observed(d) && num("/status/updatedReplicas") >= num("/status/replicas") {
             self.old_share = self.updated_share;
         }
@@ -183,14 +183,14 @@ impl Workload {
 }
 
 fn generation(d: &Value) -> i64 {
-    d.pointer("/metadata/generation")
+    d.at("/metadata/generation")
         .and_then(Value::as_i64)
         .unwrap_or(1)
 }
 
 /// Whether the controller has observed the Deployment's current generation.
 fn observed(d: &Value) -> bool {
-    d.pointer("/status/observedGeneration")
+    d.at("/status/observedGeneration")
         .and_then(Value::as_i64)
         .is_some_and(|o| o >= generation(d))
 }

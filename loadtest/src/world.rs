@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{Cluster, Overload};
-use crate::store::{ResKey, str_at};
+use crate::store::{Pointer, ResKey, str_at};
 
 /// The NVIDIA driver major version the GPU nodes run.
 pub const GPU_DRIVER_MAJOR: &str = "535";
@@ -55,14 +55,14 @@ pub fn change(
         }
         if next.get("spec") != cur.get("spec") && next.get("spec").is_some() {
             let g = cur
-                .pointer("/metadata/generation")
+                .at("/metadata/generation")
                 .and_then(Value::as_i64)
                 .unwrap_or(1);
             next["metadata"]["generation"] = json!(g + 1);
         }
-        let deleting = next.pointer("/metadata/deletionTimestamp").is_some();
+        let deleting = next.at("/metadata/deletionTimestamp").is_some();
         let finalizers = next
-            .pointer("/metadata/finalizers")
+            .at("/metadata/finalizers")
             .and_then(Value::as_array)
             .is_some_and(|f| !f.is_empty());
         Ok(if deleting && !finalizers {
@@ -1158,16 +1158,18 @@ pub fn event(c: &Cluster, obj: &Value, ty: &str, reason: &str, message: &str, co
     let now = c.now_str();
     let micro = c.now_micro();
     let res = rk("", "events");
-    if c.store.contains(&res, ns, &key) {
-        change(c, "", "events", ns, &key, |e| {
-            let count = e["count"].as_i64().unwrap_or(1) + 1;
-            e["count"] = json!(count);
-            e["message"] = json!(message);
-            e["lastTimestamp"] = json!(now);
-            if e.get("series").is_some_and(|s| !s.is_null()) || count > 2 {
-                e["series"] = json!({"count": count, "lastObservedTime": micro});
-            }
-        });
+    let repeated = c.store.update(&res, ns, &key, |e| {
+        let count = e["count"].as_i64().unwrap_or(1) + 1;
+        e["count"] = json!(count);
+        e["message"] = json!(message);
+        e["lastTimestamp"] = json!(now);
+        if e.get("series").is_some_and(|s| !s.is_null()) || count > 2 {
+            e["series"] = json!({"count": count, "lastObservedTime": micro});
+        }
+        // as the API server does for every write
+        stamp_manager(e, CONTROLLER_MANAGER, &now);
+    });
+    if repeated {
         return;
     }
     put(
@@ -1285,7 +1287,7 @@ pub fn image_error_share(image: &str) -> f64 {
 /// The share of requests a pod of this template fails: its worst container's ([`image_error_share`]).
 pub fn template_error_share(template: &Value) -> f64 {
     template
-        .pointer("/spec/containers")
+        .at("/spec/containers")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
@@ -1299,7 +1301,7 @@ pub fn template_error_share(template: &Value) -> f64 {
 
 /// Whether a Deployment's pod template uses an image that never pulls ([`UNPULLABLE_REGISTRY`]).
 pub fn unpullable(d: &Value) -> bool {
-    d.pointer("/spec/template/spec/containers")
+    d.at("/spec/template/spec/containers")
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
@@ -1328,23 +1330,20 @@ fn reconcile(c: &Cluster) {
 /// One step of a Deployment's rollout; the Deployment as it is after it.
 fn step_rollout(c: &Cluster, traffic: &crate::traffic::Workloads, d: Arc<Value>) -> Arc<Value> {
     let generation = d
-        .pointer("/metadata/generation")
+        .at("/metadata/generation")
         .and_then(Value::as_i64)
         .unwrap_or(1);
     let observed = d
-        .pointer("/status/observedGeneration")
+        .at("/status/observedGeneration")
         .and_then(Value::as_i64)
         .unwrap_or(0);
-    let want = d
-        .pointer("/spec/replicas")
-        .and_then(Value::as_i64)
-        .unwrap_or(1);
+    let want = d.at("/spec/replicas").and_then(Value::as_i64).unwrap_or(1);
     let updated = d
-        .pointer("/status/updatedReplicas")
+        .at("/status/updatedReplicas")
         .and_then(Value::as_i64)
         .unwrap_or(0);
     let replicas = d
-        .pointer("/status/replicas")
+        .at("/status/replicas")
         .and_then(Value::as_i64)
         .unwrap_or(0);
     if generation == observed && updated == want && replicas == want {
@@ -1493,7 +1492,7 @@ fn churn_once(c: &Cluster) {
             let crashing: Vec<_> = pods
                 .iter()
                 .filter(|p| {
-                    p.pointer("/status/containerStatuses/0/state/waiting/reason")
+                    p.at("/status/containerStatuses/0/state/waiting/reason")
                         .and_then(Value::as_str)
                         == Some("CrashLoopBackOff")
                 })
@@ -1508,7 +1507,7 @@ fn churn_once(c: &Cluster) {
             );
             change(c, "", "pods", &pns, &pname, |p| {
                 let n = p
-                    .pointer("/status/containerStatuses/0/restartCount")
+                    .at("/status/containerStatuses/0/restartCount")
                     .and_then(Value::as_i64)
                     .unwrap_or(0);
                 p["status"]["containerStatuses"][0]["restartCount"] = json!(n + 1);
@@ -1854,10 +1853,7 @@ pub fn set_fault(
                 }
             }
             change(c, "apps", "deployments", "kube-system", "coredns", |d| {
-                let want = d
-                    .pointer("/spec/replicas")
-                    .and_then(Value::as_i64)
-                    .unwrap_or(2);
+                let want = d.at("/spec/replicas").and_then(Value::as_i64).unwrap_or(2);
                 d["status"]["readyReplicas"] = json!(if on { 0 } else { want });
                 d["status"]["availableReplicas"] = json!(if on { 0 } else { want });
             });
@@ -1871,7 +1867,7 @@ pub fn set_fault(
                 }
                 change(c, "apps", "daemonsets", "kube-system", &name, |d| {
                     let n = d
-                        .pointer("/status/desiredNumberScheduled")
+                        .at("/status/desiredNumberScheduled")
                         .and_then(Value::as_i64)
                         .unwrap_or(0);
                     let ready = if on { n / 2 } else { n };
@@ -1900,7 +1896,7 @@ pub fn set_fault(
                         json!(format!("nvcr.io/nvidia/k8s-device-plugin:{version}"));
                     d["metadata"]["labels"]["app.kubernetes.io/version"] = json!(version);
                     let n = d
-                        .pointer("/status/desiredNumberScheduled")
+                        .at("/status/desiredNumberScheduled")
                         .and_then(Value::as_i64)
                         .unwrap_or(0);
                     d["status"]["numberReady"] = json!(if on { 0 } else { n });
@@ -1910,7 +1906,7 @@ pub fn set_fault(
             );
             for p in c.store.all(&rk("", "pods"), None) {
                 let gpu = p
-                    .pointer("/spec/containers/0/resources/limits/nvidia.com~1gpu")
+                    .at("/spec/containers/0/resources/limits/nvidia.com~1gpu")
                     .is_some();
                 let plugin = str_at(&p, &["metadata", "labels", "app.kubernetes.io/name"])
                     == "nvidia-device-plugin";
