@@ -843,12 +843,17 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
         c2.stats
             .watches
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let matches = |ch: &Change| {
-            ch.res == key
-                && ns
-                    .as_deref()
-                    .is_none_or(|n| str_at(&ch.object, &["metadata", "namespace"]) == n)
-                && selectors.matches(&ch.object)
+        // the change's watch event, when the watch shows it
+        let render = |ch: &Change| {
+            if ch.res != key {
+                return None;
+            }
+            let object = ch.object();
+            let shows = ns
+                .as_deref()
+                .is_none_or(|n| str_at(&object, &["metadata", "namespace"]) == n)
+                && selectors.matches(&object);
+            shows.then(|| line(ch.kind.as_str(), &shown(meta_only, &res, &object)))
         };
         let mut last_rv = from;
         let send = async |b: Bytes| tx.send(Ok(b)).await.is_ok();
@@ -858,8 +863,11 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
         }
         for ch in backlog {
             last_rv = ch.rv;
-            if alive && matches(&ch) {
-                alive = send(line(ch.kind.as_str(), &shown(meta_only, &res, &ch.object))).await;
+            if !alive {
+                continue;
+            }
+            if let Some(event) = render(&ch) {
+                alive = send(event).await;
             }
         }
         let deadline = tokio::time::sleep(timeout);
@@ -880,8 +888,8 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
                             Ok(ch) => {
                                 if ch.rv <= last_rv { continue; }
                                 last_rv = ch.rv;
-                                if matches(&ch) {
-                                    alive = send(line(ch.kind.as_str(), &shown(meta_only, &res, &ch.object))).await;
+                                if let Some(event) = render(&ch) {
+                                    alive = send(event).await;
                                     if !alive { break; }
                                 }
                             }
@@ -907,8 +915,8 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
                     Ok(ch) => {
                         if ch.rv <= last_rv { continue; }
                         last_rv = ch.rv;
-                        if matches(&ch) {
-                            alive = send(line(ch.kind.as_str(), &shown(meta_only, &res, &ch.object))).await;
+                        if let Some(event) = render(&ch) {
+                            alive = send(event).await;
                         }
                     }
                     Err(RecvError::Lagged(_)) => {
