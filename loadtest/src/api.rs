@@ -845,15 +845,13 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         // the change's watch event, when the watch shows it
         let render = |ch: &Change| {
-            if ch.res != key {
+            if ch.res != key || ns.as_deref().is_some_and(|n| ch.namespace() != n) {
                 return None;
             }
             let object = ch.object();
-            let shows = ns
-                .as_deref()
-                .is_none_or(|n| str_at(&object, &["metadata", "namespace"]) == n)
-                && selectors.matches(&object);
-            shows.then(|| line(ch.kind.as_str(), &shown(meta_only, &res, &object)))
+            selectors
+                .matches(&object)
+                .then(|| line(ch.kind.as_str(), &shown(meta_only, &res, &object)))
         };
         let mut last_rv = from;
         let send = async |b: Bytes| tx.send(Ok(b)).await.is_ok();

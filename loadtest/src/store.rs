@@ -71,6 +71,29 @@ impl Change {
     pub fn object(&self) -> Arc<Value> {
         self.object.value()
     }
+
+    /// The object's namespace ("" for a cluster-scoped one), without parsing the whole object when it is
+    /// kept as JSON: how a namespaced watch passes over another namespace's events.
+    pub fn namespace(&self) -> String {
+        #[derive(serde::Deserialize, Default)]
+        struct Meta {
+            #[serde(default)]
+            namespace: String,
+        }
+        #[derive(serde::Deserialize)]
+        struct Object {
+            #[serde(default)]
+            metadata: Meta,
+        }
+        match &self.object {
+            Slot::Tree(v) => str_at(v, &["metadata", "namespace"]).to_string(),
+            Slot::Json(_) => self
+                .object
+                .decode::<Object>()
+                .map(|o| o.metadata.namespace)
+                .unwrap_or_default(),
+        }
+    }
 }
 
 type ObjKey = (String, String);
@@ -744,6 +767,36 @@ mod tests {
             "{found} of {}",
             all.len()
         );
+    }
+
+    #[test]
+    fn a_change_tells_its_namespace_as_its_object_does() {
+        let s = Store::new(100);
+        let events = ResKey::new("", "events");
+        let maps = ResKey::new("", "configmaps");
+        let (_, mut ev) = s.watch_from(&events, 0).unwrap();
+        let (_, mut cms) = s.watch_from(&maps, 0).unwrap();
+        s.create(
+            &events,
+            json!({"kind": "Event", "metadata": {"namespace": "a", "name": "e"}, "message": "m"}),
+        )
+        .unwrap();
+        s.create(
+            &events,
+            json!({"kind": "Event", "metadata": {"name": "cluster-wide"}}),
+        )
+        .unwrap();
+        s.create(&maps, cm("b", "x")).unwrap();
+        let changes = [ev.try_recv(), ev.try_recv(), cms.try_recv()];
+        for (ch, want) in changes.into_iter().zip(["a", "", "b"]) {
+            let ch = ch.unwrap();
+            assert_eq!(ch.namespace(), want);
+            assert_eq!(str_at(&ch.object(), &["metadata", "namespace"]), want);
+        }
+        assert!(matches!(
+            ev.try_recv().unwrap_err(),
+            broadcast::error::TryRecvError::Empty
+        ));
     }
 
     #[test]
