@@ -441,10 +441,8 @@ impl Store {
         let Some(slot) = inner.objects.get(res).and_then(|m| m.get(&key)) else {
             return false;
         };
-        let mut obj = match slot {
-            Slot::Tree(v) => (**v).clone(),
-            Slot::Json(json) => serde_json::from_slice(json).unwrap_or(Value::Null),
-        };
+        // an event's JSON parses into an object of its own, taken without a copy
+        let mut obj = Arc::unwrap_or_clone(slot.value());
         f(&mut obj);
         self.commit(&mut inner, res, EventType::Modified, obj);
         true
