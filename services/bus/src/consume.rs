@@ -50,9 +50,10 @@ pub struct Config {
     /// How long one pull waits for messages.
     #[serde(with = "humantime_serde")]
     pub fetch_wait: Duration,
-    /// Longest a handled message waits for its batch's commit and ack: a pull still filling commits what it
-    /// has once its oldest message has waited this long (a backlog fills whole pulls sooner; a trickle
-    /// is not held for `fetch_wait`).
+    /// Longest a message waits for its batch's commit and ack: a consumer that has caught up takes what
+    /// arrived since its last pull once this has passed (one pull, one commit; not woken for every message
+    /// as it arrives), and a pull still filling commits what it has once its oldest message has waited this
+    /// long (a backlog fills whole pulls sooner).
     #[serde(with = "humantime_serde")]
     pub commit_within: Duration,
     /// First redelivery delay after a retryable failure; doubles per delivery up to `retry_max`.
@@ -136,6 +137,45 @@ pub enum Outcome {
         /// The full error.
         error: String,
     },
+}
+
+/// How a runner asks for its next messages, by what its last pull brought.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pace {
+    /// A whole batch came and more were waiting behind it (or nothing is known yet): a whole batch is asked
+    /// for again, ahead of the commit.
+    Backlog,
+    /// Some came, and nothing was waiting behind the last of them (or fewer came than asked): the consumer
+    /// has caught up. What arrives meanwhile is taken at once, one
+    /// `commit_within` after `since` (when the last pull was asked for): a pull left open would deliver
+    /// each message alone as it is stored, waking the role, reading the socket and committing per handful
+    /// (live, the correlator spent 2.4× its drain's CPU on each event).
+    CaughtUp {
+        /// When the last pull was asked for.
+        since: tokio::time::Instant,
+    },
+    /// Nothing came: one message is waited for (up to `fetch_wait`), then the consumer is caught up.
+    Idle,
+}
+
+impl Pace {
+    /// The pace after a pull asked for at `at` in pace `was`, that asked for `asked` messages and delivered
+    /// `delivered`, the last of them with `behind` messages waiting behind it (as JetStream told with it).
+    fn after(
+        was: Pace,
+        asked: usize,
+        delivered: usize,
+        behind: Option<u64>,
+        at: tokio::time::Instant,
+    ) -> Pace {
+        if delivered == 0 {
+            Pace::Idle
+        } else if delivered < asked || was == Pace::Idle || behind == Some(0) {
+            Pace::CaughtUp { since: at }
+        } else {
+            Pace::Backlog
+        }
+    }
 }
 
 /// Longest a commit may take for the pull asked for ahead of it to be used; past it that pull's messages are
@@ -287,16 +327,33 @@ impl Runner {
         };
         let mut since_shrink = 0usize;
         let mut pull_backoff = Duration::from_millis(100);
-        // the next pull, asked for once the current one has delivered all it will and before its messages
-        // are settled: the server delivers the next batch while the role commits and acks this one (a pull
-        // asked for after the acks left the server idle through every commit, and the role through every
-        // delivery). Only one pull is open at a time: nats-server hands the messages of pulls open together
-        // out in turn, one each, which would mix their order.
+        // the next pull, asked for (in a backlog) once the current one has delivered all it will and before
+        // its messages are settled: the server delivers the next batch while the role commits and acks this
+        // one (a pull asked for after the acks left the server idle through every commit, and the role
+        // through every delivery). Only one pull is open at a time: nats-server hands the messages of pulls
+        // open together out in turn, one each, which would mix their order.
         let mut next: Option<pull::Batch> = None;
+        // how the next messages are asked for (see `Pace`)
+        let mut pace = Pace::Backlog;
         while !cancel.is_cancelled() {
-            let batch = match next.take() {
-                Some(b) => Ok(b),
-                None => self.pull(&consumer).await,
+            if let (None, Pace::CaughtUp { since }) = (&next, pace) {
+                tokio::select! {
+                    _ = cancel.cancelled() => return Ok(()),
+                    _ = tokio::time::sleep_until(since + c.commit_within) => {}
+                }
+            }
+            let asked_at = tokio::time::Instant::now();
+            let (batch, asked, was) = match (next.take(), pace) {
+                (Some(b), _) => (Ok(b), self.batch_size(), Pace::Backlog),
+                (None, Pace::Backlog) => (
+                    self.pull(&consumer, self.batch_size()).await,
+                    self.batch_size(),
+                    pace,
+                ),
+                (None, Pace::Idle) => (self.pull(&consumer, 1).await, 1, pace),
+                (None, Pace::CaughtUp { .. }) => {
+                    (self.fetch(&consumer).await, self.batch_size(), pace)
+                }
             };
             let mut batch = match batch {
                 Ok(b) => {
@@ -317,6 +374,9 @@ impl Runner {
             // when the oldest message of `to_ack` must be committed by
             let mut due: Option<tokio::time::Instant> = None;
             let mut ended = false;
+            let mut delivered = 0usize;
+            // messages waiting behind the last one delivered
+            let mut behind = None;
             loop {
                 let next_msg = tokio::select! {
                     _ = cancel.cancelled() => None,
@@ -338,6 +398,8 @@ impl Runner {
                         break;
                     }
                 };
+                delivered += 1;
+                behind = msg.info().ok().map(|i| i.pending);
                 if let Some(m) = self.process(handler, msg).await {
                     to_ack.push(m);
                     due.get_or_insert_with(|| tokio::time::Instant::now() + c.commit_within);
@@ -346,11 +408,15 @@ impl Runner {
             // not under a global input limit: its batches take up to ~5 s to hand over, and async-nats ends
             // a pull (its buffered messages left unacked until the ack wait) `fetch_wait` + 5 s after it was
             // asked for
-            let ahead = ended && !cancel.is_cancelled() && c.rate.per_second == 0;
+            pace = Pace::after(was, asked, delivered, behind, asked_at);
+            let ahead = ended
+                && !cancel.is_cancelled()
+                && c.rate.per_second == 0
+                && matches!(pace, Pace::Backlog);
             let asked = tokio::time::Instant::now();
             if ahead {
                 // a pull that fails here is asked for again at the top
-                next = self.pull(&consumer).await.ok();
+                next = self.pull(&consumer, self.batch_size()).await.ok();
             }
             self.settle(handler, to_ack).await;
             if asked.elapsed() > PULL_AHEAD_HOLD
@@ -376,13 +442,27 @@ impl Runner {
         Ok(())
     }
 
-    /// Asks for a batch.
+    /// Asks for up to `n` messages, waiting up to `fetch_wait` for them.
     async fn pull(
+        &self,
+        consumer: &jetstream::consumer::Consumer<pull::Config>,
+        n: usize,
+    ) -> Result<pull::Batch, jetstream::consumer::pull::BatchError> {
+        consumer
+            .batch()
+            .max_messages(n)
+            .expires(self.config.fetch_wait)
+            .messages()
+            .await
+    }
+
+    /// Asks for the messages waiting now (up to a batch), without waiting for more.
+    async fn fetch(
         &self,
         consumer: &jetstream::consumer::Consumer<pull::Config>,
     ) -> Result<pull::Batch, jetstream::consumer::pull::BatchError> {
         consumer
-            .batch()
+            .fetch()
             .max_messages(self.batch_size())
             .expires(self.config.fetch_wait)
             .messages()
@@ -564,5 +644,38 @@ impl Runner {
                     .await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pace;
+
+    #[tokio::test]
+    async fn the_pace_follows_what_the_last_pull_brought() {
+        let at = tokio::time::Instant::now();
+        let caught_up = Pace::CaughtUp { since: at };
+        // a whole batch with more behind it: a backlog
+        assert_eq!(
+            Pace::after(Pace::Backlog, 500, 500, Some(7), at),
+            Pace::Backlog
+        );
+        assert_eq!(Pace::after(caught_up, 500, 500, Some(7), at), Pace::Backlog);
+        assert_eq!(
+            Pace::after(Pace::Backlog, 500, 500, None, at),
+            Pace::Backlog
+        );
+        // a whole batch with nothing behind it (a trickle fast enough to fill pulls): caught up
+        assert_eq!(Pace::after(Pace::Backlog, 500, 500, Some(0), at), caught_up);
+        // fewer than asked: caught up, what arrives is taken together
+        assert_eq!(Pace::after(Pace::Backlog, 500, 499, Some(3), at), caught_up);
+        assert_eq!(Pace::after(caught_up, 500, 3, Some(0), at), caught_up);
+        // nothing: wait for one
+        assert_eq!(Pace::after(caught_up, 500, 0, None, at), Pace::Idle);
+        assert_eq!(Pace::after(Pace::Backlog, 500, 0, None, at), Pace::Idle);
+        // the one waited for came: what follows it is taken together
+        assert_eq!(Pace::after(Pace::Idle, 1, 1, Some(2), at), caught_up);
+        // a batch of one (a tiny configured batch) that came whole with more behind is a backlog
+        assert_eq!(Pace::after(Pace::Backlog, 1, 1, Some(2), at), Pace::Backlog);
     }
 }

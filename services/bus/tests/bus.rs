@@ -594,6 +594,59 @@ async fn pulls_hand_over_in_stream_order_and_skipped_subjects_are_acked_unread()
 }
 
 #[tokio::test]
+async fn a_caught_up_consumer_takes_a_trickle_in_one_pull_per_commit_interval() -> Result<()> {
+    let (_server, js) = setup().await?;
+    health_consumer(&js, "t-pace").await?;
+    let rec = Recorder::default();
+    // commit_within 100 ms (the default); pulls of 5, which the trickle below fills before they expire
+    // (a full pull alone does not mean a backlog)
+    let r = Runner::new(
+        js.clone(),
+        consume::Config {
+            stream: "FLEET_HEALTH".into(),
+            durable: "t-pace".into(),
+            batch: 5,
+            fetch_wait: Duration::from_millis(500),
+            ..Default::default()
+        },
+        BusMetrics::default(),
+    );
+    let (cancel, task) = spawn_runner(r, rec.clone());
+    // a trickle the consumer keeps up with: one heartbeat stored every ~30 ms
+    const N: u64 = 60;
+    let mut p = Publisher::new(js.clone(), 8, BusMetrics::default());
+    for seq in 1..=N {
+        p.send(seq, hb_msg("c", seq)).await;
+        p.flush().await;
+        tokio::time::sleep(Duration::from_millis(30)).await;
+    }
+    wait_until("all handled", Duration::from_secs(20), || {
+        rec.seen.lock().unwrap().len() as u64 >= N
+    })
+    .await?;
+    cancel.cancel();
+    task.await?;
+    let seen = rec.seen.lock().unwrap().clone();
+    let seqs: Vec<u64> = seen.iter().map(|s| s.1).collect();
+    assert_eq!(
+        seqs,
+        (1..=N).collect::<Vec<_>>(),
+        "in stream order, once each"
+    );
+    // messages handled together (within 15 ms of the one before) came in one pull: taken every 100 ms,
+    // ~3 a pull; handed over one by one as they were stored, each would be alone (30 ms apart)
+    let pulls = 1 + seen
+        .windows(2)
+        .filter(|w| w[1].2 - w[0].2 > Duration::from_millis(15))
+        .count();
+    assert!(
+        pulls as u64 <= N / 2,
+        "{N} messages stored 30 ms apart were handled in {pulls} groups: not taken together"
+    );
+    Ok(())
+}
+
+#[tokio::test]
 async fn retryable_failure_is_redelivered_not_lost() -> Result<()> {
     let (_server, js) = setup().await?;
     health_consumer(&js, "t-retry").await?;
