@@ -15,6 +15,7 @@
 //! [`Dedup::take_changes`] are what the store writes ([`crate::store`]).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use chrono::{DateTime, Duration, Utc};
 use multipilot_schemas::payload::{DigestPass, KubeEvent, ObjectRef, Severity};
@@ -90,7 +91,9 @@ impl Pass {
 pub struct Dedup {
     /// How often a problem that keeps occurring is updated.
     refresh: Duration,
-    by_cluster: BTreeMap<String, BTreeMap<String, Record>>,
+    /// Each record shared with the changes taken last (written by the store; copied only if one changes
+    /// while they are still held).
+    by_cluster: BTreeMap<String, BTreeMap<String, Arc<Record>>>,
     /// cluster → Event uid → record id (nested, so a lookup needs no owned key).
     by_event: std::collections::HashMap<String, std::collections::HashMap<String, String>>,
     /// `(cluster, id)` of records changed or removed since the last [`Dedup::take_changes`].
@@ -128,7 +131,7 @@ impl Dedup {
         self.by_cluster
             .entry(r.cluster.clone())
             .or_default()
-            .insert(r.id.clone(), r);
+            .insert(r.id.clone(), Arc::new(r));
     }
 
     /// How many records are held.
@@ -197,10 +200,11 @@ impl Dedup {
                     },
                     passed_at: Some(e.last_time),
                 };
-                records.insert(id.clone(), r);
+                records.insert(id.clone(), Arc::new(r));
                 Some(Pass::New)
             }
             Some(r) => {
+                let r = Arc::make_mut(r);
                 r.count += 1;
                 // a late message doesn't move last_seen back
                 if e.last_time >= r.last_seen {
@@ -245,6 +249,7 @@ impl Dedup {
             .get(cluster)
             .into_iter()
             .flat_map(BTreeMap::values)
+            .map(|r| &**r)
             .filter(|r| r.last_seen >= since)
             .collect();
         out.sort_by(|a, b| {
@@ -281,7 +286,7 @@ impl Dedup {
     }
 
     /// The records changed since the last call (`None`: removed), by id.
-    pub fn take_changes(&mut self) -> Vec<(String, Option<Record>)> {
+    pub fn take_changes(&mut self) -> Vec<(String, Option<Arc<Record>>)> {
         std::mem::take(&mut self.dirty)
             .into_iter()
             .map(|(cluster, id)| {
@@ -356,7 +361,7 @@ mod tests {
         // what the store writes and reads back is the same record set
         let mut reopened = Dedup::new();
         for (_, r) in d.take_changes() {
-            reopened.restore(r.expect("changed, not removed"));
+            reopened.restore(Arc::unwrap_or_clone(r.expect("changed, not removed")));
         }
         let mut d = reopened;
         let pod = "web-7d4b9c8f5-zzzzz";
@@ -435,7 +440,7 @@ mod tests {
         // the identity survives the store: read back, the uid still finds its record
         let mut reopened = Dedup::new();
         for (_, r) in d.take_changes() {
-            reopened.restore(r.expect("kept"));
+            reopened.restore(Arc::unwrap_or_clone(r.expect("kept")));
         }
         let mut again = ev(
             "api-6c5b4a3f2-x2x9k",

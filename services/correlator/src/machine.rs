@@ -100,7 +100,7 @@ pub struct Changes {
     /// Incidents by key (`None`: forgotten).
     pub incidents: Vec<(String, Option<Incident>)>,
     /// Dedup records by id (`None`: expired).
-    pub dedup: Vec<(String, Option<Record>)>,
+    pub dedup: Vec<(String, Option<std::sync::Arc<Record>>)>,
     /// The high-water marks, when one moved.
     pub hwm: Option<BTreeMap<String, u64>>,
     /// Fleet incidents by key (`None`: forgotten).

@@ -530,7 +530,7 @@ impl Store {
             put(&mut b, P_FLEET, &k, encoded("fleet incident", f)?);
         }
         for (k, r) in changes.dedup {
-            put(&mut b, P_DEDUP, &k, encoded("dedup record", r)?);
+            put(&mut b, P_DEDUP, &k, encoded("dedup record", r.as_deref())?);
         }
         if let Some(h) = changes.hwm {
             put(&mut b, P_META, K_HWM, Some(enc("high-water marks", &h)?));
@@ -846,8 +846,8 @@ mod tests {
             )],
             incidents: vec![],
             dedup: vec![
-                ("r1".into(), Some(record("r1"))),
-                ("r2".into(), Some(record("r2"))),
+                ("r1".into(), Some(record("r1").into())),
+                ("r2".into(), Some(record("r2").into())),
             ],
             hwm: Some(BTreeMap::from([("correlator-events".to_string(), 42)])),
             fleet: vec![("dns-failure".into(), Some(fleet_incident()))],
