@@ -58,7 +58,7 @@ pub struct Opts {
     /// Rounds (crash drill: kills of each role).
     #[arg(long)]
     pub rounds: Option<usize>,
-    /// Runs only these parts (throughput: publish, correlator, storm, tsdb, alerts, console), e.g. to
+    /// Runs only these parts (throughput: publish, correlator, storm, live, tsdb, alerts, console), e.g. to
     /// profile one role.
     #[arg(long, value_delimiter = ',')]
     pub only: Vec<String>,

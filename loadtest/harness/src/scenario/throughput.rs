@@ -8,6 +8,9 @@
 //!   events from FLEET_EVENTS; then `multipilot correlator` (fresh store) drains the same stream through its
 //!   durable, state persisted before every ack, as in production. Its rate is counted from the first
 //!   message delivered to it and, as an operator sees it, from its start.
+//! - **Correlator, live**: the same events again, drained from a backlog by a fresh correlator and then
+//!   published to another fresh one at a fleet's pace (2,500 a second, the 50-cluster steady run's), each
+//!   timed as it is sent: its CPU per event live against its drain's (`--only live`).
 //! - **TSDB**: the same for scrapes (MetricBatch) on FLEET_METRICS and `multipilot tsdb`.
 //! - **Console**: a bare ordered consumer (no acks, last message per subject, as the console reads) on
 //!   FLEET_STATE, then `multipilot console` reading the same object states into its picture of the fleet
@@ -132,6 +135,65 @@ pub async fn run(o: &Opts, dir: &Path) -> Result<(Report, Recorder)> {
             events,
         )
         .await?;
+    }
+
+    if o.runs("live") {
+        // --- the correlator's live path: the same events arriving at a fleet's pace, against its drain of
+        // them (CPU per event, each from a fresh store)
+        let purge = async || -> Result<()> {
+            js.get_stream("FLEET_EVENTS")
+                .await?
+                .purge()
+                .await
+                .context("purging")?;
+            Ok(())
+        };
+        purge().await?;
+        publish_events(&js, &event_messages(events, clusters)?, "backlog").await?;
+        let drained = drain_role(
+            &bins.multipilot,
+            "correlator",
+            &server.url(),
+            &dir.join("live-drain"),
+            "FLEET_EVENTS",
+            "correlator-events",
+        )
+        .await?;
+        purge().await?;
+        let live = live_correlator(
+            &js,
+            &bins.multipilot,
+            &server.url(),
+            &dir.join("live"),
+            events,
+            clusters,
+        )
+        .await?;
+        let drain_us = drained.cpu * 1e6 / events as f64;
+        let live_us = live.cpu * 1e6 / events as f64;
+        r.figure(
+            format!("correlator: {events} events drained from a backlog"),
+            format!(
+                "{drain_us:.1} µs CPU per event; {:.0} events/s from the first delivery",
+                events as f64 / drained.from_first
+            ),
+        );
+        r.figure(
+            format!("correlator: the same {events} events live, {LIVE_RATE} a second"),
+            format!(
+                "{live_us:.1} µs CPU per event ({:.1} % of a core); the last acked {:.2} s after it was \
+                 published; RSS {} MiB",
+                live.cpu / live.secs * 100.0,
+                live.last_lag,
+                live.rss / (1024 * 1024)
+            ),
+        );
+        let ratio = live_us / drain_us;
+        r.goal(
+            "the correlator's live path costs ≤ 2× its drain per event (the same events)",
+            ratio <= 2.0,
+            format!("{ratio:.2}× ({live_us:.1} vs {drain_us:.1} µs CPU per event)"),
+        );
     }
 
     if o.runs("tsdb") {
@@ -316,17 +378,28 @@ fn report_consumer(
 
 /// `n` event envelopes of the realistic stream, as (subject, body).
 fn event_messages(n: usize, clusters: usize) -> Result<Vec<(String, Vec<u8>)>> {
-    stream_messages(n, clusters, false)
+    stream_messages(n, clusters, false, backlog_times(n))
+}
+
+/// Times of a backlog of `n` events: the last one now, one a millisecond before it.
+fn backlog_times(n: usize) -> impl Fn(usize) -> chrono::DateTime<chrono::Utc> {
+    let now = chrono::Utc::now();
+    move |i| now - chrono::Duration::milliseconds((n - i) as i64)
 }
 
 /// `n` warning envelopes of the realistic stream (its lifecycle events left out).
 fn warning_messages(n: usize, clusters: usize) -> Result<Vec<(String, Vec<u8>)>> {
-    stream_messages(n, clusters, true)
+    stream_messages(n, clusters, true, backlog_times(n))
 }
 
-fn stream_messages(n: usize, clusters: usize, warnings: bool) -> Result<Vec<(String, Vec<u8>)>> {
+/// `n` envelopes of the realistic stream (only its warnings if `warnings`), the `i`th timed `at(i)`.
+fn stream_messages(
+    n: usize,
+    clusters: usize,
+    warnings: bool,
+    at: impl Fn(usize) -> chrono::DateTime<chrono::Utc>,
+) -> Result<Vec<(String, Vec<u8>)>> {
     let mut stream = multipilot_eventshapes::stream::ShapeStream::new(7);
-    let now = chrono::Utc::now();
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
         let mut se = stream.next_event();
@@ -338,7 +411,7 @@ fn stream_messages(n: usize, clusters: usize, warnings: bool) -> Result<Vec<(Str
         let cluster = format!("{}-{spread}", se.cluster);
         let mut ev = se.event;
         // recent, as a live fleet's (the correlator judges times against its clock)
-        let at = now - chrono::Duration::milliseconds((n - i) as i64);
+        let at = at(i);
         ev.last_time = at;
         ev.first_time = ev.first_time.map(|f| f.min(at));
         let env = Envelope::new(
@@ -476,8 +549,24 @@ async fn raw_publish(
     tag: &str,
 ) -> Result<f64> {
     let started = Instant::now();
+    windowed_publish(js, msgs, tag, None).await?;
+    Ok(msgs.len() as f64 / started.elapsed().as_secs_f64())
+}
+
+/// Bare async-nats publishes of `msgs` (Msg-Ids `<tag>-<i>`), `WINDOW` in flight, each ack awaited; the
+/// `i`th sent `i × spacing` after the first if a spacing is given.
+async fn windowed_publish(
+    js: &jetstream::Context,
+    msgs: &[(String, Vec<u8>)],
+    tag: &str,
+    spacing: Option<Duration>,
+) -> Result<()> {
+    let t0 = tokio::time::Instant::now();
     let mut inflight = futures::stream::FuturesOrdered::new();
     for (i, (subject, body)) in msgs.iter().enumerate() {
+        if let Some(spacing) = spacing {
+            tokio::time::sleep_until(t0 + spacing * i as u32).await;
+        }
         // the same headers the publisher sends (content type, schema, Msg-Id)
         let o = event_outgoing(subject, format!("{tag}-{i}"), body);
         let ack = js
@@ -493,7 +582,7 @@ async fn raw_publish(
     while let Some(a) = inflight.next().await {
         a?;
     }
-    Ok(msgs.len() as f64 / started.elapsed().as_secs_f64())
+    Ok(())
 }
 
 /// The agent's publisher, the same window. Returns msgs/s.
@@ -764,9 +853,113 @@ async fn drain_role(
         .await?
         .state
         .last_sequence;
+    let p = role_proc(bin, role, url, dir)?;
+    let s = js.get_stream(stream).await?;
+    drain(p, role, Duration::from_secs(900), async || {
+        let info = s.consumer_info(durable).await.ok()?;
+        Some((
+            info.delivered.stream_sequence > 0,
+            info.ack_floor.stream_sequence >= last && info.num_ack_pending == 0,
+        ))
+    })
+    .await
+}
+
+/// Events a second of the live part: the 50-cluster steady run's (50 clusters, 50 events a second each).
+const LIVE_RATE: u32 = 2_500;
+
+/// What a role's live run cost.
+struct Live {
+    /// Seconds from the first publish to the last ack.
+    secs: f64,
+    /// CPU seconds the process used over them.
+    cpu: f64,
+    /// Seconds from the last publish to its ack.
+    last_lag: f64,
+    /// Resident memory at the end, bytes.
+    rss: u64,
+}
+
+/// Starts `multipilot correlator` on a fresh store with FLEET_EVENTS empty, then publishes `n` events of the
+/// realistic stream at [`LIVE_RATE`] a second, each timed as it is sent, and waits until its durable acked
+/// them all: the CPU it used from the first publish to the last ack.
+async fn live_correlator(
+    js: &jetstream::Context,
+    bin: &Path,
+    url: &str,
+    dir: &Path,
+    n: usize,
+    clusters: usize,
+) -> Result<Live> {
+    const DURABLE: &str = "correlator-events";
+    let s = js.get_stream("FLEET_EVENTS").await?;
+    let mut p = role_proc(bin, "correlator", url, dir)?;
+    let started = Instant::now();
+    p.start()?;
+    let pid = p.pid().context("pid")?;
+    // reading once its first pull waits on the durable
+    loop {
+        if !p.running() {
+            bail!("correlator exited: {}", p.log_tail(20));
+        }
+        if s.consumer_info(DURABLE)
+            .await
+            .is_ok_and(|i| i.num_waiting > 0)
+        {
+            break;
+        }
+        if started.elapsed() > Duration::from_secs(120) {
+            bail!("the correlator did not start reading in 120 s");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let spacing = Duration::from_secs(1) / LIVE_RATE;
+    let first_at = chrono::Utc::now();
+    let msgs = stream_messages(n, clusters, false, |i| {
+        first_at + chrono::Duration::from_std(spacing * i as u32).unwrap_or_default()
+    })?;
+    let (cpu0, _) = usage(pid).context("reading the correlator's CPU")?;
+    let t0 = tokio::time::Instant::now();
+    windowed_publish(js, &msgs, "live", Some(spacing)).await?;
+    let published = tokio::time::Instant::now();
+    let last = js
+        .get_stream("FLEET_EVENTS")
+        .await?
+        .info()
+        .await?
+        .state
+        .last_sequence;
+    loop {
+        if !p.running() {
+            bail!("correlator exited: {}", p.log_tail(20));
+        }
+        if s.consumer_info(DURABLE)
+            .await
+            .is_ok_and(|i| i.ack_floor.stream_sequence >= last && i.num_ack_pending == 0)
+        {
+            break;
+        }
+        if published.elapsed() > Duration::from_secs(300) {
+            bail!("the correlator did not ack the last event in 300 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let end = tokio::time::Instant::now();
+    let (cpu1, rss) = usage(pid).context("reading the correlator's CPU")?;
+    p.terminate(Duration::from_secs(10));
+    Ok(Live {
+        secs: (end - t0).as_secs_f64(),
+        cpu: cpu1 - cpu0,
+        last_lag: (end - published).as_secs_f64(),
+        rss,
+    })
+}
+
+/// `multipilot <role>` on a fresh store in `dir`, reading from `url` (not started).
+fn role_proc(bin: &Path, role: &str, url: &str, dir: &Path) -> Result<Proc> {
     std::fs::create_dir_all(dir)?;
     let data = dir.join(format!("{role}-data"));
-    let p = Proc::new(
+    Ok(Proc::new(
         role,
         bin,
         vec![role.to_string()],
@@ -792,16 +985,7 @@ async fn drain_role(
             ("MULTIPILOT_LOG__FORMAT".into(), "text".into()),
         ],
         dir.join(format!("{role}.log")),
-    );
-    let s = js.get_stream(stream).await?;
-    drain(p, role, Duration::from_secs(900), async || {
-        let info = s.consumer_info(durable).await.ok()?;
-        Some((
-            info.delivered.stream_sequence > 0,
-            info.ack_floor.stream_sequence >= last && info.num_ack_pending == 0,
-        ))
-    })
-    .await
+    ))
 }
 
 /// Starts `p` and polls `progress` (whether it started reading, whether it is done) every 20 ms until done;
