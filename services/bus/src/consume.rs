@@ -145,32 +145,29 @@ enum Pace {
     /// A whole batch came and more were waiting behind it (or nothing is known yet): a whole batch is asked
     /// for again, ahead of the commit.
     Backlog,
-    /// Some came, and nothing was waiting behind the last of them (or fewer came than asked): the consumer
-    /// has caught up. What arrives meanwhile is taken at once, one
-    /// `commit_within` after `since` (when the last pull was asked for): a pull left open would deliver
-    /// each message alone as it is stored, waking the role, reading the socket and committing per handful
-    /// (live, the correlator spent 2.4× its drain's CPU on each event).
+    /// Fewer came than asked, or nothing was waiting behind the last of them: the consumer has caught up.
+    /// What arrives meanwhile is taken together one `commit_within` after `since` (when the last pull was
+    /// asked for), by a pull that ends once it has delivered what was waiting (JetStream's no-wait pull;
+    /// given an expiry, with nothing waiting it ends with the first messages to come, or after
+    /// `fetch_wait`). A pull left open would deliver each message alone as it is stored, waking the role,
+    /// reading the socket and committing per handful (live, the correlator spent 2.3× its drain's CPU on
+    /// each event).
     CaughtUp {
         /// When the last pull was asked for.
         since: tokio::time::Instant,
     },
-    /// Nothing came: one message is waited for (up to `fetch_wait`), then the consumer is caught up.
-    Idle,
 }
 
 impl Pace {
-    /// The pace after a pull asked for at `at` in pace `was`, that asked for `asked` messages and delivered
-    /// `delivered`, the last of them with `behind` messages waiting behind it (as JetStream told with it).
+    /// The pace after a pull asked for at `at` that wanted `wanted` messages and delivered `delivered`, the
+    /// last of them with `behind` messages waiting behind it (as JetStream told with it).
     fn after(
-        was: Pace,
-        asked: usize,
+        wanted: usize,
         delivered: usize,
         behind: Option<u64>,
         at: tokio::time::Instant,
     ) -> Pace {
-        if delivered == 0 {
-            Pace::Idle
-        } else if delivered < asked || was == Pace::Idle || behind == Some(0) {
+        if delivered < wanted || behind == Some(0) {
             Pace::CaughtUp { since: at }
         } else {
             Pace::Backlog
@@ -332,7 +329,7 @@ impl Runner {
         // one (a pull asked for after the acks left the server idle through every commit, and the role
         // through every delivery). Only one pull is open at a time: nats-server hands the messages of pulls
         // open together out in turn, one each, which would mix their order.
-        let mut next: Option<pull::Batch> = None;
+        let mut next: Option<(pull::Batch, tokio::time::Instant)> = None;
         // how the next messages are asked for (see `Pace`)
         let mut pace = Pace::Backlog;
         while !cancel.is_cancelled() {
@@ -342,17 +339,15 @@ impl Runner {
                     _ = tokio::time::sleep_until(since + c.commit_within) => {}
                 }
             }
-            let asked_at = tokio::time::Instant::now();
-            let (batch, asked, was) = match (next.take(), pace) {
-                (Some(b), _) => (Ok(b), self.batch_size(), Pace::Backlog),
+            let wanted = self.batch_size();
+            let (batch, asked_at) = match (next.take(), pace) {
+                (Some((b, at)), _) => (Ok(b), at),
                 (None, Pace::Backlog) => (
-                    self.pull(&consumer, self.batch_size()).await,
-                    self.batch_size(),
-                    pace,
+                    self.pull(&consumer, wanted).await,
+                    tokio::time::Instant::now(),
                 ),
-                (None, Pace::Idle) => (self.pull(&consumer, 1).await, 1, pace),
                 (None, Pace::CaughtUp { .. }) => {
-                    (self.fetch(&consumer).await, self.batch_size(), pace)
+                    (self.fetch(&consumer).await, tokio::time::Instant::now())
                 }
             };
             let mut batch = match batch {
@@ -408,7 +403,7 @@ impl Runner {
             // not under a global input limit: its batches take up to ~5 s to hand over, and async-nats ends
             // a pull (its buffered messages left unacked until the ack wait) `fetch_wait` + 5 s after it was
             // asked for
-            pace = Pace::after(was, asked, delivered, behind, asked_at);
+            pace = Pace::after(wanted, delivered, behind, asked_at);
             let ahead = ended
                 && !cancel.is_cancelled()
                 && c.rate.per_second == 0
@@ -416,11 +411,15 @@ impl Runner {
             let asked = tokio::time::Instant::now();
             if ahead {
                 // a pull that fails here is asked for again at the top
-                next = self.pull(&consumer, self.batch_size()).await.ok();
+                next = self
+                    .pull(&consumer, self.batch_size())
+                    .await
+                    .ok()
+                    .map(|b| (b, asked));
             }
             self.settle(handler, to_ack).await;
             if asked.elapsed() > PULL_AHEAD_HOLD
-                && let Some(mut b) = next.take()
+                && let Some((mut b, _)) = next.take()
             {
                 // a slow commit: what the pull asked for ahead brought goes back for redelivery now rather
                 // than risk async-nats ending the pull while it is handled
@@ -429,7 +428,7 @@ impl Runner {
             if cancel.is_cancelled() {
                 // what was delivered but not handled goes back now, not after the ack wait
                 release(&mut batch).await;
-                if let Some(mut b) = next.take() {
+                if let Some((mut b, _)) = next.take() {
                     release(&mut b).await;
                 }
             }
@@ -456,7 +455,9 @@ impl Runner {
             .await
     }
 
-    /// Asks for the messages waiting now (up to a batch), without waiting for more.
+    /// Asks for the messages waiting now (up to a batch), without waiting for more; with none waiting, for
+    /// the first to come within `fetch_wait` (the expiry also ends it on the client's side if the server's
+    /// answer is lost).
     async fn fetch(
         &self,
         consumer: &jetstream::consumer::Consumer<pull::Config>,
@@ -655,27 +656,16 @@ mod tests {
     async fn the_pace_follows_what_the_last_pull_brought() {
         let at = tokio::time::Instant::now();
         let caught_up = Pace::CaughtUp { since: at };
-        // a whole batch with more behind it: a backlog
-        assert_eq!(
-            Pace::after(Pace::Backlog, 500, 500, Some(7), at),
-            Pace::Backlog
-        );
-        assert_eq!(Pace::after(caught_up, 500, 500, Some(7), at), Pace::Backlog);
-        assert_eq!(
-            Pace::after(Pace::Backlog, 500, 500, None, at),
-            Pace::Backlog
-        );
+        // a whole batch with more behind it (or nothing said): a backlog
+        assert_eq!(Pace::after(500, 500, Some(7), at), Pace::Backlog);
+        assert_eq!(Pace::after(500, 500, None, at), Pace::Backlog);
         // a whole batch with nothing behind it (a trickle fast enough to fill pulls): caught up
-        assert_eq!(Pace::after(Pace::Backlog, 500, 500, Some(0), at), caught_up);
-        // fewer than asked: caught up, what arrives is taken together
-        assert_eq!(Pace::after(Pace::Backlog, 500, 499, Some(3), at), caught_up);
-        assert_eq!(Pace::after(caught_up, 500, 3, Some(0), at), caught_up);
-        // nothing: wait for one
-        assert_eq!(Pace::after(caught_up, 500, 0, None, at), Pace::Idle);
-        assert_eq!(Pace::after(Pace::Backlog, 500, 0, None, at), Pace::Idle);
-        // the one waited for came: what follows it is taken together
-        assert_eq!(Pace::after(Pace::Idle, 1, 1, Some(2), at), caught_up);
+        assert_eq!(Pace::after(500, 500, Some(0), at), caught_up);
+        // fewer than asked, or nothing: caught up, what arrives is taken together
+        assert_eq!(Pace::after(500, 499, Some(3), at), caught_up);
+        assert_eq!(Pace::after(500, 3, Some(0), at), caught_up);
+        assert_eq!(Pace::after(500, 0, None, at), caught_up);
         // a batch of one (a tiny configured batch) that came whole with more behind is a backlog
-        assert_eq!(Pace::after(Pace::Backlog, 1, 1, Some(2), at), Pace::Backlog);
+        assert_eq!(Pace::after(1, 1, Some(2), at), Pace::Backlog);
     }
 }

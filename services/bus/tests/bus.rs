@@ -633,15 +633,19 @@ async fn a_caught_up_consumer_takes_a_trickle_in_one_pull_per_commit_interval() 
         (1..=N).collect::<Vec<_>>(),
         "in stream order, once each"
     );
-    // messages handled together (within 15 ms of the one before) came in one pull: taken every 100 ms,
-    // ~3 a pull; handed over one by one as they were stored, each would be alone (30 ms apart)
-    let pulls = 1 + seen
+    // messages handled together (within 10 ms of the one before) came in one pull, taken at most every
+    // 100 ms: ~3 a pull. Handed over one by one as they were stored, each would be alone (30 ms apart, or
+    // more on a busy machine: the bound follows the time the trickle took)
+    let groups = 1 + seen
         .windows(2)
-        .filter(|w| w[1].2 - w[0].2 > Duration::from_millis(15))
+        .filter(|w| w[1].2 - w[0].2 > Duration::from_millis(10))
         .count();
+    let took = seen[seen.len() - 1].2 - seen[0].2;
+    let bound = (took.as_secs_f64() / 0.1 * 1.5) as usize + 3;
     assert!(
-        pulls as u64 <= N / 2,
-        "{N} messages stored 30 ms apart were handled in {pulls} groups: not taken together"
+        groups <= bound,
+        "{N} messages stored ≥ 30 ms apart over {took:?} were handled in {groups} groups (at most {bound} \
+         expected, one per 100 ms): not taken together"
     );
     Ok(())
 }
