@@ -342,10 +342,7 @@ impl Runner {
             let wanted = self.batch_size();
             let (batch, asked_at) = match (next.take(), pace) {
                 (Some((b, at)), _) => (Ok(b), at),
-                (None, Pace::Backlog) => (
-                    self.pull(&consumer, wanted).await,
-                    tokio::time::Instant::now(),
-                ),
+                (None, Pace::Backlog) => (self.pull(&consumer).await, tokio::time::Instant::now()),
                 (None, Pace::CaughtUp { .. }) => {
                     (self.fetch(&consumer).await, tokio::time::Instant::now())
                 }
@@ -411,11 +408,7 @@ impl Runner {
             let asked = tokio::time::Instant::now();
             if ahead {
                 // a pull that fails here is asked for again at the top
-                next = self
-                    .pull(&consumer, self.batch_size())
-                    .await
-                    .ok()
-                    .map(|b| (b, asked));
+                next = self.pull(&consumer).await.ok().map(|b| (b, asked));
             }
             self.settle(handler, to_ack).await;
             if asked.elapsed() > PULL_AHEAD_HOLD
@@ -441,15 +434,14 @@ impl Runner {
         Ok(())
     }
 
-    /// Asks for up to `n` messages, waiting up to `fetch_wait` for them.
+    /// Asks for a batch, waiting up to `fetch_wait` for it.
     async fn pull(
         &self,
         consumer: &jetstream::consumer::Consumer<pull::Config>,
-        n: usize,
     ) -> Result<pull::Batch, jetstream::consumer::pull::BatchError> {
         consumer
             .batch()
-            .max_messages(n)
+            .max_messages(self.batch_size())
             .expires(self.config.fetch_wait)
             .messages()
             .await
