@@ -160,12 +160,20 @@ impl Default for Chunk {
     }
 }
 
+/// The bytes of an empty chunk (its sample count), with room for the first sample (16 bytes) and a few
+/// more: grown from 2 bytes, the first sample alone took four reallocations (~2 % of ingest).
+fn new_chunk_bytes() -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(32);
+    bytes.extend_from_slice(&[0, 0]);
+    bytes
+}
+
 impl Chunk {
     /// An empty chunk.
     pub fn new() -> Self {
         Chunk {
             w: BitWriter {
-                bytes: vec![0, 0],
+                bytes: new_chunk_bytes(),
                 free: 0,
             },
             count: 0,

@@ -266,7 +266,10 @@ impl Disk {
         let start = first.map_err(|e| corrupt("chunk", e))?.0;
         let tree = self.partition(partition_of(start))?;
         let key = chunk_key(id, start);
-        match tree.get(key)? {
+        // one look-up in the usual case (no chunk there yet: stored), not a get before the insert
+        let stored = tree.compare_and_swap(key, None::<&[u8]>, Some(bytes))?;
+        match stored.err().and_then(|e| e.current) {
+            None => {}
             Some(old) if old.as_ref() == bytes => {}
             Some(old) => {
                 let merged = merge_chunks(&old, bytes)?;
@@ -280,9 +283,6 @@ impl Disk {
                     self.partition(partition_of(start))?
                         .insert(chunk_key(id, start), c)?;
                 }
-            }
-            None => {
-                tree.insert(key, bytes)?;
             }
         }
         Ok(())
