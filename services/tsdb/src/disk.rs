@@ -6,13 +6,18 @@
 //! - `chunks-<day>`: one tree per UTC day of chunk start time; key = series id (`u64` BE) + chunk start
 //!   (`i64` BE, sign-flipped so keys sort by time); value = an encoded [`crate::chunk`]. Retention drops
 //!   whole trees, which frees their pages in bulk without touching the trees that are written.
-//! - `wal-<generation>`: the write-ahead log; key = sequence (`u64` BE), value = the samples of one commit
-//!   ([`encode_wal`]). A checkpoint starts a new generation and drops the older ones once the heads it
-//!   snapshotted are durable.
+//! - `wal-<generation>`: the write-ahead log of stores written before the WAL files (below): key = sequence
+//!   (`u64` BE), value = the samples of one commit. Replayed and dropped as the files are.
 //! - `heads`: series id → the bytes of its open (head) chunk, as stores before the heads file kept them
 //!   (read when there is no heads file; emptied by the first checkpoint that writes one).
 //!
-//! Beside sled's files, `heads.ckpt` holds every series' open chunk at the last checkpoint ([`HeadsWriter`]):
+//! Beside sled's files, the write-ahead log is one file per generation, `wal-<generation>.log` ([`WalFile`]):
+//! each commit's samples ([`encode_wal`]) appended as one framed record and synced with sled's flush. A
+//! checkpoint starts a new generation and deletes the older files once the heads it snapshotted are
+//! durable. (Kept in sled, each commit's record of ~1 MB went through sled's log and its blob files: ~9 % of
+//! the TSDB's ingest CPU in the 2026-12-06 profile, against one `write` here.)
+//!
+//! `heads.ckpt` holds every series' open chunk at the last checkpoint ([`HeadsWriter`]):
 //! a plain file written sequentially, then synced and renamed into place, so a checkpoint costs a buffer
 //! rather than a new version of 100k sled records in sled's log (which held ~300 MiB for a 100k-series
 //! checkpoint).
@@ -64,6 +69,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub const PARTITION_MS: i64 = 86_400_000;
 
 const WAL_PREFIX: &str = "wal-";
+const WAL_SUFFIX: &str = ".log";
 const HEADS_FILE: &str = "heads.ckpt";
 const HEADS_MAGIC: &[u8; 8] = b"MPHEADS1";
 const CHUNK_PREFIX: &str = "chunks-";
@@ -98,11 +104,127 @@ fn u64_of(bytes: &[u8], what: &'static str) -> Result<u64> {
     Ok(u64::from_be_bytes(arr))
 }
 
+/// The current WAL generation's file: each record is its length (`u32` BE), its CRC-32 (`u32` BE) and its
+/// bytes. A crash in the middle of a write leaves a torn last record, which recovery skips (it was never
+/// acknowledged: a commit is acknowledged only after the file is synced).
 #[derive(Debug)]
-struct Wal {
+struct WalFile {
     generation: u64,
-    tree: sled::Tree,
-    next_seq: u64,
+    file: std::fs::File,
+    path: PathBuf,
+    /// Bytes of whole records in the file (a failed write is cut back to it).
+    len: u64,
+    /// Records appended, and how many of them are known synced.
+    written: u64,
+    synced: u64,
+}
+
+impl WalFile {
+    fn create(dir: &Path, generation: u64) -> Result<Self> {
+        let path = wal_path(dir, generation);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .open(&path)
+            .map_err(io_error("creating", &path))?;
+        // the new file's name is durable once its directory is synced
+        std::fs::File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_error("syncing", dir))?;
+        Ok(WalFile {
+            generation,
+            file,
+            path,
+            len: 0,
+            written: 0,
+            synced: 0,
+        })
+    }
+
+    fn append(&mut self, record: &[u8]) -> Result<()> {
+        use std::io::Write as _;
+        let len = u32::try_from(record.len()).map_err(|e| corrupt("wal record", e))?;
+        let mut header = [0u8; 8];
+        header[..4].copy_from_slice(&len.to_be_bytes());
+        header[4..].copy_from_slice(&crc32fast::hash(record).to_be_bytes());
+        let written = self
+            .file
+            .write_all(&header)
+            .and_then(|()| self.file.write_all(record));
+        if let Err(source) = written {
+            // a part of a record would hide the records after it from recovery: cut it off
+            if self.file.set_len(self.len).is_err() {
+                tracing::warn!(path = %self.path.display(), "could not cut a failed WAL write; the next commit starts a new file");
+                self.len = u64::MAX;
+            }
+            return Err(Error::Io {
+                what: "writing",
+                path: self.path.display().to_string(),
+                source,
+            });
+        }
+        self.len += 8 + record.len() as u64;
+        self.written += 1;
+        Ok(())
+    }
+}
+
+fn wal_path(dir: &Path, generation: u64) -> PathBuf {
+    dir.join(format!("{WAL_PREFIX}{generation:016x}{WAL_SUFFIX}"))
+}
+
+fn io_error(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.display().to_string();
+    move |source| Error::Io { what, path, source }
+}
+
+/// The WAL files in `dir`, by generation.
+fn wal_files(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io_error("listing", dir))? {
+        let entry = entry.map_err(io_error("listing", dir))?;
+        let name = entry.file_name();
+        let Some(hex) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(WAL_PREFIX)?.strip_suffix(WAL_SUFFIX))
+        else {
+            continue;
+        };
+        if let Ok(g) = u64::from_str_radix(hex, 16) {
+            out.push((g, entry.path()));
+        }
+    }
+    out.sort_unstable();
+    Ok(out)
+}
+
+/// The whole records of a WAL file (see [`WalFile`]), oldest first; a torn or damaged tail is skipped with
+/// a warning.
+fn read_wal_file(path: &Path) -> Result<Vec<Vec<u8>>> {
+    let bytes = std::fs::read(path).map_err(io_error("reading", path))?;
+    let mut out = Vec::new();
+    let mut rest = bytes.as_slice();
+    while !rest.is_empty() {
+        let frame = rest.split_first_chunk::<8>().and_then(|(h, body)| {
+            let len = u32::from_be_bytes(h[..4].try_into().ok()?) as usize;
+            let crc = u32::from_be_bytes(h[4..].try_into().ok()?);
+            let record = body.get(..len)?;
+            (crc32fast::hash(record) == crc).then_some((record, &body[len..]))
+        });
+        let Some((record, after)) = frame else {
+            tracing::warn!(
+                path = %path.display(),
+                offset = bytes.len() - rest.len(),
+                skipped = rest.len(),
+                "the WAL file ends in a torn or damaged record (a write the crash interrupted: it was never acknowledged); replaying what is before it"
+            );
+            break;
+        };
+        out.push(record.to_vec());
+        rest = after;
+    }
+    Ok(out)
 }
 
 /// The sled database with the crate's layout.
@@ -114,7 +236,7 @@ pub struct Disk {
     heads: sled::Tree,
     meta: sled::Tree,
     partitions: RwLock<BTreeMap<i64, sled::Tree>>,
-    wal: Mutex<Wal>,
+    wal: Mutex<WalFile>,
 }
 
 impl Disk {
@@ -140,6 +262,7 @@ impl Disk {
                 max_gen = max_gen.max(Some(g));
             }
         }
+        max_gen = max_gen.max(wal_files(dir)?.last().map(|(g, _)| *g));
         let generation = max_gen.map(|g| g + 1).unwrap_or(0);
         // a heads file a crash left half-written: the last finished one (or the WAL) stands
         for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
@@ -149,7 +272,7 @@ impl Disk {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
-        let tree = db.open_tree(format!("{WAL_PREFIX}{generation:016x}"))?;
+        let wal = WalFile::create(dir, generation)?;
         Ok(Disk {
             dir: dir.to_path_buf(),
             db,
@@ -157,11 +280,7 @@ impl Disk {
             heads,
             meta,
             partitions: RwLock::new(partitions),
-            wal: Mutex::new(Wal {
-                generation,
-                tree,
-                next_seq: 0,
-            }),
+            wal: Mutex::new(wal),
         })
     }
 
@@ -318,15 +437,17 @@ impl Disk {
     /// Adds one commit's samples to the current WAL generation (durable after [`Disk::flush`]).
     pub fn append_wal(&self, record: &[u8]) -> Result<()> {
         let mut wal = self.wal.lock().unwrap_or_else(|e| e.into_inner());
-        let seq = wal.next_seq;
-        wal.tree.insert(seq.to_be_bytes(), record)?;
-        wal.next_seq += 1;
-        Ok(())
+        if wal.len == u64::MAX {
+            // a failed write that could not be cut off ends the file
+            let generation = wal.generation + 1;
+            *wal = WalFile::create(&self.dir, generation)?;
+        }
+        wal.append(record)
     }
 
     /// The WAL records recovery must replay, oldest first; drops generations a finished checkpoint made
     /// obsolete.
-    pub fn wal_records(&self) -> Result<Vec<sled::IVec>> {
+    pub fn wal_records(&self) -> Result<Vec<Vec<u8>>> {
         let from = match self.meta.get("wal_from")? {
             Some(v) => u64_of(&v, "wal_from")?,
             None => 0,
@@ -337,10 +458,8 @@ impl Disk {
             .unwrap_or_else(|e| e.into_inner())
             .generation;
         let mut out = Vec::new();
-        for g in self.wal_generations()? {
-            if g == current {
-                continue;
-            }
+        // the trees of a store written before the files hold the older generations
+        for g in self.wal_trees() {
             let name = format!("{WAL_PREFIX}{g:016x}");
             if g < from {
                 self.db.drop_tree(name)?;
@@ -348,13 +467,24 @@ impl Disk {
             }
             let tree = self.db.open_tree(name)?;
             for kv in tree.iter() {
-                out.push(kv?.1);
+                out.push(kv?.1.to_vec());
             }
+        }
+        for (g, path) in wal_files(&self.dir)? {
+            if g == current {
+                continue;
+            }
+            if g < from {
+                std::fs::remove_file(&path).map_err(io_error("removing", &path))?;
+                continue;
+            }
+            out.extend(read_wal_file(&path)?);
         }
         Ok(out)
     }
 
-    fn wal_generations(&self) -> Result<Vec<u64>> {
+    /// The generations of the WAL trees a store written before the WAL files holds, oldest first.
+    fn wal_trees(&self) -> Vec<u64> {
         let mut gens: Vec<u64> = self
             .db
             .tree_names()
@@ -365,18 +495,21 @@ impl Disk {
             })
             .collect();
         gens.sort_unstable();
-        Ok(gens)
+        gens
     }
 
     /// Starts a new WAL generation; returns its number. Records appended from now on go to it.
     pub fn rotate_wal(&self) -> Result<u64> {
         let mut wal = self.wal.lock().unwrap_or_else(|e| e.into_inner());
         let generation = wal.generation + 1;
-        wal.tree = self
-            .db
-            .open_tree(format!("{WAL_PREFIX}{generation:016x}"))?;
-        wal.generation = generation;
-        wal.next_seq = 0;
+        // what a commit appended to the file it ends and has not flushed yet is synced now: the next flush
+        // syncs the new file only
+        let old = std::mem::replace(&mut *wal, WalFile::create(&self.dir, generation)?);
+        if old.written > old.synced {
+            old.file
+                .sync_data()
+                .map_err(io_error("syncing", &old.path))?;
+        }
         Ok(generation)
     }
 
@@ -409,9 +542,14 @@ impl Disk {
             .map_err(|e| corrupt("heads file", e))??;
         self.meta.insert("wal_from", &generation.to_be_bytes())?;
         self.db.flush_async().await?;
-        for g in self.wal_generations()? {
+        for g in self.wal_trees() {
             if g < generation {
                 self.db.drop_tree(format!("{WAL_PREFIX}{g:016x}"))?;
+            }
+        }
+        for (g, path) in wal_files(&self.dir)? {
+            if g < generation {
+                std::fs::remove_file(&path).map_err(io_error("removing", &path))?;
             }
         }
         if !self.heads.is_empty() {
@@ -423,8 +561,38 @@ impl Disk {
 
     /// Makes everything written so far durable.
     pub async fn flush(&self) -> Result<()> {
-        self.db.flush_async().await?;
-        Ok(())
+        // the WAL file synced beside sled's flush, not after it
+        let wal = {
+            let wal = self.wal.lock().unwrap_or_else(|e| e.into_inner());
+            match wal.written > wal.synced {
+                true => {
+                    let file = wal
+                        .file
+                        .try_clone()
+                        .map_err(io_error("opening", &wal.path))?;
+                    Some((file, wal.path.clone(), wal.generation, wal.written))
+                }
+                false => None,
+            }
+        };
+        let sync = async {
+            let Some((file, path, generation, written)) = wal else {
+                return Ok(());
+            };
+            tokio::task::spawn_blocking(move || {
+                file.sync_data().map_err(io_error("syncing", &path))
+            })
+            .await
+            .map_err(|e| corrupt("wal sync task", e))??;
+            let mut wal = self.wal.lock().unwrap_or_else(|e| e.into_inner());
+            if wal.generation == generation {
+                wal.synced = wal.synced.max(written);
+            }
+            Ok(())
+        };
+        let (flushed, synced) = tokio::join!(self.db.flush_async(), sync);
+        flushed?;
+        synced
     }
 
     /// Drops every chunk partition whose chunks all end before `cutoff` (ms); returns how many.
@@ -453,9 +621,15 @@ impl Disk {
         Ok(old.len())
     }
 
-    /// Bytes sled uses on disk.
+    /// Bytes sled and the WAL files use on disk.
     pub fn size_on_disk(&self) -> u64 {
-        self.db.size_on_disk().unwrap_or(0)
+        let wal: u64 = wal_files(&self.dir)
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|(_, path)| std::fs::metadata(path).ok())
+            .map(|m| m.len())
+            .sum();
+        self.db.size_on_disk().unwrap_or(0) + wal
     }
 
     /// Encoded bytes of every stored chunk, and the number of samples they hold (for size accounting).
@@ -514,10 +688,7 @@ impl HeadsWriter {
 
     fn finish(self, path: &Path, dir: &Path) -> Result<()> {
         use std::io::Write as _;
-        let io = |what: &'static str, p: &Path| {
-            let path = p.display().to_string();
-            move |source| Error::Io { what, path, source }
-        };
+        let io = io_error;
         let HeadsWriter { mut out, crc, tmp } = self;
         out.write_all(&crc.finalize().to_be_bytes())
             .map_err(io("writing", &tmp))?;
@@ -652,6 +823,62 @@ mod tests {
         }
         assert!(decode_wal(&[0x80]).is_err());
         assert!(decode_wal(&[1, 2, 3]).is_err());
+    }
+
+    #[tokio::test]
+    async fn the_wal_replays_its_files_and_the_old_trees_and_skips_a_torn_tail() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let disk = Disk::open(dir.path(), 1 << 20).expect("opens");
+        // a store before the WAL files kept its records in a tree per generation
+        disk.db
+            .open_tree(format!("{WAL_PREFIX}{:016x}", 0))
+            .and_then(|t| t.insert(0u64.to_be_bytes(), b"from the tree"))
+            .expect("tree");
+        disk.append_wal(b"first").expect("appends");
+        disk.append_wal(b"second").expect("appends");
+        disk.flush().await.expect("flushes");
+        disk.close().await.expect("closes");
+        // a crash in the middle of a write: half a header, then a record whose bytes do not match its CRC
+        let path = wal_path(dir.path(), 0);
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .expect("opens the file");
+        f.write_all(&[0, 0, 0, 9, 1, 2, 3, 4, b'x'])
+            .expect("writes");
+        drop(f);
+
+        let disk = Disk::open(dir.path(), 1 << 20).expect("opens again");
+        let replay = |d: &Disk| -> Vec<String> {
+            d.wal_records()
+                .expect("records")
+                .iter()
+                .map(|r| String::from_utf8_lossy(r).into_owned())
+                .collect()
+        };
+        assert_eq!(replay(&disk), ["from the tree", "first", "second"]);
+        // what comes after goes to a new file, not behind the torn record
+        disk.append_wal(b"third").expect("appends");
+        disk.flush().await.expect("flushes");
+        disk.close().await.expect("closes");
+        let disk = Disk::open(dir.path(), 1 << 20).expect("opens again");
+        assert_eq!(replay(&disk), ["from the tree", "first", "second", "third"]);
+
+        // a checkpoint drops the trees and files before its generation
+        let generation = disk.rotate_wal().expect("rotates");
+        disk.append_wal(b"after the checkpoint").expect("appends");
+        let heads = disk.begin_heads(generation).expect("heads");
+        disk.finish_checkpoint(heads, generation)
+            .await
+            .expect("checkpoint");
+        disk.flush().await.expect("flushes");
+        disk.close().await.expect("closes");
+        let disk = Disk::open(dir.path(), 1 << 20).expect("opens again");
+        assert_eq!(replay(&disk), ["after the checkpoint"]);
+        assert!(disk.wal_trees().is_empty(), "the old trees are dropped");
+        let files = wal_files(dir.path()).expect("lists");
+        assert!(files.iter().all(|(g, _)| *g >= generation), "{files:?}");
     }
 
     #[tokio::test]
