@@ -1,5 +1,5 @@
-//! A `MetricBatch` as the ingester reads it: every name and label string of the batch copied once into one
-//! buffer, each sample a few integers pointing into it.
+//! A `MetricBatch` as the ingester reads it: the message's bytes kept in one buffer (or, decoded by serde,
+//! every name and label string copied once into one), each sample a few integers pointing into it.
 //!
 //! Decoding `MetricBatch` into its owned form allocated a `String` per name, a `BTreeMap` and two `String`s
 //! per label, and dropped them all after the append: about a third of the TSDB's ingest CPU in the
@@ -8,8 +8,9 @@
 //! dead-letter stream; unknown fields are skipped; a label given twice keeps its last value, as the map
 //! does; a malformed metric family fails the message too, though the TSDB has no use for them) into three
 //! vectors allocated once per batch. The usual message (the envelope as the agent writes it) is read by
-//! a MessagePack reader of its own ([`fast`]), a third of the time serde takes; anything it does not
-//! expect goes through serde.
+//! a MessagePack reader of its own ([`fast`]), a third of the time serde takes, which copies no string:
+//! each is a span of the body, checked to be UTF-8 where it is read; anything it does not expect goes
+//! through serde.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -32,7 +33,7 @@ struct Row {
     labels: (u32, u32),
     value: f64,
     timestamp_ms: i64,
-    /// The sample's name and labels as the message spelled them, a range of `ident` (empty when decoded by
+    /// The sample's name and labels as the message spelled them, a span of the text (empty when decoded by
     /// serde): what the store's scrape cache compares, as Prometheus' compares a series' text.
     ident: Span,
 }
@@ -46,12 +47,13 @@ pub struct ScrapeBatch {
     pub instance: String,
     /// Lines of the scrape the agent could not parse.
     pub rejected_lines: u64,
-    text: String,
+    /// The strings the spans point into. Read by the fast reader, the message body itself (each name and
+    /// label string a span of it, checked to be UTF-8 on its own), then any spelling that is not one run of
+    /// it; decoded by serde, the strings one after another.
+    text: Vec<u8>,
     /// (name, value) spans of every sample's labels, each sample's sorted by name, names unique.
     pairs: Vec<(Span, Span)>,
     rows: Vec<Row>,
-    /// Each sample's name and label map, the MessagePack bytes as they came (see [`Row::ident`]).
-    ident: Vec<u8>,
 }
 
 /// One sample of a [`ScrapeBatch`], borrowing its strings.
@@ -84,15 +86,16 @@ impl<'a> SampleView<'a> for SampleRef<'a> {
 
     fn ident(&self) -> &'a [u8] {
         let (from, to) = self.row.ident;
-        &self.batch.ident[from as usize..to as usize]
+        &self.batch.text[from as usize..to as usize]
     }
 }
 
 impl ScrapeBatch {
     fn span(&self, (from, to): Span) -> &str {
-        // spans are made by `push_text` on this text, or by the fast reader's `Text::push` and checked to be
-        // on char boundaries by `Text::finish` (or each string checked on its own): always on char boundaries
-        &self.text[from as usize..to as usize]
+        // a span is made by `push_text` of a `&str`, or by the fast reader of a string it checked to be
+        // UTF-8: never empty for want of being UTF-8 (checked again here rather than trusted unsafely, a
+        // short string at a time, only where the name and labels are read: what the scrape cache misses)
+        std::str::from_utf8(&self.text[from as usize..to as usize]).unwrap_or_default()
     }
 
     /// How many samples.
@@ -139,7 +142,7 @@ impl ScrapeBatch {
     fn push_text(&mut self, s: &str) -> Option<Span> {
         let from = self.text.len();
         let to = u32::try_from(from + s.len()).ok()?;
-        self.text.push_str(s);
+        self.text.extend_from_slice(s.as_bytes());
         Some((from as u32, to))
     }
 }
@@ -498,7 +501,7 @@ impl<'de> Visitor<'de> for Labels<'_> {
             let v = map.next_value_seed(Text(&mut *batch))?;
             batch.pairs.push((k, v));
         }
-        normalize_labels(&mut batch.pairs, batch.text.as_bytes(), from);
+        normalize_labels(&mut batch.pairs, &batch.text, from);
         let to = batch.pairs.len();
         if to > u32::MAX as usize {
             return Err(de::Error::custom("too many labels in one batch"));
@@ -516,7 +519,7 @@ pub(crate) mod fast {
     use chrono::{DateTime, Utc};
     use multipilot_schemas::envelope::Envelope;
 
-    use super::{Row, ScrapeBatch, Span, sort_labels, sorted_once};
+    use super::{Row, ScrapeBatch, Span, normalize_labels};
 
     /// Nesting a skipped value may have.
     const MAX_DEPTH: usize = 32;
@@ -564,11 +567,6 @@ pub(crate) mod fast {
             let m = self.byte()?;
             let n = self.len(m, (0xa0, 0xbf), 0xd9, 0xda, 0xdb)?;
             self.take(n)
-        }
-
-        /// What was read since the reader was at `start` (a rest of the same buffer).
-        fn read_since(&self, start: &'a [u8]) -> &'a [u8] {
-            &start[..start.len() - self.buf.len()]
         }
 
         fn map(&mut self) -> Option<usize> {
@@ -687,7 +685,7 @@ pub(crate) mod fast {
                 "cluster_time" => set(&mut cluster_time, time(r.str()?)?)?,
                 "agent_time" => set(&mut agent_time, time(r.str()?)?)?,
                 "seq" => set(&mut seq, u64::try_from(r.int()?).ok()?)?,
-                "payload" => set(&mut payload, batch(&mut r, body.len())?)?,
+                "payload" => set(&mut payload, batch(&mut r, body)?)?,
                 _ => r.skip(0)?,
             }
         }
@@ -706,43 +704,29 @@ pub(crate) mod fast {
         })
     }
 
-    /// The batch's sample strings before they are known to be UTF-8: checked all at once at the end
-    /// ([`Text::finish`]) instead of string by string (a tenth of the ingest time went to validating each
-    /// short name and value on its own).
-    struct Text {
-        bytes: Vec<u8>,
+    /// Whether `s` is UTF-8: the usual ASCII label checked inline, anything else by the standard library
+    /// (called for each of a batch's ~5,000 short strings, `from_utf8` alone was a tenth of the ingest time).
+    fn utf8(s: &[u8]) -> Option<()> {
+        (s.is_ascii() || std::str::from_utf8(s).is_ok()).then_some(())
     }
 
-    impl Text {
-        /// Appends `s`; `None` past 4 GiB (the spans are 32-bit).
-        fn push(&mut self, s: &[u8]) -> Option<Span> {
-            let from = self.bytes.len();
-            let to = u32::try_from(from + s.len()).ok()?;
-            self.bytes.extend_from_slice(s);
-            Some((from as u32, to))
-        }
-
-        /// The text, if it is UTF-8 and every span starts and ends on a character: then each span is
-        /// UTF-8 on its own, as if checked one by one. In ASCII text every byte starts a character.
-        fn finish(self, out: &ScrapeBatch) -> Option<String> {
-            let text = String::from_utf8(self.bytes).ok()?;
-            if text.is_ascii() {
-                return Some(text);
-            }
-            let on_char = |(from, to): Span| {
-                text.is_char_boundary(from as usize) && text.is_char_boundary(to as usize)
-            };
-            let spans = out.rows.iter().map(|r| r.name);
-            let mut spans = spans.chain(out.pairs.iter().flat_map(|&(k, v)| [k, v]));
-            spans.all(on_char).then_some(text)
-        }
+    /// Where the reader is in `body` (a rest of it), as a span's offset; `None` past 4 GiB.
+    fn at(body: &[u8], r: &Reader<'_>) -> Option<u32> {
+        u32::try_from(body.len() - r.buf.len()).ok()
     }
 
-    fn batch(r: &mut Reader<'_>, body_len: usize) -> Option<ScrapeBatch> {
-        let mut out = ScrapeBatch::default();
-        // the strings are a part of the body: never more
-        let mut text = Text {
-            bytes: Vec::with_capacity(body_len),
+    /// The span of the string just read, which ended where the reader is.
+    fn span_before(body: &[u8], r: &Reader<'_>, s: &[u8]) -> Option<Span> {
+        let to = at(body, r)?;
+        Some((to - s.len() as u32, to))
+    }
+
+    /// The batch, the reader at its start in `body`. Its text is `body` itself: every name and label a span
+    /// of it, no string copied.
+    fn batch(r: &mut Reader<'_>, body: &[u8]) -> Option<ScrapeBatch> {
+        let mut out = ScrapeBatch {
+            text: body.to_vec(),
+            ..Default::default()
         };
         let (mut job, mut instance, mut families, mut samples, mut rejected) =
             (false, false, false, false, false);
@@ -766,11 +750,10 @@ pub(crate) mod fast {
                     once(&mut samples)?;
                     let n = r.array()?;
                     // each sample takes more than 8 bytes of the body
-                    out.rows.reserve(n.min(body_len / 8));
-                    out.pairs.reserve(n.min(body_len / 8) * 4);
-                    out.ident.reserve(body_len);
+                    out.rows.reserve(n.min(body.len() / 8));
+                    out.pairs.reserve(n.min(body.len() / 8) * 4);
                     for _ in 0..n {
-                        sample(r, &mut out, &mut text)?;
+                        sample(r, &mut out, body)?;
                     }
                 }
                 "rejected_lines" => {
@@ -780,7 +763,6 @@ pub(crate) mod fast {
                 _ => r.skip(0)?,
             }
         }
-        out.text = text.finish(&out)?;
         (job && samples).then_some(out)
     }
 
@@ -812,39 +794,42 @@ pub(crate) mod fast {
         (name && type_).then_some(())
     }
 
-    fn sample(r: &mut Reader<'_>, out: &mut ScrapeBatch, text: &mut Text) -> Option<()> {
+    /// One sample. Its spelling ([`Row::ident`]) is the run of the body from its name to the end of its
+    /// labels when the labels come right after the name (as the agent writes them, the `labels` key
+    /// between them); otherwise the two copied one after the other to the end of the text.
+    fn sample(r: &mut Reader<'_>, out: &mut ScrapeBatch, body: &[u8]) -> Option<()> {
         let (mut name, mut labels, mut value, mut ts) = (None, None, None, None);
-        let ident_from = out.ident.len();
+        // where the name's value and the labels' map start and end in the body
+        let (mut name_run, mut labels_run): (Option<Span>, Option<Span>) = (None, None);
+        let mut labels_key_at = 0;
         for _ in 0..r.map()? {
+            let key_at = at(body, r)?;
             match r.raw_str()? {
                 b"name" => {
-                    let start = r.buf;
-                    let s = r.raw_str()?;
                     name.is_none().then_some(())?;
-                    name = Some(text.push(s)?);
-                    out.ident.extend_from_slice(r.read_since(start));
+                    let from = at(body, r)?;
+                    let s = r.raw_str()?;
+                    utf8(s)?;
+                    name = Some(span_before(body, r, s)?);
+                    name_run = Some((from, at(body, r)?));
                 }
                 b"labels" => {
                     labels.is_none().then_some(())?;
-                    let start = r.buf;
+                    labels_key_at = key_at;
+                    let start = at(body, r)?;
                     let from = out.pairs.len();
                     for _ in 0..r.map()? {
-                        let (k, v) = (r.raw_str()?, r.raw_str()?);
-                        let pair = (text.push(k)?, text.push(v)?);
-                        out.pairs.push(pair);
+                        let k = r.raw_str()?;
+                        utf8(k)?;
+                        let k = span_before(body, r, k)?;
+                        let v = r.raw_str()?;
+                        utf8(v)?;
+                        let v = span_before(body, r, v)?;
+                        out.pairs.push((k, v));
                     }
-                    if !sorted_once(&out.pairs, &text.bytes, from) {
-                        // a name given twice drops a pair, whose strings `Text::finish` would not see:
-                        // checked one by one here (rare: producers send each name once, in order)
-                        for &(k, v) in &out.pairs[from..] {
-                            for (a, b) in [k, v] {
-                                std::str::from_utf8(&text.bytes[a as usize..b as usize]).ok()?;
-                            }
-                        }
-                        sort_labels(&mut out.pairs, &text.bytes, from);
-                    }
+                    normalize_labels(&mut out.pairs, body, from);
                     labels = Some((from as u32, out.pairs.len() as u32));
-                    out.ident.extend_from_slice(r.read_since(start));
+                    labels_run = Some((start, at(body, r)?));
                 }
                 b"value" => {
                     value.is_none().then_some(())?;
@@ -861,12 +846,22 @@ pub(crate) mod fast {
                 }
             }
         }
+        let (name_run, labels_run) = (name_run?, labels_run?);
+        let ident = if name_run.1 == labels_key_at {
+            (name_run.0, labels_run.1)
+        } else {
+            let from = u32::try_from(out.text.len()).ok()?;
+            for (a, b) in [name_run, labels_run] {
+                out.text.extend_from_slice(&body[a as usize..b as usize]);
+            }
+            (from, u32::try_from(out.text.len()).ok()?)
+        };
         out.rows.push(Row {
             name: name?,
             labels: labels?,
             value: value?,
             timestamp_ms: ts?,
-            ident: (ident_from as u32, u32::try_from(out.ident.len()).ok()?),
+            ident,
         });
         Some(())
     }
@@ -1062,12 +1057,12 @@ mod tests {
             b.cluster_time,
             b.agent_time,
             b.seq,
-        ) && (&p.job, &p.instance, p.rejected_lines, &p.text, &p.pairs)
-            == (&q.job, &q.instance, q.rejected_lines, &q.text, &q.pairs)
-            && p.rows.len() == q.rows.len()
-            && p.rows.iter().zip(&q.rows).all(|(x, y)| {
-                (x.name, x.labels, x.timestamp_ms, x.value.to_bits())
-                    == (y.name, y.labels, y.timestamp_ms, y.value.to_bits())
+        ) && (&p.job, &p.instance, p.rejected_lines) == (&q.job, &q.instance, q.rejected_lines)
+            && p.len() == q.len()
+            && p.samples().zip(q.samples()).all(|(x, y)| {
+                (x.name(), x.timestamp_ms(), x.value().to_bits())
+                    == (y.name(), y.timestamp_ms(), y.value().to_bits())
+                    && x.labels().eq(y.labels())
             })
     }
 
@@ -1219,8 +1214,8 @@ mod tests {
         let got = fast::envelope(&body).expect("fast");
         let idents: Vec<&[u8]> = got.payload.samples().map(|s| s.ident()).collect();
         assert_eq!(idents.len(), 3);
-        // "up" and no labels: a fixstr of 2 and an empty fixmap
-        assert_eq!(idents[1], b"\xa2up\x80");
+        // "up", the `labels` key and no labels: a fixstr of 2, a fixstr of 6 and an empty fixmap
+        assert_eq!(idents[1], b"\xa2up\xa6labels\x80");
         assert!(idents.iter().all(|i| !i.is_empty()));
         assert_ne!(idents[0], idents[2]);
         let again = fast::envelope(&body).expect("fast");
@@ -1228,5 +1223,66 @@ mod tests {
         // serde's form has none: never cached
         let serde: Envelope<ScrapeBatch> = rmp_serde::from_slice(&body).unwrap();
         assert!(serde.payload.samples().all(|s| s.ident().is_empty()));
+    }
+
+    /// A sample whose name and labels are not one run of the message (another producer's field order)
+    /// is spelled by the two copied together: the same for the same series whatever its value, another
+    /// for another series.
+    #[test]
+    fn a_spelling_apart_in_the_message_is_put_together() {
+        #[derive(Serialize)]
+        struct Odd<'a> {
+            labels: BTreeMap<&'a str, &'a str>,
+            value: f64,
+            name: &'a str,
+            timestamp_ms: i64,
+        }
+        #[derive(Serialize)]
+        struct OddBatch<'a> {
+            job: &'a str,
+            instance: &'a str,
+            samples: Vec<Odd<'a>>,
+        }
+        let body = |v: f64| {
+            let odd = |name, pod| Odd {
+                labels: BTreeMap::from([("pod", pod)]),
+                value: v,
+                name,
+                timestamp_ms: 1000,
+            };
+            let t = chrono::Utc::now();
+            let env = Envelope {
+                schema: "MetricBatch".to_string(),
+                version: 1,
+                cluster: "c1".to_string(),
+                source: "a".to_string(),
+                cluster_time: t,
+                agent_time: t,
+                seq: 1,
+                payload: OddBatch {
+                    job: "j",
+                    instance: "i",
+                    samples: vec![odd("up", "p1"), odd("up", "p2")],
+                },
+            };
+            rmp_serde::to_vec_named(&env).unwrap()
+        };
+        let (one, two) = (body(1.0), body(2.0));
+        let (a, b) = (
+            fast::envelope(&one).expect("fast"),
+            fast::envelope(&two).expect("fast"),
+        );
+        let idents = |e: &Envelope<ScrapeBatch>| -> Vec<Vec<u8>> {
+            e.payload.samples().map(|s| s.ident().to_vec()).collect()
+        };
+        assert_eq!(idents(&a)[0], b"\xa2up\x81\xa3pod\xa2p1");
+        assert_eq!(idents(&a), idents(&b));
+        assert_ne!(idents(&a)[0], idents(&a)[1]);
+        let s = a.payload.samples().nth(1).unwrap();
+        assert_eq!(
+            (s.name(), s.labels().collect::<Vec<_>>()),
+            ("up", vec![("pod", "p2")])
+        );
+        assert!(same(&a, &rmp_serde::from_slice(&one).unwrap()));
     }
 }
