@@ -150,7 +150,18 @@ impl ScrapeBatch {
 /// Whether the labels from `from` on are sorted by name, each name once (as producers send them).
 fn sorted_once(pairs: &[(Span, Span)], text: &[u8], from: usize) -> bool {
     let key = |p: &(Span, Span)| &text[p.0.0 as usize..p.0.1 as usize];
-    pairs[from..].windows(2).all(|w| key(&w[0]) < key(&w[1]))
+    pairs[from..]
+        .windows(2)
+        .all(|w| less(key(&w[0]), key(&w[1])))
+}
+
+/// `a < b` for label names, compared inline: they are short and usually differ in their first bytes,
+/// where a call to `memcmp` per pair cost more than the comparison (~4 % of ingest).
+fn less(a: &[u8], b: &[u8]) -> bool {
+    match a.iter().zip(b).find(|(x, y)| x != y) {
+        Some((x, y)) => x < y,
+        None => a.len() < b.len(),
+    }
 }
 
 /// Sorts the labels from `from` to the end by name, keeping the last value of a name given twice (what
@@ -996,6 +1007,16 @@ mod tests {
         let want: BTreeMap<String, String> = owned.samples[0].labels.clone();
         assert_eq!(got.to_metric_batch().samples[0].labels, want);
         assert_eq!(s.value(), 5.0);
+    }
+
+    #[test]
+    fn label_names_compare_as_bytes_do() {
+        let names: [&[u8]; 8] = [b"", b"a", b"ab", b"abc", b"b", b"\xc3\xa9", b"job", b"jobs"];
+        for a in names {
+            for b in names {
+                assert_eq!(less(a, b), a < b, "{a:?} {b:?}");
+            }
+        }
     }
 
     /// What the owned decoder refuses, this one refuses: missing required fields, wrong types.

@@ -267,8 +267,9 @@ impl Chunk {
         }
         for (prefix, plen, bits) in DOD_BUCKETS {
             if fits(dod, bits) {
-                self.w.write_bits(prefix, plen);
-                self.w.write_bits(dod as u64 & ((1u64 << bits) - 1), bits);
+                // the prefix and the value in one write (at most 24 bits)
+                let value = dod as u64 & ((1u64 << bits) - 1);
+                self.w.write_bits((prefix << bits) | value, plen + bits);
                 return;
             }
         }
@@ -282,22 +283,30 @@ impl Chunk {
             self.w.write_bit(false);
             return;
         }
-        self.w.write_bit(true);
         let leading = (delta.leading_zeros() as u8).min(31);
         let trailing = delta.trailing_zeros() as u8;
-        if self.leading != 0xff && leading >= self.leading && trailing >= self.trailing {
-            self.w.write_bit(false);
-            let sig = 64 - self.leading - self.trailing;
-            self.w.write_bits(delta >> self.trailing, sig);
+        // control bits and value written together when they fit in 64 bits (writes one by one were most
+        // of the chunk's encoding time)
+        let (head, head_bits, value, sig) =
+            if self.leading != 0xff && leading >= self.leading && trailing >= self.trailing {
+                // `10`, the value in the previous window
+                let sig = 64 - self.leading - self.trailing;
+                (0b10, 2, delta >> self.trailing, sig)
+            } else {
+                self.leading = leading;
+                self.trailing = trailing;
+                let sig = 64 - leading - trailing;
+                // `11`, leading zeros (5 bits), significant bits (6 bits: 64 is written as 0, since 0
+                // is never needed), the value
+                let head = (0b11 << 11) | ((leading as u64) << 6) | (sig & 63) as u64;
+                (head, 13, delta >> trailing, sig)
+            };
+        if head_bits + sig <= 64 {
+            // `value` has at most `sig` bits
+            self.w.write_bits((head << sig) | value, head_bits + sig);
         } else {
-            self.leading = leading;
-            self.trailing = trailing;
-            self.w.write_bit(true);
-            self.w.write_bits(leading as u64, 5);
-            let sig = 64 - leading - trailing;
-            // 64 significant bits are written as 0 (6 bits can't hold 64; 0 bits is never needed).
-            self.w.write_bits((sig & 63) as u64, 6);
-            self.w.write_bits(delta >> trailing, sig);
+            self.w.write_bits(head, head_bits);
+            self.w.write_bits(value, sig);
         }
     }
 }
@@ -594,6 +603,108 @@ mod tests {
         }
         // 2 count bytes + 16 first-sample bytes + the delta + 118 × 2 bits.
         assert!(c.bytes().len() <= 2 + 16 + 4 + 30, "{}", c.bytes().len());
+    }
+
+    /// The chunk's encoding written field by field, bit by bit (as chunks on disk were first written):
+    /// the encoder's merged writes give the same bytes for every bucket of delta-of-delta and every kind
+    /// of XOR value.
+    #[test]
+    fn samples_encode_as_they_did_field_by_field() {
+        fn bits(out: &mut (Vec<u8>, u8), v: u64, n: u8) {
+            for i in (0..n).rev() {
+                if out.1 == 0 {
+                    out.0.push(0);
+                    out.1 = 8;
+                }
+                if (v >> i) & 1 == 1 {
+                    *out.0.last_mut().expect("pushed") |= 1 << (out.1 - 1);
+                }
+                out.1 -= 1;
+            }
+        }
+        fn reference(samples: &[(i64, f64)]) -> Vec<u8> {
+            let mut out = (Vec::new(), 0u8);
+            let (mut t, mut delta, mut v, mut lead, mut trail) = (0i64, 0i64, 0u64, 0xffu8, 0u8);
+            for (i, &(st, sv)) in samples.iter().enumerate() {
+                let b = sv.to_bits();
+                if i == 0 {
+                    bits(&mut out, st as u64, 64);
+                    bits(&mut out, b, 64);
+                } else {
+                    let d = st - t;
+                    let dod = if i == 1 { d } else { d - delta };
+                    delta = d;
+                    match DOD_BUCKETS.iter().find(|(_, _, n)| fits(dod, *n)) {
+                        _ if dod == 0 => bits(&mut out, 0, 1),
+                        Some(&(prefix, plen, n)) => {
+                            bits(&mut out, prefix, plen);
+                            bits(&mut out, dod as u64, n);
+                        }
+                        None => {
+                            bits(&mut out, 0b1111, 4);
+                            bits(&mut out, dod as u64, 64);
+                        }
+                    }
+                    let x = b ^ v;
+                    if x == 0 {
+                        bits(&mut out, 0, 1);
+                    } else {
+                        bits(&mut out, 1, 1);
+                        let (l, tz) = ((x.leading_zeros() as u8).min(31), x.trailing_zeros() as u8);
+                        if lead != 0xff && l >= lead && tz >= trail {
+                            bits(&mut out, 0, 1);
+                            bits(&mut out, x >> trail, 64 - lead - trail);
+                        } else {
+                            (lead, trail) = (l, tz);
+                            bits(&mut out, 1, 1);
+                            bits(&mut out, l as u64, 5);
+                            bits(&mut out, ((64 - l - tz) & 63) as u64, 6);
+                            bits(&mut out, x >> tz, 64 - l - tz);
+                        }
+                    }
+                }
+                (t, v) = (st, b);
+            }
+            let mut bytes = (samples.len() as u16).to_be_bytes().to_vec();
+            bytes.extend(out.0);
+            bytes
+        }
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for _ in 0..300 {
+            let mut samples = Vec::new();
+            let mut t = next() as i64 >> 20;
+            for i in 0..(next() % 120 + 1) {
+                // steps of every bucket (0, 7, 14, 20 and 64 bits of delta-of-delta) and values that
+                // repeat, change in a few bits, or in all of them
+                t += match next() % 6 {
+                    0 => 15_000,
+                    1 => 15_000 + (next() % 100) as i64,
+                    2 => (next() % 10_000) as i64 + 1,
+                    3 => (next() % 1_000_000) as i64 + 1,
+                    4 => (next() % (1 << 40)) as i64 + 1,
+                    _ => 1,
+                };
+                let v = match next() % 5 {
+                    0 => 1.0,
+                    1 => i as f64,
+                    2 => f64::from_bits(next()),
+                    3 => (next() % 1000) as f64 * 0.25,
+                    _ => f64::NAN,
+                };
+                samples.push((t, v));
+            }
+            let mut c = Chunk::new();
+            for &(t, v) in &samples {
+                assert!(c.append(t, v));
+            }
+            assert_eq!(c.bytes(), reference(&samples), "{samples:?}");
+        }
     }
 
     /// The bit-by-bit writer the chunks on disk were written with: whole-byte writes must give the same
