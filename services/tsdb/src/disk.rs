@@ -14,8 +14,10 @@
 //! Beside sled's files, the write-ahead log is one file per generation, `wal-<generation>.log` ([`WalFile`]):
 //! each commit's samples ([`encode_wal`]) appended as one framed record and synced with sled's flush. A
 //! checkpoint starts a new generation and deletes the older files once the heads it snapshotted are
-//! durable. (Kept in sled, each commit's record of ~1 MB went through sled's log and its blob files: ~9 % of
-//! the TSDB's ingest CPU in the 2026-12-06 profile, against one `write` here.)
+//! durable. (Kept in sled, each commit's record of ~1 MB went through sled's log and a blob file of its own:
+//! 8 % of the TSDB's ingest samples in the 2026-12-06 profile, against one `write` here.) A failed sync of
+//! the file fails every later flush until the store is opened again: the kernel may drop the pages it could
+//! not write and report the next sync as a success, so nothing written before can be called durable.
 //!
 //! `heads.ckpt` holds every series' open chunk at the last checkpoint ([`HeadsWriter`]):
 //! a plain file written sequentially, then synced and renamed into place, so a checkpoint costs a buffer
@@ -106,7 +108,8 @@ fn u64_of(bytes: &[u8], what: &'static str) -> Result<u64> {
 
 /// The current WAL generation's file: each record is its length (`u32` BE), its CRC-32 (`u32` BE) and its
 /// bytes. A crash in the middle of a write leaves a torn last record, which recovery skips (it was never
-/// acknowledged: a commit is acknowledged only after the file is synced).
+/// acknowledged: a commit is acknowledged only after the file is synced). A write that fails is cut off
+/// and the next one starts where it started, so a failed write never hides the records after it.
 #[derive(Debug)]
 struct WalFile {
     generation: u64,
@@ -114,6 +117,8 @@ struct WalFile {
     path: PathBuf,
     /// Bytes of whole records in the file (a failed write is cut back to it).
     len: u64,
+    /// A failed write could not be cut off: the next record goes to a new file.
+    broken: bool,
     /// Records appended, and how many of them are known synced.
     written: u64,
     synced: u64,
@@ -137,6 +142,7 @@ impl WalFile {
             file,
             path,
             len: 0,
+            broken: false,
             written: 0,
             synced: 0,
         })
@@ -153,11 +159,7 @@ impl WalFile {
             .write_all(&header)
             .and_then(|()| self.file.write_all(record));
         if let Err(source) = written {
-            // a part of a record would hide the records after it from recovery: cut it off
-            if self.file.set_len(self.len).is_err() {
-                tracing::warn!(path = %self.path.display(), "could not cut a failed WAL write; the next commit starts a new file");
-                self.len = u64::MAX;
-            }
+            self.cut_back();
             return Err(Error::Io {
                 what: "writing",
                 path: self.path.display().to_string(),
@@ -170,8 +172,45 @@ impl WalFile {
     }
 }
 
+impl WalFile {
+    /// Cuts off what a failed write left of its record (it would hide the records after it from recovery),
+    /// and puts the write position back where that write started (cutting the file does not move it).
+    fn cut_back(&mut self) {
+        use std::io::Seek as _;
+        let cut = self
+            .file
+            .set_len(self.len)
+            .and_then(|()| self.file.seek(std::io::SeekFrom::Start(self.len)));
+        if cut.is_err() {
+            tracing::warn!(path = %self.path.display(), "could not cut a failed WAL write; the next commit starts a new file");
+            self.broken = true;
+        }
+    }
+
+    /// Syncs what was appended and not synced yet (before the file is replaced by another).
+    fn sync(&mut self) -> Result<()> {
+        if self.written > self.synced {
+            self.file
+                .sync_data()
+                .map_err(io_error("syncing", &self.path))?;
+            self.synced = self.written;
+        }
+        Ok(())
+    }
+}
+
 fn wal_path(dir: &Path, generation: u64) -> PathBuf {
     dir.join(format!("{WAL_PREFIX}{generation:016x}{WAL_SUFFIX}"))
+}
+
+fn sync_failed() -> Error {
+    Error::Io {
+        what: "syncing",
+        path: "the write-ahead log".to_string(),
+        source: std::io::Error::other(
+            "a sync of the WAL failed earlier: what was written since the last good sync may be lost, so no commit can be made durable until the TSDB is restarted (it then replays what is durable, and the stream redelivers the rest)",
+        ),
+    }
 }
 
 fn io_error(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> Error {
@@ -210,7 +249,8 @@ fn read_wal_file(path: &Path) -> Result<Vec<Vec<u8>>> {
             let len = u32::from_be_bytes(h[..4].try_into().ok()?) as usize;
             let crc = u32::from_be_bytes(h[4..].try_into().ok()?);
             let record = body.get(..len)?;
-            (crc32fast::hash(record) == crc).then_some((record, &body[len..]))
+            // no empty record is written: zeros are a tail a crash left (a file extended, not written)
+            (len > 0 && crc32fast::hash(record) == crc).then_some((record, &body[len..]))
         });
         let Some((record, after)) = frame else {
             tracing::warn!(
@@ -237,6 +277,8 @@ pub struct Disk {
     meta: sled::Tree,
     partitions: RwLock<BTreeMap<i64, sled::Tree>>,
     wal: Mutex<WalFile>,
+    /// A WAL file failed to sync: nothing appended before can be called durable (see the module docs).
+    sync_failed: std::sync::atomic::AtomicBool,
 }
 
 impl Disk {
@@ -281,6 +323,7 @@ impl Disk {
             meta,
             partitions: RwLock::new(partitions),
             wal: Mutex::new(wal),
+            sync_failed: Default::default(),
         })
     }
 
@@ -437,12 +480,26 @@ impl Disk {
     /// Adds one commit's samples to the current WAL generation (durable after [`Disk::flush`]).
     pub fn append_wal(&self, record: &[u8]) -> Result<()> {
         let mut wal = self.wal.lock().unwrap_or_else(|e| e.into_inner());
-        if wal.len == u64::MAX {
-            // a failed write that could not be cut off ends the file
-            let generation = wal.generation + 1;
-            *wal = WalFile::create(&self.dir, generation)?;
+        if wal.broken {
+            // a failed write that could not be cut off ends the file; what other commits appended to it
+            // before is made durable first (recovery reads up to the failed write)
+            self.replace_wal(&mut wal)?;
         }
         wal.append(record)
+    }
+
+    /// Starts the next WAL generation's file once the current one's records are synced (a commit may have
+    /// appended to it and not flushed yet: its flush syncs the new file only); returns its generation. On a
+    /// failed sync the current file stays, and every later flush fails.
+    fn replace_wal(&self, wal: &mut WalFile) -> Result<u64> {
+        if let Err(e) = wal.sync() {
+            self.sync_failed
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            return Err(e);
+        }
+        let generation = wal.generation + 1;
+        *wal = WalFile::create(&self.dir, generation)?;
+        Ok(generation)
     }
 
     /// The WAL records recovery must replay, oldest first; drops generations a finished checkpoint made
@@ -501,16 +558,7 @@ impl Disk {
     /// Starts a new WAL generation; returns its number. Records appended from now on go to it.
     pub fn rotate_wal(&self) -> Result<u64> {
         let mut wal = self.wal.lock().unwrap_or_else(|e| e.into_inner());
-        let generation = wal.generation + 1;
-        // what a commit appended to the file it ends and has not flushed yet is synced now: the next flush
-        // syncs the new file only
-        let old = std::mem::replace(&mut *wal, WalFile::create(&self.dir, generation)?);
-        if old.written > old.synced {
-            old.file
-                .sync_data()
-                .map_err(io_error("syncing", &old.path))?;
-        }
-        Ok(generation)
+        self.replace_wal(&mut wal)
     }
 
     /// First half of a checkpoint: a heads file for WAL `generation`, to fill with every series' head.
@@ -561,6 +609,9 @@ impl Disk {
 
     /// Makes everything written so far durable.
     pub async fn flush(&self) -> Result<()> {
+        if self.sync_failed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(sync_failed());
+        }
         // the WAL file synced beside sled's flush, not after it
         let wal = {
             let wal = self.wal.lock().unwrap_or_else(|e| e.into_inner());
@@ -579,11 +630,17 @@ impl Disk {
             let Some((file, path, generation, written)) = wal else {
                 return Ok(());
             };
-            tokio::task::spawn_blocking(move || {
+            let synced = tokio::task::spawn_blocking(move || {
                 file.sync_data().map_err(io_error("syncing", &path))
             })
             .await
-            .map_err(|e| corrupt("wal sync task", e))??;
+            .map_err(|e| corrupt("wal sync task", e))
+            .and_then(|r| r);
+            if let Err(e) = synced {
+                self.sync_failed
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                return Err(e);
+            }
             let mut wal = self.wal.lock().unwrap_or_else(|e| e.into_inner());
             if wal.generation == generation {
                 wal.synced = wal.synced.max(written);
@@ -839,7 +896,7 @@ mod tests {
         disk.append_wal(b"second").expect("appends");
         disk.flush().await.expect("flushes");
         disk.close().await.expect("closes");
-        // a crash in the middle of a write: half a header, then a record whose bytes do not match its CRC
+        // a crash in the middle of a write: a header whose record is cut short
         let path = wal_path(dir.path(), 0);
         let mut f = std::fs::OpenOptions::new()
             .append(true)
@@ -864,6 +921,13 @@ mod tests {
         disk.close().await.expect("closes");
         let disk = Disk::open(dir.path(), 1 << 20).expect("opens again");
         assert_eq!(replay(&disk), ["from the tree", "first", "second", "third"]);
+        // a whole record whose bytes do not match its CRC ends what is replayed of its file
+        let third = wal_path(dir.path(), 1);
+        let mut bytes = std::fs::read(&third).expect("reads");
+        assert_eq!(bytes.len(), 8 + 5, "one record in the second file");
+        bytes[9] ^= 1;
+        std::fs::write(&third, bytes).expect("writes");
+        assert_eq!(replay(&disk), ["from the tree", "first", "second"]);
 
         // a checkpoint drops the trees and files before its generation
         let generation = disk.rotate_wal().expect("rotates");
@@ -879,6 +943,29 @@ mod tests {
         assert!(disk.wal_trees().is_empty(), "the old trees are dropped");
         let files = wal_files(dir.path()).expect("lists");
         assert!(files.iter().all(|(g, _)| *g >= generation), "{files:?}");
+    }
+
+    /// A write that fails part-way is cut off and the next record goes where it started: recovery reads
+    /// every record written after it.
+    #[tokio::test]
+    async fn a_failed_write_hides_no_later_record() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let disk = Disk::open(dir.path(), 1 << 20).expect("opens");
+        disk.append_wal(b"before").expect("appends");
+        {
+            // what a write that failed after 5 bytes leaves
+            let mut wal = disk.wal.lock().expect("lock");
+            wal.file.write_all(&[0, 0, 0, 40, 7]).expect("writes");
+            wal.cut_back();
+            assert!(!wal.broken);
+        }
+        disk.append_wal(b"after").expect("appends");
+        disk.flush().await.expect("flushes");
+        disk.close().await.expect("closes");
+        let disk = Disk::open(dir.path(), 1 << 20).expect("opens again");
+        let got: Vec<Vec<u8>> = disk.wal_records().expect("records");
+        assert_eq!(got, [b"before".to_vec(), b"after".to_vec()]);
     }
 
     #[tokio::test]

@@ -8,7 +8,8 @@
 //! - **Head**: per series one open Gorilla chunk; it is sealed (written to [`crate::disk`]) at
 //!   [`Options::chunk_samples`] samples or when it would span more than [`Options::max_chunk_span`].
 //! - **Durability**: every appended sample also goes to a pending write-ahead record; [`Store::commit`]
-//!   writes it and flushes sled, so what the consumer acks after `commit` survives `kill -9`.
+//!   appends it to the WAL file and syncs that file beside sled's flush, so what the consumer acks after
+//!   `commit` survives `kill -9`.
 //!   [`Store::checkpoint`] saves the heads and starts a new WAL generation so the log stays short.
 //! - **Time**: a sample newer than its series' newest is appended; an older one within
 //!   [`Options::out_of_order_window`] of the newest goes to the series' out-of-order buffer (written as its
@@ -903,11 +904,21 @@ impl Store {
         Ok(self.disk.mark_initialized().await?)
     }
 
-    /// Makes every sample appended so far durable (the write-ahead record, then a sled flush).
+    /// Makes every sample appended so far durable (the write-ahead record appended to the WAL file, synced
+    /// beside sled's flush). Samples whose record could not be written stay pending for the next commit:
+    /// their batch comes again, and finds them in memory already.
     pub async fn commit(&self) -> Result<()> {
         let mut pending = std::mem::take(&mut self.write().pending);
-        for part in pending.chunks(65_536) {
-            self.disk.append_wal(&disk::encode_wal(part))?;
+        let written = pending
+            .chunks(65_536)
+            .try_for_each(|part| self.disk.append_wal(&disk::encode_wal(part)));
+        if let Err(e) = written {
+            // back in front of what came meanwhile: logged by the next commit (parts written already are
+            // logged twice, which replay reads as duplicates)
+            let mut head = self.write();
+            pending.append(&mut head.pending);
+            head.pending = pending;
+            return Err(e.into());
         }
         // the buffer goes back for the next batch (grown from nothing for each, its growth and first
         // touches were ~2 % of ingest), unless samples came in meanwhile or it grew past a few batches
@@ -929,7 +940,8 @@ impl Store {
     }
 
     /// Writes the out-of-order buffers as chunks, saves the changed heads and starts a new WAL generation;
-    /// then drops the older generations. Ingestion waits only for the in-memory part.
+    /// then drops the older generations. Ingestion waits for the in-memory part and the start of the next WAL
+    /// file (the current one synced, the new one created: milliseconds every 5 minutes).
     pub async fn checkpoint(&self) -> Result<()> {
         let span = self.max_span_ms();
         let (heads, generation) = {
