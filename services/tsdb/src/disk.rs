@@ -170,9 +170,7 @@ impl WalFile {
         self.written += 1;
         Ok(())
     }
-}
 
-impl WalFile {
     /// Cuts off what a failed write left of its record (it would hide the records after it from recovery),
     /// and puts the write position back where that write started (cutting the file does not move it).
     fn cut_back(&mut self) {
@@ -488,15 +486,20 @@ impl Disk {
         wal.append(record)
     }
 
+    /// `synced`, remembering a failure: every later flush fails (see the module docs).
+    fn noting_sync_failure(&self, synced: Result<()>) -> Result<()> {
+        if synced.is_err() {
+            self.sync_failed
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        synced
+    }
+
     /// Starts the next WAL generation's file once the current one's records are synced (a commit may have
     /// appended to it and not flushed yet: its flush syncs the new file only); returns its generation. On a
     /// failed sync the current file stays, and every later flush fails.
     fn replace_wal(&self, wal: &mut WalFile) -> Result<u64> {
-        if let Err(e) = wal.sync() {
-            self.sync_failed
-                .store(true, std::sync::atomic::Ordering::SeqCst);
-            return Err(e);
-        }
+        self.noting_sync_failure(wal.sync())?;
         let generation = wal.generation + 1;
         *wal = WalFile::create(&self.dir, generation)?;
         Ok(generation)
@@ -636,11 +639,7 @@ impl Disk {
             .await
             .map_err(|e| corrupt("wal sync task", e))
             .and_then(|r| r);
-            if let Err(e) = synced {
-                self.sync_failed
-                    .store(true, std::sync::atomic::Ordering::SeqCst);
-                return Err(e);
-            }
+            self.noting_sync_failure(synced)?;
             let mut wal = self.wal.lock().unwrap_or_else(|e| e.into_inner());
             if wal.generation == generation {
                 wal.synced = wal.synced.max(written);
