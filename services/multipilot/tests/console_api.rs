@@ -49,25 +49,51 @@ impl Console {
         Topology::embedded().provision(&js).await?;
         let cancel = CancellationToken::new();
         let ctx = multipilot_runtime::Context::new(client.clone(), "console-test", cancel.clone());
-        let port = multipilot_testkit::free_port()?;
-        let config = multipilot_console::Config {
-            listen: format!("127.0.0.1:{port}"),
-            auth: auth::Config {
-                enabled: true,
-                tokens_file: None,
-                tokens: vec![
-                    TokenEntry::plain(VIEWER, "vera", Role::Viewer),
-                    TokenEntry::plain(OPERATOR, "otto", Role::Operator),
-                    TokenEntry {
-                        team: Some("payments".into()),
-                        clusters: Some(vec!["prod-a".into()]),
-                        ..TokenEntry::plain(TEAM, "team-payments", Role::Operator)
-                    },
-                ],
-            },
-            ..Default::default()
+        // the console is started again on another port when it could not listen: `free_port` lets its port
+        // go, and a test running beside this one may take it first (a console that failed to listen had
+        // left this wait to time out)
+        let mut attempts = 0;
+        let port = loop {
+            attempts += 1;
+            let port = multipilot_testkit::free_port()?;
+            let config = multipilot_console::Config {
+                listen: format!("127.0.0.1:{port}"),
+                auth: auth::Config {
+                    enabled: true,
+                    tokens_file: None,
+                    tokens: vec![
+                        TokenEntry::plain(VIEWER, "vera", Role::Viewer),
+                        TokenEntry::plain(OPERATOR, "otto", Role::Operator),
+                        TokenEntry {
+                            team: Some("payments".into()),
+                            clusters: Some(vec!["prod-a".into()]),
+                            ..TokenEntry::plain(TEAM, "team-payments", Role::Operator)
+                        },
+                    ],
+                },
+                ..Default::default()
+            };
+            let console = tokio::spawn(multipilot_console::run(config, ctx.clone()));
+            let http = reqwest::Client::new();
+            let url = format!("http://127.0.0.1:{port}/api/v1/whoami");
+            let answered = multipilot_testkit::wait::until("the console answers", 60, async || {
+                if console.is_finished() {
+                    return Ok(Some(false));
+                }
+                let resp = http.get(&url).bearer_auth(VIEWER).send().await;
+                Ok(resp.is_ok_and(|r| r.status().is_success()).then_some(true))
+            })
+            .await?;
+            // (an answer while this console has failed came from whoever holds the port)
+            if answered && !console.is_finished() {
+                break port;
+            }
+            match console.await? {
+                Err(e) if e.is_retryable() && attempts < 5 => continue,
+                Err(e) => return Err(e.into()),
+                Ok(()) => anyhow::bail!("the console stopped before it answered"),
+            }
         };
-        tokio::spawn(multipilot_console::run(config, ctx.clone()));
         let dir = tempfile::tempdir()?;
         if correlator {
             let cfg = multipilot_correlator::Config {
@@ -86,10 +112,6 @@ impl Console {
             seq: 0,
             _dir: dir,
         };
-        c.until("the console answers", || async {
-            Ok(c.get_as("/api/v1/whoami", Some(VIEWER)).await.ok())
-        })
-        .await?;
         Ok(c)
     }
 
