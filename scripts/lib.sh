@@ -61,8 +61,33 @@ ensure_debian_tool() {
   command -v "$1" >/dev/null 2>&1 || { log "installing $2"; apt_install "$2"; }
 }
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
+# free_ports N: N distinct free loopback ports, one a line, from below the kernel's ephemeral range (as the
+# Rust test kit's free_port: a port the kernel hands out itself, to a ":0" listener or an outgoing
+# connection's local end, can never be one of them, so a process started beside ours cannot take it first).
+free_ports() {
+  python3 - "$1" <<'PY'
+import random, socket, sys
+try:
+    lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+except (OSError, ValueError, IndexError):
+    lo = 32768
+lo = lo if lo > 11000 else 65536  # a range from near 1024: nothing is outside it, take what is free
+candidates = list(range(10000, lo)) or list(range(1024, 65536))
+random.shuffle(candidates)
+found = []
+for port in candidates:
+    if len(found) == int(sys.argv[1]):
+        break
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        found.append(port)
+    except OSError:
+        pass
+    finally:
+        s.close()
+print("\n".join(map(str, found)))
+PY
 }
 
 # wait_http URL SECONDS: until the URL answers 2xx.

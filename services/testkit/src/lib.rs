@@ -36,9 +36,73 @@ pub fn nats_server_bin() -> Result<PathBuf> {
     )
 }
 
-/// A free loopback port (bound, then released: the server binds it right after).
+/// A free loopback port for a server a test starts (checked free, then released: the server binds it right
+/// after).
+///
+/// The port is taken from outside the kernel's ephemeral range, and never handed out twice by one process.
+/// A port the kernel picked itself (`bind(":0")`) is from the ephemeral range, and so is every outgoing
+/// connection's local port: a test that released such a port for a server it was about to start could see a
+/// process beside it bind `:0` and get that very port first (an alert router's API port went to a hub's
+/// metrics listener that way, and the role failed with "Address already in use"). Each process starts at its
+/// own place in the range, so two test binaries running at once rarely meet, and the bind check catches the
+/// rest.
 pub fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+    static NEXT: std::sync::Mutex<Option<u32>> = std::sync::Mutex::new(None);
+    let (lo, hi) = test_port_range();
+    let span = u32::from(hi - lo) + 1;
+    let mut next = NEXT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let start = *next.get_or_insert_with(|| process_seed() % span);
+    for step in 0..span {
+        let offset = (start + step) % span;
+        let port = lo + u16::try_from(offset).expect("offset < span <= 65536");
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            *next = Some((offset + 1) % span);
+            return Ok(port);
+        }
+    }
+    bail!("no free loopback port in {lo}..={hi}")
+}
+
+/// Ports for test servers: the largest run below or above the kernel's ephemeral range (Linux's
+/// `ip_local_port_range`; 32768–60999 where it cannot be read, which also keeps clear of the IANA range
+/// other systems use), from 10000 up so well-known services' ports stay out of it.
+fn test_port_range() -> (u16, u16) {
+    let (eph_lo, eph_hi) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| {
+            let mut it = t.split_whitespace().map(str::parse::<u16>);
+            Some((it.next()?.ok()?, it.next()?.ok()?))
+        })
+        .unwrap_or((32768, 60999));
+    let below = (10000, eph_lo.saturating_sub(1));
+    let above = (eph_hi.saturating_add(1), u16::MAX);
+    let len = |(a, b): (u16, u16)| if b >= a { u32::from(b - a) + 1 } else { 0 };
+    if len(below) >= len(above) && len(below) >= 1000 {
+        below
+    } else if len(above) >= 1000 {
+        above
+    } else {
+        // The ephemeral range covers (nearly) everything: nothing is outside it, so take what is free.
+        (1024, u16::MAX)
+    }
+}
+
+/// A per-process starting point: the pid and the clock, mixed.
+fn process_seed() -> u32 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let mut x = u64::from(std::process::id()) << 32 | u64::from(nanos);
+    // splitmix64's finaliser.
+    x ^= x >> 30;
+    x = x.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x ^= x >> 27;
+    x = x.wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^= x >> 31;
+    (x >> 32) as u32
 }
 
 /// One running nats-server process.
@@ -314,6 +378,26 @@ impl NatsCluster {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn free_ports_are_distinct_and_never_what_the_kernel_picks_itself() -> Result<()> {
+        let (lo, hi) = test_port_range();
+        let mut seen = std::collections::HashSet::new();
+        for _ in 0..500 {
+            let port = free_port()?;
+            assert!((lo..=hi).contains(&port), "{port} outside {lo}..={hi}");
+            assert!(seen.insert(port), "{port} handed out twice");
+        }
+        // The kernel's own picks (what a `:0` listener and every outgoing connection get) never land there.
+        let held: Vec<TcpListener> = (0..200)
+            .map(|_| TcpListener::bind("127.0.0.1:0"))
+            .collect::<std::io::Result<_>>()?;
+        for l in &held {
+            let port = l.local_addr()?.port();
+            assert!(!(lo..=hi).contains(&port), "the kernel picked {port}");
+        }
+        Ok(())
+    }
 
     #[tokio::test]
     async fn server_starts_restarts_and_keeps_its_store() -> Result<()> {
