@@ -163,6 +163,9 @@ pub enum Error {
     /// The federation peers' settings.
     #[error(transparent)]
     Peers(#[from] federate::Error),
+    /// The writer thread could not be started.
+    #[error("starting the writer thread: {0}")]
+    Writer(std::io::Error),
     /// The query API could not listen.
     #[error("query API on {listen}: {source}")]
     Listen {
@@ -369,60 +372,129 @@ impl Metrics {
     }
 }
 
-/// The consumer handler: appends each batch to the store, commits (WAL + flush) before the runner acks.
+/// The consumer handler: hands each batch to the store's writer thread, and commits (WAL + flush) once the
+/// writer has appended everything handed to it, before the runner acks.
+///
+/// The writer is a thread of its own so that appending a batch (the series lookups, the Gorilla encoding,
+/// the sealed chunks: the larger part of a scrape's cost) runs beside the runner's receiving and decoding of
+/// the next batches, on the other core, instead of after them. At most [`WRITER_QUEUE`] batches wait for it:
+/// past that the runner waits, and the stream holds the rest.
 #[derive(Debug)]
 pub struct Ingest {
     store: Arc<Store>,
-    metrics: Metrics,
-    remote: Option<remote_write::Sender>,
+    jobs: tokio::sync::mpsc::Sender<Job>,
+    writer: std::thread::JoinHandle<()>,
+}
+
+/// How many decoded batches may wait for the writer (500-sample scrapes: a few MiB).
+pub const WRITER_QUEUE: usize = 32;
+
+#[derive(Debug)]
+enum Job {
+    Append {
+        cluster: String,
+        batch: ScrapeBatch,
+    },
+    /// Answered once every job handed over before it is done, with the first append error since the last
+    /// barrier (the commit then fails, and the runner hands the batch's messages back for redelivery).
+    Barrier(tokio::sync::oneshot::Sender<Option<String>>),
 }
 
 impl Ingest {
-    /// A handler writing to `store`.
-    pub fn new(store: Arc<Store>, metrics: Metrics) -> Self {
-        Ingest {
+    /// A handler writing to `store`, and forwarding the samples to a remote-write output when one is given.
+    pub fn new(
+        store: Arc<Store>,
+        metrics: Metrics,
+        remote: Option<remote_write::Sender>,
+    ) -> std::io::Result<Self> {
+        let (jobs, queue) = tokio::sync::mpsc::channel(WRITER_QUEUE);
+        let writer = std::thread::Builder::new()
+            .name("tsdb-writer".into())
+            .spawn({
+                let store = store.clone();
+                move || write(&store, &metrics, remote.as_ref(), queue)
+            })?;
+        Ok(Ingest {
             store,
-            metrics,
-            remote: None,
-        }
+            jobs,
+            writer,
+        })
     }
 
-    /// Also forwards the samples to a remote-write output.
-    pub fn with_remote_write(mut self, sender: remote_write::Sender) -> Self {
-        self.remote = Some(sender);
-        self
+    /// Lets the writer finish what was handed to it and waits for its thread to end. (A handler dropped
+    /// without this closes the queue the same way; its thread then ends on its own.)
+    pub async fn finish(self) {
+        let Ingest { jobs, writer, .. } = self;
+        drop(jobs);
+        let _ = tokio::task::spawn_blocking(move || writer.join()).await;
     }
 }
 
+/// The writer thread: appends each batch in the order handed over, until the handler is gone.
+fn write(
+    store: &Store,
+    metrics: &Metrics,
+    remote: Option<&remote_write::Sender>,
+    mut queue: tokio::sync::mpsc::Receiver<Job>,
+) {
+    let mut failed: Option<String> = None;
+    while let Some(job) = queue.blocking_recv() {
+        match job {
+            Job::Append { cluster, batch } => match store.append_scrape(&cluster, &batch) {
+                Ok(stats) => {
+                    metrics.count(stats);
+                    if let Some(remote) = remote {
+                        remote.offer(
+                            batch
+                                .samples()
+                                .filter(|s| !s.name().is_empty())
+                                .map(|s| {
+                                    let labels = store::sample_labels(&s, &cluster);
+                                    (labels, s.timestamp_ms(), s.value())
+                                })
+                                .collect(),
+                        );
+                    }
+                }
+                Err(e) => {
+                    failed.get_or_insert_with(|| format!("appending a batch of {cluster}: {e}"));
+                }
+            },
+            Job::Barrier(done) => {
+                let _ = done.send(failed.take());
+            }
+        }
+    }
+}
+
+/// The writer thread is gone: it panicked (its batches are not committed, so not acked, and come again).
+const WRITER_GONE: &str = "the TSDB's writer thread stopped";
+
 impl Handler<ScrapeBatch> for Ingest {
     async fn handle(&mut self, msg: Received<ScrapeBatch>) -> Outcome {
-        let env = &msg.envelope;
-        match self.store.append_scrape(&env.cluster, &env.payload) {
-            Ok(stats) => {
-                self.metrics.count(stats);
-                if let Some(remote) = &self.remote {
-                    remote.offer(
-                        env.payload
-                            .samples()
-                            .filter(|s| !s.name().is_empty())
-                            .map(|s| {
-                                let labels = store::sample_labels(&s, &env.cluster);
-                                (labels, s.timestamp_ms(), s.value())
-                            })
-                            .collect(),
-                    );
-                }
-                Outcome::Done
-            }
-            Err(e) => Outcome::Retry(e.to_string()),
+        let job = Job::Append {
+            cluster: msg.envelope.cluster,
+            batch: msg.envelope.payload,
+        };
+        match self.jobs.send(job).await {
+            Ok(()) => Outcome::Done,
+            Err(_) => Outcome::Retry(WRITER_GONE.into()),
         }
     }
 
     async fn commit(&mut self) -> Result<(), multipilot_bus::consume::CommitError> {
-        self.store
-            .commit()
+        use multipilot_bus::consume::CommitError;
+        let (done, appended) = tokio::sync::oneshot::channel();
+        self.jobs
+            .send(Job::Barrier(done))
             .await
-            .map_err(multipilot_bus::consume::CommitError::retryable)
+            .map_err(|_| CommitError::retryable(WRITER_GONE))?;
+        match appended.await {
+            Ok(None) => {}
+            Ok(Some(failed)) => return Err(CommitError::retryable(failed)),
+            Err(_) => return Err(CommitError::retryable(WRITER_GONE)),
+        }
+        self.store.commit().await.map_err(CommitError::retryable)
     }
 }
 
@@ -555,11 +627,11 @@ pub async fn run(config: Config, ctx: Context) -> Result<(), Error> {
         "tsdb consuming"
     );
     let runner = Runner::new(ctx.js.clone(), consumer, ctx.bus_metrics.clone());
-    let mut ingest = Ingest::new(store.clone(), metrics.clone());
-    if let Some(rw) = &config.remote_write {
+    let remote = config.remote_write.as_ref().map(|rw| {
         tracing::info!(url = %rw.url, "forwarding samples by remote write");
-        ingest = ingest.with_remote_write(remote_write::spawn(rw.clone(), metrics, local.clone()));
-    }
+        remote_write::spawn(rw.clone(), metrics.clone(), local.clone())
+    });
+    let mut ingest = Ingest::new(store.clone(), metrics, remote).map_err(Error::Writer)?;
     let rule_task = rules.map(|m| tokio::spawn(m.run(local.clone())));
     ctx.health.set("tsdb", true);
     let result = runner.run(&mut ingest, local.clone()).await;
@@ -570,10 +642,11 @@ pub async fn run(config: Config, ctx: Context) -> Result<(), Error> {
         let _ = t.await;
     }
     let _ = server.await;
+    // the writer's last appends (not acked: they come again) are committed with the rest
+    ingest.finish().await;
     store.commit().await?;
     store.checkpoint().await?;
     // Closed when `run` returns: the same directory can be opened again at once (a restart in-process).
-    drop(ingest);
     match Arc::try_unwrap(store) {
         Ok(store) => store.close().await?,
         Err(shared) => {
