@@ -164,7 +164,7 @@ pub enum Error {
     #[error(transparent)]
     Peers(#[from] federate::Error),
     /// The writer thread could not be started.
-    #[error("starting the writer thread: {0}")]
+    #[error("the writer thread: {0}")]
     Writer(std::io::Error),
     /// The query API could not listen.
     #[error("query API on {listen}: {source}")]
@@ -277,6 +277,7 @@ pub struct Metrics {
     disk_bytes: Gauge,
     partitions_dropped: Counter,
     remote_write: Family<OutcomeLabel, Counter>,
+    writer_queue: Gauge,
 }
 
 impl Metrics {
@@ -333,6 +334,11 @@ impl Metrics {
             "Samples forwarded by remote write, by outcome (sent, dropped, failed)",
             m.remote_write.clone(),
         );
+        registry.register(
+            "multipilot_tsdb_writer_queue",
+            "Decoded batches waiting for the writer thread (at most 32: when it stays full, appending is what limits ingestion; near 0, receiving and decoding are)",
+            m.writer_queue.clone(),
+        );
         m
     }
 
@@ -382,8 +388,12 @@ impl Metrics {
 #[derive(Debug)]
 pub struct Ingest {
     store: Arc<Store>,
+    queued: Gauge,
     jobs: tokio::sync::mpsc::Sender<Job>,
     writer: std::thread::JoinHandle<()>,
+    /// Cancelled when the writer is found gone (it panicked): the runner stops, and `run` fails the role
+    /// with the panic's message instead of nak'ing every batch while it looks healthy.
+    stop: tokio_util::sync::CancellationToken,
 }
 
 /// How many decoded batches may wait for the writer (500-sample scrapes: a few MiB).
@@ -401,13 +411,16 @@ enum Job {
 }
 
 impl Ingest {
-    /// A handler writing to `store`, and forwarding the samples to a remote-write output when one is given.
+    /// A handler writing to `store`, and forwarding the samples to a remote-write output when one is given;
+    /// `stop` is cancelled if the writer thread dies.
     pub fn new(
         store: Arc<Store>,
         metrics: Metrics,
         remote: Option<remote_write::Sender>,
+        stop: tokio_util::sync::CancellationToken,
     ) -> std::io::Result<Self> {
         let (jobs, queue) = tokio::sync::mpsc::channel(WRITER_QUEUE);
+        let queued = metrics.writer_queue.clone();
         let writer = std::thread::Builder::new()
             .name("tsdb-writer".into())
             .spawn({
@@ -416,17 +429,38 @@ impl Ingest {
             })?;
         Ok(Ingest {
             store,
+            queued,
             jobs,
             writer,
+            stop,
         })
     }
 
-    /// Lets the writer finish what was handed to it and waits for its thread to end. (A handler dropped
-    /// without this closes the queue the same way; its thread then ends on its own.)
-    pub async fn finish(self) {
+    /// Lets the writer finish what was handed to it and waits for its thread to end; an error when it
+    /// panicked. (A handler dropped without this closes the queue the same way; its thread then ends on its
+    /// own.)
+    pub async fn finish(self) -> Result<(), Error> {
         let Ingest { jobs, writer, .. } = self;
         drop(jobs);
-        let _ = tokio::task::spawn_blocking(move || writer.join()).await;
+        let joined = tokio::task::spawn_blocking(move || writer.join())
+            .await
+            .map_err(|e| Error::Writer(std::io::Error::other(e)))?;
+        joined.map_err(|panic| {
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            Error::Writer(std::io::Error::other(format!(
+                "the writer thread died: {why}"
+            )))
+        })
+    }
+
+    /// The writer is gone: the role stops (see `stop`).
+    fn writer_gone(&self) -> String {
+        self.stop.cancel();
+        WRITER_GONE.into()
     }
 }
 
@@ -477,8 +511,12 @@ impl Handler<ScrapeBatch> for Ingest {
             batch: msg.envelope.payload,
         };
         match self.jobs.send(job).await {
-            Ok(()) => Outcome::Done,
-            Err(_) => Outcome::Retry(WRITER_GONE.into()),
+            Ok(()) => {
+                self.queued
+                    .set((self.jobs.max_capacity() - self.jobs.capacity()) as i64);
+                Outcome::Done
+            }
+            Err(_) => Outcome::Retry(self.writer_gone()),
         }
     }
 
@@ -488,11 +526,13 @@ impl Handler<ScrapeBatch> for Ingest {
         self.jobs
             .send(Job::Barrier(done))
             .await
-            .map_err(|_| CommitError::retryable(WRITER_GONE))?;
+            .map_err(|_| CommitError::retryable(self.writer_gone()))?;
         match appended.await {
-            Ok(None) => {}
+            Ok(None) => {
+                self.queued.set(0);
+            }
             Ok(Some(failed)) => return Err(CommitError::retryable(failed)),
-            Err(_) => return Err(CommitError::retryable(WRITER_GONE)),
+            Err(_) => return Err(CommitError::retryable(self.writer_gone())),
         }
         self.store.commit().await.map_err(CommitError::retryable)
     }
@@ -631,7 +671,8 @@ pub async fn run(config: Config, ctx: Context) -> Result<(), Error> {
         tracing::info!(url = %rw.url, "forwarding samples by remote write");
         remote_write::spawn(rw.clone(), metrics.clone(), local.clone())
     });
-    let mut ingest = Ingest::new(store.clone(), metrics, remote).map_err(Error::Writer)?;
+    let mut ingest =
+        Ingest::new(store.clone(), metrics, remote, local.clone()).map_err(Error::Writer)?;
     let rule_task = rules.map(|m| tokio::spawn(m.run(local.clone())));
     ctx.health.set("tsdb", true);
     let result = runner.run(&mut ingest, local.clone()).await;
@@ -643,7 +684,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<(), Error> {
     }
     let _ = server.await;
     // the writer's last appends (not acked: they come again) are committed with the rest
-    ingest.finish().await;
+    let writer = ingest.finish().await;
     store.commit().await?;
     store.checkpoint().await?;
     // Closed when `run` returns: the same directory can be opened again at once (a restart in-process).
@@ -656,6 +697,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<(), Error> {
                 .await?;
         }
     }
+    writer?;
     result?;
     tracing::info!("tsdb stopped");
     Ok(())
@@ -744,5 +786,78 @@ mod tests {
         assert!(bad(r#"{"peers":["tsdb-0:9466"]}"#));
         assert!(bad(r#"{"peer_timeout":"0s"}"#));
         assert_eq!(partition_filter(1), "fleet.metrics.*.1");
+    }
+
+    fn scrape(cluster: &str, index: i64) -> Received<ScrapeBatch> {
+        use multipilot_schemas::payload::{MetricBatch, Sample};
+        let t = 1_700_000_000_000 + index * 15_000;
+        let batch = MetricBatch {
+            job: "node".into(),
+            instance: "n1:9100".into(),
+            families: Vec::new(),
+            samples: (0..50)
+                .map(|i| Sample::new("load", &[("cpu", &i.to_string())], index as f64, t))
+                .collect(),
+            rejected_lines: 0,
+        };
+        let env = multipilot_schemas::envelope::Envelope::new(
+            cluster,
+            "agent",
+            chrono::Utc::now(),
+            index as u64,
+            batch,
+        );
+        let bytes = multipilot_schemas::encode(&env).expect("encodes");
+        let envelope = multipilot_schemas::decode(
+            Some(multipilot_schemas::CONTENT_TYPE_MSGPACK),
+            Some(&<ScrapeBatch as multipilot_schemas::envelope::Payload>::schema_header()),
+            &bytes,
+            usize::MAX,
+        )
+        .expect("decodes");
+        Received {
+            envelope,
+            subject: format!("fleet.metrics.{cluster}"),
+            ingest_time: chrono::Utc::now(),
+            stream_seq: index as u64 + 1,
+            delivered: 1,
+            msg_id: None,
+        }
+    }
+
+    /// What was handed to the writer is appended in order by the time the commit returns, whatever the
+    /// queue held; and a finished handler leaves the store to be closed.
+    #[tokio::test]
+    async fn a_commit_waits_for_every_batch_handed_to_the_writer() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = Arc::new(Store::open(dir.path(), store::Options::default()).expect("opens"));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let mut ingest = Ingest::new(store.clone(), Metrics::default(), None, stop.clone())
+            .expect("writer starts");
+        // more than the queue holds: the handler waits for room rather than dropping any
+        let scrapes = WRITER_QUEUE as i64 * 3;
+        for index in 0..scrapes {
+            assert_eq!(ingest.handle(scrape("c1", index)).await, Outcome::Done);
+        }
+        ingest.commit().await.expect("commits");
+        let all = store.select(&[vec![promql_parser::label::Matcher::new(
+            promql_parser::label::MatchOp::Equal,
+            "__name__",
+            "load",
+        )]]);
+        assert_eq!(all.len(), 50);
+        for (id, _) in all {
+            let samples = store.samples(id, i64::MIN, i64::MAX).expect("reads");
+            let values: Vec<f64> = samples.iter().map(|s| s.1).collect();
+            let want: Vec<f64> = (0..scrapes).map(|i| i as f64).collect();
+            assert_eq!(values, want, "every scrape, in order");
+        }
+        ingest.finish().await.expect("the writer ends cleanly");
+        assert!(!stop.is_cancelled());
+        Arc::try_unwrap(store)
+            .expect("the writer let go of the store")
+            .close()
+            .await
+            .expect("closes");
     }
 }
