@@ -110,6 +110,29 @@ pub fn decode<T: Payload>(
     body: &[u8],
     max_bytes: usize,
 ) -> Result<Envelope<T>, DecodeError> {
+    decode_with(content_type, schema, body, max_bytes, T::decode_envelope)
+}
+
+/// [`decode`] of a message's own buffer, which the payload may keep instead of copying
+/// ([`Payload::decode_envelope_shared`]).
+pub fn decode_shared<T: Payload>(
+    content_type: Option<&str>,
+    schema: Option<&str>,
+    body: &bytes::Bytes,
+    max_bytes: usize,
+) -> Result<Envelope<T>, DecodeError> {
+    decode_with(content_type, schema, body, max_bytes, |name, _| {
+        T::decode_envelope_shared(name, body)
+    })
+}
+
+fn decode_with<T: Payload>(
+    content_type: Option<&str>,
+    schema: Option<&str>,
+    body: &[u8],
+    max_bytes: usize,
+    decode_body: impl FnOnce(&str, &[u8]) -> Result<Envelope<T>, rmp_serde::decode::Error>,
+) -> Result<Envelope<T>, DecodeError> {
     if body.len() > max_bytes {
         return Err(DecodeError::TooLarge {
             size: body.len(),
@@ -135,7 +158,7 @@ pub fn decode<T: Payload>(
             supported,
         });
     }
-    let envelope: Envelope<T> = T::decode_envelope(name, body)?;
+    let envelope: Envelope<T> = decode_body(name, body)?;
     if envelope.schema != name {
         return Err(DecodeError::Invalid(format!(
             "body says schema {:?}, header says {name:?}",

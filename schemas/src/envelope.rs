@@ -39,6 +39,18 @@ pub trait Payload: Serialize + DeserializeOwned + JsonSchema + Send + Sync + 'st
         let _ = schema;
         rmp_serde::from_slice(body)
     }
+
+    /// As [`Payload::decode_envelope`], given the message's own buffer: a payload that keeps the body's
+    /// bytes (the TSDB's batch, whose strings are spans of them) shares it instead of copying it.
+    fn decode_envelope_shared(
+        schema: &str,
+        body: &bytes::Bytes,
+    ) -> Result<Envelope<Self>, rmp_serde::decode::Error>
+    where
+        Self: Sized,
+    {
+        Self::decode_envelope(schema, body)
+    }
 }
 
 impl<T> Envelope<T> {

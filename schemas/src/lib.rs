@@ -31,7 +31,7 @@ pub mod selector;
 pub mod streams;
 pub mod subject;
 
-pub use codec::{DecodeError, EncodeError, decode, encode};
+pub use codec::{DecodeError, EncodeError, decode, decode_shared, encode};
 pub use envelope::{Envelope, Payload};
 
 /// Header naming the content type of every MultiPilot message.

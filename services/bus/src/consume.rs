@@ -520,7 +520,7 @@ impl Runner {
             Ok(i) => (i.published, i.stream_sequence, i.delivered.max(1) as u64),
             Err(_) => (Utc::now(), 0, 1),
         };
-        let decoded: Result<Envelope<T>, DecodeError> = multipilot_schemas::decode(
+        let decoded: Result<Envelope<T>, DecodeError> = multipilot_schemas::decode_shared(
             crate::jetstream::header(&msg, HEADER_CONTENT_TYPE),
             crate::jetstream::header(&msg, HEADER_SCHEMA),
             &msg.payload,

@@ -48,12 +48,56 @@ pub struct ScrapeBatch {
     /// Lines of the scrape the agent could not parse.
     pub rejected_lines: u64,
     /// The strings the spans point into. Read by the fast reader, the message body itself (each name and
-    /// label string a span of it, checked to be UTF-8 on its own), then any spelling that is not one run of
-    /// it; decoded by serde, the strings one after another.
-    text: Vec<u8>,
+    /// label string a span of it, checked to be UTF-8 on its own; the message's own buffer when the
+    /// consumer gave it, not a copy), then any spelling that is not one run of it; decoded by serde, the
+    /// strings one after another.
+    text: TextBuf,
     /// (name, value) spans of every sample's labels, each sample's sorted by name, names unique.
     pairs: Vec<(Span, Span)>,
     rows: Vec<Row>,
+}
+
+/// The bytes a batch's spans point into: the message's own buffer, shared, or bytes of the batch's own.
+#[derive(Debug, Clone)]
+enum TextBuf {
+    Shared(bytes::Bytes),
+    Owned(Vec<u8>),
+}
+
+impl Default for TextBuf {
+    fn default() -> Self {
+        TextBuf::Owned(Vec::new())
+    }
+}
+
+impl std::ops::Deref for TextBuf {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            TextBuf::Shared(b) => b,
+            TextBuf::Owned(v) => v,
+        }
+    }
+}
+
+impl PartialEq for TextBuf {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl TextBuf {
+    /// The bytes, to append to (shared ones copied first, once).
+    fn owned(&mut self) -> &mut Vec<u8> {
+        match self {
+            TextBuf::Owned(v) => v,
+            TextBuf::Shared(b) => {
+                *self = TextBuf::Owned(b.to_vec());
+                self.owned()
+            }
+        }
+    }
 }
 
 /// One sample of a [`ScrapeBatch`], borrowing its strings.
@@ -142,7 +186,7 @@ impl ScrapeBatch {
     fn push_text(&mut self, s: &str) -> Option<Span> {
         let from = self.text.len();
         let to = u32::try_from(from + s.len()).ok()?;
-        self.text.extend_from_slice(s.as_bytes());
+        self.text.owned().extend_from_slice(s.as_bytes());
         Some((from as u32, to))
     }
 }
@@ -202,6 +246,18 @@ impl Payload for ScrapeBatch {
     ) -> Result<Envelope<Self>, rmp_serde::decode::Error> {
         let _ = schema;
         match fast::envelope(body) {
+            Some(envelope) => Ok(envelope),
+            None => rmp_serde::from_slice(body),
+        }
+    }
+
+    /// As `decode_envelope`, the batch's text the message's own buffer rather than a copy of it.
+    fn decode_envelope_shared(
+        schema: &str,
+        body: &bytes::Bytes,
+    ) -> Result<Envelope<Self>, rmp_serde::decode::Error> {
+        let _ = schema;
+        match fast::envelope_shared(body) {
             Some(envelope) => Ok(envelope),
             None => rmp_serde::from_slice(body),
         }
@@ -530,7 +586,7 @@ pub(crate) mod fast {
     use chrono::{DateTime, Utc};
     use multipilot_schemas::envelope::Envelope;
 
-    use super::{Row, ScrapeBatch, Span, normalize_labels};
+    use super::{Row, ScrapeBatch, Span, TextBuf, normalize_labels};
 
     /// Nesting a skipped value may have.
     const MAX_DEPTH: usize = 32;
@@ -674,6 +730,16 @@ pub(crate) mod fast {
 
     /// The envelope around a batch, or `None` to leave the message to serde.
     pub(crate) fn envelope(body: &[u8]) -> Option<Envelope<ScrapeBatch>> {
+        envelope_in(body, None)
+    }
+
+    /// [`envelope`] of the message's own buffer, which the batch keeps as its text instead of a copy.
+    pub(crate) fn envelope_shared(body: &bytes::Bytes) -> Option<Envelope<ScrapeBatch>> {
+        envelope_in(body, Some(body))
+    }
+
+    /// The envelope, the batch's text `shared` when given (the same bytes as `body`), else a copy.
+    fn envelope_in(body: &[u8], shared: Option<&bytes::Bytes>) -> Option<Envelope<ScrapeBatch>> {
         if body.len() > u32::MAX as usize {
             return None;
         }
@@ -696,7 +762,7 @@ pub(crate) mod fast {
                 "cluster_time" => set(&mut cluster_time, time(r.str()?)?)?,
                 "agent_time" => set(&mut agent_time, time(r.str()?)?)?,
                 "seq" => set(&mut seq, u64::try_from(r.int()?).ok()?)?,
-                "payload" => set(&mut payload, batch(&mut r, body)?)?,
+                "payload" => set(&mut payload, batch(&mut r, body, shared)?)?,
                 _ => r.skip(0)?,
             }
         }
@@ -734,9 +800,16 @@ pub(crate) mod fast {
 
     /// The batch, the reader at its start in `body`. Its text is `body` itself: every name and label a span
     /// of it, no string copied.
-    fn batch(r: &mut Reader<'_>, body: &[u8]) -> Option<ScrapeBatch> {
+    fn batch(
+        r: &mut Reader<'_>,
+        body: &[u8],
+        shared: Option<&bytes::Bytes>,
+    ) -> Option<ScrapeBatch> {
         let mut out = ScrapeBatch {
-            text: body.to_vec(),
+            text: match shared {
+                Some(shared) => TextBuf::Shared(shared.clone()),
+                None => TextBuf::Owned(body.to_vec()),
+            },
             ..Default::default()
         };
         let (mut job, mut instance, mut families, mut samples, mut rejected) =
@@ -863,7 +936,9 @@ pub(crate) mod fast {
         } else {
             let from = u32::try_from(out.text.len()).ok()?;
             for (a, b) in [name_run, labels_run] {
-                out.text.extend_from_slice(&body[a as usize..b as usize]);
+                out.text
+                    .owned()
+                    .extend_from_slice(&body[a as usize..b as usize]);
             }
             (from, u32::try_from(out.text.len()).ok()?)
         };
@@ -1305,5 +1380,31 @@ mod tests {
             ("up", vec![("pod", "p2")])
         );
         assert!(same(&a, &rmp_serde::from_slice(&one).unwrap()));
+        // read from the message's own buffer, the spelling put together is the batch's own copy
+        let shared = fast::envelope_shared(&bytes::Bytes::from(one.clone())).expect("fast");
+        assert_eq!(idents(&shared), idents(&a));
+        assert!(same(&shared, &a));
+        assert!(matches!(shared.payload.text, TextBuf::Owned(_)));
+    }
+
+    #[test]
+    fn the_message_buffer_is_the_text_not_a_copy() {
+        let env = Envelope::new("c1", "agent-c1", chrono::Utc::now(), 7, batch());
+        let body = bytes::Bytes::from(multipilot_schemas::encode(&env).unwrap());
+        let shared: Envelope<ScrapeBatch> = multipilot_schemas::decode_shared(
+            Some(multipilot_schemas::CONTENT_TYPE_MSGPACK),
+            Some(&MetricBatch::schema_header()),
+            &body,
+            usize::MAX,
+        )
+        .expect("decodes");
+        match &shared.payload.text {
+            TextBuf::Shared(text) => assert_eq!(text.as_ptr(), body.as_ptr()),
+            TextBuf::Owned(_) => panic!("the body was copied"),
+        }
+        let copied = fast::envelope(&body).expect("fast");
+        assert!(matches!(copied.payload.text, TextBuf::Owned(_)));
+        assert!(same(&shared, &copied));
+        assert_eq!(shared.payload.to_metric_batch().samples.len(), 3);
     }
 }
