@@ -61,22 +61,24 @@ ensure_debian_tool() {
   command -v "$1" >/dev/null 2>&1 || { log "installing $2"; apt_install "$2"; }
 }
 
-# free_ports N: N distinct free loopback ports, one a line, from below the kernel's ephemeral range (as the
-# Rust test kit's free_port: a port the kernel hands out itself, to a ":0" listener or an outgoing
-# connection's local end, can never be one of them, so a process started beside ours cannot take it first).
+# free_ports N: N distinct free loopback ports, one a line, from outside the kernel's ephemeral range, as the
+# Rust test kit's free_port picks them: a port the kernel hands out itself, to a ":0" listener or an outgoing
+# connection's local end, can never be one of them, so a process started beside ours cannot take it first.
 free_ports() {
   python3 - "$1" <<'PY'
 import random, socket, sys
 try:
-    lo = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
-except (OSError, ValueError, IndexError):
-    lo = 32768
-lo = lo if lo > 11000 else 65536  # a range from near 1024: nothing is outside it, take what is free
-candidates = list(range(10000, lo)) or list(range(1024, 65536))
+    eph_lo, eph_hi = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[:2])
+except (OSError, ValueError):
+    eph_lo, eph_hi = 32768, 60999
+below, above = range(10000, eph_lo), range(eph_hi + 1, 65536)
+candidates = list(max(below, above, key=len))
+if len(candidates) < 1000:
+    candidates = list(range(1024, 65536))  # the ephemeral range covers nearly every port: take what is free
 random.shuffle(candidates)
-found = []
+want, found = int(sys.argv[1]), []
 for port in candidates:
-    if len(found) == int(sys.argv[1]):
+    if len(found) == want:
         break
     s = socket.socket()
     try:
@@ -86,6 +88,8 @@ for port in candidates:
         pass
     finally:
         s.close()
+if len(found) < want:
+    sys.exit(f"free_ports: only {len(found)} of {want} loopback ports are free")
 print("\n".join(map(str, found)))
 PY
 }

@@ -228,6 +228,14 @@ pub trait Handler<T: Payload>: Send {
     fn commit(&mut self) -> impl Future<Output = Result<(), CommitError>> + Send {
         async { Ok(()) }
     }
+
+    /// After a commit that succeeded: the messages, by stream sequence, that `handle` answered `Done` but
+    /// whose work the commit did not make after all (a handler that works behind `handle`, as the TSDB's
+    /// writer thread does, learns only then that a message failed), each with what to do with it instead of
+    /// acking it (`Retry`: nak'ed with backoff; `Reject`: dead-lettered). Taken once per commit.
+    fn deferred_outcomes(&mut self) -> Vec<(u64, Outcome)> {
+        Vec::new()
+    }
 }
 
 /// Reads one durable consumer until cancelled.
@@ -474,13 +482,21 @@ impl Runner {
         let c = &self.config;
         match handler.commit().await {
             Ok(()) => {
+                let mut deferred: std::collections::HashMap<u64, Outcome> =
+                    handler.deferred_outcomes().into_iter().collect();
                 for m in &to_ack {
+                    let (stream_seq, delivered) = m
+                        .info()
+                        .map(|i| (i.stream_sequence, i.delivered.max(1) as u64))
+                        .unwrap_or((0, 1));
+                    if let Some(outcome) = deferred.remove(&stream_seq) {
+                        self.not_done(m, stream_seq, delivered, outcome).await;
+                        continue;
+                    }
                     if let Err(e) = m.ack().await {
                         // The message will be redelivered after ack_wait; handlers are idempotent.
                         tracing::warn!(durable = %c.durable, error = %e, "ack failed");
                     }
-                }
-                for _ in &to_ack {
                     self.metrics.consumed(&c.durable, "done");
                 }
             }
@@ -567,18 +583,40 @@ impl Runner {
         };
         match handler.handle(received).await {
             Outcome::Done => Some(msg),
+            outcome => {
+                self.not_done(&msg, stream_seq, delivered, outcome).await;
+                None
+            }
+        }
+    }
+
+    /// Settles a message its handler did not do: `Retry` naks it for redelivery with backoff, `Reject`
+    /// dead-letters it (`Done` acks it).
+    async fn not_done(
+        &self,
+        msg: &jetstream::Message,
+        stream_seq: u64,
+        delivered: u64,
+        outcome: Outcome,
+    ) {
+        let c = &self.config;
+        match outcome {
+            Outcome::Done => {
+                if let Err(e) = msg.ack().await {
+                    tracing::warn!(durable = %c.durable, error = %e, "ack failed");
+                }
+                self.metrics.consumed(&c.durable, "done");
+            }
             Outcome::Retry(why) => {
                 tracing::warn!(durable = %c.durable, stream_seq, delivered, reason = %why, "retrying message");
                 self.metrics.consumed(&c.durable, "retry");
                 let _ = msg
                     .ack_with(AckKind::Nak(Some(self.backoff(delivered))))
                     .await;
-                None
             }
             Outcome::Reject { reason, error } => {
-                self.dead_letter(&msg, stream_seq, delivered, &reason, &error)
+                self.dead_letter(msg, stream_seq, delivered, &reason, &error)
                     .await;
-                None
             }
         }
     }

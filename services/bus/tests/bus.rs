@@ -679,6 +679,73 @@ async fn retryable_failure_is_redelivered_not_lost() -> Result<()> {
     Ok(())
 }
 
+/// A handler that says `Done` at once and learns only at its commit that some messages failed (as the
+/// TSDB's writer thread does): heartbeats `fail_first` fail once.
+#[derive(Clone, Default)]
+struct Deferring {
+    handled: Arc<Mutex<Vec<u64>>>,
+    fail_first: Arc<Mutex<std::collections::HashSet<u64>>>,
+    failed: Vec<(u64, Outcome)>,
+}
+
+impl Handler<Heartbeat> for Deferring {
+    async fn handle(&mut self, msg: Received<Heartbeat>) -> Outcome {
+        self.handled.lock().unwrap().push(msg.envelope.seq);
+        if self.fail_first.lock().unwrap().remove(&msg.envelope.seq) {
+            self.failed
+                .push((msg.stream_seq, Outcome::Retry("the write failed".into())));
+        }
+        Outcome::Done
+    }
+
+    fn deferred_outcomes(&mut self) -> Vec<(u64, Outcome)> {
+        std::mem::take(&mut self.failed)
+    }
+}
+
+#[tokio::test]
+async fn a_failure_found_at_the_commit_redelivers_that_message_and_acks_the_rest() -> Result<()> {
+    let (_server, js) = setup().await?;
+    health_consumer(&js, "t-deferred").await?;
+    let mut p = Publisher::new(js.clone(), 8, BusMetrics::default());
+    for seq in 1..=5 {
+        p.send(seq, hb_msg("c", seq)).await;
+    }
+    p.flush().await;
+    let mut handler = Deferring::default();
+    handler.fail_first.lock().unwrap().extend([2, 4]);
+    let handled = handler.handled.clone();
+    let metrics = BusMetrics::default();
+    let r = runner(&js, "t-deferred", limit::Config::default(), metrics.clone());
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn({
+        let cancel = cancel.clone();
+        async move { r.run(&mut handler, cancel).await.expect("runner") }
+    });
+    wait_until(
+        "the two failed ones handled again",
+        Duration::from_secs(20),
+        || handled.lock().unwrap().len() >= 7,
+    )
+    .await?;
+    wait_until("all acked", Duration::from_secs(20), || {
+        metrics.consumed_count("t-deferred", "done") >= 5
+    })
+    .await?;
+    cancel.cancel();
+    task.await?;
+    let mut seqs = handled.lock().unwrap().clone();
+    seqs.sort();
+    assert_eq!(
+        seqs,
+        vec![1, 2, 2, 3, 4, 4, 5],
+        "only the failed ones came again"
+    );
+    assert_eq!(metrics.consumed_count("t-deferred", "retry"), 2);
+    assert_eq!(metrics.consumed_count("t-deferred", "done"), 5);
+    Ok(())
+}
+
 #[tokio::test]
 async fn rate_limiter_holds_a_flood_to_the_configured_rate() -> Result<()> {
     let (_server, js) = setup().await?;

@@ -388,6 +388,10 @@ mod tests {
             assert!((lo..=hi).contains(&port), "{port} outside {lo}..={hi}");
             assert!(seen.insert(port), "{port} handed out twice");
         }
+        if (lo, hi) == (1024, u16::MAX) {
+            // the ephemeral range covers (nearly) every port here: there is no range outside it
+            return Ok(());
+        }
         // The kernel's own picks (what a `:0` listener and every outgoing connection get) never land there.
         let held: Vec<TcpListener> = (0..200)
             .map(|_| TcpListener::bind("127.0.0.1:0"))

@@ -336,7 +336,7 @@ impl Metrics {
         );
         registry.register(
             "multipilot_tsdb_writer_queue",
-            "Decoded batches waiting for the writer thread (at most 32: when it stays full, appending is what limits ingestion; near 0, receiving and decoding are)",
+            "Decoded batches waiting for the writer thread, as it last took one (at most 32: when it stays full, appending is what limits ingestion; near 0, receiving and decoding are)",
             m.writer_queue.clone(),
         );
         m
@@ -388,8 +388,9 @@ impl Metrics {
 #[derive(Debug)]
 pub struct Ingest {
     store: Arc<Store>,
-    queued: Gauge,
     jobs: tokio::sync::mpsc::Sender<Job>,
+    /// The messages whose append failed, found at the last commit (see `deferred_outcomes`).
+    failed: Vec<(u64, Outcome)>,
     writer: std::thread::JoinHandle<()>,
     /// Cancelled when the writer is found gone (it panicked): the runner stops, and `run` fails the role
     /// with the panic's message instead of nak'ing every batch while it looks healthy.
@@ -403,11 +404,14 @@ pub const WRITER_QUEUE: usize = 32;
 enum Job {
     Append {
         cluster: String,
+        /// The message's stream sequence, to name it if its append fails.
+        seq: u64,
         batch: ScrapeBatch,
     },
-    /// Answered once every job handed over before it is done, with the first append error since the last
-    /// barrier (the commit then fails, and the runner hands the batch's messages back for redelivery).
-    Barrier(tokio::sync::oneshot::Sender<Option<String>>),
+    /// Answered once every job handed over before it is done, with the messages whose append failed since
+    /// the last barrier and why: the runner naks those for redelivery and acks the others (an append that
+    /// failed part way leaves what it appended, found again as duplicates).
+    Barrier(tokio::sync::oneshot::Sender<Vec<(u64, String)>>),
 }
 
 impl Ingest {
@@ -420,7 +424,6 @@ impl Ingest {
         stop: tokio_util::sync::CancellationToken,
     ) -> std::io::Result<Self> {
         let (jobs, queue) = tokio::sync::mpsc::channel(WRITER_QUEUE);
-        let queued = metrics.writer_queue.clone();
         let writer = std::thread::Builder::new()
             .name("tsdb-writer".into())
             .spawn({
@@ -429,8 +432,8 @@ impl Ingest {
             })?;
         Ok(Ingest {
             store,
-            queued,
             jobs,
+            failed: Vec::new(),
             writer,
             stop,
         })
@@ -471,10 +474,15 @@ fn write(
     remote: Option<&remote_write::Sender>,
     mut queue: tokio::sync::mpsc::Receiver<Job>,
 ) {
-    let mut failed: Option<String> = None;
+    let mut failed = Vec::new();
     while let Some(job) = queue.blocking_recv() {
+        metrics.writer_queue.set(queue.len() as i64);
         match job {
-            Job::Append { cluster, batch } => match store.append_scrape(&cluster, &batch) {
+            Job::Append {
+                cluster,
+                seq,
+                batch,
+            } => match store.append_scrape(&cluster, &batch) {
                 Ok(stats) => {
                     metrics.count(stats);
                     if let Some(remote) = remote {
@@ -490,12 +498,10 @@ fn write(
                         );
                     }
                 }
-                Err(e) => {
-                    failed.get_or_insert_with(|| format!("appending a batch of {cluster}: {e}"));
-                }
+                Err(e) => failed.push((seq, format!("appending a batch of {cluster}: {e}"))),
             },
             Job::Barrier(done) => {
-                let _ = done.send(failed.take());
+                let _ = done.send(std::mem::take(&mut failed));
             }
         }
     }
@@ -508,14 +514,11 @@ impl Handler<ScrapeBatch> for Ingest {
     async fn handle(&mut self, msg: Received<ScrapeBatch>) -> Outcome {
         let job = Job::Append {
             cluster: msg.envelope.cluster,
+            seq: msg.stream_seq,
             batch: msg.envelope.payload,
         };
         match self.jobs.send(job).await {
-            Ok(()) => {
-                self.queued
-                    .set((self.jobs.max_capacity() - self.jobs.capacity()) as i64);
-                Outcome::Done
-            }
+            Ok(()) => Outcome::Done,
             Err(_) => Outcome::Retry(self.writer_gone()),
         }
     }
@@ -527,14 +530,20 @@ impl Handler<ScrapeBatch> for Ingest {
             .send(Job::Barrier(done))
             .await
             .map_err(|_| CommitError::retryable(self.writer_gone()))?;
-        match appended.await {
-            Ok(None) => {
-                self.queued.set(0);
-            }
-            Ok(Some(failed)) => return Err(CommitError::retryable(failed)),
+        let failed = match appended.await {
+            Ok(failed) => failed,
             Err(_) => return Err(CommitError::retryable(self.writer_gone())),
-        }
-        self.store.commit().await.map_err(CommitError::retryable)
+        };
+        self.store.commit().await.map_err(CommitError::retryable)?;
+        self.failed = failed
+            .into_iter()
+            .map(|(seq, why)| (seq, Outcome::Retry(why)))
+            .collect();
+        Ok(())
+    }
+
+    fn deferred_outcomes(&mut self) -> Vec<(u64, Outcome)> {
+        std::mem::take(&mut self.failed)
     }
 }
 
@@ -671,8 +680,14 @@ pub async fn run(config: Config, ctx: Context) -> Result<(), Error> {
         tracing::info!(url = %rw.url, "forwarding samples by remote write");
         remote_write::spawn(rw.clone(), metrics.clone(), local.clone())
     });
-    let mut ingest =
-        Ingest::new(store.clone(), metrics, remote, local.clone()).map_err(Error::Writer)?;
+    let mut ingest = match Ingest::new(store.clone(), metrics, remote, local.clone()) {
+        Ok(ingest) => ingest,
+        Err(e) => {
+            // the query API and the maintenance stop with the role
+            local.cancel();
+            return Err(Error::Writer(e));
+        }
+    };
     let rule_task = rules.map(|m| tokio::spawn(m.run(local.clone())));
     ctx.health.set("tsdb", true);
     let result = runner.run(&mut ingest, local.clone()).await;
@@ -683,13 +698,23 @@ pub async fn run(config: Config, ctx: Context) -> Result<(), Error> {
         let _ = t.await;
     }
     let _ = server.await;
-    // the writer's last appends (not acked: they come again) are committed with the rest
     let writer = ingest.finish().await;
-    store.commit().await?;
-    store.checkpoint().await?;
+    match &writer {
+        // the writer's last appends (not acked: they come again) are committed with the rest
+        Ok(()) => {
+            store.commit().await?;
+            store.checkpoint().await?;
+        }
+        // what it was doing may be half done: nothing more is written (the WAL holds every acked sample,
+        // the stream what was not acked)
+        Err(e) => {
+            tracing::error!(error = %e, "stopping without a last commit or checkpoint");
+        }
+    }
     // Closed when `run` returns: the same directory can be opened again at once (a restart in-process).
     match Arc::try_unwrap(store) {
-        Ok(store) => store.close().await?,
+        Ok(store) if writer.is_ok() => store.close().await?,
+        Ok(store) => drop(store),
         Err(shared) => {
             // an HTTP connection still finishing a query: wait until it lets go
             drop(shared);
@@ -807,8 +832,9 @@ mod tests {
             index as u64,
             batch,
         );
-        let bytes = multipilot_schemas::encode(&env).expect("encodes");
-        let envelope = multipilot_schemas::decode(
+        let bytes = bytes::Bytes::from(multipilot_schemas::encode(&env).expect("encodes"));
+        // as the consumer runner decodes: the batch keeps the message's buffer
+        let envelope = multipilot_schemas::decode_shared(
             Some(multipilot_schemas::CONTENT_TYPE_MSGPACK),
             Some(&<ScrapeBatch as multipilot_schemas::envelope::Payload>::schema_header()),
             &bytes,
