@@ -126,7 +126,8 @@ pub struct Received<T> {
 /// What the handler made of a message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {
-    /// Handled; ack after the batch's commit.
+    /// Handled; ack after the batch's commit (unless the handler names it in
+    /// [`Handler::deferred_outcomes`] then).
     Done,
     /// Could not handle it now (a dependency is away): redeliver later with backoff.
     Retry(String),
@@ -470,7 +471,9 @@ impl Runner {
             .await
     }
 
-    /// Commits the handler's work and acks `to_ack`, or naks them all for redelivery when the commit fails.
+    /// Commits the handler's work and acks `to_ack` (each the handler named in
+    /// [`Handler::deferred_outcomes`] settled by its outcome instead), or naks them all for redelivery when
+    /// the commit fails.
     async fn settle<T: Payload, H: Handler<T>>(
         &self,
         handler: &mut H,
@@ -489,7 +492,12 @@ impl Runner {
                         .info()
                         .map(|i| (i.stream_sequence, i.delivered.max(1) as u64))
                         .unwrap_or((0, 1));
-                    if let Some(outcome) = deferred.remove(&stream_seq) {
+                    // 0: a message whose sequence could not be read; one named so stands for all of them
+                    let outcome = match stream_seq {
+                        0 => deferred.get(&0).cloned(),
+                        seq => deferred.remove(&seq),
+                    };
+                    if let Some(outcome) = outcome {
                         self.not_done(m, stream_seq, delivered, outcome).await;
                         continue;
                     }
@@ -498,6 +506,11 @@ impl Runner {
                         tracing::warn!(durable = %c.durable, error = %e, "ack failed");
                     }
                     self.metrics.consumed(&c.durable, "done");
+                }
+                deferred.remove(&0);
+                if !deferred.is_empty() {
+                    let named: Vec<u64> = deferred.into_keys().collect();
+                    tracing::warn!(durable = %c.durable, ?named, "the handler named messages that were not in the batch it committed");
                 }
             }
             Err(e) => {

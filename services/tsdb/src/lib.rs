@@ -336,7 +336,7 @@ impl Metrics {
         );
         registry.register(
             "multipilot_tsdb_writer_queue",
-            "Decoded batches waiting for the writer thread, as it last took one (at most 32: when it stays full, appending is what limits ingestion; near 0, receiving and decoding are)",
+            "Decoded batches (and commits) waiting for the writer thread, counted as it takes one (the queue holds 32: near full, appending is what limits ingestion; near 0, receiving and decoding are)",
             m.writer_queue.clone(),
         );
         m
@@ -683,8 +683,10 @@ pub async fn run(config: Config, ctx: Context) -> Result<(), Error> {
     let mut ingest = match Ingest::new(store.clone(), metrics, remote, local.clone()) {
         Ok(ingest) => ingest,
         Err(e) => {
-            // the query API and the maintenance stop with the role
+            // the query API and the maintenance stop with the role, letting go of the store
             local.cancel();
+            let _ = maintenance.await;
+            let _ = server.await;
             return Err(Error::Writer(e));
         }
     };
@@ -714,7 +716,11 @@ pub async fn run(config: Config, ctx: Context) -> Result<(), Error> {
     // Closed when `run` returns: the same directory can be opened again at once (a restart in-process).
     match Arc::try_unwrap(store) {
         Ok(store) if writer.is_ok() => store.close().await?,
-        Ok(store) => drop(store),
+        Ok(store) => {
+            drop(store);
+            multipilot_runtime::store::wait_released(&config.data_dir, Duration::from_secs(30))
+                .await?;
+        }
         Err(shared) => {
             // an HTTP connection still finishing a query: wait until it lets go
             drop(shared);
