@@ -379,12 +379,13 @@ impl Metrics {
 }
 
 /// The consumer handler: hands each batch to the store's writer thread, and commits (WAL + flush) once the
-/// writer has appended everything handed to it, before the runner acks.
+/// writer has appended everything handed to it, before the runner acks; a message whose append failed is
+/// named to the runner then ([`Handler::deferred_outcomes`]), which naks it alone.
 ///
 /// The writer is a thread of its own so that appending a batch (the series lookups, the Gorilla encoding,
 /// the sealed chunks: the larger part of a scrape's cost) runs beside the runner's receiving and decoding of
 /// the next batches, on the other core, instead of after them. At most [`WRITER_QUEUE`] batches wait for it:
-/// past that the runner waits, and the stream holds the rest.
+/// past that the runner waits (the messages it pulled wait in the consumer, the stream holds the rest).
 #[derive(Debug)]
 pub struct Ingest {
     store: Arc<Store>,
