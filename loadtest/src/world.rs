@@ -1104,7 +1104,7 @@ impl EventAggregates {
 /// Records an event about `obj` as a kubelet's event correlator does:
 /// - a repeat of the same reason and message on the same object bumps the count and the series;
 /// - the 10th distinct message of similar events (same object, type, reason and source) within 10 minutes
-///   and every one after it goes into one event, "(combined from similar events): <message>", whose count
+///   and every one after it goes into one event, "(combined from similar events): &lt;message&gt;", whose count
 ///   grows (client-go's `EventAggregator`), so a chatty object can't fill the API server with events.
 pub fn event(c: &Cluster, obj: &Value, ty: &str, reason: &str, message: &str, component: &str) {
     let ns = match str_at(obj, &["metadata", "namespace"]) {

@@ -216,7 +216,8 @@ fn pod_gpus(obj: &Value) -> u32 {
 }
 
 impl View {
-    /// Change counters per probe (see [`View::changed_for`]).
+    /// Change counters per probe, each bumped when something that probe reads changed: the probes run at
+    /// once on a change instead of waiting for their next round.
     pub fn subscribe(&self) -> tokio::sync::watch::Receiver<BTreeMap<&'static str, u64>> {
         self.changed.subscribe()
     }

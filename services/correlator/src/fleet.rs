@@ -409,7 +409,7 @@ fn touches<'a>(view: View<'a>, cluster: &str) -> Vec<Touch<'a>> {
 /// clusters is `common` (ordinary churn); anything between says too little to be listed. An object's change
 /// on several failing clusters is a suspect only if chance could hardly explain it: with most objects
 /// churning, some object changes on the same two clusters by chance, and two or three healthy clusters are
-/// too few to show it ([`MAX_CHANCE`]). A release is a deliberate change, never chance. A release that is a
+/// too few to show it (`MAX_CHANCE`). A release is a deliberate change, never chance. A release that is a
 /// suspect comes first: it is what an operator undoes.
 pub fn suspects(
     view: View<'_>,

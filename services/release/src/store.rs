@@ -10,7 +10,7 @@
 //! transaction, and [`Store::flush`] drains the outbox into the bucket. A snapshot is in the bucket before
 //! `put_snapshot` returns (a rollback after losing this disk needs it); other records follow with the next
 //! flush when the bucket is briefly unreachable. A store found empty at start is restored from the bucket
-//! ([`Store::restore`]).
+//! (`Store::restore`).
 
 use std::path::Path;
 

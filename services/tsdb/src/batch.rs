@@ -8,9 +8,10 @@
 //! dead-letter stream; unknown fields are skipped; a label given twice keeps its last value, as the map
 //! does; a malformed metric family fails the message too, though the TSDB has no use for them) into three
 //! vectors allocated once per batch. The usual message (the envelope as the agent writes it) is read by
-//! a MessagePack reader of its own ([`fast`]), a third of the time serde takes, which copies the body once
-//! rather than each string: a name or label is a span of it, checked to be UTF-8 on its own; anything it
-//! does not expect goes through serde.
+//! a MessagePack reader of its own (`fast`), a third of the time serde takes, which copies no string: a name
+//! or label is a span of the body, checked to be UTF-8 on its own, and the body is the message's own buffer
+//! when the consumer hands it over ([`Payload::decode_envelope_shared`]); anything it does not expect goes
+//! through serde.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -238,7 +239,7 @@ impl Payload for ScrapeBatch {
     const SCHEMA: &'static str = <MetricBatch as Payload>::SCHEMA;
     const VERSION: u32 = <MetricBatch as Payload>::VERSION;
 
-    /// The envelope as the agent writes it (named MessagePack) is read by [`fast::envelope`]; anything
+    /// The envelope as the agent writes it (named MessagePack) is read by `fast::envelope`; anything
     /// else, including every malformed message, goes through serde, whose errors name what is wrong.
     fn decode_envelope(
         schema: &str,

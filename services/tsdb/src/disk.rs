@@ -11,7 +11,7 @@
 //! - `heads`: series id → the bytes of its open (head) chunk, as stores before the heads file kept them
 //!   (read when there is no heads file; emptied by the first checkpoint that writes one).
 //!
-//! Beside sled's files, the write-ahead log is one file per generation, `wal-<generation>.log` ([`WalFile`]):
+//! Beside sled's files, the write-ahead log is one file per generation, `wal-<generation>.log` (`WalFile`):
 //! each commit's samples ([`encode_wal`]) appended as one framed record and synced with sled's flush. A
 //! checkpoint starts a new generation and deletes the older files once the heads it snapshotted are
 //! durable. (Kept in sled, each commit's record of ~1 MB went through sled's log and a blob file of its own:
@@ -713,7 +713,7 @@ impl Disk {
 
 /// Merges two chunks of one series (union by timestamp; `a` wins on equal timestamps) into chunks of at most
 /// [`chunk::MAX_SAMPLES`].
-/// A heads file being written: [`HEADS_MAGIC`], then per series its id (`u64` BE), the length of what
+/// A heads file being written: `HEADS_MAGIC`, then per series its id (`u64` BE), the length of what
 /// follows (`u32` BE), `max_t` (`i64` BE) and the open chunk's bytes; last, the CRC-32 of all before it.
 #[derive(Debug)]
 pub struct HeadsWriter {

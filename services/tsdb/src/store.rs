@@ -2,7 +2,7 @@
 //!
 //! - **Index**: labels → series id (a hash map checked for collisions) and postings (label name → value →
 //!   sorted ids) for matching. Rebuilt from the `series` tree at open. Every label name and value is kept
-//!   once in memory ([`Interner`]): a series holds each of its labels as two 4-byte numbers of it and the
+//!   once in memory (`Interner`): a series holds each of its labels as two 4-byte numbers of it and the
 //!   postings share its strings, so `namespace` or a namespace's name costs one allocation in the whole
 //!   head, not one per series.
 //! - **Head**: per series one open Gorilla chunk; it is sealed (written to [`crate::disk`]) at

@@ -493,7 +493,7 @@ pub fn mean_rate(points: &[(f64, f64)], from: f64, to: f64) -> Option<f64> {
 const SLACK_S: f64 = 0.25;
 
 /// Checks, for every role's consumer, that no sampling interval saw more than `per_second * dt + burst`
-/// messages let in (`multipilot_bus_admitted_total`: a token bucket allows no more), with [`SLACK_S`] of
+/// messages let in (`multipilot_bus_admitted_total`: a token bucket allows no more), with `SLACK_S` of
 /// slack on `dt`.
 pub fn report_rate_limits(r: &mut Report, rec: &Recorder, per_second: u32, burst: u32) {
     let mut worst: Vec<String> = Vec::new();
