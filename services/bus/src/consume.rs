@@ -497,15 +497,8 @@ impl Runner {
                         0 => deferred.get(&0).cloned(),
                         seq => deferred.remove(&seq),
                     };
-                    if let Some(outcome) = outcome {
-                        self.not_done(m, stream_seq, delivered, outcome).await;
-                        continue;
-                    }
-                    if let Err(e) = m.ack().await {
-                        // The message will be redelivered after ack_wait; handlers are idempotent.
-                        tracing::warn!(durable = %c.durable, error = %e, "ack failed");
-                    }
-                    self.metrics.consumed(&c.durable, "done");
+                    let outcome = outcome.unwrap_or(Outcome::Done);
+                    self.settle_one(m, stream_seq, delivered, outcome).await;
                 }
                 deferred.remove(&0);
                 if !deferred.is_empty() {
@@ -597,15 +590,15 @@ impl Runner {
         match handler.handle(received).await {
             Outcome::Done => Some(msg),
             outcome => {
-                self.not_done(&msg, stream_seq, delivered, outcome).await;
+                self.settle_one(&msg, stream_seq, delivered, outcome).await;
                 None
             }
         }
     }
 
-    /// Settles a message its handler did not do: `Retry` naks it for redelivery with backoff, `Reject`
-    /// dead-letters it (`Done` acks it).
-    async fn not_done(
+    /// Settles one message by its outcome: `Done` acks it, `Retry` naks it for redelivery with backoff,
+    /// `Reject` dead-letters it.
+    async fn settle_one(
         &self,
         msg: &jetstream::Message,
         stream_seq: u64,
@@ -616,6 +609,7 @@ impl Runner {
         match outcome {
             Outcome::Done => {
                 if let Err(e) = msg.ack().await {
+                    // The message will be redelivered after ack_wait; handlers are idempotent.
                     tracing::warn!(durable = %c.durable, error = %e, "ack failed");
                 }
                 self.metrics.consumed(&c.durable, "done");

@@ -63,6 +63,19 @@ fn hb_msg(cluster: &str, seq: u64) -> Outgoing {
     .unwrap()
 }
 
+/// Publishes heartbeats `seqs` of `cluster` and waits until each is stored.
+async fn publish_heartbeats(
+    js: &jetstream::Context,
+    cluster: &str,
+    seqs: impl IntoIterator<Item = u64>,
+) {
+    let mut p = Publisher::new(js.clone(), 8, BusMetrics::default());
+    for seq in seqs {
+        p.send(seq, hb_msg(cluster, seq)).await;
+    }
+    p.flush().await;
+}
+
 /// A temporary durable on FLEET_HEALTH for one test.
 async fn health_consumer(js: &jetstream::Context, durable: &str) -> Result<()> {
     js.get_stream("FLEET_HEALTH")
@@ -654,11 +667,7 @@ async fn a_caught_up_consumer_takes_a_trickle_in_one_pull_per_commit_interval() 
 async fn retryable_failure_is_redelivered_not_lost() -> Result<()> {
     let (_server, js) = setup().await?;
     health_consumer(&js, "t-retry").await?;
-    let mut p = Publisher::new(js.clone(), 8, BusMetrics::default());
-    for seq in 1..=5 {
-        p.send(seq, hb_msg("c", seq)).await;
-    }
-    p.flush().await;
+    publish_heartbeats(&js, "c", 1..=5).await;
     let rec = Recorder::default();
     rec.fail_first.lock().unwrap().extend([2, 4]);
     let metrics = BusMetrics::default();
@@ -707,11 +716,7 @@ impl Handler<Heartbeat> for Deferring {
 async fn a_failure_found_at_the_commit_redelivers_that_message_and_acks_the_rest() -> Result<()> {
     let (_server, js) = setup().await?;
     health_consumer(&js, "t-deferred").await?;
-    let mut p = Publisher::new(js.clone(), 8, BusMetrics::default());
-    for seq in 1..=5 {
-        p.send(seq, hb_msg("c", seq)).await;
-    }
-    p.flush().await;
+    publish_heartbeats(&js, "c", 1..=5).await;
     let mut handler = Deferring::default();
     handler.fail_first.lock().unwrap().extend([2, 4]);
     let handled = handler.handled.clone();
