@@ -642,9 +642,14 @@ impl Selectors {
             && self.fields.matches(o)
     }
 
+    /// Whether the request selects everything.
+    fn is_empty(&self) -> bool {
+        self.labels.is_empty() && self.fields.is_empty()
+    }
+
     /// As a list's filter: none when the request selects everything.
     fn filter(&self) -> Option<impl Fn(&Value) -> bool + '_> {
-        (!self.labels.is_empty() || !self.fields.is_empty()).then_some(|o: &Value| self.matches(o))
+        (!self.is_empty()).then_some(|o: &Value| self.matches(o))
     }
 }
 
@@ -805,18 +810,7 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
         }
     };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(256);
-    /// One watch event, serialised straight from the stored object (no copy of it).
-    #[derive(serde::Serialize)]
-    struct Line<'a> {
-        #[serde(rename = "type")]
-        kind: &'a str,
-        object: &'a Value,
-    }
-    let line = |kind: &str, object: &Value| {
-        let mut s = serde_json::to_vec(&Line { kind, object }).unwrap_or_default();
-        s.push(b'\n');
-        Bytes::from(s)
-    };
+    let line = |kind: &str, object: &Value| watch_line(kind, object);
     let started = c.store.watch_from(&key, from);
     let (backlog, mut sub) = match started {
         Ok(x) => x,
@@ -835,6 +829,7 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
             present(res, o)
         }
     }
+    let api_version = res.api_version();
     let mut epoch = c.watch_epoch.subscribe();
     epoch.borrow_and_update();
     let c2 = c.clone();
@@ -847,6 +842,14 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
         let render = |ch: &Change| {
             if ch.res != key || ns.as_deref().is_some_and(|n| ch.namespace() != n) {
                 return None;
+            }
+            if let Some(e) = ch.event().filter(|_| !meta_only && selectors.is_empty()) {
+                if res.group == "events.k8s.io" {
+                    return Some(watch_line(ch.kind.as_str(), &e.events_api(&api_version)));
+                }
+                if api_version == "v1" {
+                    return Some(watch_line(ch.kind.as_str(), &e.core()));
+                }
             }
             let object = ch.object();
             selectors
@@ -911,10 +914,39 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
                 }
                 got = sub.recv() => match got {
                     Ok(ch) => {
-                        if ch.rv <= last_rv { continue; }
-                        last_rv = ch.rv;
-                        if let Some(event) = render(&ch) {
-                            alive = send(event).await;
+                        // The changes already waiting go out with this one, in one write: a controller's pass
+                        // or a burst of events is many changes at once, and a write (a TLS record, a syscall)
+                        // each was most of the cost of serving a watch.
+                        let mut out = Vec::new();
+                        let mut next = Some(ch);
+                        let mut ended = None;
+                        while let Some(ch) = next.take() {
+                            if ch.rv > last_rv {
+                                last_rv = ch.rv;
+                                if let Some(event) = render(&ch) {
+                                    out.extend_from_slice(&event);
+                                }
+                            }
+                            if out.len() >= WATCH_WRITE_MAX {
+                                break;
+                            }
+                            match sub.try_recv() {
+                                Ok(ch) => next = Some(ch),
+                                Err(TryRecvError::Empty) => {}
+                                Err(e) => ended = Some(e),
+                            }
+                        }
+                        if !out.is_empty() {
+                            alive = send(Bytes::from(out)).await;
+                        }
+                        match ended {
+                            Some(TryRecvError::Lagged(_)) => {
+                                let e = ApiError::expired("watch fell behind; resource version too old");
+                                let _ = send(line("ERROR", &e.to_status())).await;
+                                break;
+                            }
+                            Some(_) => break,
+                            None => {}
                         }
                     }
                     Err(RecvError::Lagged(_)) => {
@@ -931,6 +963,23 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
             .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
     });
     Ok(stream_response(tokio_stream_from(rx)))
+}
+
+/// At most this many bytes of watch events go out in one write.
+const WATCH_WRITE_MAX: usize = 256 * 1024;
+
+/// One watch event, serialised straight from the stored object (no copy of it).
+fn watch_line<T: serde::Serialize + ?Sized>(kind: &str, object: &T) -> Bytes {
+    #[derive(serde::Serialize)]
+    struct Line<'a, T: ?Sized> {
+        #[serde(rename = "type")]
+        kind: &'a str,
+        object: &'a T,
+    }
+    // an object always serialises
+    let mut s = serde_json::to_vec(&Line { kind, object }).unwrap_or_default();
+    s.push(b'\n');
+    Bytes::from(s)
 }
 
 fn tokio_stream_from(
@@ -1965,6 +2014,88 @@ fn workload_metrics(c: &Cluster, svc: &Value, name: &str) -> Result<String, ApiE
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::event::{EventRecord, ObjectRef};
+
+    /// A kubelet's event: new, or repeated (managedFields stamped, a series).
+    fn recorded(repeated: bool) -> EventRecord {
+        let t = |s: &str| chrono::DateTime::parse_from_rfc3339(s).unwrap().to_utc();
+        EventRecord {
+            name: "web-7d4b9c-x2k4p.1a2b3c".into(),
+            namespace: "shop".into(),
+            uid: "0a1b2c3d-0000-4000-a000-000000000001".into(),
+            resource_version: 812,
+            created: t("2026-12-06T10:00:00Z"),
+            updated: repeated.then(|| t("2026-12-06T10:05:07Z")),
+            involved: ObjectRef::to(&json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": "web-7d4b9c-x2k4p", "namespace": "shop", "uid": "u-1", "resourceVersion": "77"}
+            })),
+            reason: "Unhealthy".into(),
+            message: "Readiness probe failed: \"HTTP\" 503".into(),
+            type_: "Warning".into(),
+            count: if repeated { 3 } else { 1 },
+            first: t("2026-12-06T10:00:00Z"),
+            last: t(if repeated {
+                "2026-12-06T10:05:07Z"
+            } else {
+                "2026-12-06T10:00:00Z"
+            }),
+            series: repeated.then(|| (3, t("2026-12-06T10:05:07.123456Z"))),
+            component: "kubelet".into(),
+        }
+    }
+
+    #[test]
+    fn a_recorded_event_is_the_object_a_kubelet_writes() {
+        let e = recorded(true);
+        assert_eq!(
+            e.to_value(),
+            json!({
+                "apiVersion": "v1", "kind": "Event",
+                "metadata": {
+                    "name": "web-7d4b9c-x2k4p.1a2b3c", "namespace": "shop", "labels": {},
+                    "uid": "0a1b2c3d-0000-4000-a000-000000000001",
+                    "creationTimestamp": "2026-12-06T10:00:00Z", "resourceVersion": "812",
+                    "managedFields": [{
+                        "manager": "kube-controller-manager", "operation": "Update", "apiVersion": "v1",
+                        "time": "2026-12-06T10:05:07Z", "fieldsType": "FieldsV1", "fieldsV1": {}
+                    }]
+                },
+                "involvedObject": {
+                    "kind": "Pod", "namespace": "shop", "name": "web-7d4b9c-x2k4p", "uid": "u-1",
+                    "apiVersion": "v1", "resourceVersion": "77"
+                },
+                "reason": "Unhealthy", "message": "Readiness probe failed: \"HTTP\" 503", "type": "Warning",
+                "count": 3, "firstTimestamp": "2026-12-06T10:00:00Z", "lastTimestamp": "2026-12-06T10:05:07Z",
+                "eventTime": null,
+                "series": {"count": 3, "lastObservedTime": "2026-12-06T10:05:07.123456Z"},
+                "source": {"component": "kubelet"}, "reportingComponent": "kubelet", "reportingInstance": ""
+            })
+        );
+        let first = recorded(false).to_value();
+        assert!(first["metadata"].get("managedFields").is_none() && first.get("series").is_none());
+    }
+
+    #[test]
+    fn a_recorded_event_is_served_as_the_stored_one_is_converted() {
+        for repeated in [false, true] {
+            let e = recorded(repeated);
+            let stored = e.to_value();
+            for api_version in ["events.k8s.io/v1", "events.k8s.io/v1beta1"] {
+                let watched: Value =
+                    serde_json::from_slice(&watch_line("MODIFIED", &e.events_api(api_version)))
+                        .unwrap();
+                assert_eq!(watched["type"], "MODIFIED");
+                assert_eq!(
+                    watched["object"],
+                    event_to_events_api(&stored, api_version),
+                    "{api_version}, repeated: {repeated}"
+                );
+            }
+            let core: Value = serde_json::from_slice(&watch_line("ADDED", &e.core())).unwrap();
+            assert_eq!(core["object"], stored);
+        }
+    }
 
     #[test]
     fn a_selector_is_written_as_the_apiserver_writes_it() {

@@ -149,7 +149,7 @@ pub struct Settings {
     pub bookmark_interval: Duration,
     /// Watch history kept for resumption (changes).
     pub history: usize,
-    /// Extra Kubernetes events per second (on top of those the churn makes).
+    /// Extra Kubernetes events per second (on top of those the churn makes), in up to ten bursts a second.
     pub events_per_second: f64,
     /// Lease duration of the control-plane leases (renewed every 2 s).
     pub lease_duration_s: u32,

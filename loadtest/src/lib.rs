@@ -9,6 +9,7 @@
 pub mod api;
 pub mod apply;
 pub mod cluster;
+pub mod event;
 pub mod fleet;
 pub mod metrics;
 pub mod profile;

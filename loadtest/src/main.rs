@@ -76,7 +76,8 @@ struct ServeArgs {
     /// Serve a Prometheus scrape file from a `fixture-<name>` pod in `monitoring` (repeatable: NAME=PATH).
     #[arg(long = "metrics-fixture")]
     metrics_fixtures: Vec<String>,
-    /// Extra Kubernetes events per second per cluster (the churn makes some too).
+    /// Extra Kubernetes events per second per cluster (the churn makes some too), in up to ten bursts a
+    /// second.
     #[arg(long, default_value_t = 0.0)]
     events_per_second: f64,
     /// Explicit cluster names, in order (comma-separated).

@@ -102,6 +102,10 @@ pub struct Workload {
     ok: f64,
     errors: f64,
     pass: u64,
+    /// The resourceVersion of the Deployment last looked at.
+    version: Box<str>,
+    /// Whether its controller had nothing left to do at that version.
+    settled: bool,
 }
 
 impl Workload {
@@ -118,6 +122,8 @@ impl Workload {
             ok: 0.0,
             errors: 0.0,
             pass,
+            version: version(d).into(),
+            settled: false,
         }
     }
 
@@ -125,6 +131,11 @@ impl Workload {
     fn look(&mut self, d: &Value, now: Instant, pass: u64) {
         self.pass = pass;
         self.accumulate(now);
+        let version = version(d);
+        if *self.version != *version {
+            self.version = version.into();
+            self.settled = false;
+        }
         let generation = generation(d);
         if observed(d) && self.generation != generation {
             let template = &d["spec"]["template"];
@@ -188,6 +199,11 @@ fn generation(d: &Value) -> i64 {
         .unwrap_or(1)
 }
 
+/// The Deployment's resourceVersion ("" when it has none).
+fn version(d: &Value) -> &str {
+    str_at(d, &["metadata", "resourceVersion"])
+}
+
 /// Whether the controller has observed the Deployment's current generation.
 fn observed(d: &Value) -> bool {
     d.at("/status/observedGeneration")
@@ -233,6 +249,32 @@ impl Workloads {
             }
         }
         &self.by_uid[uid]
+    }
+
+    /// Looks at a Deployment again when it is the version last looked at and its controller had nothing
+    /// left to do at it (see [`Workloads::settled`]): only what it served since is counted, as
+    /// [`observe`](Self::observe) would, without reading it again. `false` (and nothing done) otherwise.
+    /// Most Deployments are settled most of the time, and reading each one's fields every step was a
+    /// tenth of the simulator's CPU at 50 clusters.
+    pub fn look_again(&mut self, d: &Value, now: Instant) -> bool {
+        let pass = self.pass;
+        match self.by_uid.get_mut(str_at(d, &["metadata", "uid"])) {
+            Some(w) if w.settled && *w.version == *version(d) => {
+                w.pass = pass;
+                w.accumulate(now);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Notes that the controller has nothing left to do for a Deployment at the version last looked at.
+    pub fn settled(&mut self, d: &Value) {
+        if let Some(w) = self.by_uid.get_mut(str_at(d, &["metadata", "uid"]))
+            && *w.version == *version(d)
+        {
+            w.settled = true;
+        }
     }
 
     /// A Deployment's workload, if it was ever looked at.
@@ -324,6 +366,54 @@ mod tests {
         assert!(close(at.ok() + at.errors(), 300.0), "{at:?}");
         assert!(close(at.errors(), 30.0), "{at:?}");
         assert!(close(at.error_ratio(), 0.1));
+    }
+
+    #[test]
+    fn a_settled_deployment_looked_at_again_counts_as_a_full_look_does() {
+        let t0 = Instant::now();
+        let s = |n: u64| t0 + Duration::from_secs(n);
+        let at = |rv: &str, status: [i64; 4]| {
+            let mut d = deploy("u1", "web:1-errors10", 1, status);
+            d["metadata"]["resourceVersion"] = json!(rv);
+            d
+        };
+        let (mut full, mut quick) = (Workloads::default(), Workloads::default());
+        let steps = [
+            (at("7", [1, 3, 3, 3]), true),
+            (at("7", [1, 3, 3, 3]), true),
+            // a new version is read in full, and is not settled until told so
+            (at("9", [1, 3, 2, 2]), false),
+            (at("9", [1, 3, 2, 2]), false),
+            (at("12", [1, 3, 3, 3]), true),
+            (at("12", [1, 3, 3, 3]), true),
+        ];
+        let mut quick_looks = 0;
+        for (i, (d, settled)) in steps.iter().enumerate() {
+            let now = s(10 * i as u64);
+            full.observe(d, now);
+            if quick.look_again(d, now) {
+                quick_looks += 1;
+            } else {
+                quick.observe(d, now);
+                if *settled {
+                    quick.settled(d);
+                }
+            }
+            let (a, b) = (full.get("u1").unwrap(), quick.get("u1").unwrap());
+            assert!(
+                close(a.ok(), b.ok()) && close(a.errors(), b.errors()),
+                "step {i}: {a:?} {b:?}"
+            );
+            full.sweep();
+            quick.sweep();
+        }
+        // the second look at versions 7 and 12; version 9 was never settled
+        assert_eq!(quick_looks, 2);
+        assert!(
+            quick.get("u1").is_some(),
+            "a quick look keeps the workload from the sweep"
+        );
+        assert!(!quick.look_again(&deploy("u2", "web:1", 1, [1, 1, 1, 1]), s(99)));
     }
 
     #[test]

@@ -4,14 +4,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SubsecRound, Utc};
 use rand::Rng;
 use rand::seq::IndexedRandom;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::{Cluster, Overload};
-use crate::store::{Pointer, ResKey, str_at};
+use crate::event::{EventRecord, ObjectRef};
+use crate::store::{EventMut, Pointer, ResKey, str_at};
 
 /// The NVIDIA driver major version the GPU nodes run.
 pub const GPU_DRIVER_MAJOR: &str = "535";
@@ -1155,39 +1156,66 @@ pub fn event(c: &Cluster, obj: &Value, ty: &str, reason: &str, message: &str, co
             message,
         ),
     };
-    let now = c.now_str();
-    let micro = c.now_micro();
+    let at = c.now();
+    let secs = at.trunc_subsecs(0);
     let res = rk("", "events");
-    let repeated = c.store.update(&res, ns, &key, |e| {
-        let count = e["count"].as_i64().unwrap_or(1) + 1;
-        e["count"] = json!(count);
-        e["message"] = json!(message);
-        e["lastTimestamp"] = json!(now);
-        if e.get("series").is_some_and(|s| !s.is_null()) || count > 2 {
-            e["series"] = json!({"count": count, "lastObservedTime": micro});
+    let repeated = c.store.update_event(&res, ns, &key, |e| match e {
+        EventMut::Record(e) => {
+            e.count += 1;
+            e.message = message.into();
+            e.last = secs;
+            if e.series.is_some() || e.count > 2 {
+                e.series = Some((e.count, at));
+            }
+            // as the API server does for every write
+            e.updated = Some(secs);
         }
-        // as the API server does for every write
-        stamp_manager(e, CONTROLLER_MANAGER, &now);
+        // an event of this name written through the API: changed as the kubelet changes its own
+        EventMut::Tree(e) => {
+            let now = secs.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+            let count = e["count"].as_i64().unwrap_or(1) + 1;
+            e["count"] = json!(count);
+            e["message"] = json!(message);
+            e["lastTimestamp"] = json!(now);
+            if e.get("series").is_some_and(|s| !s.is_null()) || count > 2 {
+                e["series"] = json!({
+                    "count": count,
+                    "lastObservedTime": at.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                });
+            }
+            stamp_manager(e, CONTROLLER_MANAGER, &now);
+        }
     });
     if repeated {
         return;
     }
-    put(
-        c,
-        "",
-        "events",
-        json!({
-            "apiVersion": "v1", "kind": "Event", "metadata": meta(ns, &key, json!({})),
-            "involvedObject": {"kind": str_at(obj, &["kind"]), "namespace": str_at(obj, &["metadata", "namespace"]), "name": obj_name, "uid": str_at(obj, &["metadata", "uid"]), "apiVersion": str_at(obj, &["apiVersion"]), "resourceVersion": str_at(obj, &["metadata", "resourceVersion"])},
-            "reason": reason, "message": message, "type": ty, "count": 1,
-            "firstTimestamp": now, "lastTimestamp": now, "eventTime": Value::Null,
-            "source": {"component": component}, "reportingComponent": component, "reportingInstance": ""
-        }),
+    c.store.create_event(
+        &res,
+        EventRecord {
+            name: key.into(),
+            namespace: ns.into(),
+            uid: c.uid().into(),
+            resource_version: 0,
+            created: secs,
+            updated: None,
+            involved: ObjectRef::to(obj),
+            reason: reason.into(),
+            message: message.into(),
+            type_: ty.into(),
+            count: 1,
+            first: secs,
+            last: secs,
+            series: None,
+            component: component.into(),
+        },
     );
 }
 
 // ---------------------------------------------------------------------------------------------------------
 // Controllers and churn
+
+/// The shortest time between two ticks of a cluster's events, in seconds.
+const EVENT_TICK_MIN: f64 = 0.1;
 
 /// Runs the cluster's controllers (leases, rollouts) and its churn until cancelled.
 pub async fn run(c: Arc<Cluster>, cancel: CancellationToken) {
@@ -1198,11 +1226,16 @@ pub async fn run(c: Arc<Cluster>, cancel: CancellationToken) {
     } else {
         Duration::from_secs(3600)
     };
-    let events_every = if c.settings.events_per_second > 0.0 {
-        Duration::from_secs_f64(1.0 / c.settings.events_per_second)
+    // Events come in ticks of at most ten a second, each with its share of the rate (a node's kubelet
+    // reports in bursts too): a tick per event was a timer wakeup and a watch write per event.
+    let rate = c.settings.events_per_second;
+    let events_every = if rate > 0.0 {
+        Duration::from_secs_f64((1.0 / rate).max(EVENT_TICK_MIN))
     } else {
         Duration::from_secs(3600)
     };
+    let per_tick = rate * events_every.as_secs_f64();
+    let mut owed = 0.0;
     let mut events = tokio::time::interval(events_every);
     events.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     // The TTL sweep reads every event: once a minute is plenty for a one-hour TTL, and each cluster's
@@ -1218,7 +1251,13 @@ pub async fn run(c: Arc<Cluster>, cancel: CancellationToken) {
             _ = leases.tick() => renew_leases(&c),
             _ = rollouts.tick() => reconcile(&c),
             _ = churn.tick(), if c.settings.churn > 0.0 => churn_once(&c),
-            _ = events.tick(), if c.settings.events_per_second > 0.0 => event_once(&c),
+            _ = events.tick(), if rate > 0.0 => {
+                owed += per_tick;
+                while owed >= 1.0 {
+                    event_once(&c);
+                    owed -= 1.0;
+                }
+            }
             _ = expire.tick() => {
                 expire_events(&c, chrono::Duration::hours(1));
                 let now = c.now();
@@ -1321,14 +1360,26 @@ fn reconcile(c: &Cluster) {
     let now = std::time::Instant::now();
     let mut traffic = c.traffic();
     for d in c.store.all(&rk("apps", "deployments"), None) {
-        let d = step_rollout(c, &traffic, d);
+        if traffic.look_again(&d, now) {
+            continue;
+        }
+        let (d, settled) = step_rollout(c, &traffic, d);
         traffic.observe(&d, now);
+        if settled {
+            traffic.settled(&d);
+        }
     }
     traffic.sweep();
 }
 
-/// One step of a Deployment's rollout; the Deployment as it is after it.
-fn step_rollout(c: &Cluster, traffic: &crate::traffic::Workloads, d: Arc<Value>) -> Arc<Value> {
+/// One step of a Deployment's rollout: the Deployment as it is after it, and whether the step had nothing
+/// to do and never will at this version (its rollout is done or stuck: what decides it is the Deployment
+/// alone).
+fn step_rollout(
+    c: &Cluster,
+    traffic: &crate::traffic::Workloads,
+    d: Arc<Value>,
+) -> (Arc<Value>, bool) {
     let generation = d
         .at("/metadata/generation")
         .and_then(Value::as_i64)
@@ -1347,7 +1398,7 @@ fn step_rollout(c: &Cluster, traffic: &crate::traffic::Workloads, d: Arc<Value>)
         .and_then(Value::as_i64)
         .unwrap_or(0);
     if generation == observed && updated == want && replicas == want {
-        return d;
+        return (d, true);
     }
     let ns = str_at(&d, &["metadata", "namespace"]).to_string();
     let name = str_at(&d, &["metadata", "name"]).to_string();
@@ -1360,7 +1411,7 @@ fn step_rollout(c: &Cluster, traffic: &crate::traffic::Workloads, d: Arc<Value>)
         let stuck_updated = want.min(1);
         let stuck_available = (want - 1).max(0);
         if generation == observed && updated == stuck_updated && replicas == want + stuck_updated {
-            return d;
+            return (d, true);
         }
         change(c, "apps", "deployments", &ns, &name, |d| {
             d["status"]["observedGeneration"] = json!(generation);
@@ -1375,7 +1426,7 @@ fn step_rollout(c: &Cluster, traffic: &crate::traffic::Workloads, d: Arc<Value>)
                  "message": "new pods are in ImagePullBackOff"}
             ]);
         });
-        return after(c);
+        return (after(c), false);
     }
     let coredns_down = c.faults().coredns_down && name == "coredns";
     let updated = if generation == observed {
@@ -1416,26 +1467,16 @@ fn step_rollout(c: &Cluster, traffic: &crate::traffic::Workloads, d: Arc<Value>)
             {"type": "Progressing", "status": "True", "reason": progressing}
         ]);
     });
-    after(c)
+    (after(c), false)
 }
 
 /// Deletes events not seen for `ttl` (the apiserver's `--event-ttl`, 1 h by default).
 fn expire_events(c: &Cluster, ttl: chrono::Duration) {
-    /// The one field the sweep reads (events are kept as JSON: only this is decoded).
-    #[derive(serde::Deserialize)]
-    struct Seen {
-        #[serde(rename = "lastTimestamp", default)]
-        last: Option<String>,
-    }
-    let cutoff = c.now() - ttl;
-    for ((ns, name), seen) in c.store.scan::<Seen>(&rk("", "events")) {
-        let last = seen
-            .last
-            .as_deref()
-            .map(chrono::DateTime::parse_from_rfc3339);
-        if last.is_some_and(|t| t.is_ok_and(|t| t < cutoff)) {
-            remove(c, "", "events", &ns, &name);
-        }
+    for (ns, name) in c
+        .store
+        .events_last_seen_before(&rk("", "events"), c.now() - ttl)
+    {
+        remove(c, "", "events", &ns, &name);
     }
 }
 

@@ -639,23 +639,23 @@ async fn kubectl_works_unchanged() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn similar_events_are_combined_as_the_kubelet_does() -> Result<()> {
+/// A one-cluster fleet, a client of it, and one of its pods with the pod's name and namespace.
+async fn one_cluster_and_a_pod() -> Result<(Sim, Client, Arc<serde_json::Value>, String, String)> {
     let sim = start(&["1.33"], 40, 0.0).await?;
-    let cluster = sim.fleet.clusters[0].clone();
     let c = client(&sim.kubeconfig, &name(&sim, 0)).await?;
-    let pod = cluster
+    let pod = sim.fleet.clusters[0]
         .store
         .nth(&multipilot_sim::store::ResKey::new("", "pods"), 0)
         .context("a pod")?;
-    let pod_name = pod["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let ns = pod["metadata"]["namespace"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let s = |k: &str| pod["metadata"][k].as_str().unwrap_or_default().to_string();
+    let (pod_name, ns) = (s("name"), s("namespace"));
+    Ok((sim, c, pod, pod_name, ns))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn similar_events_are_combined_as_the_kubelet_does() -> Result<()> {
+    let (sim, c, pod, pod_name, ns) = one_cluster_and_a_pod().await?;
+    let cluster = sim.fleet.clusters[0].clone();
     // 25 occurrences of one reason with 25 different messages on one pod
     for i in 0..25 {
         world::event(
@@ -693,6 +693,105 @@ async fn similar_events_are_combined_as_the_kubelet_does() -> Result<()> {
     assert_eq!(
         combined[0].message.as_deref(),
         Some("(combined from similar events): Container image pulled in 24ms")
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn recorded_events_are_watched_in_both_event_apis_and_one_written_through_the_api_keeps_counting()
+-> Result<()> {
+    use k8s_openapi::api::core::v1::Event as CoreEvent;
+    use k8s_openapi::api::events::v1::Event;
+    let (sim, c, pod, pod_name, ns) = one_cluster_and_a_pod().await?;
+    let cluster = sim.fleet.clusters[0].clone();
+    let new: Api<Event> = Api::namespaced(c.clone(), &ns);
+    let core: Api<CoreEvent> = Api::namespaced(c.clone(), &ns);
+    let rv = new
+        .list(&ListParams::default())
+        .await?
+        .metadata
+        .resource_version;
+    let rv = rv.context("list resourceVersion")?;
+    let mut watch_new = new.watch(&WatchParams::default(), &rv).await?.boxed();
+    let mut watch_core = core.watch(&WatchParams::default(), &rv).await?.boxed();
+    // one event three times: recorded, then repeated twice (a series from the third)
+    let back_off = || {
+        world::event(
+            &cluster,
+            &pod,
+            "Warning",
+            "BackOff",
+            "Back-off restarting failed container",
+            "kubelet",
+        )
+    };
+    for _ in 0..3 {
+        back_off();
+    }
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        let got = tokio::time::timeout(Duration::from_secs(10), watch_new.try_next())
+            .await
+            .context("events.k8s.io watch stalled")??
+            .context("watch ended")?;
+        match got {
+            WatchEvent::Added(e) | WatchEvent::Modified(e)
+                if e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(&pod_name) =>
+            {
+                seen.push(e)
+            }
+            _ => {}
+        }
+    }
+    let last = &seen[2];
+    assert_eq!(last.reason.as_deref(), Some("BackOff"));
+    assert_eq!(
+        last.note.as_deref(),
+        Some("Back-off restarting failed container")
+    );
+    assert_eq!(last.deprecated_count, Some(3));
+    assert_eq!(last.series.as_ref().map(|s| s.count), Some(3));
+    assert_eq!(last.reporting_controller.as_deref(), Some("kubelet"));
+    assert!(seen[0].series.is_none() && seen[0].deprecated_count == Some(1));
+    let name = last.metadata.name.clone().context("event name")?;
+    let mut core_seen = Vec::new();
+    while core_seen.len() < 3 {
+        let got = tokio::time::timeout(Duration::from_secs(10), watch_core.try_next())
+            .await
+            .context("v1 watch stalled")??
+            .context("watch ended")?;
+        if let WatchEvent::Added(e) | WatchEvent::Modified(e) = got
+            && e.metadata.name.as_deref() == Some(&name)
+        {
+            core_seen.push(e);
+        }
+    }
+    assert_eq!(core_seen[2].count, Some(3));
+    assert_eq!(
+        core_seen[2].involved_object.name.as_deref(),
+        Some(pod_name.as_str())
+    );
+    // the same event read back by name, and changed through the API: the kubelet's next repeat counts on
+    let got = core.get(&name).await?;
+    assert_eq!(got.count, Some(3));
+    core.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"annotations": {"team": "shop"}}})),
+    )
+    .await?;
+    back_off();
+    let got = core.get(&name).await?;
+    assert_eq!(got.count, Some(4));
+    assert_eq!(got.series.as_ref().and_then(|s| s.count), Some(4));
+    assert_eq!(
+        got.metadata
+            .annotations
+            .unwrap_or_default()
+            .get("team")
+            .map(String::as_str),
+        Some("shop"),
+        "a repeat keeps what the API wrote"
     );
     Ok(())
 }
