@@ -809,7 +809,7 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
             (Vec::new(), rv)
         }
     };
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(256);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(WATCH_WRITES_QUEUED);
     let line = |kind: &str, object: &Value| watch_line(kind, object);
     let started = c.store.watch_from(&key, from);
     let (backlog, mut sub) = match started {
@@ -914,28 +914,7 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
                 }
                 got = sub.recv() => match got {
                     Ok(ch) => {
-                        // The changes already waiting go out with this one, in one write: a controller's pass
-                        // or a burst of events is many changes at once, and a write (a TLS record, a syscall)
-                        // each was most of the cost of serving a watch.
-                        let mut out = Vec::new();
-                        let mut next = Some(ch);
-                        let mut ended = None;
-                        while let Some(ch) = next.take() {
-                            if ch.rv > last_rv {
-                                last_rv = ch.rv;
-                                if let Some(event) = render(&ch) {
-                                    out.extend_from_slice(&event);
-                                }
-                            }
-                            if out.len() >= WATCH_WRITE_MAX {
-                                break;
-                            }
-                            match sub.try_recv() {
-                                Ok(ch) => next = Some(ch),
-                                Err(TryRecvError::Empty) => {}
-                                Err(e) => ended = Some(e),
-                            }
-                        }
+                        let (out, ended) = ready_lines(ch, &mut sub, &mut last_rv, render);
                         if !out.is_empty() {
                             alive = send(Bytes::from(out)).await;
                         }
@@ -965,8 +944,47 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
     Ok(stream_response(tokio_stream_from(rx)))
 }
 
-/// At most this many bytes of watch events go out in one write.
-const WATCH_WRITE_MAX: usize = 256 * 1024;
+/// At most this many changes go out in one write of a watch.
+const WATCH_BATCH_MAX: usize = 32;
+
+/// Writes a watch keeps waiting for its client: with [`WATCH_BATCH_MAX`], at most 256 changes, as when
+/// each went out alone in a channel of 256. Past that a slow client leaves the changes in the store's
+/// channel, and falls behind it (410) as before.
+const WATCH_WRITES_QUEUED: usize = 256 / WATCH_BATCH_MAX;
+
+/// The watch lines of `first` and of the changes already waiting behind it, at most [`WATCH_BATCH_MAX`]
+/// changes: one write's worth (a controller's pass or a burst of events is many changes at once, and a
+/// write each — a TLS record, a syscall — was most of the cost of serving a watch). Changes at or below
+/// `last_rv` are passed over; `last_rv` moves to the last one taken. Also what ended the batch when it
+/// was not the channel running dry: the watcher fell behind, or the store is gone.
+fn ready_lines(
+    first: Arc<Change>,
+    sub: &mut crate::store::Subscription,
+    last_rv: &mut u64,
+    render: impl Fn(&Change) -> Option<Bytes>,
+) -> (Vec<u8>, Option<TryRecvError>) {
+    let mut out = Vec::new();
+    let mut next = Some(first);
+    let mut taken = 0;
+    while let Some(ch) = next.take() {
+        taken += 1;
+        if ch.rv > *last_rv {
+            *last_rv = ch.rv;
+            if let Some(line) = render(&ch) {
+                out.extend_from_slice(&line);
+            }
+        }
+        if taken == WATCH_BATCH_MAX {
+            break;
+        }
+        match sub.try_recv() {
+            Ok(ch) => next = Some(ch),
+            Err(TryRecvError::Empty) => {}
+            Err(e) => return (out, Some(e)),
+        }
+    }
+    (out, None)
+}
 
 /// One watch event, serialised straight from the stored object (no copy of it).
 fn watch_line<T: serde::Serialize + ?Sized>(kind: &str, object: &T) -> Bytes {
@@ -2072,8 +2090,80 @@ mod tests {
                 "source": {"component": "kubelet"}, "reportingComponent": "kubelet", "reportingInstance": ""
             })
         );
-        let first = recorded(false).to_value();
-        assert!(first["metadata"].get("managedFields").is_none() && first.get("series").is_none());
+        // the first occurrence: no managedFields yet, no series
+        let mut first = recorded(false).to_value();
+        let mut want = e.to_value();
+        let meta = want["metadata"].as_object_mut().unwrap();
+        meta.remove("managedFields");
+        want.as_object_mut().unwrap().remove("series");
+        want["count"] = json!(1);
+        want["lastTimestamp"] = json!("2026-12-06T10:00:00Z");
+        assert_eq!(first, want);
+        assert_eq!(
+            first["metadata"]["creationTimestamp"],
+            "2026-12-06T10:00:00Z"
+        );
+        first["count"] = json!(2);
+        assert_ne!(first, want, "the comparison sees the count");
+    }
+
+    #[test]
+    fn a_watch_writes_the_changes_waiting_together_and_says_when_it_fell_behind() {
+        let store = crate::store::Store::new(100_000);
+        let res = crate::store::ResKey::new("", "configmaps");
+        let cm = |name: &str| json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"namespace": "a", "name": name}});
+        let render = |ch: &Change| {
+            (str_at(&ch.object(), &["metadata", "name"]) != "hidden")
+                .then(|| watch_line("ADDED", &*ch.object()))
+        };
+        let names = |out: &[u8]| -> Vec<String> {
+            out.split(|b| *b == b'\n')
+                .filter(|l| !l.is_empty())
+                .map(|l| {
+                    let v: Value = serde_json::from_slice(l).unwrap();
+                    v["object"]["metadata"]["name"]
+                        .as_str()
+                        .unwrap()
+                        .to_string()
+                })
+                .collect()
+        };
+        let (_, mut sub) = store.watch_from(&res, 0).unwrap();
+        for i in 0..40 {
+            let name = if i == 1 {
+                "hidden".to_string()
+            } else {
+                format!("cm-{i:02}")
+            };
+            store.create(&res, cm(&name)).unwrap();
+        }
+        // at most WATCH_BATCH_MAX changes a write; one the watch does not show still moves last_rv
+        let mut last_rv = 0;
+        let first = sub.try_recv().unwrap();
+        let (out, ended) = ready_lines(first, &mut sub, &mut last_rv, render);
+        let got = names(&out);
+        assert!(ended.is_none());
+        assert_eq!(got.len(), WATCH_BATCH_MAX - 1);
+        assert_eq!((got[0].as_str(), got[1].as_str()), ("cm-00", "cm-02"));
+        assert_eq!(last_rv, WATCH_BATCH_MAX as u64);
+        let first = sub.try_recv().unwrap();
+        let (out, ended) = ready_lines(first, &mut sub, &mut last_rv, render);
+        assert!(ended.is_none());
+        assert_eq!(names(&out).len(), 40 - WATCH_BATCH_MAX);
+        assert_eq!(last_rv, 40);
+        // a change already sent (a resumed watch's backlog overlaps the channel) is passed over
+        store.create(&res, cm("cm-40")).unwrap();
+        let (out, _) = ready_lines(sub.try_recv().unwrap(), &mut sub, &mut 41, render);
+        assert!(out.is_empty());
+        // fell behind the store's channel while the batch was read: what was read goes out, then the error
+        store.create(&res, cm("cm-41")).unwrap();
+        let first = sub.try_recv().unwrap();
+        for i in 0..1100 {
+            store.create(&res, cm(&format!("more-{i}"))).unwrap();
+        }
+        let (out, ended) = ready_lines(first, &mut sub, &mut last_rv, render);
+        assert_eq!(names(&out), ["cm-41"]);
+        assert!(matches!(ended, Some(TryRecvError::Lagged(_))), "{ended:?}");
     }
 
     #[test]

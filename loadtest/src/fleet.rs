@@ -121,6 +121,15 @@ impl Fleet {
             !cfg.versions.is_empty(),
             "--versions must name at least one version"
         );
+        for (flag, rate) in [
+            ("--events-per-second", cfg.events_per_second),
+            ("--churn", cfg.churn),
+        ] {
+            anyhow::ensure!(
+                rate.is_finite() && rate >= 0.0,
+                "{flag} must be a number of at least 0, not {rate}"
+            );
+        }
         let mut clusters = Vec::new();
         for i in 0..cfg.clusters {
             let version = &cfg.versions[i % cfg.versions.len()];

@@ -1234,7 +1234,8 @@ pub async fn run(c: Arc<Cluster>, cancel: CancellationToken) {
     } else {
         Duration::from_secs(3600)
     };
-    let per_tick = rate * events_every.as_secs_f64();
+    // below ten a second, one event a tick (an exact 1, not the rounded duration's 0.999…)
+    let per_tick = (rate * EVENT_TICK_MIN).max(1.0);
     let mut owed = 0.0;
     let mut events = tokio::time::interval(events_every);
     events.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);

@@ -639,6 +639,28 @@ async fn kubectl_works_unchanged() -> Result<()> {
     Ok(())
 }
 
+#[tokio::test]
+async fn a_rate_that_is_not_a_number_is_refused_before_anything_starts() {
+    for (events, churn, flag) in [
+        (f64::INFINITY, 0.0, "--events-per-second"),
+        (f64::NAN, 0.0, "--events-per-second"),
+        (0.0, -1.0, "--churn"),
+        (0.0, f64::INFINITY, "--churn"),
+    ] {
+        let cfg = fleet::Config {
+            events_per_second: events,
+            churn,
+            ..Default::default()
+        };
+        let err = Fleet::start(&cfg, CancellationToken::new())
+            .await
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains(flag), "{events} {churn}: {err}");
+    }
+}
+
 /// A one-cluster fleet, a client of it, and one of its pods with the pod's name and namespace.
 async fn one_cluster_and_a_pod() -> Result<(Sim, Client, Arc<serde_json::Value>, String, String)> {
     let sim = start(&["1.33"], 40, 0.0).await?;
