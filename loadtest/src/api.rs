@@ -680,7 +680,13 @@ fn list(c: &Cluster, t: &Target, q: &Query, headers: &HeaderMap) -> Result<Respo
     if wants_table {
         return Ok(json_response(
             StatusCode::OK,
-            &table(c, &t.res, &page.items, meta),
+            &table(
+                c,
+                &t.res,
+                &page.items,
+                meta,
+                q.get("includeObject").map(String::as_str),
+            )?,
         ));
     }
     if wants_metadata(headers) {
@@ -703,7 +709,27 @@ fn list(c: &Cluster, t: &Target, q: &Query, headers: &HeaderMap) -> Result<Respo
 }
 
 /// A `meta.k8s.io/v1` Table, as `kubectl get` asks for.
-fn table(c: &Cluster, res: &ApiResource, items: &[Arc<Value>], meta: Value) -> Value {
+fn table(
+    c: &Cluster,
+    res: &ApiResource,
+    items: &[Arc<Value>],
+    meta: Value,
+    include_object: Option<&str>,
+) -> Result<Value, ApiError> {
+    // what each row carries (`includeObject`): the object's metadata by default, the whole object as this
+    // version serves it (what `kubectl get --sort-by` and `-o custom-columns` read), or nothing
+    let row_object = |o: &Value| -> Result<Value, ApiError> {
+        Ok(match include_object.unwrap_or("Metadata") {
+            "Metadata" | "" => partial(o),
+            "Object" => present(res, o).into_owned(),
+            "None" => Value::Null,
+            other => {
+                return Err(ApiError::bad_request(&format!(
+                    "includeObject: unsupported value \"{other}\": supported values: \"None\", \"Metadata\", \"Object\""
+                )));
+            }
+        })
+    };
     let age = |o: &Value| {
         let created = str_at(o, &["metadata", "creationTimestamp"]);
         chrono::DateTime::parse_from_rfc3339(created)
@@ -760,16 +786,13 @@ fn table(c: &Cluster, res: &ApiResource, items: &[Arc<Value>], meta: Value) -> V
             Box::new(move |o: &Value| vec![json!(str_at(o, &["metadata", "name"])), json!(age(o))]),
         )
     };
-    let rows: Vec<Value> = items
+    let rows = items
         .iter()
-        .map(|o| {
-            json!({
-                "cells": cells(o),
-                "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o["metadata"]},
-            })
-        })
-        .collect();
-    json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "columnDefinitions": columns, "rows": rows})
+        .map(|o| Ok(json!({"cells": cells(o), "object": row_object(o)?})))
+        .collect::<Result<Vec<Value>, ApiError>>()?;
+    Ok(
+        json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "columnDefinitions": columns, "rows": rows}),
+    )
 }
 
 fn human_age(d: chrono::Duration) -> String {
