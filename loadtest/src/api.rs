@@ -655,6 +655,13 @@ impl Selectors {
 
 fn list(c: &Cluster, t: &Target, q: &Query, headers: &HeaderMap) -> Result<Response, ApiError> {
     let selectors = Selectors::parse(q)?;
+    // a Table's options are checked before anything is listed, as the API server does
+    let table_wanted = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("as=Table"))
+        .then(|| IncludeObject::parse(q.get("includeObject").map_or("", String::as_str)))
+        .transpose()?;
     let filter = selectors.filter();
     let limit = q.get("limit").and_then(|l| l.parse().ok());
     let page = c.store.list(
@@ -673,20 +680,10 @@ fn list(c: &Cluster, t: &Target, q: &Query, headers: &HeaderMap) -> Result<Respo
             meta["remainingItemCount"] = json!(remaining);
         }
     }
-    let wants_table = headers
-        .get(header::ACCEPT)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|a| a.contains("as=Table"));
-    if wants_table {
+    if let Some(include) = table_wanted {
         return Ok(json_response(
             StatusCode::OK,
-            &table(
-                c,
-                &t.res,
-                &page.items,
-                meta,
-                q.get("includeObject").map(String::as_str),
-            )?,
+            &table(c.now(), &t.res, &page.items, meta, include),
         ));
     }
     if wants_metadata(headers) {
@@ -709,31 +706,47 @@ fn list(c: &Cluster, t: &Target, q: &Query, headers: &HeaderMap) -> Result<Respo
 }
 
 /// A `meta.k8s.io/v1` Table, as `kubectl get` asks for.
+/// What each row of a Table carries (`includeObject`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum IncludeObject {
+    /// Nothing (`null`).
+    None,
+    /// The object's metadata, as `PartialObjectMetadata` (the default).
+    Metadata,
+    /// The whole object as the requested version serves it (what `kubectl get --sort-by` sorts by).
+    Object,
+}
+
+impl IncludeObject {
+    /// The parameter's value; a `400` with the API server's message for another.
+    fn parse(value: &str) -> Result<Self, ApiError> {
+        match value {
+            "" | "Metadata" => Ok(IncludeObject::Metadata),
+            "Object" => Ok(IncludeObject::Object),
+            "None" => Ok(IncludeObject::None),
+            other => Err(ApiError::bad_request(&format!(
+                "Unable to convert to Table as requested: includeObject: Invalid value: \"{other}\": must be 'Metadata', 'Object', 'None', or empty"
+            ))),
+        }
+    }
+}
+
 fn table(
-    c: &Cluster,
+    now: chrono::DateTime<chrono::Utc>,
     res: &ApiResource,
     items: &[Arc<Value>],
     meta: Value,
-    include_object: Option<&str>,
-) -> Result<Value, ApiError> {
-    // what each row carries (`includeObject`): the object's metadata by default, the whole object as this
-    // version serves it (what `kubectl get --sort-by` and `-o custom-columns` read), or nothing
-    let row_object = |o: &Value| -> Result<Value, ApiError> {
-        Ok(match include_object.unwrap_or("Metadata") {
-            "Metadata" | "" => partial(o),
-            "Object" => present(res, o).into_owned(),
-            "None" => Value::Null,
-            other => {
-                return Err(ApiError::bad_request(&format!(
-                    "includeObject: unsupported value \"{other}\": supported values: \"None\", \"Metadata\", \"Object\""
-                )));
-            }
-        })
+    include: IncludeObject,
+) -> Value {
+    let row_object = |o: &Value| match include {
+        IncludeObject::Metadata => partial(o),
+        IncludeObject::Object => present(res, o).into_owned(),
+        IncludeObject::None => Value::Null,
     };
     let age = |o: &Value| {
         let created = str_at(o, &["metadata", "creationTimestamp"]);
         chrono::DateTime::parse_from_rfc3339(created)
-            .map(|t| human_age(c.now().signed_duration_since(t.with_timezone(&chrono::Utc))))
+            .map(|t| human_age(now.signed_duration_since(t.with_timezone(&chrono::Utc))))
             .unwrap_or_else(|_| "<unknown>".into())
     };
     let col = |name: &str, ty: &str| json!({"name": name, "type": ty, "format": if name == "Name" {"name"} else {""}, "description": "", "priority": 0});
@@ -786,13 +799,11 @@ fn table(
             Box::new(move |o: &Value| vec![json!(str_at(o, &["metadata", "name"])), json!(age(o))]),
         )
     };
-    let rows = items
+    let rows: Vec<Value> = items
         .iter()
-        .map(|o| Ok(json!({"cells": cells(o), "object": row_object(o)?})))
-        .collect::<Result<Vec<Value>, ApiError>>()?;
-    Ok(
-        json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "columnDefinitions": columns, "rows": rows}),
-    )
+        .map(|o| json!({"cells": cells(o), "object": row_object(o)}))
+        .collect();
+    json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "columnDefinitions": columns, "rows": rows})
 }
 
 fn human_age(d: chrono::Duration) -> String {
@@ -881,18 +892,34 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
         };
         let mut last_rv = from;
         let send = async |b: Bytes| tx.send(Ok(b)).await.is_ok();
+        let fell_behind = || {
+            line(
+                "ERROR",
+                &ApiError::expired("watch fell behind; resource version too old").to_status(),
+            )
+        };
+        // the current state (a list's worth of ADDED) and the retained changes, WATCH_BATCH_MAX a write
         let mut alive = true;
+        let mut batch = Batch::default();
         for o in &initial {
-            alive = alive && send(line("ADDED", &shown(meta_only, &res, o))).await;
+            if let Some(full) = batch.push(&line("ADDED", &shown(meta_only, &res, o))) {
+                alive = send(full).await;
+                if !alive {
+                    break;
+                }
+            }
         }
         for ch in backlog {
             last_rv = ch.rv;
             if !alive {
                 continue;
             }
-            if let Some(event) = render(&ch) {
-                alive = send(event).await;
+            if let Some(full) = render(&ch).and_then(|event| batch.push(&event)) {
+                alive = send(full).await;
             }
+        }
+        if let Some(rest) = batch.take().filter(|_| alive) {
+            alive = send(rest).await;
         }
         let deadline = tokio::time::sleep(timeout);
         tokio::pin!(deadline);
@@ -907,27 +934,25 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
                     // Every change up to `now` is in the channel already (sent under the store's lock): they
                     // go out first, so a client resuming from the bookmark skips none of them.
                     let now = c2.store.resource_version();
-                    loop {
-                        match sub.try_recv() {
+                    while alive {
+                        let ended = match sub.try_recv() {
                             Ok(ch) => {
-                                if ch.rv <= last_rv { continue; }
-                                last_rv = ch.rv;
-                                if let Some(event) = render(&ch) {
-                                    alive = send(event).await;
-                                    if !alive { break; }
+                                let (out, ended) = ready_lines(ch, &mut sub, &mut last_rv, render);
+                                if !out.is_empty() {
+                                    alive = send(Bytes::from(out)).await;
                                 }
+                                ended
                             }
                             Err(TryRecvError::Empty) => break,
-                            Err(TryRecvError::Lagged(_)) => {
-                                let e = ApiError::expired("watch fell behind; resource version too old");
-                                let _ = send(line("ERROR", &e.to_status())).await;
+                            Err(e) => Some(e),
+                        };
+                        match ended {
+                            Some(TryRecvError::Lagged(_)) => {
+                                let _ = send(fell_behind()).await;
                                 alive = false;
-                                break;
                             }
-                            Err(TryRecvError::Closed) => {
-                                alive = false;
-                                break;
-                            }
+                            Some(_) => alive = false,
+                            None => {}
                         }
                     }
                     if alive {
@@ -943,8 +968,7 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
                         }
                         match ended {
                             Some(TryRecvError::Lagged(_)) => {
-                                let e = ApiError::expired("watch fell behind; resource version too old");
-                                let _ = send(line("ERROR", &e.to_status())).await;
+                                let _ = send(fell_behind()).await;
                                 break;
                             }
                             Some(_) => break,
@@ -952,8 +976,7 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
                         }
                     }
                     Err(RecvError::Lagged(_)) => {
-                        let e = ApiError::expired("watch fell behind; resource version too old");
-                        let _ = send(line("ERROR", &e.to_status())).await;
+                        let _ = send(fell_behind()).await;
                         break;
                     }
                     Err(RecvError::Closed) => break,
@@ -974,6 +997,32 @@ const WATCH_BATCH_MAX: usize = 32;
 /// each went out alone in a channel of 256. Past that a slow client leaves the changes in the store's
 /// channel, and falls behind it (410) as before.
 const WATCH_WRITES_QUEUED: usize = 256 / WATCH_BATCH_MAX;
+
+/// Watch lines gathered into writes of at most [`WATCH_BATCH_MAX`].
+#[derive(Default)]
+struct Batch {
+    out: Vec<u8>,
+    lines: usize,
+}
+
+impl Batch {
+    /// Adds a line; a full write, when this one filled it.
+    fn push(&mut self, line: &[u8]) -> Option<Bytes> {
+        self.out.extend_from_slice(line);
+        self.lines += 1;
+        if self.lines == WATCH_BATCH_MAX {
+            self.take()
+        } else {
+            None
+        }
+    }
+
+    /// What was gathered, if anything.
+    fn take(&mut self) -> Option<Bytes> {
+        self.lines = 0;
+        (!self.out.is_empty()).then(|| Bytes::from(std::mem::take(&mut self.out)))
+    }
+}
 
 /// The watch lines of `first` and of the changes already waiting behind it, at most [`WATCH_BATCH_MAX`]
 /// changes: one write's worth (a controller's pass or a burst of events is many changes at once, and a
@@ -2131,6 +2180,43 @@ mod tests {
     }
 
     #[test]
+    fn a_tables_rows_carry_what_include_object_asks() {
+        let res = crate::profile::Profile::parse("1.33")
+            .unwrap()
+            .resource("", "v1", "configmaps")
+            .unwrap()
+            .clone();
+        let cm = Arc::new(json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"namespace": "a", "name": "x", "resourceVersion": "7"}, "data": {"k": "v"}}));
+        let rows = |include: &str| {
+            let include = IncludeObject::parse(include)?;
+            Ok::<_, ApiError>(
+                table(
+                    chrono::Utc::now(),
+                    &res,
+                    std::slice::from_ref(&cm),
+                    json!({}),
+                    include,
+                )["rows"][0]["object"]
+                    .clone(),
+            )
+        };
+        assert_eq!(rows("").unwrap()["kind"], "PartialObjectMetadata");
+        assert_eq!(rows("Metadata").unwrap()["metadata"]["name"], "x");
+        assert!(rows("Metadata").unwrap().get("data").is_none());
+        assert_eq!(rows("Object").unwrap(), *cm);
+        assert_eq!(rows("None").unwrap(), Value::Null);
+        let bad = rows("bogus").unwrap_err().to_status();
+        assert_eq!(bad["code"], 400);
+        assert!(
+            bad["message"]
+                .as_str()
+                .unwrap()
+                .contains("must be 'Metadata', 'Object', 'None', or empty")
+        );
+    }
+
+    #[test]
     fn a_watch_writes_the_changes_waiting_together_and_says_when_it_fell_behind() {
         let store = crate::store::Store::new(100_000);
         let res = crate::store::ResKey::new("", "configmaps");
@@ -2174,11 +2260,13 @@ mod tests {
         assert!(ended.is_none());
         assert_eq!(names(&out).len(), 40 - WATCH_BATCH_MAX);
         assert_eq!(last_rv, 40);
-        // a change already sent (a resumed watch's backlog overlaps the channel) is passed over
+        // a change at or below the version already sent is passed over (a safeguard: the backlog and the
+        // channel are taken under one lock, so they do not overlap)
         store.create(&res, cm("cm-40")).unwrap();
         let (out, _) = ready_lines(sub.try_recv().unwrap(), &mut sub, &mut 41, render);
         assert!(out.is_empty());
-        // fell behind the store's channel while the batch was read: what was read goes out, then the error
+        // fell behind the store's channel (1,024 changes) while the batch was read: what was read goes out,
+        // then the error
         store.create(&res, cm("cm-41")).unwrap();
         let first = sub.try_recv().unwrap();
         for i in 0..1100 {

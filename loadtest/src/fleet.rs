@@ -113,6 +113,10 @@ pub struct Fleet {
     cancel: CancellationToken,
 }
 
+/// The rates of events and of changes a cluster can be asked for (per second), besides 0: one a week to
+/// 100,000 a second.
+const RATES: std::ops::RangeInclusive<f64> = 1.0 / (7.0 * 86_400.0)..=100_000.0;
+
 impl Fleet {
     /// Builds, seeds and serves every cluster.
     pub async fn start(cfg: &Config, cancel: CancellationToken) -> Result<Fleet> {
@@ -126,8 +130,10 @@ impl Fleet {
             ("--churn", cfg.churn),
         ] {
             anyhow::ensure!(
-                rate.is_finite() && rate >= 0.0,
-                "{flag} must be a number of at least 0, not {rate}"
+                rate == 0.0 || RATES.contains(&rate),
+                "{flag} must be 0 or between {} and {} a second, not {rate}",
+                RATES.start(),
+                RATES.end()
             );
         }
         let mut clusters = Vec::new();

@@ -524,8 +524,8 @@ impl Store {
                 self.commit_event(&mut inner, res, EventType::Modified, e);
             }
             Slot::Json(_) | Slot::Tree(_) => {
-                // an event's JSON parses into an object of its own, taken without a copy (a tree is copied
-                // when the history shares it)
+                // an event's JSON parses into an object of its own, taken without a copy (a tree, kept
+                // only when an event could not be written as JSON, is copied)
                 let mut obj = Arc::unwrap_or_clone(slot.value());
                 f(EventMut::Tree(&mut obj));
                 self.commit(&mut inner, res, EventType::Modified, obj);

@@ -640,12 +640,14 @@ async fn kubectl_works_unchanged() -> Result<()> {
 }
 
 #[tokio::test]
-async fn a_rate_that_is_not_a_number_is_refused_before_anything_starts() {
+async fn a_rate_out_of_range_is_refused_before_anything_starts() {
     for (events, churn, flag) in [
         (f64::INFINITY, 0.0, "--events-per-second"),
         (f64::NAN, 0.0, "--events-per-second"),
         (0.0, -1.0, "--churn"),
         (0.0, f64::INFINITY, "--churn"),
+        (1e300, 0.0, "--events-per-second"),
+        (1e-300, 0.0, "--events-per-second"),
     ] {
         let cfg = fleet::Config {
             events_per_second: events,
