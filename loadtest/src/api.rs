@@ -844,13 +844,12 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
         }
     };
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(WATCH_WRITES_QUEUED);
-    let line = |kind: &str, object: &Value| watch_line(kind, object);
     let started = c.store.watch_from(&key, from);
     let (backlog, mut sub) = match started {
         Ok(x) => x,
         Err(e) => {
             // The real apiserver answers an expired watch with 200 and one ERROR event.
-            let body = line("ERROR", &e.to_status());
+            let body = watch_line("ERROR", &e.to_status());
             return Ok(stream_response(futures::stream::iter([
                 Ok::<_, Infallible>(body),
             ])));
@@ -888,12 +887,12 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
             let object = ch.object();
             selectors
                 .matches(&object)
-                .then(|| line(ch.kind.as_str(), &shown(meta_only, &res, &object)))
+                .then(|| watch_line(ch.kind.as_str(), &shown(meta_only, &res, &object)))
         };
         let mut last_rv = from;
         let send = async |b: Bytes| tx.send(Ok(b)).await.is_ok();
         let fell_behind = || {
-            line(
+            watch_line(
                 "ERROR",
                 &ApiError::expired("watch fell behind; resource version too old").to_status(),
             )
@@ -902,7 +901,7 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
         let mut alive = true;
         let mut batch = Batch::default();
         for o in &initial {
-            if let Some(full) = batch.push(&line("ADDED", &shown(meta_only, &res, o))) {
+            if let Some(full) = batch.push(&watch_line("ADDED", &shown(meta_only, &res, o))) {
                 alive = send(full).await;
                 if !alive {
                     break;
@@ -957,7 +956,7 @@ fn watch(c: &Arc<Cluster>, t: &Target, q: &Query, meta_only: bool) -> Result<Res
                     }
                     if alive {
                         let bm = json!({"kind": res.kind, "apiVersion": res.api_version(), "metadata": {"resourceVersion": last_rv.max(now).to_string(), "annotations": {"k8s.io/initial-events-end": "true"}}});
-                        alive = send(line("BOOKMARK", &bm)).await;
+                        alive = send(watch_line("BOOKMARK", &bm)).await;
                     }
                 }
                 got = sub.recv() => match got {
