@@ -677,6 +677,68 @@ async fn one_cluster_and_a_pod() -> Result<(Sim, Client, Arc<serde_json::Value>,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kubelets_repeat_their_events_in_each_releases_words() -> Result<()> {
+    use k8s_openapi::api::core::v1::Event;
+    // no generator or churn of its own: the test makes every occurrence
+    let sim = start(&["1.24", "1.33"], 200, 0.0).await?;
+    for (i, cluster) in sim.fleet.clusters.iter().enumerate() {
+        let c = client(&sim.kubeconfig, &name(&sim, i)).await?;
+        let events: Api<Event> = Api::all(c.clone());
+        let pods = Api::<Pod>::all(c).list(&ListParams::default()).await?.items;
+        let listed = async || -> Result<(usize, i64)> {
+            let items = events.list(&ListParams::default()).await?.items;
+            Ok((
+                items.len(),
+                items.iter().map(|e| e.count.unwrap_or(1) as i64).sum(),
+            ))
+        };
+        let (before, counted_before) = listed().await?;
+        let occurrences = 4_000;
+        for _ in 0..occurrences {
+            world::event_once(cluster);
+        }
+        let (after, counted_after) = listed().await?;
+        // every occurrence counted, on an event of its own or as a repeat
+        assert_eq!(counted_after - counted_before, occurrences);
+        // a pod's reasons have one message each, a failing probe four: at most 7 events a pod
+        // (a random part in the messages made ~10 a pod and reason here, ~2,000)
+        let new = after - before;
+        assert!(
+            new <= 7 * pods.len(),
+            "{new} new events for {} pods",
+            pods.len()
+        );
+        // each release's words (the pod and the image named in them)
+        let items = events.list(&ListParams::default()).await?.items;
+        // (repeated: the test's, not the seed's)
+        let said = |reason: &str, ok: &dyn Fn(&str) -> bool| {
+            let repeated: Vec<&str> = items
+                .iter()
+                .filter(|e| e.reason.as_deref() == Some(reason) && e.count.unwrap_or(1) > 1)
+                .filter_map(|e| e.message.as_deref())
+                .collect();
+            !repeated.is_empty() && repeated.into_iter().all(ok)
+        };
+        let old = cluster.settings.profile.minor <= 24;
+        assert!(said("BackOff", &|m| match old {
+            true => m == "Back-off restarting failed container",
+            false =>
+                m.starts_with("Back-off restarting failed container ") && m.contains(" in pod "),
+        }));
+        assert!(said("Pulled", &|m| m.starts_with("Container image \"")
+            && m.ends_with(match old {
+                true => "\" already present on machine",
+                false => "\" already present on machine and can be accessed by the pod",
+            })));
+        assert!(said("Killing", &|m| m.starts_with("Stopping container ")));
+        assert!(said("Unhealthy", &|m| m.starts_with(
+            "Readiness probe failed: HTTP probe failed with statuscode: 50"
+        )));
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn similar_events_are_combined_as_the_kubelet_does() -> Result<()> {
     let (sim, c, pod, pod_name, ns) = one_cluster_and_a_pod().await?;
     let cluster = sim.fleet.clusters[0].clone();
