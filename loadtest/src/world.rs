@@ -1496,18 +1496,18 @@ pub fn event_once(c: &Cluster) {
         2 => ("Warning", "Unhealthy"),
         _ => ("Normal", "Killing"),
     };
-    let message = kubelet_message(c, &pod, reason, n);
+    let message = kubelet_message(c.settings.profile.minor, &pod, reason, n);
     event(c, &pod, ty, reason, &message, "kubelet");
 }
 
-/// What a kubelet of the cluster's release writes for `reason` about `pod`'s first container, as its
-/// source spells it (the forms the event shape catalogue cites, `services/eventshapes/src/shapes.rs`).
-/// A kubelet repeats one message for one container, so its repeats are counted on one event. (A random
-/// part in the message, a duration or an attempt, made a pod's first ten occurrences of a reason ten
-/// events before the aggregator combined them: at 50 clusters the simulator still grew ~0.5 MiB/s after
-/// ten minutes.) Probes vary by `n`: four status codes a failing readiness probe may see.
-pub fn kubelet_message(c: &Cluster, pod: &Value, reason: &str, n: u32) -> String {
-    let minor = c.settings.profile.minor;
+/// What a kubelet of release 1.`minor` writes for `reason` about `pod`'s first container, as its source
+/// spells it (the forms the event shape catalogue cites, `services/eventshapes/src/shapes.rs`). A kubelet
+/// repeats one message for one container, so its repeats are counted on one event. (A random part in the
+/// `Pulled` and `Killing` messages, a duration or an attempt, made a pod's first ten occurrences of each ten
+/// events before the aggregator combined the rest: at 50 clusters the simulator grew ~0.9 MiB/s.) A failing
+/// readiness probe's message varies by `n`: four status codes it may see.
+pub fn kubelet_message(minor: u32, pod: &Value, reason: &str, n: u32) -> String {
+    // every simulated pod has a container with a name and an image
     let first = |k: &str| {
         pod.at(&format!("/spec/containers/0/{k}"))
             .and_then(Value::as_str)
@@ -1516,8 +1516,9 @@ pub fn kubelet_message(c: &Cluster, pod: &Value, reason: &str, n: u32) -> String
     };
     let container = first("name");
     match reason {
-        // the bare form as in the k3s v1.24 fixture; later kubelets name the container and the pod
-        "BackOff" if minor <= 24 => "Back-off restarting failed container".to_string(),
+        // the bare form as in the k3s v1.24 fixture, here through 1.25; later kubelets name the container
+        // and the pod (the change was made in late 2022, the 1.26 cycle)
+        "BackOff" if minor <= 25 => "Back-off restarting failed container".to_string(),
         "BackOff" => format!(
             "Back-off restarting failed container {container} in pod {}_{}({})",
             str_at(pod, &["metadata", "name"]),
@@ -1582,13 +1583,13 @@ fn churn_once(c: &Cluster) {
                     .unwrap_or(0);
                 p["status"]["containerStatuses"][0]["restartCount"] = json!(n + 1);
             });
-            let message = kubelet_message(c, &p, "BackOff", 0);
+            let message = kubelet_message(c.settings.profile.minor, &p, "BackOff", 0);
             event(c, &p, "Warning", "BackOff", &message, "kubelet");
         }
         // ordinary pod life: an event
         30..60 => {
             let reason = ["Pulled", "Created", "Started"][(roll % 3) as usize];
-            let message = kubelet_message(c, &pod, reason, 0);
+            let message = kubelet_message(c.settings.profile.minor, &pod, reason, 0);
             event(c, &pod, "Normal", reason, &message, "kubelet");
         }
         // a pod is replaced (deleted and recreated under the same owner)

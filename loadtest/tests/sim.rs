@@ -676,6 +676,48 @@ async fn one_cluster_and_a_pod() -> Result<(Sim, Client, Arc<serde_json::Value>,
     Ok((sim, c, pod, pod_name, ns))
 }
 
+#[test]
+fn a_kubelet_says_what_its_release_says() {
+    let pod = json!({
+        "metadata": {"name": "web-7d4b9c8f5-x2x9k", "namespace": "shop", "uid": "0b6f-41"},
+        "spec": {"containers": [{"name": "web", "image": "registry.example.com/web:2.0.0"}]}
+    });
+    let image = "Container image \"registry.example.com/web:2.0.0\" already present on machine";
+    let backoff =
+        "Back-off restarting failed container web in pod web-7d4b9c8f5-x2x9k_shop(0b6f-41)";
+    for minor in [24, 25, 26, 31, 32, 33, 35] {
+        let said = |reason: &str| world::kubelet_message(minor, &pod, reason, 7);
+        let bare = "Back-off restarting failed container";
+        assert_eq!(
+            said("BackOff"),
+            if minor <= 25 { bare } else { backoff },
+            "1.{minor}"
+        );
+        let pulled = match minor {
+            33.. => format!("{image} and can be accessed by the pod"),
+            _ => image.to_string(),
+        };
+        assert_eq!(said("Pulled"), pulled, "1.{minor}");
+        let created = match minor {
+            32.. => "Created container: web",
+            _ => "Created container web",
+        };
+        assert_eq!(said("Created"), created, "1.{minor}");
+        assert_eq!(said("Started"), "Started container web");
+        assert_eq!(said("Killing"), "Stopping container web");
+    }
+    // a failing probe: one of four status codes
+    let codes: std::collections::BTreeSet<String> = (0..8)
+        .map(|n| world::kubelet_message(31, &pod, "Unhealthy", n))
+        .collect();
+    assert_eq!(
+        codes.into_iter().collect::<Vec<_>>(),
+        (500..504)
+            .map(|c| format!("Readiness probe failed: HTTP probe failed with statuscode: {c}"))
+            .collect::<Vec<_>>()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_kubelets_repeat_their_events_in_each_releases_words() -> Result<()> {
     use k8s_openapi::api::core::v1::Event;
@@ -730,7 +772,12 @@ async fn the_kubelets_repeat_their_events_in_each_releases_words() -> Result<()>
                 true => "\" already present on machine",
                 false => "\" already present on machine and can be accessed by the pod",
             })));
-        assert!(said("Killing", &|m| m.starts_with("Stopping container ")));
+        assert!(said("Killing", &|m| m
+            .strip_prefix("Stopping container ")
+            .is_some_and(|c| pods.iter().any(|p| p
+                .spec
+                .as_ref()
+                .is_some_and(|s| s.containers[0].name == c)))));
         assert!(said("Unhealthy", &|m| m.starts_with(
             "Readiness probe failed: HTTP probe failed with statuscode: 50"
         )));
