@@ -749,9 +749,28 @@ fn table(
             .map(|t| human_age(now.signed_duration_since(t.with_timezone(&chrono::Utc))))
             .unwrap_or_else(|_| "<unknown>".into())
     };
-    let col = |name: &str, ty: &str| json!({"name": name, "type": ty, "format": if name == "Name" {"name"} else {""}, "description": "", "priority": 0});
+    // priority 1: shown by `-o wide` only
+    let col_at = |name: &str, ty: &str, priority: u8| json!({"name": name, "type": ty, "format": if name == "Name" {"name"} else {""}, "description": "", "priority": priority});
+    let col = |name: &str, ty: &str| col_at(name, ty, 0);
     type Cells<'a> = Box<dyn Fn(&Value) -> Vec<Value> + 'a>;
-    let (columns, cells): (Vec<Value>, Cells) = if res.plural == "pods" {
+    let (columns, cells): (Vec<Value>, Cells) = if res.plural == "events" {
+        // the API server's (`printEvent`), for either API: read from the stored v1 form
+        (
+            vec![
+                col("Last Seen", "string"),
+                col("Type", "string"),
+                col("Reason", "string"),
+                col("Object", "string"),
+                col_at("Subobject", "string", 1),
+                col_at("Source", "string", 1),
+                col("Message", "string"),
+                col_at("First Seen", "string", 1),
+                col_at("Count", "string", 1),
+                col_at("Name", "string", 1),
+            ],
+            Box::new(move |e: &Value| event_cells(now, e)),
+        )
+    } else if res.plural == "pods" {
         (
             vec![
                 col("Name", "string"),
@@ -806,13 +825,77 @@ fn table(
     json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "columnDefinitions": columns, "rows": rows})
 }
 
+/// A table row's cells for a (v1) Event, as the API server's `printEvent` writes them: the last time it was
+/// seen (its series' last observation, else `lastTimestamp`, else `eventTime`), type, reason, the object as
+/// `kind/name`, its field path, the source (`component, host`, else the reporting controller and
+/// instance), the message, the first time, the count (the series' when it has one) and the name.
+fn event_cells(now: chrono::DateTime<chrono::Utc>, e: &Value) -> Vec<Value> {
+    let s = |path: &str| e.at(path).and_then(Value::as_str).unwrap_or_default();
+    let since = |t: &str| match chrono::DateTime::parse_from_rfc3339(t) {
+        Ok(t) => human_age(now.signed_duration_since(t.with_timezone(&chrono::Utc))),
+        Err(_) => "<unknown>".to_string(),
+    };
+    let first_non_empty = |a: &'static str, b: &'static str| match s(a) {
+        "" => s(b),
+        v => v,
+    };
+    let series = e.get("series").filter(|v| v.is_object());
+    let last = match series {
+        Some(_) => s("/series/lastObservedTime"),
+        None => first_non_empty("/lastTimestamp", "/eventTime"),
+    };
+    let first = first_non_empty("/firstTimestamp", "/eventTime");
+    let component = first_non_empty("/source/component", "/reportingComponent");
+    let source = match first_non_empty("/source/host", "/reportingInstance") {
+        "" => component.to_string(),
+        host => format!("{component}, {host}"),
+    };
+    let count = match series {
+        Some(s) => s["count"].as_i64(),
+        None => e["count"].as_i64(),
+    };
+    vec![
+        json!(since(last)),
+        json!(s("/type")),
+        json!(s("/reason")),
+        json!(format!(
+            "{}/{}",
+            s("/involvedObject/kind").to_lowercase(),
+            s("/involvedObject/name")
+        )),
+        json!(s("/involvedObject/fieldPath")),
+        json!(source),
+        json!(s("/message").trim()),
+        json!(since(first)),
+        json!(count.unwrap_or(0)),
+        json!(s("/metadata/name")),
+    ]
+}
+
+/// A duration as kubectl prints an age (apimachinery's `duration.HumanDuration`).
 fn human_age(d: chrono::Duration) -> String {
-    let s = d.num_seconds().max(0);
-    match s {
-        0..120 => format!("{s}s"),
-        120..7200 => format!("{}m", s / 60),
-        7200..172_800 => format!("{}h", s / 3600),
-        _ => format!("{}d", s / 86_400),
+    let secs = d.num_seconds();
+    if secs < -1 {
+        return "<invalid>".into();
+    }
+    let secs = secs.max(0);
+    if secs < 120 {
+        return format!("{secs}s");
+    }
+    let (mins, hours, days) = (secs / 60, secs / 3600, secs / 86_400);
+    let with = |big: i64, unit: &str, small: i64, small_unit: &str| match small {
+        0 => format!("{big}{unit}"),
+        _ => format!("{big}{unit}{small}{small_unit}"),
+    };
+    match () {
+        _ if mins < 10 => with(mins, "m", secs % 60, "s"),
+        _ if mins < 180 => format!("{mins}m"),
+        _ if hours < 8 => with(hours, "h", mins % 60, "m"),
+        _ if hours < 48 => format!("{hours}h"),
+        _ if hours < 24 * 8 => with(days, "d", hours % 24, "h"),
+        _ if hours < 24 * 365 * 2 => format!("{days}d"),
+        _ if hours < 24 * 365 * 8 => with(days / 365, "y", days % 365, "d"),
+        _ => format!("{}y", days / 365),
     }
 }
 
@@ -2176,6 +2259,112 @@ mod tests {
         );
         first["count"] = json!(2);
         assert_ne!(first, want, "the comparison sees the count");
+    }
+
+    #[test]
+    fn ages_read_as_kubectl_prints_them() {
+        let d = chrono::Duration::seconds;
+        for (secs, want) in [
+            (-5, "<invalid>"),
+            (-1, "0s"),
+            (0, "0s"),
+            (119, "119s"),
+            (120, "2m"),
+            (150, "2m30s"),
+            (599, "9m59s"),
+            (600, "10m"),
+            (179 * 60 + 59, "179m"),
+            (3 * 3600, "3h"),
+            (3 * 3600 + 5 * 60, "3h5m"),
+            (8 * 3600, "8h"),
+            (47 * 3600, "47h"),
+            (48 * 3600, "2d"),
+            (49 * 3600, "2d1h"),
+            (8 * 86_400, "8d"),
+            (729 * 86_400, "729d"),
+            (730 * 86_400, "2y"),
+            (731 * 86_400, "2y1d"),
+            (3000 * 86_400, "8y"),
+        ] {
+            assert_eq!(human_age(d(secs)), want, "{secs} s");
+        }
+    }
+
+    #[test]
+    fn an_events_table_has_the_api_servers_columns() {
+        let now = chrono::DateTime::parse_from_rfc3339("2026-12-06T10:10:00Z")
+            .unwrap()
+            .with_timezone(&chrono::Utc);
+        let res = crate::profile::Profile::parse("1.31")
+            .unwrap()
+            .resource("", "v1", "events")
+            .unwrap()
+            .clone();
+        let event = |series: Value| {
+            Arc::new(json!({"apiVersion": "v1", "kind": "Event",
+                "metadata": {"namespace": "shop", "name": "web-1.17f"},
+                "involvedObject": {"kind": "Pod", "name": "web-1", "fieldPath": "spec.containers{web}"},
+                "reason": "BackOff", "message": "Back-off restarting failed container web ", "type": "Warning",
+                "source": {"component": "kubelet", "host": "node-3"},
+                "firstTimestamp": "2026-12-06T10:00:00Z", "lastTimestamp": "2026-12-06T10:05:00Z",
+                "count": 4, "series": series}))
+        };
+        let t = table(
+            now,
+            &res,
+            &[
+                event(Value::Null),
+                event(json!({"count": 9, "lastObservedTime": "2026-12-06T10:09:30.250000Z"})),
+            ],
+            json!({}),
+            IncludeObject::None,
+        );
+        let names: Vec<&str> = t["columnDefinitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "Last Seen",
+                "Type",
+                "Reason",
+                "Object",
+                "Subobject",
+                "Source",
+                "Message",
+                "First Seen",
+                "Count",
+                "Name"
+            ]
+        );
+        let wide: Vec<u64> = t["columnDefinitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["priority"].as_u64().unwrap())
+            .collect();
+        assert_eq!(wide, [0, 0, 0, 0, 1, 1, 0, 1, 1, 1]);
+        assert_eq!(
+            t["rows"][0]["cells"],
+            json!([
+                "5m",
+                "Warning",
+                "BackOff",
+                "pod/web-1",
+                "spec.containers{web}",
+                "kubelet, node-3",
+                "Back-off restarting failed container web",
+                "10m",
+                4,
+                "web-1.17f"
+            ])
+        );
+        // a series: its last observation and its count
+        assert_eq!(t["rows"][1]["cells"][0], "29s");
+        assert_eq!(t["rows"][1]["cells"][8], 9);
     }
 
     #[test]
