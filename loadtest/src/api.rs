@@ -825,49 +825,73 @@ fn table(
     json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": meta, "columnDefinitions": columns, "rows": rows})
 }
 
-/// A table row's cells for a (v1) Event, as the API server's `printEvent` writes them: the last time it was
-/// seen (its series' last observation, else `lastTimestamp`, else `eventTime`), type, reason, the object as
-/// `kind/name`, its field path, the source (`component, host`, else the reporting controller and
-/// instance), the message, the first time, the count (the series' when it has one) and the name.
+/// A table row's cells for an Event, as the API server's `printEvent` writes them: the last time it was seen
+/// (its series' last observation, else `lastTimestamp`, else the first time), type, reason, the object as
+/// `kind/name` (the kind alone without a name), its field path, the source (`component, host`, else the
+/// reporting controller and instance), the message, the first time (`firstTimestamp`, else `eventTime`), the
+/// count (the series' when it has one; 1 for a singleton without one) and the name. An event written through
+/// `events.k8s.io` is kept in that shape: its fields are read under their names there.
 fn event_cells(now: chrono::DateTime<chrono::Utc>, e: &Value) -> Vec<Value> {
     let s = |path: &str| e.at(path).and_then(Value::as_str).unwrap_or_default();
+    let either = |a: &str, b: &str| match s(a) {
+        "" => s(b),
+        v => v,
+    };
     let since = |t: &str| match chrono::DateTime::parse_from_rfc3339(t) {
         Ok(t) => human_age(now.signed_duration_since(t.with_timezone(&chrono::Utc))),
         Err(_) => "<unknown>".to_string(),
     };
-    let first_non_empty = |a: &'static str, b: &'static str| match s(a) {
-        "" => s(b),
-        v => v,
-    };
+    let first = since(
+        match either("/firstTimestamp", "/deprecatedFirstTimestamp") {
+            "" => s("/eventTime"),
+            t => t,
+        },
+    );
     let series = e.get("series").filter(|v| v.is_object());
-    let last = match series {
-        Some(_) => s("/series/lastObservedTime"),
-        None => first_non_empty("/lastTimestamp", "/eventTime"),
+    let last = match (series, either("/lastTimestamp", "/deprecatedLastTimestamp")) {
+        (Some(_), _) => since(s("/series/lastObservedTime")),
+        (None, "") => first.clone(),
+        (None, t) => since(t),
     };
-    let first = first_non_empty("/firstTimestamp", "/eventTime");
-    let component = first_non_empty("/source/component", "/reportingComponent");
-    let source = match first_non_empty("/source/host", "/reportingInstance") {
+    let count = match series {
+        Some(series) => series["count"].as_i64().unwrap_or(0),
+        None => ["count", "deprecatedCount"]
+            .iter()
+            .find_map(|k| e.get(*k).and_then(Value::as_i64))
+            .filter(|c| *c != 0)
+            .unwrap_or(1),
+    };
+    let involved = match e.get("involvedObject") {
+        Some(o) if o.is_object() => "/involvedObject",
+        _ => "/regarding",
+    };
+    let kind = s(&format!("{involved}/kind")).to_lowercase();
+    let object = match s(&format!("{involved}/name")) {
+        "" => kind,
+        name => format!("{kind}/{name}"),
+    };
+    let component = match either("/source/component", "/deprecatedSource/component") {
+        "" => either("/reportingComponent", "/reportingController"),
+        c => c,
+    };
+    let source = match either("/source/host", "/deprecatedSource/host") {
+        "" => s("/reportingInstance"),
+        h => h,
+    };
+    let source = match source {
         "" => component.to_string(),
         host => format!("{component}, {host}"),
     };
-    let count = match series {
-        Some(s) => s["count"].as_i64(),
-        None => e["count"].as_i64(),
-    };
     vec![
-        json!(since(last)),
+        json!(last),
         json!(s("/type")),
         json!(s("/reason")),
-        json!(format!(
-            "{}/{}",
-            s("/involvedObject/kind").to_lowercase(),
-            s("/involvedObject/name")
-        )),
-        json!(s("/involvedObject/fieldPath")),
+        json!(object),
+        json!(s(&format!("{involved}/fieldPath"))),
         json!(source),
-        json!(s("/message").trim()),
-        json!(since(first)),
-        json!(count.unwrap_or(0)),
+        json!(either("/message", "/note").trim()),
+        json!(first),
+        json!(count),
         json!(s("/metadata/name")),
     ]
 }
@@ -2365,6 +2389,69 @@ mod tests {
         // a series: its last observation and its count
         assert_eq!(t["rows"][1]["cells"][0], "29s");
         assert_eq!(t["rows"][1]["cells"][8], 9);
+        let cells = |e: Value| {
+            table(now, &res, &[Arc::new(e)], json!({}), IncludeObject::None)["rows"][0]["cells"]
+                .clone()
+        };
+        // what the simulated kubelets record (no host)
+        assert_eq!(
+            cells(recorded(false).to_value()),
+            json!([
+                "10m",
+                "Warning",
+                "Unhealthy",
+                "pod/web-7d4b9c-x2k4p",
+                "",
+                "kubelet",
+                "Readiness probe failed: \"HTTP\" 503",
+                "10m",
+                1,
+                "web-7d4b9c-x2k4p.1a2b3c"
+            ])
+        );
+        // a new-API singleton as v1 holds it: no timestamps or count but its eventTime, the reporting
+        // controller and instance, an object without a name
+        assert_eq!(
+            cells(
+                json!({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "n.1"},
+                "involvedObject": {"kind": "Node"}, "reason": "Rebooted", "message": "m", "type": "Normal",
+                "eventTime": "2026-12-06T10:08:00.000000Z", "reportingComponent": "kubelet",
+                "reportingInstance": "node-3", "count": 0})
+            ),
+            json!([
+                "2m",
+                "Normal",
+                "Rebooted",
+                "node",
+                "",
+                "kubelet, node-3",
+                "m",
+                "2m",
+                1,
+                "n.1"
+            ])
+        );
+        // an event written through events.k8s.io, kept in that shape
+        assert_eq!(
+            cells(
+                json!({"apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": {"name": "s.1"},
+                "regarding": {"kind": "Pod", "name": "web-1"}, "reason": "Scheduled", "note": "assigned",
+                "type": "Normal", "eventTime": "2026-12-06T10:09:00.000000Z",
+                "reportingController": "default-scheduler", "reportingInstance": "default-scheduler-a"})
+            ),
+            json!([
+                "60s",
+                "Normal",
+                "Scheduled",
+                "pod/web-1",
+                "",
+                "default-scheduler, default-scheduler-a",
+                "assigned",
+                "60s",
+                1,
+                "s.1"
+            ])
+        );
     }
 
     #[test]

@@ -916,11 +916,20 @@ async fn recorded_events_are_watched_in_both_event_apis_and_one_written_through_
     back_off();
     let got = core.get(&name).await?;
     assert_eq!(got.count, Some(4));
-    // kubectl sorts by a field of the object, which the table rows carry when asked (includeObject=Object)
+    // kubectl sorts by a field of the object, which the table rows carry when asked (includeObject=Object);
+    // the event's name is a wide column, as the API server has it
     let (ok, out) = kubectl(
         &sim.kubeconfig,
         sim.fleet.clusters[0].name(),
-        &["get", "events", "-n", &ns, "--sort-by=.lastTimestamp"],
+        &[
+            "get",
+            "events",
+            "-n",
+            &ns,
+            "--sort-by=.lastTimestamp",
+            "-o",
+            "wide",
+        ],
     )
     .await?;
     assert!(ok && out.contains(&name), "{out}");
