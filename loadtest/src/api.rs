@@ -754,7 +754,7 @@ fn table(
     let col = |name: &str, ty: &str| col_at(name, ty, 0);
     type Cells<'a> = Box<dyn Fn(&Value) -> Vec<Value> + 'a>;
     let (columns, cells): (Vec<Value>, Cells) = if res.plural == "events" {
-        // the API server's (`printEvent`), for either API: read from the stored v1 form
+        // the API server's (`printEvent`), for either API and either shape an event is kept in
         (
             vec![
                 col("Last Seen", "string"),
