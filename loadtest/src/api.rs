@@ -743,12 +743,7 @@ fn table(
         IncludeObject::Object => present(res, o).into_owned(),
         IncludeObject::None => Value::Null,
     };
-    let age = |o: &Value| {
-        let created = str_at(o, &["metadata", "creationTimestamp"]);
-        chrono::DateTime::parse_from_rfc3339(created)
-            .map(|t| human_age(now.signed_duration_since(t.with_timezone(&chrono::Utc))))
-            .unwrap_or_else(|_| "<unknown>".into())
-    };
+    let age = |o: &Value| since(now, str_at(o, &["metadata", "creationTimestamp"]));
     // priority 1: shown by `-o wide` only
     let col_at = |name: &str, ty: &str, priority: u8| json!({"name": name, "type": ty, "format": if name == "Name" {"name"} else {""}, "description": "", "priority": priority});
     let col = |name: &str, ty: &str| col_at(name, ty, 0);
@@ -837,10 +832,7 @@ fn event_cells(now: chrono::DateTime<chrono::Utc>, e: &Value) -> Vec<Value> {
         "" => s(b),
         v => v,
     };
-    let since = |t: &str| match chrono::DateTime::parse_from_rfc3339(t) {
-        Ok(t) => human_age(now.signed_duration_since(t.with_timezone(&chrono::Utc))),
-        Err(_) => "<unknown>".to_string(),
-    };
+    let since = |t: &str| since(now, t);
     let first = since(
         match either("/firstTimestamp", "/deprecatedFirstTimestamp") {
             "" => s("/eventTime"),
@@ -894,6 +886,15 @@ fn event_cells(now: chrono::DateTime<chrono::Utc>, e: &Value) -> Vec<Value> {
         json!(count),
         json!(s("/metadata/name")),
     ]
+}
+
+/// The age of an RFC 3339 time at `now`, as kubectl prints it; `<unknown>` for a time missing or malformed
+/// (apimachinery's `translateTimestampSince`).
+fn since(now: chrono::DateTime<chrono::Utc>, t: &str) -> String {
+    match chrono::DateTime::parse_from_rfc3339(t) {
+        Ok(t) => human_age(now.signed_duration_since(t.with_timezone(&chrono::Utc))),
+        Err(_) => "<unknown>".to_string(),
+    }
 }
 
 /// A duration as kubectl prints an age (apimachinery's `duration.HumanDuration`).
