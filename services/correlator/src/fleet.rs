@@ -87,14 +87,26 @@ pub fn event_key(problem: &str) -> String {
 }
 
 /// An event problem without its cluster: involved kind, namespace, masked name, reason, masked message
-/// (the dedup fingerprint less the cluster), so the same problem on two clusters has one id.
+/// (the dedup fingerprint less the cluster) in words every release uses ([`mask::fleet_message`]), so the
+/// same problem on two clusters, of one release or two, has one id.
 pub fn problem(rec: &Record) -> String {
-    stable_id(&[
+    problem_of(
         &rec.object.kind,
         rec.object.namespace.as_deref().unwrap_or(""),
-        &mask::mask_name(&rec.object.name),
+        &rec.object.name,
         &rec.reason,
-        &mask::mask_message(&rec.last_message),
+        &rec.last_message,
+    )
+}
+
+/// [`problem`] of an event's parts.
+pub fn problem_of(kind: &str, namespace: &str, name: &str, reason: &str, message: &str) -> String {
+    stable_id(&[
+        kind,
+        namespace,
+        &mask::mask_name(name),
+        reason,
+        &mask::fleet_message(message),
     ])
 }
 

@@ -123,6 +123,63 @@ pub fn mask_message(msg: &str) -> String {
     out
 }
 
+/// A message as [`mask_message`] masks it, in the words every supported Kubernetes release uses for it: the
+/// form fleet problems are compared in ([`crate::fleet::problem`]).
+///
+/// Kubelets and controllers of different releases word some events differently (each form is in the event
+/// shape catalogue, `services/eventshapes`, with its source). On a fleet of mixed releases one problem then
+/// comes in several wordings, and compared word for word it was one fleet problem per wording: a workload
+/// crashlooping on six clusters was two fleet incidents, the 1.24–1.25 clusters' and the others', each
+/// with "shared" attributes that only told the releases apart. Each known rewording is brought back to the
+/// words its forms share; any other message is the masked message itself. A cluster's own records keep
+/// the message as it came (one cluster speaks one release).
+pub fn fleet_message(msg: &str) -> String {
+    let masked = mask_message(msg);
+    release_neutral(&masked).unwrap_or(masked)
+}
+
+/// The release-neutral form of a masked message that one of the known rewordings applies to.
+fn release_neutral(m: &str) -> Option<String> {
+    // kubelet: `Back-off restarting failed container %s in pod %s` since 1.26, bare before
+    const BACK_OFF: &str = "Back-off restarting failed container";
+    // kubelet: `... unattached volumes=[%s]: timed out waiting for the condition`, since 1.26 `...
+    // unattached volumes=[], failed to process volumes=[]: context deadline exceeded`: the volumes it
+    // could not mount are the problem, the rest is how the wait ended
+    const MOUNT: &str = "Unable to attach or mount volumes: unmounted volumes=[";
+    // kubelet: `Created container %s`, `Created container: %s` since 1.32
+    const CREATED: &str = "Created container: ";
+    // kubelet: `Container image %q already present on machine`, `... and can be accessed by the pod` since 1.33
+    const ACCESSIBLE: &str = " and can be accessed by the pod";
+    // kubelet: `Successfully pulled image %q in %v`, `... (%v including waiting). Image size: %v bytes.` since 1.30
+    const PULLED: &str = "Successfully pulled image ";
+    // deployment controller: `Scaled up replica set %s to %d`, `... from %d to %d` since 1.31
+    const SCALED: &str = "Scaled ";
+    if m.starts_with(BACK_OFF) {
+        return Some(BACK_OFF.to_string());
+    }
+    if let Some(rest) = m.strip_prefix(MOUNT) {
+        let end = MOUNT.len() + rest.find(']')? + 1;
+        return Some(m[..end].to_string());
+    }
+    if let Some(rest) = m.strip_prefix(CREATED) {
+        return Some(format!("Created container {rest}"));
+    }
+    if m.starts_with("Container image ")
+        && let Some(head) = m.strip_suffix(ACCESSIBLE)
+    {
+        return Some(head.to_string());
+    }
+    if m.starts_with(PULLED) {
+        return m.find(" (").map(|i| m[..i].to_string());
+    }
+    if m.starts_with(SCALED) && m.contains(" replica set ") {
+        let from = m.find(" from ")?;
+        let to = from + m[from..].find(" to ")?;
+        return Some(format!("{}{}", &m[..from], &m[to..]));
+    }
+    None
+}
+
 /// The prefix of an event message aggregated by client-go (`tools/record/events_cache.go`).
 const COMBINED_PREFIX: &str = "(combined from similar events): ";
 
@@ -343,5 +400,50 @@ mod tests {
             fingerprint("c1", "Pod", "shop", "web", "BackOff", "x"),
             fingerprint("c2", "Pod", "shop", "web", "BackOff", "x")
         );
+    }
+
+    #[test]
+    fn a_fleet_message_has_every_releases_words() {
+        // the messages as a 1.24 and a 1.33 kubelet write them (the simulator's, as in the catalogue)
+        let old = fleet_message("Back-off restarting failed container");
+        let new = fleet_message(
+            "Back-off restarting failed container web in pod web-c549d3a4cd-h5sjg_catalog(27cd5a7f-596e-464f-a5f6-ade4d24034cd)",
+        );
+        assert_eq!(old, new);
+        assert_eq!(
+            fleet_message("Created container web"),
+            fleet_message("Created container: web")
+        );
+        assert_ne!(
+            fleet_message("Created container web"),
+            fleet_message("Created container: api")
+        );
+        assert_eq!(
+            fleet_message("Scaled down replica set web-7d4b9c8f5 to 2"),
+            fleet_message("Scaled down replica set web-7d4b9c8f5 from 3 to 2")
+        );
+        assert_eq!(
+            fleet_message(
+                "Unable to attach or mount volumes: unmounted volumes=[data], unattached volumes=[data kube-api-access-x2x9k]: timed out waiting for the condition"
+            ),
+            fleet_message(
+                "Unable to attach or mount volumes: unmounted volumes=[data], unattached volumes=[], failed to process volumes=[]: context deadline exceeded"
+            )
+        );
+        assert_ne!(
+            fleet_message(
+                "Unable to attach or mount volumes: unmounted volumes=[data], unattached volumes=[]"
+            ),
+            fleet_message(
+                "Unable to attach or mount volumes: unmounted volumes=[logs], unattached volumes=[]"
+            )
+        );
+        // other messages are masked and nothing more: another back-off, another problem
+        let pull = "Back-off pulling image \"registry.example.com/shop/web:1.4.2\"";
+        assert_eq!(fleet_message(pull), mask_message(pull));
+        assert_ne!(fleet_message(pull), old);
+        // a message that only looks like one of them is left as masked
+        let odd = "Scaled down replica set web-7d4b9c8f5 from the top";
+        assert_eq!(fleet_message(odd), mask_message(odd));
     }
 }
