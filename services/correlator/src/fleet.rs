@@ -605,15 +605,51 @@ pub struct Fleet {
     /// When each event member's digest was last refreshed (hub time); a member quiet for three refresh
     /// intervals leaves (event problems don't resolve: they stop).
     digest_seen: BTreeMap<String, DateTime<Utc>>,
+    /// The members of the open event problems read back (digest id → key), until each one's digest comes
+    /// again: a problem kept under another id than the one worked out now (an older correlator compared
+    /// messages word for word) then moves to its id instead of a second incident opening beside it.
+    restored_members: BTreeMap<String, String>,
+    /// Keys fleet incidents moved away from since [`Fleet::take_moved`] (the store drops them).
+    moved: Vec<String>,
+    /// Keys of fleet incidents to judge again (members moved out of them), see [`Fleet::take_rejudge`].
+    rejudge: Vec<String>,
 }
 
 impl Fleet {
     /// The fleet incidents the store read back.
     pub fn restored(incidents: BTreeMap<String, FleetIncident>) -> Self {
-        Fleet {
+        let mut f = Fleet {
             incidents,
             ..Default::default()
-        }
+        };
+        f.index_restored();
+        f
+    }
+
+    /// Notes the members of the open event problems, see `restored_members`.
+    fn index_restored(&mut self) {
+        self.restored_members = self
+            .incidents
+            .iter()
+            .filter(|(_, f)| f.kind == EVENT && f.status != IncidentStatus::Resolved)
+            .flat_map(|(k, f)| {
+                f.members
+                    .iter()
+                    .filter(|m| m.left_at.is_none())
+                    .map(move |m| (m.incident_id.clone(), k.clone()))
+            })
+            .collect();
+    }
+
+    /// The keys fleet incidents moved away from since the last call: nothing is kept under them now.
+    pub fn take_moved(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.moved)
+    }
+
+    /// The keys of fleet incidents whose members moved to another since the last call: to be judged again
+    /// (they resolve, as their members left).
+    pub fn take_rejudge(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.rejudge)
     }
 
     /// The current (open) fleet incident of `kind`.
@@ -711,30 +747,32 @@ impl Fleet {
         let k = event_key(&problem);
         self.digest_seen.insert(rec.id.clone(), now);
         let window = Duration::from_std(rule.window).unwrap_or(Duration::minutes(5));
+        let moved = self.move_restored(&rec.id, &k, &problem, now);
         if let Some(f) = self
             .incidents
             .get_mut(&k)
             .filter(|f| f.status != IncidentStatus::Resolved)
         {
-            let changed = match f.members.iter_mut().find(|m| m.incident_id == rec.id) {
-                Some(m) if m.left_at.is_some() => {
-                    // quiet for a while, now back: a member again
-                    m.left_at = None;
-                    m.left_because.clear();
-                    m.status = IncidentStatus::Open;
-                    true
-                }
-                Some(m) => {
-                    let changed = m.severity != rec.severity;
-                    m.severity = rec.severity;
-                    m.summary = digest_summary(rec);
-                    changed
-                }
-                None => {
-                    f.members.push(digest_member(rec, now));
-                    true
-                }
-            };
+            let changed = moved
+                || match f.members.iter_mut().find(|m| m.incident_id == rec.id) {
+                    Some(m) if m.left_at.is_some() => {
+                        // quiet for a while, now back: a member again
+                        m.left_at = None;
+                        m.left_because.clear();
+                        m.status = IncidentStatus::Open;
+                        true
+                    }
+                    Some(m) => {
+                        let changed = m.severity != rec.severity;
+                        m.severity = rec.severity;
+                        m.summary = digest_summary(rec);
+                        changed
+                    }
+                    None => {
+                        f.members.push(digest_member(rec, now));
+                        true
+                    }
+                };
             return changed.then_some(k);
         }
         let recent = self.recent.entry(problem.clone()).or_default();
@@ -778,6 +816,61 @@ impl Fleet {
         };
         self.incidents.insert(k.clone(), f);
         Some(k)
+    }
+
+    /// Moves the open event problem read back with digest `id` as a member to `key` (its `problem` label
+    /// `problem`) when it is kept under another key; true if it moved. When a problem is open under `key`
+    /// already (one problem was two in an older correlator's words), the other's members join it instead
+    /// and leave the other, which resolves ([`Fleet::take_rejudge`]).
+    fn move_restored(&mut self, id: &str, key: &str, problem: &str, now: DateTime<Utc>) -> bool {
+        let Some(from) = self.restored_members.remove(id) else {
+            return false;
+        };
+        let open = |f: &FleetIncident| f.status != IncidentStatus::Resolved;
+        if from == key || !self.incidents.get(&from).is_some_and(open) {
+            return false;
+        }
+        // its other members are found under `key` from now on
+        self.restored_members.retain(|_, k| *k != from);
+        if let Some(target) = self
+            .incidents
+            .get(key)
+            .filter(|f| open(f))
+            .map(|f| f.id.clone())
+        {
+            let Some(other) = self.incidents.get_mut(&from) else {
+                return false;
+            };
+            let mut joining = Vec::new();
+            for m in other.members.iter_mut().filter(|m| m.left_at.is_none()) {
+                joining.push(FleetMember {
+                    joined_at: now,
+                    ..m.clone()
+                });
+                m.status = IncidentStatus::Resolved;
+                m.left_at = Some(now);
+                m.left_because = format!("the same problem as fleet incident {target}");
+            }
+            self.rejudge.push(from);
+            if let Some(f) = self.incidents.get_mut(key) {
+                for m in joining {
+                    if !f.members.iter().any(|x| x.incident_id == m.incident_id) {
+                        f.members.push(m);
+                    }
+                }
+            }
+            return true;
+        }
+        let Some(mut f) = self.incidents.remove(&from) else {
+            return false;
+        };
+        f.labels.insert("problem".into(), problem.to_string());
+        if let Some(old) = self.incidents.remove(key) {
+            self.incidents.insert(history_key(key, &old.id), old);
+        }
+        self.incidents.insert(key.to_string(), f);
+        self.moved.push(from);
+        true
     }
 
     /// Judges the fleet incident at `key` from its members and the fleet as they are now, and gives it a
@@ -911,6 +1004,11 @@ impl Fleet {
     /// Fleet incidents read back from FLEET_INCIDENTS (the latest revision of each) after the store was
     /// wiped; the newest of each kind is current.
     pub fn restore(&mut self, incidents: Vec<FleetIncident>) {
+        self.restore_each(incidents);
+        self.index_restored();
+    }
+
+    fn restore_each(&mut self, incidents: Vec<FleetIncident>) {
         for f in incidents {
             let k = key_of(&f);
             match self.incidents.get(&k) {
@@ -1071,7 +1169,14 @@ fn judge(
         format!("{:?}", f.severity).to_lowercase(),
     );
     f.labels = labels;
-    let names: Vec<&str> = f.members.iter().map(|m| m.cluster.as_str()).collect();
+    // each cluster once, in the order they joined (a cluster may have two members: an event problem's
+    // digests of two of its objects, or a member that left and came back as another)
+    let mut names: Vec<&str> = Vec::new();
+    for m in &f.members {
+        if !names.contains(&m.cluster.as_str()) {
+            names.push(&m.cluster);
+        }
+    }
     let what = if f.kind == EVENT {
         format!(
             "{} on {} {}/{}",

@@ -1994,6 +1994,119 @@ fn the_same_event_problem_on_several_clusters_is_one_fleet_problem_that_ends_whe
 }
 
 #[test]
+fn event_problems_an_older_correlator_kept_apart_carry_on_as_one_under_their_id_now() {
+    let mut m = machine();
+    six_clusters(&mut m, t0());
+    let at = t0() + Duration::seconds(60);
+    let warn = |m: &mut Machine, c: &str, pod: &str, msg: &str, at: DateTime<Utc>| {
+        let e = env(c, at, 1, event(pod, "BackOff", msg, at));
+        m.apply(Input::Event(&e))
+    };
+    // a workload crashlooping on 1.24 clusters (c1, c2: the bare message) and on 1.26+ ones (c3, c4: the
+    // container and pod named)
+    let bare = "Back-off restarting failed container";
+    let named = |pod: &str| {
+        format!(
+            "Back-off restarting failed container web in pod {pod}_shop(27cd5a7f-596e-464f-a5f6-ade4d24034cd)"
+        )
+    };
+    let (p1, p2, p3, p4) = (
+        "web-7d4b9c8f5-x2x9k",
+        "web-7d4b9c8f5-q8w7r",
+        "web-7d4b9c8f5-z5r2t",
+        "web-7d4b9c8f5-m4n7b",
+    );
+    warn(&mut m, "c1", p1, bare, at);
+    let f = fleet_incidents(&warn(&mut m, "c2", p2, bare, at)).remove(0);
+    assert_eq!(f.members.len(), 2);
+    // the fleet as an older correlator kept it (messages compared word for word): this one under its
+    // own problem id, and the 1.26+ clusters' as another fleet incident under another
+    let digest_of = |c: &str, pod: &str, msg: &str| {
+        crate::mask::fingerprint(c, "Pod", "shop", pod, "BackOff", msg)
+    };
+    let mut old = f.clone();
+    old.labels.insert("problem".into(), "older-bare".into());
+    let mut other = f.clone();
+    other.id = "fleet-older-named".into();
+    other.labels.insert("problem".into(), "older-named".into());
+    for (m, (c, pod)) in other.members.iter_mut().zip([("c3", p3), ("c4", p4)]) {
+        m.cluster = c.into();
+        m.incident_id = digest_of(c, pod, &named(pod));
+    }
+    let key = |f: &FleetIncident| crate::fleet::key_of(f);
+    let snapshot = Snapshot {
+        clusters: m.clusters.clone(),
+        windows: BTreeMap::new(),
+        specs: m.specs.clone(),
+        workloads: m.workloads.clone(),
+        incidents: m.incidents.clone(),
+        dedup: Vec::new(),
+        hwm: m.hwm.clone(),
+        fleet: BTreeMap::from([(key(&old), old.clone()), (key(&other), other.clone())]),
+    };
+    let mut again = Machine::restore_snapshot(
+        Rules::defaults(),
+        Baseline::defaults(),
+        "correlator-test",
+        snapshot,
+    );
+    let later = at + Duration::seconds(30);
+    // c1's digest again: its incident carries on (same id) under the problem's id now, the old key dropped
+    let outs = {
+        let e = env("c1", later, 2, event(p1, "BackOff", bare, later));
+        let mut outs = again.apply(Input::Event(&e));
+        outs.extend(again.settle());
+        outs
+    };
+    let moved = fleet_incidents(&outs);
+    assert_eq!(moved.len(), 1, "{moved:#?}");
+    assert_eq!(moved[0].id, f.id);
+    assert_eq!(moved[0].labels["problem"], f.labels["problem"]);
+    let stored = again.take_changes().fleet;
+    assert!(
+        stored.iter().any(|(k, v)| *k == key(&old) && v.is_none()),
+        "the old key is dropped: {:?}",
+        stored
+            .iter()
+            .map(|(k, v)| (k, v.is_some()))
+            .collect::<Vec<_>>()
+    );
+    // c3's digest: the other one's members join it, and the other resolves, its members gone to it
+    let outs = {
+        let e = env("c3", later, 2, event(p3, "BackOff", &named(p3), later));
+        let mut outs = again.apply(Input::Event(&e));
+        outs.extend(again.settle());
+        outs
+    };
+    let changed = fleet_incidents(&outs);
+    let one = changed.iter().find(|x| x.id == f.id).expect("it changed");
+    let clusters: BTreeSet<&str> = one.members.iter().map(|m| m.cluster.as_str()).collect();
+    assert_eq!(clusters, BTreeSet::from(["c1", "c2", "c3", "c4"]));
+    assert!(
+        one.summary.contains("on 4 of 6 clusters"),
+        "{}",
+        one.summary
+    );
+    let ended = changed
+        .iter()
+        .find(|x| x.id == other.id)
+        .expect("the other changed");
+    assert_eq!(ended.status, IncidentStatus::Resolved);
+    assert!(
+        ended
+            .members
+            .iter()
+            .all(|m| m.left_because == format!("the same problem as fleet incident {}", f.id))
+    );
+    let open: Vec<String> = again
+        .current_fleet(false)
+        .into_iter()
+        .map(|x| x.id)
+        .collect();
+    assert_eq!(open, vec![f.id.clone()]);
+}
+
+#[test]
 fn a_fault_that_follows_a_release_to_two_clusters_names_the_release_first_staggered_or_not() {
     let mut m = machine();
     six_clusters(&mut m, t0());

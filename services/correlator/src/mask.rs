@@ -126,56 +126,42 @@ pub fn mask_message(msg: &str) -> String {
 /// A message as [`mask_message`] masks it, in the words every supported Kubernetes release uses for it: the
 /// form fleet problems are compared in ([`crate::fleet::problem`]).
 ///
-/// Kubelets and controllers of different releases word some events differently (each form is in the event
-/// shape catalogue, `services/eventshapes`, with its source). On a fleet of mixed releases one problem then
-/// comes in several wordings, and compared word for word it was one fleet problem per wording: a workload
+/// Kubelets of different releases word some warnings differently (each form is in the event shape
+/// catalogue, `services/eventshapes`, with its source). On a fleet of mixed releases one problem then comes
+/// in several wordings, and compared word for word it was one fleet problem per wording: a workload
 /// crashlooping on six clusters was two fleet incidents, the 1.24–1.25 clusters' and the others', each
-/// with "shared" attributes that only told the releases apart. Each known rewording is brought back to the
-/// words its forms share; any other message is the masked message itself. A cluster's own records keep
-/// the message as it came (one cluster speaks one release).
+/// with "shared" attributes that only told the releases apart. Each known rewording of a warning is brought
+/// back to the words its forms share; any other message is the masked message itself. A cluster's own
+/// records keep the message as it came.
 pub fn fleet_message(msg: &str) -> String {
     let masked = mask_message(msg);
     release_neutral(&masked).unwrap_or(masked)
 }
 
-/// The release-neutral form of a masked message that one of the known rewordings applies to.
+/// The release-neutral form of a masked warning that one of the known rewordings applies to. (Lifecycle
+/// events reworded too — `Created container:` since 1.32, `Pulled` — but only warnings become fleet
+/// problems.)
 fn release_neutral(m: &str) -> Option<String> {
-    // kubelet: `Back-off restarting failed container %s in pod %s` since 1.26, bare before
+    // `Back-off restarting failed container %s in pod %s` since 1.26, bare before: the bare form names no
+    // container, so a workload's crashing containers are one problem on every release
     const BACK_OFF: &str = "Back-off restarting failed container";
-    // kubelet: `... unattached volumes=[%s]: timed out waiting for the condition`, since 1.26 `...
-    // unattached volumes=[], failed to process volumes=[]: context deadline exceeded`: the volumes it
-    // could not mount are the problem, the rest is how the wait ended
+    // `Unable to attach or mount volumes: unmounted volumes=[%s], unattached volumes=[%s]: timed out
+    // waiting for the condition`, since 1.26 `..., failed to process volumes=[%s]: context deadline
+    // exceeded`: the same timeout on the same volumes. Any other tail (an error of the pod's volumes)
+    // is a problem of its own and left as it is.
     const MOUNT: &str = "Unable to attach or mount volumes: unmounted volumes=[";
-    // kubelet: `Created container %s`, `Created container: %s` since 1.32
-    const CREATED: &str = "Created container: ";
-    // kubelet: `Container image %q already present on machine`, `... and can be accessed by the pod` since 1.33
-    const ACCESSIBLE: &str = " and can be accessed by the pod";
-    // kubelet: `Successfully pulled image %q in %v`, `... (%v including waiting). Image size: %v bytes.` since 1.30
-    const PULLED: &str = "Successfully pulled image ";
-    // deployment controller: `Scaled up replica set %s to %d`, `... from %d to %d` since 1.31
-    const SCALED: &str = "Scaled ";
+    const MOUNT_TIMEOUTS: [&str; 2] = [
+        ": timed out waiting for the condition",
+        ": context deadline exceeded",
+    ];
     if m.starts_with(BACK_OFF) {
         return Some(BACK_OFF.to_string());
     }
-    if let Some(rest) = m.strip_prefix(MOUNT) {
+    if let Some(rest) = m.strip_prefix(MOUNT)
+        && MOUNT_TIMEOUTS.iter().any(|t| rest.ends_with(t))
+    {
         let end = MOUNT.len() + rest.find(']')? + 1;
         return Some(m[..end].to_string());
-    }
-    if let Some(rest) = m.strip_prefix(CREATED) {
-        return Some(format!("Created container {rest}"));
-    }
-    if m.starts_with("Container image ")
-        && let Some(head) = m.strip_suffix(ACCESSIBLE)
-    {
-        return Some(head.to_string());
-    }
-    if m.starts_with(PULLED) {
-        return m.find(" (").map(|i| m[..i].to_string());
-    }
-    if m.starts_with(SCALED) && m.contains(" replica set ") {
-        let from = m.find(" from ")?;
-        let to = from + m[from..].find(" to ")?;
-        return Some(format!("{}{}", &m[..from], &m[to..]));
     }
     None
 }
@@ -410,40 +396,30 @@ mod tests {
             "Back-off restarting failed container web in pod web-c549d3a4cd-h5sjg_catalog(27cd5a7f-596e-464f-a5f6-ade4d24034cd)",
         );
         assert_eq!(old, new);
+        let timed_out = "Unable to attach or mount volumes: unmounted volumes=[data], unattached volumes=[data kube-api-access-x2x9k]: timed out waiting for the condition";
         assert_eq!(
-            fleet_message("Created container web"),
-            fleet_message("Created container: web")
-        );
-        assert_ne!(
-            fleet_message("Created container web"),
-            fleet_message("Created container: api")
-        );
-        assert_eq!(
-            fleet_message("Scaled down replica set web-7d4b9c8f5 to 2"),
-            fleet_message("Scaled down replica set web-7d4b9c8f5 from 3 to 2")
-        );
-        assert_eq!(
-            fleet_message(
-                "Unable to attach or mount volumes: unmounted volumes=[data], unattached volumes=[data kube-api-access-x2x9k]: timed out waiting for the condition"
-            ),
+            fleet_message(timed_out),
             fleet_message(
                 "Unable to attach or mount volumes: unmounted volumes=[data], unattached volumes=[], failed to process volumes=[]: context deadline exceeded"
             )
         );
+        // other volumes, or another cause than the timeout: another problem
         assert_ne!(
+            fleet_message(timed_out),
             fleet_message(
-                "Unable to attach or mount volumes: unmounted volumes=[data], unattached volumes=[]"
-            ),
-            fleet_message(
-                "Unable to attach or mount volumes: unmounted volumes=[logs], unattached volumes=[]"
+                "Unable to attach or mount volumes: unmounted volumes=[logs], unattached volumes=[logs kube-api-access-x2x9k]: timed out waiting for the condition"
             )
         );
+        let unbound = "Unable to attach or mount volumes: unmounted volumes=[data], unattached volumes=[data]: error processing PVC shop/data: PVC is not bound";
+        assert_eq!(fleet_message(unbound), mask_message(unbound));
+        assert_ne!(fleet_message(unbound), fleet_message(timed_out));
         // other messages are masked and nothing more: another back-off, another problem
         let pull = "Back-off pulling image \"registry.example.com/shop/web:1.4.2\"";
         assert_eq!(fleet_message(pull), mask_message(pull));
         assert_ne!(fleet_message(pull), old);
-        // a message that only looks like one of them is left as masked
-        let odd = "Scaled down replica set web-7d4b9c8f5 from the top";
-        assert_eq!(fleet_message(odd), mask_message(odd));
+        assert_eq!(
+            fleet_message("Created container: web"),
+            mask_message("Created container: web")
+        );
     }
 }
