@@ -609,8 +609,9 @@ pub struct Fleet {
     /// again: a problem kept under another id than the one worked out now (an older correlator compared
     /// messages word for word) then moves to its id instead of a second incident opening beside it.
     restored_members: BTreeMap<String, String>,
-    /// Keys fleet incidents moved away from since [`Fleet::take_moved`] (the store drops them).
-    moved: Vec<String>,
+    /// Keys whose fleet incident a move changed since [`Fleet::take_rekeyed`]: the one moved away from
+    /// (nothing is kept there now) and the history entry of a resolved one moved aside.
+    rekeyed: Vec<String>,
     /// Keys of fleet incidents to judge again (members moved out of them), see [`Fleet::take_rejudge`].
     rejudge: Vec<String>,
 }
@@ -641,9 +642,10 @@ impl Fleet {
             .collect();
     }
 
-    /// The keys fleet incidents moved away from since the last call: nothing is kept under them now.
-    pub fn take_moved(&mut self) -> Vec<String> {
-        std::mem::take(&mut self.moved)
+    /// The keys whose fleet incident a move changed since the last call, for the store to write again (or
+    /// drop, where nothing is kept now).
+    pub fn take_rekeyed(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.rekeyed)
     }
 
     /// The keys of fleet incidents whose members moved to another since the last call: to be judged again
@@ -753,27 +755,27 @@ impl Fleet {
             .get_mut(&k)
             .filter(|f| f.status != IncidentStatus::Resolved)
         {
-            let changed = moved
-                || match f.members.iter_mut().find(|m| m.incident_id == rec.id) {
-                    Some(m) if m.left_at.is_some() => {
-                        // quiet for a while, now back: a member again
-                        m.left_at = None;
-                        m.left_because.clear();
-                        m.status = IncidentStatus::Open;
-                        true
-                    }
-                    Some(m) => {
-                        let changed = m.severity != rec.severity;
-                        m.severity = rec.severity;
-                        m.summary = digest_summary(rec);
-                        changed
-                    }
-                    None => {
-                        f.members.push(digest_member(rec, now));
-                        true
-                    }
-                };
-            return changed.then_some(k);
+            let changed = match f.members.iter_mut().find(|m| m.incident_id == rec.id) {
+                Some(m) if m.left_at.is_some() => {
+                    // quiet for a while, now back: a member again
+                    m.left_at = None;
+                    m.left_because.clear();
+                    m.status = IncidentStatus::Open;
+                    true
+                }
+                Some(m) => {
+                    let changed = m.severity != rec.severity;
+                    m.severity = rec.severity;
+                    m.summary = digest_summary(rec);
+                    changed
+                }
+                None => {
+                    f.members.push(digest_member(rec, now));
+                    true
+                }
+            };
+            // (a move changed it even when the member did not)
+            return (changed || moved).then_some(k);
         }
         let recent = self.recent.entry(problem.clone()).or_default();
         recent.retain(|(c, at, _)| now - *at <= window && *c != rec.cluster);
@@ -854,8 +856,19 @@ impl Fleet {
             self.rejudge.push(from);
             if let Some(f) = self.incidents.get_mut(key) {
                 for m in joining {
-                    if !f.members.iter().any(|x| x.incident_id == m.incident_id) {
-                        f.members.push(m);
+                    match f
+                        .members
+                        .iter_mut()
+                        .find(|x| x.incident_id == m.incident_id)
+                    {
+                        // a member there that had left is back
+                        Some(x) if x.left_at.is_some() => {
+                            x.left_at = None;
+                            x.left_because.clear();
+                            x.status = IncidentStatus::Open;
+                        }
+                        Some(_) => {}
+                        None => f.members.push(m),
                     }
                 }
             }
@@ -866,10 +879,12 @@ impl Fleet {
         };
         f.labels.insert("problem".into(), problem.to_string());
         if let Some(old) = self.incidents.remove(key) {
-            self.incidents.insert(history_key(key, &old.id), old);
+            let aside = history_key(key, &old.id);
+            self.incidents.insert(aside.clone(), old);
+            self.rekeyed.push(aside);
         }
         self.incidents.insert(key.to_string(), f);
-        self.moved.push(from);
+        self.rekeyed.push(from);
         true
     }
 
@@ -957,6 +972,13 @@ impl Fleet {
             .collect();
         self.digest_seen
             .retain(|id, _| members.contains(id.as_str()));
+        // a restored member whose incident is no longer open has nothing left to move
+        let incidents = &self.incidents;
+        self.restored_members.retain(|_, k| {
+            incidents
+                .get(k)
+                .is_some_and(|f| f.status != IncidentStatus::Resolved)
+        });
         changed
     }
 
@@ -1013,7 +1035,13 @@ impl Fleet {
             let k = key_of(&f);
             match self.incidents.get(&k) {
                 Some(cur) if cur.id == f.id && cur.revision >= f.revision => {}
-                Some(cur) if cur.id != f.id && cur.opened_at > f.opened_at => {
+                // the open one is the current one (a problem moved to its key may have opened before a
+                // resolved one there), else the newer
+                Some(cur)
+                    if cur.id != f.id
+                        && (cur.status != IncidentStatus::Resolved, cur.opened_at)
+                            > (f.status != IncidentStatus::Resolved, f.opened_at) =>
+                {
                     self.incidents.insert(history_key(&k, &f.id), f);
                 }
                 Some(cur) if cur.id != f.id => {

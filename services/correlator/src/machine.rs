@@ -771,9 +771,9 @@ impl Machine {
         if let Some(k) = self.fleet.on_digest(&self.rules.fleet, rec, now) {
             self.fleet_changed(k, now);
         }
-        // a problem read back under another key moved to its own (the store drops the old key), or joined
-        // the one open there (the other resolves)
-        self.dirty.fleet.extend(self.fleet.take_moved());
+        // a problem read back under another key moved to its own (the store drops the old key and keeps
+        // what it moved aside), or joined the one open there (the other resolves)
+        self.dirty.fleet.extend(self.fleet.take_rekeyed());
         for k in self.fleet.take_rejudge() {
             self.fleet_changed(k, now);
         }

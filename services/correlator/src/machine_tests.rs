@@ -2034,7 +2034,18 @@ fn event_problems_an_older_correlator_kept_apart_carry_on_as_one_under_their_id_
         m.incident_id = digest_of(c, pod, &named(pod));
     }
     let key = |f: &FleetIncident| crate::fleet::key_of(f);
-    let snapshot = Snapshot {
+    // and an earlier episode of the problem, resolved, under the key it has now
+    let mut earlier = f.clone();
+    earlier.id = "fleet-earlier".into();
+    earlier.status = IncidentStatus::Resolved;
+    earlier.opened_at = at - Duration::hours(2);
+    earlier.resolved_at = Some(at - Duration::hours(1));
+    let kept = BTreeMap::from([
+        (key(&earlier), earlier.clone()),
+        (key(&old), old.clone()),
+        (key(&other), other.clone()),
+    ]);
+    let snapshot = |m: &Machine, fleet: BTreeMap<String, FleetIncident>| Snapshot {
         clusters: m.clusters.clone(),
         windows: BTreeMap::new(),
         specs: m.specs.clone(),
@@ -2042,14 +2053,26 @@ fn event_problems_an_older_correlator_kept_apart_carry_on_as_one_under_their_id_
         incidents: m.incidents.clone(),
         dedup: Vec::new(),
         hwm: m.hwm.clone(),
-        fleet: BTreeMap::from([(key(&old), old.clone()), (key(&other), other.clone())]),
+        fleet,
     };
     let mut again = Machine::restore_snapshot(
         Rules::defaults(),
         Baseline::defaults(),
         "correlator-test",
-        snapshot,
+        snapshot(&m, kept.clone()),
     );
+    // what the store holds after each batch
+    let mut store = kept;
+    let write = |store: &mut BTreeMap<String, FleetIncident>, m: &mut Machine| {
+        let changes = m.take_changes().fleet;
+        for (k, v) in &changes {
+            match v {
+                Some(v) => store.insert(k.clone(), v.clone()),
+                None => store.remove(k),
+            };
+        }
+        changes
+    };
     let later = at + Duration::seconds(30);
     // c1's digest again: its incident carries on (same id) under the problem's id now, the old key dropped
     let outs = {
@@ -2062,7 +2085,7 @@ fn event_problems_an_older_correlator_kept_apart_carry_on_as_one_under_their_id_
     assert_eq!(moved.len(), 1, "{moved:#?}");
     assert_eq!(moved[0].id, f.id);
     assert_eq!(moved[0].labels["problem"], f.labels["problem"]);
-    let stored = again.take_changes().fleet;
+    let stored = write(&mut store, &mut again);
     assert!(
         stored.iter().any(|(k, v)| *k == key(&old) && v.is_none()),
         "the old key is dropped: {:?}",
@@ -2070,6 +2093,11 @@ fn event_problems_an_older_correlator_kept_apart_carry_on_as_one_under_their_id_
             .iter()
             .map(|(k, v)| (k, v.is_some()))
             .collect::<Vec<_>>()
+    );
+    // the earlier episode it displaced is kept aside
+    assert_eq!(
+        store.get(&format!("{}#{}", key(&f), earlier.id)),
+        Some(&earlier)
     );
     // c3's digest: the other one's members join it, and the other resolves, its members gone to it
     let outs = {
@@ -2104,6 +2132,35 @@ fn event_problems_an_older_correlator_kept_apart_carry_on_as_one_under_their_id_
         .map(|x| x.id)
         .collect();
     assert_eq!(open, vec![f.id.clone()]);
+    // read back after a restart: the same three, the one open under the problem's key
+    write(&mut store, &mut again);
+    let restarted = Machine::restore_snapshot(
+        Rules::defaults(),
+        Baseline::defaults(),
+        "correlator-test",
+        snapshot(&again, store),
+    );
+    let all: BTreeMap<String, IncidentStatus> = restarted
+        .current_fleet(true)
+        .into_iter()
+        .map(|x| (x.id, x.status))
+        .collect();
+    assert_eq!(
+        all,
+        BTreeMap::from([
+            (f.id.clone(), IncidentStatus::Open),
+            (other.id.clone(), IncidentStatus::Resolved),
+            (earlier.id.clone(), IncidentStatus::Resolved),
+        ])
+    );
+    assert_eq!(
+        restarted
+            .fleet
+            .incidents
+            .get(&key(&f))
+            .map(|x| x.id.as_str()),
+        Some(f.id.as_str())
+    );
 }
 
 #[test]
