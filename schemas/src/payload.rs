@@ -820,6 +820,20 @@ pub struct FleetIncident {
 }
 payload!(FleetIncident, "FleetIncident", 1);
 
+impl FleetIncident {
+    /// The members' clusters, each once, in the order they joined: a cluster may have two members (an
+    /// event problem's digests of two of its objects, or a member that left and came back as another).
+    pub fn clusters(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        for m in &self.members {
+            if !out.contains(&m.cluster.as_str()) {
+                out.push(&m.cluster);
+            }
+        }
+        out
+    }
+}
+
 /// One setting of one component that differs among the clusters of one group (env), from the correlator's
 /// fleet-consistency report (`fleet.query.consistency`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -270,14 +270,7 @@ pub fn alert_of_fleet(f: &FleetIncident, now: DateTime<Utc>) -> Alert {
     let mut annotations = BTreeMap::from([
         ("summary".to_string(), f.summary.clone()),
         ("members".to_string(), members.join("\n")),
-        (
-            "clusters".to_string(),
-            f.members
-                .iter()
-                .map(|m| m.cluster.as_str())
-                .collect::<Vec<_>>()
-                .join(","),
-        ),
+        ("clusters".to_string(), f.clusters().join(",")),
     ]);
     if !f.shared.is_empty() {
         let lines: Vec<&str> = f

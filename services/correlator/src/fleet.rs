@@ -592,8 +592,9 @@ pub fn suspects(
         .collect()
 }
 
-/// The fleet incidents: the current one of each kind under [`key`], resolved ones a newer one replaced
-/// under [`history_key`].
+/// The fleet incidents: the current one of each kind under [`key`] (of each event problem under
+/// [`event_key`]), resolved ones a newer one replaced — or a problem moved to their key put aside — under
+/// [`history_key`].
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Fleet {
     /// By key.
@@ -905,7 +906,7 @@ impl Fleet {
         };
         judge(f, rule, view, now, attrs);
         if f.revision == 1 {
-            tracing::info!(key, clusters = f.members.len(), summary = %f.summary, "fleet incident opened");
+            tracing::info!(key, clusters = f.clusters().len(), summary = %f.summary, "fleet incident opened");
         }
         true
     }
@@ -1024,7 +1025,8 @@ impl Fleet {
     }
 
     /// Fleet incidents read back from FLEET_INCIDENTS (the latest revision of each) after the store was
-    /// wiped; the newest of each kind is current.
+    /// wiped; the newest of each key is current (of an event problem, the open one first), the others are
+    /// history.
     pub fn restore(&mut self, incidents: Vec<FleetIncident>) {
         self.restore_each(incidents);
         self.index_restored();
@@ -1035,13 +1037,9 @@ impl Fleet {
             let k = key_of(&f);
             match self.incidents.get(&k) {
                 Some(cur) if cur.id == f.id && cur.revision >= f.revision => {}
-                // the open one is the current one (a problem moved to its key may have opened before a
-                // resolved one there), else the newer
-                Some(cur)
-                    if cur.id != f.id
-                        && (cur.status != IncidentStatus::Resolved, cur.opened_at)
-                            > (f.status != IncidentStatus::Resolved, f.opened_at) =>
-                {
+                // the newer is the current one; of an event problem, the open one first (a problem moved
+                // to its key may have opened before a resolved one there)
+                Some(cur) if cur.id != f.id && current_first(cur, &f) => {
                     self.incidents.insert(history_key(&k, &f.id), f);
                 }
                 Some(cur) if cur.id != f.id => {
@@ -1071,6 +1069,13 @@ impl Fleet {
         });
         v
     }
+}
+
+/// Whether `a` rather than `b` is the current fleet incident of their key when both are read back: the
+/// newer, but of an event problem the open one first.
+fn current_first(a: &FleetIncident, b: &FleetIncident) -> bool {
+    let open = |f: &FleetIncident| f.kind == EVENT && f.status != IncidentStatus::Resolved;
+    (open(a), a.opened_at) > (open(b), b.opened_at)
 }
 
 fn digest_summary(rec: &Record) -> String {
@@ -1197,14 +1202,7 @@ fn judge(
         format!("{:?}", f.severity).to_lowercase(),
     );
     f.labels = labels;
-    // each cluster once, in the order they joined (a cluster may have two members: an event problem's
-    // digests of two of its objects, or a member that left and came back as another)
-    let mut names: Vec<&str> = Vec::new();
-    for m in &f.members {
-        if !names.contains(&m.cluster.as_str()) {
-            names.push(&m.cluster);
-        }
-    }
+    let names = f.clusters();
     let what = if f.kind == EVENT {
         format!(
             "{} on {} {}/{}",

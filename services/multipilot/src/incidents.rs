@@ -55,14 +55,7 @@ fn fleet_line(f: &FleetIncident) -> String {
         "{:<9} {:<8} {:<16} {:<24} {:>5}  {}",
         format!("{:?}", f.severity).to_lowercase(),
         status(f.status),
-        format!(
-            "FLEET ({})",
-            f.members
-                .iter()
-                .map(|m| m.cluster.as_str())
-                .collect::<std::collections::BTreeSet<_>>()
-                .len()
-        ),
+        format!("FLEET ({})", f.clusters().len()),
         fleet_kind(f),
         ago(f.opened_at),
         f.summary

@@ -73,7 +73,7 @@ impl Service {
         if seen {
             return;
         }
-        let members: Vec<String> = f.members.iter().map(|m| m.cluster.clone()).collect();
+        let members: Vec<String> = f.clusters().into_iter().map(str::to_string).collect();
         let summary = format!(
             "fleet incident {} ({}, {} of {} clusters) names revision {} first suspect: {}",
             f.id,

@@ -193,22 +193,12 @@ pub(super) fn fleet_incident_for(
     if !p.scoped() {
         return Some(f);
     }
-    // clusters, each once (a cluster may have two members: two of its objects with one event problem)
-    let clusters = |f: &multipilot_schemas::payload::FleetIncident| {
-        let mut names: Vec<String> = Vec::new();
-        for m in &f.members {
-            if !names.contains(&m.cluster) {
-                names.push(m.cluster.clone());
-            }
-        }
-        names
-    };
-    let total = clusters(&f).len();
+    let total = f.clusters().len();
     f.members.retain(|m| p.sees(&m.cluster));
     if f.members.is_empty() {
         return None;
     }
-    let names = clusters(&f);
+    let names = f.clusters();
     f.summary = format!(
         "{} on {total} clusters of the fleet; {} of them yours ({})",
         f.kind,
