@@ -828,21 +828,11 @@ fn changes_name_only_what_changed_and_a_snapshot_restores_the_machine() {
     assert!(changes.specs.is_empty() && changes.incidents.is_empty() && changes.hwm.is_none());
 
     // what the store would hold, read back: the same incidents, and the high-water mark still skips
-    let snapshot = Snapshot {
-        clusters: m.clusters.clone(),
-        windows: BTreeMap::new(),
-        specs: m.specs.clone(),
-        workloads: m.workloads.clone(),
-        incidents: m.incidents.clone(),
-        dedup: Vec::new(),
-        hwm: m.hwm.clone(),
-        fleet: m.fleet.incidents.clone(),
-    };
     let mut again = Machine::restore_snapshot(
         Rules::defaults(),
         Baseline::defaults(),
         "correlator-test",
-        snapshot,
+        snapshot_of(&m, m.fleet.incidents.clone()),
     );
     assert_eq!(again.current(true), m.current(true));
     assert!(
@@ -1187,6 +1177,20 @@ fn a_rule_a_probe_covers_stays_in_the_report_and_raises_no_second_incident() {
 }
 
 // ---------------------------------------------------------------------------------------------------------
+/// What the store would hold of `m` (its dedup records left out), with `fleet` as its fleet incidents.
+fn snapshot_of(m: &Machine, fleet: BTreeMap<String, FleetIncident>) -> Snapshot {
+    Snapshot {
+        clusters: m.clusters.clone(),
+        windows: BTreeMap::new(),
+        specs: m.specs.clone(),
+        workloads: m.workloads.clone(),
+        incidents: m.incidents.clone(),
+        dedup: Vec::new(),
+        hwm: m.hwm.clone(),
+        fleet,
+    }
+}
+
 // Fleet incidents
 
 fn fleet_incidents(outs: &[Out]) -> Vec<FleetIncident> {
@@ -2045,21 +2049,11 @@ fn event_problems_an_older_correlator_kept_apart_carry_on_as_one_under_their_id_
         (key(&old), old.clone()),
         (key(&other), other.clone()),
     ]);
-    let snapshot = |m: &Machine, fleet: BTreeMap<String, FleetIncident>| Snapshot {
-        clusters: m.clusters.clone(),
-        windows: BTreeMap::new(),
-        specs: m.specs.clone(),
-        workloads: m.workloads.clone(),
-        incidents: m.incidents.clone(),
-        dedup: Vec::new(),
-        hwm: m.hwm.clone(),
-        fleet,
-    };
     let mut again = Machine::restore_snapshot(
         Rules::defaults(),
         Baseline::defaults(),
         "correlator-test",
-        snapshot(&m, kept.clone()),
+        snapshot_of(&m, kept.clone()),
     );
     // what the store holds after each batch
     let mut store = kept;
@@ -2138,7 +2132,7 @@ fn event_problems_an_older_correlator_kept_apart_carry_on_as_one_under_their_id_
         Rules::defaults(),
         Baseline::defaults(),
         "correlator-test",
-        snapshot(&again, store),
+        snapshot_of(&again, store),
     );
     let all: BTreeMap<String, IncidentStatus> = restarted
         .current_fleet(true)
