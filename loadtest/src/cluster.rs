@@ -180,6 +180,10 @@ pub struct Cluster {
     pub addr: OnceLock<SocketAddr>,
     rng: Mutex<StdRng>,
     uid_counter: AtomicU64,
+    /// Mixed into every uid: a cluster started again is a new cluster (its store starts empty), and a
+    /// real one never hands out a uid of an object that existed before (consumers that remember uids,
+    /// such as the correlator's Event identities, would take a new object for an old one).
+    incarnation: u64,
     /// The kubelet's event aggregator state (see [`crate::world::event`]).
     event_aggregates: Mutex<crate::world::EventAggregates>,
     /// The Deployments' request counters and the templates their controller rolled out.
@@ -207,6 +211,10 @@ impl Cluster {
             addr: OnceLock::new(),
             rng: Mutex::new(StdRng::seed_from_u64(settings.seed)),
             uid_counter: AtomicU64::new(0),
+            incarnation: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos() as u64)
+                ^ u64::from(std::process::id()).rotate_left(32),
             event_aggregates: Mutex::default(),
             traffic: Mutex::default(),
             settings,
@@ -272,14 +280,15 @@ impl Cluster {
         self.rng.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// A new uid (UUID-shaped, deterministic per cluster seed and order).
+    /// A new uid (UUID-shaped): unique to this cluster, its order and this start of the simulator (names
+    /// and values follow the seed; uids, like a real cluster's, are never handed out again).
     pub fn uid(&self) -> String {
         let n = self.uid_counter.fetch_add(1, Ordering::Relaxed);
         let h = crate::hash64(&format!(
-            "{}/{}/{n}",
-            self.settings.name, self.settings.seed
+            "{}/{}/{}/{n}",
+            self.settings.name, self.settings.seed, self.incarnation
         ));
-        let l = crate::hash64(&format!("{n}/{}", self.settings.seed));
+        let l = crate::hash64(&format!("{n}/{}/{}", self.settings.seed, self.incarnation));
         format!(
             "{:08x}-{:04x}-4{:03x}-a{:03x}-{:012x}",
             (h >> 32) as u32,

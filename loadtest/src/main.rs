@@ -48,7 +48,7 @@ struct ServeArgs {
     /// Where to write the kubeconfig (one context per cluster).
     #[arg(long, default_value = "sim-kubeconfig.yaml")]
     kubeconfig: PathBuf,
-    /// Seed of all randomness (same seed, same fleet).
+    /// Seed of all randomness (same seed, same fleet; uids are new at every start, as a rebuilt cluster's).
     #[arg(long, default_value_t = 42)]
     seed: u64,
     /// Objects per cluster (approximate).

@@ -1,6 +1,8 @@
 //! Event deduplication: one record per problem with first/last seen (cluster_time), count, last message and
 //! severity. Identity comes before text: an Event object seen before (its uid, re-recorded with a growing
-//! count or series) belongs to the record it started, whatever its message says now; a new Event object is
+//! count or series) belongs to the record it started, whatever its message says now — as long as it names
+//! the record's object and reason, which an Event keeps for life (a uid met on another object belongs to a
+//! cluster rebuilt under its old name, and is matched as new); a new Event object is
 //! matched by [`crate::mask::fingerprint`] (involved object, reason and the masked message, which only tells
 //! apart different problems on one object).
 //!
@@ -58,6 +60,25 @@ pub const DEFAULT_REFRESH: std::time::Duration = std::time::Duration::from_secs(
 /// How many Event uids a record remembers (an Event object lives an hour; a problem that outlives many
 /// of them is still matched by its fingerprint).
 pub const MAX_EVENT_UIDS: usize = 16;
+
+impl Record {
+    /// Whether `e` is about this record's object and reason, which an Event object keeps for life (only
+    /// its message, count and times change).
+    fn is_about(&self, e: &KubeEvent) -> bool {
+        self.reason == e.reason
+            && self.object.kind == e.involved.kind
+            && self.object.namespace.as_deref().unwrap_or_default()
+                == e.involved.namespace.as_deref().unwrap_or_default()
+            && self.object.name == mask_name(&e.involved.name)
+    }
+}
+
+/// Forgets that `uid` belongs to record `id`, unless it has since been found to belong to another one.
+fn forget_uid(uids: &mut std::collections::HashMap<String, String>, uid: &str, id: &str) {
+    if uids.get(uid).is_some_and(|owner| owner == id) {
+        uids.remove(uid);
+    }
+}
 
 /// Why a record was passed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -161,10 +182,13 @@ impl Dedup {
             .by_event
             .get_mut(cluster)
             .expect("the cluster's uids were just made");
+        // an Event object keeps its involved object and reason for life: a uid known for another object's
+        // record is not that Event (a cluster rebuilt under its old name, a simulator restarted) and is
+        // matched by its text
         let known = (!e.uid.is_empty())
             .then(|| uids.get(e.uid.as_str()))
             .flatten()
-            .filter(|id| records.contains_key(*id))
+            .filter(|id| records.get(*id).is_some_and(|r| r.is_about(e)))
             .cloned();
         let id = known.unwrap_or_else(|| {
             let ns = e.involved.namespace.as_deref().unwrap_or_default();
@@ -228,7 +252,7 @@ impl Dedup {
                     r.event_uids.push(e.uid.clone());
                     if r.event_uids.len() > MAX_EVENT_UIDS {
                         let gone = r.event_uids.remove(0);
-                        uids.remove(&gone);
+                        forget_uid(uids, &gone, &id);
                     }
                 }
                 pass
@@ -271,7 +295,7 @@ impl Dedup {
                     self.dirty.insert((cluster.clone(), id.clone()));
                     if let Some(uids) = self.by_event.get_mut(cluster) {
                         for uid in &r.event_uids {
-                            uids.remove(uid);
+                            forget_uid(uids, uid, id);
                         }
                     }
                     n += 1;
@@ -453,5 +477,55 @@ mod tests {
         let (r, _) = reopened.observe("c1", &again);
         assert!(ids.contains(&r.id));
         assert_eq!(r.count, 4);
+    }
+
+    #[test]
+    fn a_uid_seen_on_another_object_is_matched_by_its_text() {
+        // a simulator restarted (or a cluster rebuilt under its old name) hands an old Event uid to an
+        // event about another workload: it is not the Event the uid was first seen on
+        let mut d = Dedup::new();
+        let backoff = |ns: &str, pod: &str, t: i64| {
+            let mut e = ev(
+                pod,
+                "BackOff",
+                &format!(
+                    "Back-off restarting failed container web in pod {pod}_{ns}(0b5c1e6a-4d2f-4c1e-9a43-2b7f0c6d1e11)"
+                ),
+                Severity::Warning,
+                t,
+            );
+            e.involved.namespace = Some(ns.into());
+            e.uid = "reused".into();
+            e
+        };
+        let (search, _) = d.observe("c1", &backoff("search", "web-b0e834583b-7v4kw", 0));
+        let search = search.id.clone();
+        let (catalog, pass) = d.observe("c1", &backoff("catalog", "web-c549d3a4cd-sr2zq", 1));
+        assert_ne!(catalog.id, search, "a record of its own");
+        assert_eq!(catalog.object.namespace.as_deref(), Some("catalog"));
+        assert!(
+            catalog.last_message.contains("_catalog("),
+            "{}",
+            catalog.last_message
+        );
+        assert_eq!(pass, Some(Pass::New));
+        let catalog = catalog.id.clone();
+        // the uid now finds the catalog record; the search record keeps its own text and count
+        let (r, _) = d.observe("c1", &backoff("catalog", "web-c549d3a4cd-sr2zq", 2));
+        assert_eq!((r.id.as_str(), r.count), (catalog.as_str(), 2));
+        let r = d.by_cluster["c1"][&search].clone();
+        assert_eq!(r.count, 1);
+        assert!(r.last_message.contains("_search("));
+        // the search record ageing out doesn't take the uid from the catalog record
+        d.observe("c1", &{
+            let mut e = backoff("catalog", "web-c549d3a4cd-sr2zq", 10_000);
+            e.uid = "another".into();
+            e
+        });
+        assert_eq!(
+            d.expire(DateTime::from_timestamp(1_800_000_005, 0).unwrap_or_default()),
+            1
+        );
+        assert_eq!(d.by_event["c1"].get("reused"), Some(&catalog));
     }
 }
