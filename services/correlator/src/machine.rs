@@ -200,6 +200,11 @@ pub struct Machine {
     fleet: Fleet,
     /// When the fleet incidents' members were last checked for silent or forgotten clusters.
     fleet_swept: Option<DateTime<Utc>>,
+    /// The hub time of this machine's first tick: a cluster is silent only after as long of watching it as
+    /// its heartbeats may miss. Heartbeats that never reached a correlator that was down themselves (a
+    /// restart, a system started again) say nothing about the cluster, as Kubernetes' node lifecycle
+    /// controller counts a node's grace period from when it started watching.
+    watching_since: Option<DateTime<Utc>>,
     /// Fleet incidents whose members changed since they were last judged, with the newest change's hub
     /// time: judged at the end of each input, or with [`Machine::defer_fleet_judgement`] once per
     /// [`Machine::settle`].
@@ -301,6 +306,7 @@ impl Machine {
             incidents: s.incidents,
             fleet: Fleet::restored(s.fleet),
             fleet_swept: None,
+            watching_since: None,
             fleet_stale: BTreeMap::new(),
             defer_fleet: false,
             hwm: s.hwm,
@@ -1102,6 +1108,7 @@ impl Machine {
             }
         }
         let rule = self.rules.heartbeat.clone();
+        let since = *self.watching_since.get_or_insert(now);
         let silent: Vec<(String, DateTime<Utc>)> = self
             .clusters
             .iter()
@@ -1109,7 +1116,7 @@ impl Machine {
                 let last = c.hb_last_ingest?;
                 let limit =
                     Duration::seconds(i64::from(c.hb_interval_s.max(1)) * i64::from(rule.missed));
-                (now - last > limit).then(|| (name.clone(), last))
+                (now - last.max(since) > limit).then(|| (name.clone(), last))
             })
             .collect();
         for (cluster, last) in silent {

@@ -194,6 +194,7 @@ fn a_late_or_redelivered_message_changes_nothing() {
 #[test]
 fn a_silent_cluster_becomes_unreachable_and_heartbeats_bring_it_back() {
     let mut m = machine();
+    m.apply(Input::Tick(t0()));
     let hb = env("c1", t0(), 1, heartbeat());
     m.apply(Input::Heartbeat(&hb, t0()));
     // 3 missed 5 s intervals (rules.yaml): 15 s is not yet silent, 16 s is
@@ -590,8 +591,41 @@ fn a_rule_with_for_waits_that_long_even_when_rounds_come_fast() {
 }
 
 #[test]
+fn a_correlator_started_again_gives_silent_clusters_their_grace_before_calling_them_unreachable() {
+    // the last heartbeats were stored two hours ago, before the hub (and perhaps the agents) went down
+    let before = t0() - Duration::hours(2);
+    let mut m = machine();
+    m.apply(Input::Tick(before));
+    for (c, seq) in [("c1", 1), ("c2", 1)] {
+        m.apply(Input::Heartbeat(&env(c, before, seq, heartbeat()), before));
+    }
+    let mut again = Machine::restore_snapshot(
+        Rules::defaults(),
+        Baseline::defaults(),
+        "correlator-test",
+        snapshot_of(&m, BTreeMap::new()),
+    );
+    // started again: no cluster is called unreachable for a silence it spent unwatched
+    assert!(incidents(&again.apply(Input::Tick(t0()))).is_empty());
+    // c1's agent is back within the grace; c2's is not
+    let hb = env("c1", t0() + Duration::seconds(5), 2, heartbeat());
+    again.apply(Input::Heartbeat(&hb, t0() + Duration::seconds(5)));
+    assert!(incidents(&again.apply(Input::Tick(t0() + Duration::seconds(15)))).is_empty());
+    let opened = incidents(&again.apply(Input::Tick(t0() + Duration::seconds(16))));
+    assert_eq!(opened.len(), 1, "{opened:?}");
+    assert_eq!(opened[0].cluster, "c2");
+    // the summary says how long the cluster has really been silent
+    assert!(
+        opened[0].summary.contains("no agent heartbeat for 2h"),
+        "{}",
+        opened[0].summary
+    );
+}
+
+#[test]
 fn an_unreachable_cluster_holds_back_what_it_explains_until_it_is_back() {
     let mut m = machine();
+    m.apply(Input::Tick(t0()));
     let hb = env("c1", t0(), 1, heartbeat());
     m.apply(Input::Heartbeat(&hb, t0()));
     let down = incidents(&m.apply(Input::Tick(t0() + Duration::seconds(20))));
@@ -2390,6 +2424,8 @@ async fn a_machine_committed_step_by_step_reads_back_from_the_store_as_it_was() 
     let mut outbox = crate::store::Outbox::default();
     let mut m = machine();
     let at = t0();
+    // the correlator watches from the start (a silence counts from its first tick)
+    m.apply(Input::Tick(at));
     let mut commit = |m: &mut Machine| {
         outbox.push(m.settle());
         store.write(m.take_changes(), &mut outbox).unwrap();
