@@ -69,7 +69,8 @@ impl Record {
             && self.object.kind == e.involved.kind
             && self.object.namespace.as_deref().unwrap_or_default()
                 == e.involved.namespace.as_deref().unwrap_or_default()
-            && self.object.name == mask_name(&e.involved.name)
+            // masked again: a record stored by an older masker still matches its Events
+            && mask_name(&self.object.name) == mask_name(&e.involved.name)
     }
 }
 
@@ -258,8 +259,15 @@ impl Dedup {
                 pass
             }
         };
-        if !e.uid.is_empty() && uids.get(e.uid.as_str()) != Some(&id) {
-            uids.insert(e.uid.clone(), id.clone());
+        if !e.uid.is_empty()
+            && uids.get(e.uid.as_str()) != Some(&id)
+            && let Some(before) = uids.insert(e.uid.clone(), id.clone())
+        {
+            // the uid was another record's (one about another object): it is no longer, nor after a restore
+            if let Some(r) = records.get_mut(&before) {
+                Arc::make_mut(r).event_uids.retain(|u| *u != e.uid);
+                self.dirty.insert((cluster.to_string(), before));
+            }
         }
         self.dirty.insert((cluster.to_string(), id.clone()));
         (&records[&id], pass)
@@ -527,5 +535,71 @@ mod tests {
             1
         );
         assert_eq!(d.by_event["c1"].get("reused"), Some(&catalog));
+    }
+
+    #[test]
+    fn a_uid_moved_to_another_record_stays_there_after_a_restore() {
+        let mut d = Dedup::new();
+        let mut first = ev(
+            "web-b0e834583b-7v4kw",
+            "BackOff",
+            "Back-off restarting failed container web",
+            Severity::Warning,
+            0,
+        );
+        first.uid = "reused".into();
+        let search = d.observe("c1", &first).0.id.clone();
+        let mut other = ev(
+            "api-c549d3a4cd-sr2zq",
+            "BackOff",
+            "Back-off restarting failed container api",
+            Severity::Warning,
+            1,
+        );
+        other.uid = "reused".into();
+        let api = d.observe("c1", &other).0.id.clone();
+        assert_ne!(api, search);
+        // read back in either order, the uid is the second record's only
+        let records: Vec<Record> = d
+            .take_changes()
+            .into_iter()
+            .map(|(_, r)| Arc::unwrap_or_clone(r.expect("kept")))
+            .collect();
+        assert!(
+            records
+                .iter()
+                .any(|r| r.id == search && r.event_uids.is_empty())
+        );
+        for order in [records.clone(), records.into_iter().rev().collect()] {
+            let mut again = Dedup::new();
+            for r in order {
+                again.restore(r);
+            }
+            other.message = "Back-off restarting failed container api (worded anew)".into();
+            let (r, pass) = again.observe("c1", &other);
+            assert_eq!((r.id.as_str(), r.count, pass), (api.as_str(), 2, None));
+        }
+    }
+
+    #[test]
+    fn a_record_an_older_masker_named_still_holds_its_events() {
+        // stored when the pod-template hash `dbd4b` (no digit) was not yet masked
+        let mut e = ev(
+            "api-dbd4b-2wpsl",
+            "Failed",
+            "Error: ImagePullBackOff",
+            Severity::Warning,
+            0,
+        );
+        e.uid = "event-api".into();
+        let mut d = Dedup::new();
+        let (r, _) = d.observe("c1", &e);
+        let mut old = r.clone();
+        old.object.name = "api-dbd4b-*".into();
+        let mut again = Dedup::new();
+        again.restore(old.clone());
+        e.message = "Failed to pull image \"api:2\": not found".into();
+        let (r, pass) = again.observe("c1", &e);
+        assert_eq!((r.id.as_str(), r.count, pass), (old.id.as_str(), 2, None));
     }
 }

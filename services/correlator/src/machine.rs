@@ -1108,7 +1108,10 @@ impl Machine {
             }
         }
         let rule = self.rules.heartbeat.clone();
-        let since = *self.watching_since.get_or_insert(now);
+        // a first tick on a clock stepped back since would leave no cluster silent until it caught up
+        let since = *self
+            .watching_since
+            .insert(self.watching_since.map_or(now, |t| t.min(now)));
         let silent: Vec<(String, DateTime<Utc>)> = self
             .clusters
             .iter()
@@ -1154,7 +1157,7 @@ impl Machine {
                 incidents: &self.incidents,
                 changeable: &self.changeable,
             };
-            for k in self.fleet.sweep(&self.rules.fleet, view, now) {
+            for k in self.fleet.sweep(&self.rules.fleet, view, now, since) {
                 self.emit_fleet(&k);
             }
         }

@@ -1751,6 +1751,40 @@ fn a_member_whose_cluster_went_silent_for_good_leaves_and_the_fleet_incident_doe
 }
 
 #[test]
+fn a_hub_down_for_a_day_does_not_take_the_members_of_its_fleet_incidents_for_gone() {
+    let mut m = machine();
+    m.apply(Input::Tick(t0()));
+    six_clusters(&mut m, t0());
+    let at = t0() + Duration::seconds(60);
+    rounds(&mut m, "c1", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
+    let outs = rounds(&mut m, "c2", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
+    let id = fleet_incidents(&outs)[0].id.clone();
+    let mut again = Machine::restore_snapshot(
+        Rules::defaults(),
+        Baseline::defaults(),
+        "correlator-test",
+        snapshot_of(&m, m.fleet.incidents.clone()),
+    );
+    // started again 30 h later: no member leaves for the hub's own downtime
+    let back = at + Duration::hours(30);
+    let changed = fleet_incidents(&again.apply(Input::Tick(back)));
+    assert!(changed.iter().all(|f| f.id != id), "{changed:#?}");
+    let open = again.current_fleet(false);
+    let f = open.iter().find(|f| f.id == id).expect("still open");
+    assert!(f.members.iter().all(|m| m.left_at.is_none()), "{f:#?}");
+    // a day of watching without a word from them: they leave, and it resolves
+    let outs = fleet_incidents(&again.apply(Input::Tick(back + Duration::hours(24))));
+    let f = outs.iter().find(|f| f.id == id).expect("it changed");
+    assert_eq!(f.status, IncidentStatus::Resolved);
+    assert!(
+        f.members
+            .iter()
+            .all(|m| m.left_because.contains("sent nothing")),
+        "{f:#?}"
+    );
+}
+
+#[test]
 fn fleet_incidents_survive_a_restart_and_a_wiped_store() {
     let mut m = machine();
     six_clusters(&mut m, t0());

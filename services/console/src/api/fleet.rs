@@ -152,7 +152,8 @@ pub(super) fn health_of(c: &ClusterRec, now: DateTime<Utc>) -> (Health, Vec<Stri
         return (Health::Unknown, failing, None);
     };
     let age = (now - hb.ingest_time).num_seconds().max(0);
-    // the correlator calls a cluster unreachable after 3 missed heartbeats; so does the overview
+    // the correlator calls a cluster unreachable after 3 missed heartbeats; so does the overview (which shows
+    // what it last heard: unlike the correlator, it waits out no grace after its own start)
     let stale = age > i64::from(hb.heartbeat.interval_s.max(1)) * 3;
     let health = if stale || !hb.heartbeat.apiserver_reachable {
         Health::Unreachable
