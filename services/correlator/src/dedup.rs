@@ -540,23 +540,18 @@ mod tests {
     #[test]
     fn a_uid_moved_to_another_record_stays_there_after_a_restore() {
         let mut d = Dedup::new();
-        let mut first = ev(
-            "web-b0e834583b-7v4kw",
-            "BackOff",
-            "Back-off restarting failed container web",
-            Severity::Warning,
-            0,
-        );
-        first.uid = "reused".into();
-        let search = d.observe("c1", &first).0.id.clone();
-        let mut other = ev(
-            "api-c549d3a4cd-sr2zq",
-            "BackOff",
-            "Back-off restarting failed container api",
-            Severity::Warning,
-            1,
-        );
-        other.uid = "reused".into();
+        let backoff = |pod: &str, container: &str, t: i64| {
+            let msg = format!("Back-off restarting failed container {container}");
+            let mut e = ev(pod, "BackOff", &msg, Severity::Warning, t);
+            e.uid = "reused".into();
+            e
+        };
+        let search = d
+            .observe("c1", &backoff("web-b0e834583b-7v4kw", "web", 0))
+            .0
+            .id
+            .clone();
+        let mut other = backoff("api-c549d3a4cd-sr2zq", "api", 1);
         let api = d.observe("c1", &other).0.id.clone();
         assert_ne!(api, search);
         // read back in either order, the uid is the second record's only
