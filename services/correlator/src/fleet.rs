@@ -912,14 +912,14 @@ impl Fleet {
     }
 
     /// Members whose cluster went silent for good or left the machine's view leave; a fleet incident
-    /// whose members have all resolved or left resolves. A silence counts from `watching_since` at the
-    /// earliest (the hub's own downtime is not the cluster's). Returns the keys that changed.
+    /// whose members have all resolved or left resolves. A silence counts only as long as it was
+    /// `watched` (the hub's own downtime is not the cluster's). Returns the keys that changed.
     pub fn sweep(
         &mut self,
         rule: &FleetRule,
         view: View<'_>,
         now: DateTime<Utc>,
-        watching_since: DateTime<Utc>,
+        watched: Duration,
     ) -> Vec<String> {
         let silent = Duration::from_std(rule.silent_member_after).unwrap_or(Duration::days(1));
         let mut changed = Vec::new();
@@ -944,8 +944,8 @@ impl Fleet {
                 let why = match view.clusters.get(&m.cluster) {
                     None => Some("its cluster is no longer in the fleet".to_string()),
                     Some(c)
-                        if c.hb_last_ingest
-                            .is_some_and(|t| now - t.max(watching_since) >= silent) =>
+                        if watched >= silent
+                            && c.hb_last_ingest.is_some_and(|t| now - t >= silent) =>
                     {
                         Some(format!(
                             "its cluster sent nothing for {}",

@@ -200,11 +200,12 @@ pub struct Machine {
     fleet: Fleet,
     /// When the fleet incidents' members were last checked for silent or forgotten clusters.
     fleet_swept: Option<DateTime<Utc>>,
-    /// The hub time of this machine's first tick: a cluster is silent only after as long of watching it as
-    /// its heartbeats may miss. Heartbeats that never reached a correlator that was down themselves (a
-    /// restart, a system started again) say nothing about the cluster, as Kubernetes' node lifecycle
-    /// controller counts a node's grace period from when it started watching.
-    watching_since: Option<DateTime<Utc>>,
+    /// The hub time of the last tick, and how long this machine has watched since its first: the sum of
+    /// the forward steps between ticks (a clock stepped back adds nothing and takes nothing away). A
+    /// cluster is silent only after as long of watching as its heartbeats may miss: a correlator that was
+    /// down (a restart, a system started again) heard nothing, which says nothing about the cluster, as
+    /// Kubernetes' node lifecycle controller counts a node's grace period from when it started watching.
+    watched: (Option<DateTime<Utc>>, Duration),
     /// Fleet incidents whose members changed since they were last judged, with the newest change's hub
     /// time: judged at the end of each input, or with [`Machine::defer_fleet_judgement`] once per
     /// [`Machine::settle`].
@@ -306,7 +307,7 @@ impl Machine {
             incidents: s.incidents,
             fleet: Fleet::restored(s.fleet),
             fleet_swept: None,
-            watching_since: None,
+            watched: (None, Duration::zero()),
             fleet_stale: BTreeMap::new(),
             defer_fleet: false,
             hwm: s.hwm,
@@ -1108,10 +1109,13 @@ impl Machine {
             }
         }
         let rule = self.rules.heartbeat.clone();
-        // a first tick on a clock stepped back since would leave no cluster silent until it caught up
-        let since = *self
-            .watching_since
-            .insert(self.watching_since.map_or(now, |t| t.min(now)));
+        if let (Some(last), _) = self.watched
+            && now > last
+        {
+            self.watched.1 += now - last;
+        }
+        self.watched.0 = Some(now);
+        let watched = self.watched.1;
         let silent: Vec<(String, DateTime<Utc>)> = self
             .clusters
             .iter()
@@ -1119,7 +1123,7 @@ impl Machine {
                 let last = c.hb_last_ingest?;
                 let limit =
                     Duration::seconds(i64::from(c.hb_interval_s.max(1)) * i64::from(rule.missed));
-                (now - last.max(since) > limit).then(|| (name.clone(), last))
+                (now - last > limit && watched > limit).then(|| (name.clone(), last))
             })
             .collect();
         for (cluster, last) in silent {
@@ -1157,7 +1161,7 @@ impl Machine {
                 incidents: &self.incidents,
                 changeable: &self.changeable,
             };
-            for k in self.fleet.sweep(&self.rules.fleet, view, now, since) {
+            for k in self.fleet.sweep(&self.rules.fleet, view, now, watched) {
                 self.emit_fleet(&k);
             }
         }

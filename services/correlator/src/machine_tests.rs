@@ -623,6 +623,21 @@ fn a_correlator_started_again_gives_silent_clusters_their_grace_before_calling_t
 }
 
 #[test]
+fn a_hub_clock_stepped_back_neither_ends_the_grace_nor_hides_a_silence() {
+    let mut m = machine();
+    let before = t0() - Duration::hours(2);
+    m.apply(Input::Heartbeat(&env("c1", before, 1, heartbeat()), before));
+    // the first tick, then the clock stepped back an hour: watching goes on from there
+    assert!(incidents(&m.apply(Input::Tick(t0()))).is_empty());
+    let back = t0() - Duration::hours(1);
+    assert!(incidents(&m.apply(Input::Tick(back))).is_empty());
+    assert!(incidents(&m.apply(Input::Tick(back + Duration::seconds(15)))).is_empty());
+    let opened = incidents(&m.apply(Input::Tick(back + Duration::seconds(16))));
+    assert_eq!(opened.len(), 1, "{opened:?}");
+    assert_eq!(opened[0].kind, "cluster-unreachable");
+}
+
+#[test]
 fn an_unreachable_cluster_holds_back_what_it_explains_until_it_is_back() {
     let mut m = machine();
     m.apply(Input::Tick(t0()));
