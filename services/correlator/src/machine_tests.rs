@@ -41,6 +41,16 @@ fn machine() -> Machine {
     Machine::new(Rules::defaults(), Baseline::defaults(), "correlator-test")
 }
 
+/// A machine started again from what its store held, with the default rules.
+fn restored(snapshot: Snapshot) -> Machine {
+    Machine::restore_snapshot(
+        Rules::defaults(),
+        Baseline::defaults(),
+        "correlator-test",
+        snapshot,
+    )
+}
+
 fn probe(name: &str, status: ProbeStatus, round: u64) -> ProbeResult {
     ProbeResult {
         probe: name.into(),
@@ -599,12 +609,7 @@ fn a_correlator_started_again_gives_silent_clusters_their_grace_before_calling_t
     for (c, seq) in [("c1", 1), ("c2", 1)] {
         m.apply(Input::Heartbeat(&env(c, before, seq, heartbeat()), before));
     }
-    let mut again = Machine::restore_snapshot(
-        Rules::defaults(),
-        Baseline::defaults(),
-        "correlator-test",
-        snapshot_of(&m, BTreeMap::new()),
-    );
+    let mut again = restored(snapshot_of(&m, BTreeMap::new()));
     // started again: no cluster is called unreachable for a silence it spent unwatched
     assert!(incidents(&again.apply(Input::Tick(t0()))).is_empty());
     // c1's agent is back within the grace; c2's is not
@@ -834,15 +839,10 @@ fn each_clusters_count_of_changeable_objects_follows_its_objects_and_a_restore()
     let expected = BTreeMap::from([("c1".to_string(), 1), ("c2".to_string(), 1)]);
     assert_eq!(m.changeable, expected);
     // counted again from the objects, as a restart does
-    let again = Machine::restore_snapshot(
-        Rules::defaults(),
-        Baseline::defaults(),
-        "correlator-test",
-        Snapshot {
-            specs: m.specs.clone(),
-            ..Snapshot::default()
-        },
-    );
+    let again = restored(Snapshot {
+        specs: m.specs.clone(),
+        ..Snapshot::default()
+    });
     assert_eq!(again.changeable, expected);
 }
 
@@ -877,12 +877,7 @@ fn changes_name_only_what_changed_and_a_snapshot_restores_the_machine() {
     assert!(changes.specs.is_empty() && changes.incidents.is_empty() && changes.hwm.is_none());
 
     // what the store would hold, read back: the same incidents, and the high-water mark still skips
-    let mut again = Machine::restore_snapshot(
-        Rules::defaults(),
-        Baseline::defaults(),
-        "correlator-test",
-        snapshot_of(&m, m.fleet.incidents.clone()),
-    );
+    let mut again = restored(snapshot_of(&m, m.fleet.incidents.clone()));
     assert_eq!(again.current(true), m.current(true));
     assert!(
         again
@@ -1148,12 +1143,7 @@ fn the_storm_window_is_stored_apart_every_few_seconds_and_comes_back_from_the_st
         windows: BTreeMap::from([("c1".to_string(), w)]),
         ..Default::default()
     };
-    let again = Machine::restore_snapshot(
-        Rules::defaults(),
-        Baseline::defaults(),
-        "correlator-test",
-        snapshot,
-    );
+    let again = restored(snapshot);
     assert_eq!(again.clusters["c1"].warnings, m.clusters["c1"].warnings);
     assert_eq!(again.clusters["c1"].warnings_seen, 40);
 }
@@ -1476,16 +1466,11 @@ fn a_clusters_changes_are_handed_over_one_by_one_and_a_heartbeat_hands_over_none
     );
 
     // restored as the store reads it back, nothing is handed over again
-    let mut again = Machine::restore_snapshot(
-        Rules::defaults(),
-        Baseline::defaults(),
-        "correlator-test",
-        Snapshot {
-            clusters: m.clusters.clone(),
-            specs: m.specs.clone(),
-            ..Snapshot::default()
-        },
-    );
+    let mut again = restored(Snapshot {
+        clusters: m.clusters.clone(),
+        specs: m.specs.clone(),
+        ..Snapshot::default()
+    });
     again.apply(Input::Heartbeat(&hb, at));
     assert!(again.take_changes().changes.is_empty());
     change(&mut again, "c1", "web", "ff", at);
@@ -1774,12 +1759,7 @@ fn a_hub_down_for_a_day_does_not_take_the_members_of_its_fleet_incidents_for_gon
     rounds(&mut m, "c1", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
     let outs = rounds(&mut m, "c2", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
     let id = fleet_incidents(&outs)[0].id.clone();
-    let mut again = Machine::restore_snapshot(
-        Rules::defaults(),
-        Baseline::defaults(),
-        "correlator-test",
-        snapshot_of(&m, m.fleet.incidents.clone()),
-    );
+    let mut again = restored(snapshot_of(&m, m.fleet.incidents.clone()));
     // started again 30 h later: no member leaves for the hub's own downtime
     let back = at + Duration::hours(30);
     let changed = fleet_incidents(&again.apply(Input::Tick(back)));
@@ -1819,12 +1799,7 @@ fn fleet_incidents_survive_a_restart_and_a_wiped_store() {
         fleet: m.fleet.incidents.clone(),
         ..Default::default()
     };
-    let mut again = Machine::restore_snapshot(
-        Rules::defaults(),
-        Baseline::defaults(),
-        "correlator-test",
-        snapshot,
-    );
+    let mut again = restored(snapshot);
     assert_eq!(again.current_fleet(false), vec![opened.clone()]);
     let outs = rounds(
         &mut again,
@@ -2132,12 +2107,7 @@ fn event_problems_an_older_correlator_kept_apart_carry_on_as_one_under_their_id_
         (key(&old), old.clone()),
         (key(&other), other.clone()),
     ]);
-    let mut again = Machine::restore_snapshot(
-        Rules::defaults(),
-        Baseline::defaults(),
-        "correlator-test",
-        snapshot_of(&m, kept.clone()),
-    );
+    let mut again = restored(snapshot_of(&m, kept.clone()));
     // what the store holds after each batch
     let mut store = kept;
     let write = |store: &mut BTreeMap<String, FleetIncident>, m: &mut Machine| {
@@ -2211,12 +2181,7 @@ fn event_problems_an_older_correlator_kept_apart_carry_on_as_one_under_their_id_
     assert_eq!(open, vec![f.id.clone()]);
     // read back after a restart: the same three, the one open under the problem's key
     write(&mut store, &mut again);
-    let restarted = Machine::restore_snapshot(
-        Rules::defaults(),
-        Baseline::defaults(),
-        "correlator-test",
-        snapshot_of(&again, store),
-    );
+    let restarted = restored(snapshot_of(&again, store));
     let all: BTreeMap<String, IncidentStatus> = restarted
         .current_fleet(true)
         .into_iter()
@@ -2575,12 +2540,7 @@ async fn a_machine_committed_step_by_step_reads_back_from_the_store_as_it_was() 
 
     let store = crate::store::Store::open(dir.path(), 1 << 20).unwrap();
     let (snapshot, _) = store.load().unwrap();
-    let again = Machine::restore_snapshot(
-        Rules::defaults(),
-        Baseline::defaults(),
-        "correlator-test",
-        snapshot,
-    );
+    let again = restored(snapshot);
     let (was, now) = (&m.clusters["c1"], &again.clusters["c1"]);
     assert_eq!(was.hb_streak, 1, "back after the silence");
     assert!(!was.probes.is_empty() && !was.changes.is_empty() && !was.warnings.is_empty());
