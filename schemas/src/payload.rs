@@ -911,8 +911,9 @@ pub struct SharedAttribute {
 /// A change on the failing clusters shortly before they failed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Suspect {
-    /// `suspect`: reached more of the failing clusters than of the healthy ones; `common`: seen as often
-    /// on healthy clusters (ordinary churn, not a cause).
+    /// `suspect`: reached more of the failing clusters than of the healthy ones; `common`: ordinary churn,
+    /// not a cause (seen as often on healthy clusters, or an object the failing clusters change that often
+    /// anyway).
     pub verdict: SuspectVerdict,
     /// The object changed (`kind`, `namespace`, `name`).
     pub object: ObjectRef,
@@ -955,7 +956,7 @@ pub struct ReleaseRef {
 pub enum SuspectVerdict {
     /// Reached the failing clusters more than the healthy ones.
     Suspect,
-    /// As common on healthy clusters: not a cause.
+    /// As common on healthy clusters, or as often changed on the failing ones anyway: not a cause.
     Common,
     /// A verdict this consumer does not know yet.
     #[serde(other)]

@@ -5,7 +5,8 @@
 //! resolves when its last member has. For each, it ranks what the failing clusters share that the healthy
 //! ones don't (version, CNI, ingress controller, CoreDNS, device plugin and driver, registry labels) and
 //! weighs the changes that reached the failing clusters shortly before against the healthy ones: a change
-//! seen as often on healthy clusters is ordinary churn, not a suspect.
+//! seen as often on healthy clusters, or one the failing clusters make that often anyway, is ordinary
+//! churn, not a suspect.
 //!
 //! Plain data and pure functions over the machine's view of the fleet; [`crate::machine::Machine`] calls
 //! it after every change of a cluster incident and on its ticks, and emits what changed.
@@ -61,8 +62,55 @@ fn held(view: View<'_>, cluster: &str) -> usize {
 
 /// The coincidences at most expected before an object changed on several failing clusters is named a
 /// suspect: the expected number of objects changing on all of them by chance (objects held × the product
-/// of each cluster's churn) must stay below this.
+/// of each cluster's churn) must stay below this; and the chance that this object, at its own pace, would
+/// have changed on all of them anyway ([`Habits::chance`]) too.
 const MAX_CHANCE: f64 = 0.2;
+
+/// Below this many healthy clusters, an object's changes on them say too little of whether its change on
+/// the failing ones is routine, and its own habit there is weighed ([`Habits`]).
+const FEW_HEALTHY: u32 = 4;
+
+/// How often each object changes on one failing cluster anyway: its changes held from before the lookback
+/// (what happened in the lookback is what is judged: a bad change applied again and again there is no habit)
+/// over the history they came from. Churn is not spread evenly over objects: an application's config or a
+/// controller-written object changes every few minutes, and with few or no healthy clusters to compare
+/// nothing else shows its change in the lookback to be routine.
+struct Habits<'a> {
+    /// Changes held from before the lookback, by object.
+    counts: HashMap<TouchId<'a>, u32>,
+    /// The history before the lookback: from the oldest change held to the lookback's start.
+    span: Duration,
+}
+
+impl<'a> Habits<'a> {
+    fn of(touches: &[Touch<'a>], at: DateTime<Utc>, lookback: Duration) -> Self {
+        let start = at - lookback;
+        let mut counts: HashMap<TouchId<'a>, u32> = HashMap::new();
+        let mut oldest = start;
+        for t in touches.iter().filter(|t| t.release().is_none()) {
+            oldest = oldest.min(t.at);
+            if t.at < start {
+                *counts.entry(t.id()).or_default() += 1;
+            }
+        }
+        Habits {
+            counts,
+            span: start - oldest,
+        }
+    }
+
+    fn count(&self, id: &TouchId<'_>) -> u32 {
+        self.counts.get(id).copied().unwrap_or(0)
+    }
+
+    /// The chance that the object changes at least once in a lookback at its pace (Poisson), its pace
+    /// counted over the history and one lookback more: a short history says little, and one change in it
+    /// is not yet a habit.
+    fn chance(&self, id: &TouchId<'_>, lookback: Duration) -> f64 {
+        let over = (self.span + lookback).num_seconds().max(1) as f64;
+        1.0 - (-(self.count(id) as f64) * lookback.num_seconds() as f64 / over).exp()
+    }
+}
 
 /// The key of the current fleet incident of a kind.
 pub fn key(kind: &str) -> String {
@@ -421,8 +469,10 @@ fn touches<'a>(view: View<'a>, cluster: &str) -> Vec<Touch<'a>> {
 /// clusters is `common` (ordinary churn); anything between says too little to be listed. An object's change
 /// on several failing clusters is a suspect only if chance could hardly explain it: with most objects
 /// churning, some object changes on the same two clusters by chance, and two or three healthy clusters are
-/// too few to show it (`MAX_CHANCE`). A release is a deliberate change, never chance. A release that is a
-/// suspect comes first: it is what an operator undoes.
+/// too few to show it (`MAX_CHANCE`). Nor is an object that changes that often on those clusters anyway: at
+/// the pace it changed there before the lookback, it would change on all of them in one lookback with a
+/// chance of `MAX_CHANCE` or more ([`Habits`]); it is `common`. A release is a deliberate change, never chance. A
+/// release that is a suspect comes first: it is what an operator undoes.
 pub fn suspects(
     view: View<'_>,
     lookback: Duration,
@@ -444,6 +494,13 @@ pub fn suspects(
     let read: BTreeMap<&str, (Vec<Touch<'_>>, usize)> = since
         .keys()
         .map(|c| (c.as_str(), (touches(view, c), held(view, c))))
+        .collect();
+    let habits: BTreeMap<&str, Habits<'_>> = since
+        .iter()
+        .filter_map(|(c, at)| {
+            let (touches, _) = read.get(c.as_str())?;
+            Some((c.as_str(), Habits::of(touches, *at, lookback)))
+        })
         .collect();
     let mut failing: BTreeMap<String, Reached<'_>> = BTreeMap::new();
     for (c, at) in since {
@@ -491,7 +548,7 @@ pub fn suspects(
         })
         .collect();
     let held = read.values().map(|(_, h)| *h).max().unwrap_or(0) as f64;
-    let mut out: Vec<(bool, f64, Suspect)> = Vec::new();
+    let mut out: Vec<(bool, bool, f64, Suspect)> = Vec::new();
     for (key, (clusters, latest, object, release, id)) in failing {
         let h = on_healthy.get(&id).copied().unwrap_or(0);
         let f = clusters.len() as u32;
@@ -514,9 +571,28 @@ pub fn suspects(
                 .map(|c| churns.get(c).copied().unwrap_or(1.0))
                 .product::<f64>();
         let by_chance = release.is_none() && f >= 2 && chance >= MAX_CHANCE;
-        let verdict = if f >= needed && hr <= 0.25 && hr < fr && !by_chance {
+        // an object that changes this often on those clusters anyway, when the healthy ones are too few
+        // to show it: how often, on average
+        let habitual = release.is_none()
+            && healthy_total < FEW_HEALTHY
+            && clusters
+                .iter()
+                .map(|c| habits.get(c).map_or(0.0, |h| h.chance(&id, lookback)))
+                .product::<f64>()
+                >= MAX_CHANCE;
+        let every = habitual.then(|| {
+            let (n, span) = clusters
+                .iter()
+                .filter_map(|c| habits.get(c))
+                .fold((0, Duration::zero()), |(n, span), h| {
+                    (n + h.count(&id), span + h.span)
+                });
+            span / n.max(1) as i32
+        });
+        let singled_out = f >= needed && hr <= 0.25 && hr < fr && !by_chance;
+        let verdict = if singled_out && every.is_none() {
             SuspectVerdict::Suspect
-        } else if h > 0 && hr >= fr {
+        } else if singled_out || (h > 0 && hr >= fr) {
             SuspectVerdict::Common
         } else {
             continue;
@@ -535,9 +611,14 @@ pub fn suspects(
             }
             None => key.clone(),
         };
+        let healthy_of = if healthy_total == 0 {
+            "none healthy to compare".to_string()
+        } else {
+            format!("{h} of {healthy_total} healthy")
+        };
         let summary = match verdict {
             SuspectVerdict::Suspect => format!(
-                "{what} {} {f} of {failing_total} failing clusters, {h} of {healthy_total} healthy, in the {} before",
+                "{what} {} {f} of {failing_total} failing clusters, {healthy_of}, in the {} before",
                 if release.is_some() {
                     "reached"
                 } else {
@@ -545,17 +626,26 @@ pub fn suspects(
                 },
                 crate::evidence::secs(lookback)
             ),
-            _ => format!(
-                "{what} {} {f} of {failing_total} failing and {h} of {healthy_total} healthy clusters: ordinary churn, not a suspect",
-                if release.is_some() {
-                    "reached"
-                } else {
-                    "changed on"
-                },
-            ),
+            _ => match every {
+                Some(every) if singled_out => format!(
+                    "{what} changed on {f} of {failing_total} failing clusters, {healthy_of}, in the {} before, as it does there every {} on average: ordinary churn, not a suspect",
+                    crate::evidence::secs(lookback),
+                    crate::evidence::secs(every),
+                ),
+                _ => format!(
+                    "{what} {} {f} of {failing_total} failing and {h} of {healthy_total} healthy clusters: ordinary churn, not a suspect",
+                    if release.is_some() {
+                        "reached"
+                    } else {
+                        "changed on"
+                    },
+                ),
+            },
         };
         out.push((
             release.is_some() && verdict == SuspectVerdict::Suspect,
+            // ordinary churn the healthy clusters showed before churn judged by habit alone
+            !(singled_out && every.is_some()),
             fr - hr,
             Suspect {
                 verdict,
@@ -570,15 +660,16 @@ pub fn suspects(
             },
         ));
     }
-    out.sort_by(|(ra, a, x), (rb, b, y)| {
+    out.sort_by(|(ra, ea, a, x), (rb, eb, b, y)| {
         rb.cmp(ra)
+            .then(eb.cmp(ea))
             .then(b.total_cmp(a))
             .then(y.failing.cmp(&x.failing))
             .then(y.last_changed.cmp(&x.last_changed))
     });
     let (mut s, mut c) = (0, 0);
     out.into_iter()
-        .map(|(_, _, x)| x)
+        .map(|(_, _, _, x)| x)
         .filter(|x| match x.verdict {
             SuspectVerdict::Suspect => {
                 s += 1;
@@ -1253,7 +1344,7 @@ fn judge(
                 .count();
             if common > 0 {
                 summary.push_str(&format!(
-                    "; no change reached only the failing clusters ({common} seen as often on healthy ones)"
+                    "; no suspect among the changes ({common} ordinary churn)"
                 ));
             }
         }

@@ -1384,6 +1384,73 @@ fn an_object_that_changed_on_two_failing_clusters_amid_heavy_churn_is_not_named_
     assert_eq!(f.suspects[0].object.name, "app-0");
 }
 
+#[test]
+fn an_object_the_failing_clusters_change_every_few_minutes_is_ordinary_churn_even_with_none_healthy()
+ {
+    // every cluster fails: no healthy one to show what churns. On each, `app-config` (as an application's
+    // config or what a controller writes) changes every 2 minutes, `app-0` once 5 minutes before the
+    // failure, `app-1` twice (20 and 5 minutes before: applied, then applied again), `app-2` three times in
+    // the lookback
+    let names = ["c1", "c2", "c3"];
+    let mut m = quiet_fleet(&names);
+    let at = t0() + Duration::minutes(40);
+    for c in names {
+        let mut t = t0() + Duration::minutes(5);
+        let mut n = 0;
+        while t < at {
+            change(&mut m, c, "app-config", &format!("{n:08x}"), t);
+            t += Duration::minutes(2);
+            n += 1;
+        }
+        change(&mut m, c, "app-0", "0000000b", at - Duration::minutes(5));
+        change(&mut m, c, "app-1", "0000000b", at - Duration::minutes(20));
+        change(&mut m, c, "app-1", "0000000c", at - Duration::minutes(5));
+        // a bad change applied again and again in the lookback is no habit
+        for (i, ago) in [10, 7, 4].into_iter().enumerate() {
+            change(
+                &mut m,
+                c,
+                "app-2",
+                &format!("{i:08x}"),
+                at - Duration::minutes(ago),
+            );
+        }
+    }
+    rounds(&mut m, "c1", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
+    rounds(&mut m, "c2", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
+    let outs = rounds(&mut m, "c3", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
+    let f = fleet_incidents(&outs).pop().expect("a fleet incident");
+    assert_eq!(f.clusters(), names);
+    let verdict = |name: &str| {
+        f.suspects
+            .iter()
+            .find(|s| s.object.name == name)
+            .unwrap_or_else(|| panic!("{name} not weighed: {:#?}", f.suspects))
+    };
+    let hot = verdict("app-config");
+    assert_eq!(hot.verdict, SuspectVerdict::Common, "{:#?}", f.suspects);
+    // its pace as measured over the history held before the lookback: about its 2 minutes
+    let every = hot
+        .summary
+        .strip_prefix(
+            "Deployment kube-system/app-config changed on 3 of 3 failing clusters, none healthy to compare, \
+             in the 15m before, as it does there every ",
+        )
+        .and_then(|s| s.strip_suffix("s on average: ordinary churn, not a suspect"))
+        .and_then(|s| s.parse::<u32>().ok())
+        .unwrap_or_else(|| panic!("{}", hot.summary));
+    assert!((100..=130).contains(&every), "{}", hot.summary);
+    for once in ["app-0", "app-1", "app-2"] {
+        assert_eq!(verdict(once).verdict, SuspectVerdict::Suspect, "{once}");
+    }
+    assert!(
+        f.summary
+            .contains("first suspect: Deployment kube-system/app-"),
+        "{}",
+        f.summary
+    );
+}
+
 fn change(m: &mut Machine, cluster: &str, name: &str, hash: &str, at: DateTime<Utc>) {
     let s = env(cluster, at, 10, StateMsg::State(deployment(name, hash)));
     m.apply(Input::State(&s));
