@@ -76,6 +76,15 @@ pub fn secs(d: Duration) -> String {
     }
 }
 
+/// `4m before` `at`, or `as it began` for a change reported a moment after it ([`REPORTED_LATE`]).
+fn before(at: DateTime<Utc>, t: DateTime<Utc>) -> String {
+    if t > at {
+        "as it began".to_string()
+    } else {
+        format!("{} before", secs(at - t))
+    }
+}
+
 /// `Kind ns/name` (or `Kind name` for a cluster-scoped object).
 pub fn obj_label(o: &ObjectRef) -> String {
     match &o.namespace {
@@ -91,6 +100,11 @@ fn window(rule: &EvidenceRule) -> Duration {
     Duration::from_std(rule.change_window).unwrap_or(Duration::minutes(30))
 }
 
+/// How long after `at` a change still counts as before it: the agent's watch and its probe round race, and
+/// a change that caused the failure a round found may be reported a moment after that round.
+const REPORTED_LATE: Duration = Duration::seconds(5);
+
+/// The cluster's changes in the evidence window before `at` (and [`REPORTED_LATE`] after it).
 fn recent_changes<'a>(
     c: &'a ClusterState,
     rule: &EvidenceRule,
@@ -99,7 +113,23 @@ fn recent_changes<'a>(
     let since = at - window(rule);
     c.changes
         .iter()
-        .filter(move |ch| ch.at <= at && ch.at >= since)
+        .filter(move |ch| ch.at <= at + REPORTED_LATE && ch.at >= since)
+}
+
+/// [`recent_changes`], each object's latest only (its earlier ones are history, not evidence), oldest first.
+fn latest_changes<'a>(
+    c: &'a ClusterState,
+    rule: &EvidenceRule,
+    at: DateTime<Utc>,
+) -> Vec<&'a ChangeRec> {
+    let mut latest: BTreeMap<(&str, Option<&str>, &str), &ChangeRec> = BTreeMap::new();
+    for ch in recent_changes(c, rule, at) {
+        let o = &ch.object;
+        latest.insert((&o.kind, o.namespace.as_deref(), &o.name), ch);
+    }
+    let mut latest: Vec<&ChangeRec> = latest.into_values().collect();
+    latest.sort_by_key(|ch| ch.at);
+    latest
 }
 
 fn same_object(a: &ObjectRef, b: &ObjectRef) -> bool {
@@ -143,24 +173,17 @@ pub fn gather(
     dedup: &Dedup,
     probe: Option<&str>,
     at: DateTime<Utc>,
+    onset: DateTime<Utc>,
 ) -> Vec<Evidence> {
     let window = window(rule);
     let mut scored: Vec<(f64, Evidence)> = Vec::new();
     let track = state.zip(probe).and_then(|(c, p)| c.probes.get(p));
     let related: &[ObjectRef] = track.map(|t| t.related.as_slice()).unwrap_or_default();
     if let Some(c) = state {
-        // the latest change of each object (its earlier ones are history, not evidence)
-        let mut latest: BTreeMap<(&str, Option<&str>, &str), &ChangeRec> = BTreeMap::new();
-        for ch in recent_changes(c, rule, at) {
-            let o = &ch.object;
-            latest.insert(
-                (o.kind.as_str(), o.namespace.as_deref(), o.name.as_str()),
-                ch,
-            );
-        }
-        let mut latest: Vec<&ChangeRec> = latest.into_values().collect();
-        latest.sort_by_key(|ch| ch.at);
-        for ch in latest {
+        // changes are weighed up to when it began failing: what changed after is no cause, and an open
+        // incident updated later keeps the changes that came before it
+        let at = onset.min(at);
+        for ch in latest_changes(c, rule, at) {
             let age = (at - ch.at).num_seconds().max(0) as f64;
             // relevance first, then recency; an unrelated change ranks below the probe's own trend and
             // the related events. A change to the failing object itself (the finding's first) ranks
@@ -177,10 +200,11 @@ pub fn gather(
                 bonus = bonus.min(4.4);
             }
             let score = bonus + 1.0 - age / window.num_seconds().max(1) as f64;
+            let when = before(at, ch.at);
             let why = if why.is_empty() {
-                format!("changed on this cluster {} before", secs(at - ch.at))
+                format!("changed on this cluster {when}")
             } else {
-                format!("{why}; it changed {} before", secs(at - ch.at))
+                format!("{why}; it changed {when}")
             };
             scored.push((
                 score,
@@ -188,11 +212,10 @@ pub fn gather(
                     rank: 0,
                     kind: EvidenceKind::Change,
                     summary: format!(
-                        "{} changed (spec {} → {}) {} before",
+                        "{} changed (spec {} → {}) {when}",
                         obj_label(&ch.object),
                         &ch.from[..ch.from.len().min(8)],
                         &ch.to[..ch.to.len().min(8)],
-                        secs(at - ch.at)
                     ),
                     cluster_time: ch.at,
                     object: Some(ch.object.clone()),
@@ -205,7 +228,9 @@ pub fn gather(
         // (without a finding, the probe's own detail — `/readyz/etcd: HTTP 500 …` — below its trend: an
         // overload's latency curve says more than its last reading)
         if let Some(t) = track.filter(|t| !t.finding.is_empty() || t.failing_since.is_some()) {
-            let since = t.failing_since.unwrap_or(at);
+            // when the streak began (`at` here: the onset), a healthy round between failing ones
+            // notwithstanding
+            let since = at;
             scored.push((
                 if t.finding.is_empty() { 2.4 } else { 5.5 },
                 Evidence {
@@ -272,6 +297,32 @@ pub fn gather(
         scored = unrelated;
     }
     rank(scored, rule.max_items)
+}
+
+/// An open incident's evidence updated: `new`, with the changes `old` named in their places instead of its
+/// own (what changed before the streak began is known when the incident opens; the change history held moves
+/// on while it stays open, and must not take them away).
+pub fn keep_changes(old: &[Evidence], new: Vec<Evidence>, max: usize) -> Vec<Evidence> {
+    let kept: Vec<&Evidence> = old
+        .iter()
+        .filter(|e| e.kind == EvidenceKind::Change)
+        .collect();
+    if kept.is_empty() {
+        return new;
+    }
+    let mut out: Vec<Evidence> = new
+        .into_iter()
+        .filter(|e| e.kind != EvidenceKind::Change)
+        .collect();
+    for e in kept {
+        let at = (e.rank as usize).saturating_sub(1).min(out.len());
+        out.insert(at, e.clone());
+    }
+    out.truncate(max);
+    for (i, e) in out.iter_mut().enumerate() {
+        e.rank = i as u32 + 1;
+    }
+    out
 }
 
 /// The cluster's recent warning events that can be evidence (no lifecycle reasons), most severe first.
@@ -388,7 +439,8 @@ pub fn changes_phrase(
             "Deployment" | "DaemonSet" | "StatefulSet" | "CronJob"
         )
     };
-    let (recent, churn): (Vec<&ChangeRec>, Vec<&ChangeRec>) = recent_changes(c, rule, at)
+    let (recent, churn): (Vec<&ChangeRec>, Vec<&ChangeRec>) = latest_changes(c, rule, at)
+        .into_iter()
         .filter(workload)
         .partition(|ch| !is_churn(rule, ch, others, at));
     let describe = |v: &[&ChangeRec]| {
@@ -410,11 +462,19 @@ pub fn changes_phrase(
         ),
         (false, _) => {
             let earliest = recent.iter().map(|c| c.at).min().unwrap_or(at);
-            let mut p = format!(
-                "; {} changed there in the {} before",
-                describe(&recent),
-                secs(at - earliest)
-            );
+            let mut p = if earliest > at {
+                format!(
+                    "; {} changed there {}",
+                    describe(&recent),
+                    before(at, earliest)
+                )
+            } else {
+                format!(
+                    "; {} changed there in the {} before",
+                    describe(&recent),
+                    secs(at - earliest)
+                )
+            };
             if !churn.is_empty() {
                 p.push_str(&format!(
                     " ({} more changed as often on the other clusters: ordinary churn)",

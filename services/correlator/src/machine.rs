@@ -26,7 +26,7 @@ use crate::dedup::{Dedup, Pass, Record};
 use crate::evidence::{self, obj_label, secs};
 use crate::fleet::{self, Fleet};
 use crate::rules::{Rules, render};
-use crate::state::{Beat, ChangeRec, ClusterState, ProbeTrack, StormWindow, probe_key};
+use crate::state::{Beat, ChangeRec, ClusterState, Onset, ProbeTrack, StormWindow, probe_key};
 use crate::{blast, consistency};
 
 /// A message to publish.
@@ -246,8 +246,9 @@ struct Raise<'a> {
 
 /// What found the condition (it decides the evidence).
 enum Cause<'a> {
-    /// A probe (evidence: what bears on its finding).
-    Probe(&'a str),
+    /// A probe, and when the rule's failing streak began (evidence: what bears on its finding, changes up to
+    /// then).
+    Probe(&'a str, DateTime<Utc>),
     /// A baseline check (evidence: its finding and the violating objects).
     Check(&'a multipilot_schemas::payload::ComplianceCheck),
     /// The cluster as a whole: heartbeats, clock, event rate.
@@ -805,7 +806,13 @@ impl Machine {
         }
     }
 
-    fn evidence(&self, cluster: &str, probe: Option<&str>, at: DateTime<Utc>) -> Vec<Evidence> {
+    fn evidence(
+        &self,
+        cluster: &str,
+        probe: Option<&str>,
+        at: DateTime<Utc>,
+        onset: DateTime<Utc>,
+    ) -> Vec<Evidence> {
         evidence::gather(
             &self.rules.evidence,
             cluster,
@@ -813,6 +820,7 @@ impl Machine {
             &self.dedup,
             probe,
             at,
+            onset,
         )
     }
 
@@ -856,9 +864,9 @@ impl Machine {
         }
         self.dirty.incidents.insert(key.clone());
         let mut evidence = match cause {
-            Cause::Probe(p) => self.evidence(cluster, Some(p), at),
+            Cause::Probe(p, onset) => self.evidence(cluster, Some(p), at, onset),
             Cause::Check(c) => evidence::of_check(&self.rules.evidence, c, at),
-            Cause::Cluster => self.evidence(cluster, None, at),
+            Cause::Cluster => self.evidence(cluster, None, at, at),
         };
         // a whole cluster lost: what it takes down, right after the finding
         let blast_radius = self
@@ -920,7 +928,16 @@ impl Machine {
                 }
                 inc.severity = severity;
                 inc.summary = summary;
-                inc.evidence = evidence;
+                inc.evidence = match cause {
+                    // what changed before its streak began was said when it opened, and the change
+                    // history held moves on
+                    Cause::Probe(..) => evidence::keep_changes(
+                        &inc.evidence,
+                        evidence,
+                        self.rules.evidence.max_items,
+                    ),
+                    _ => evidence,
+                };
                 inc.blast_radius = blast_radius;
                 inc.updated_at = at;
                 inc.ingest_time = ingest;
@@ -1232,16 +1249,46 @@ impl Machine {
             let failing = r.on.contains(&p.status);
             let n = track.bad.entry(r.kind.clone()).or_insert(0);
             *n = if failing { *n + 1 } else { 0 };
-            actions.push((r.clone(), *n, track.good));
+            if failing {
+                track
+                    .onsets
+                    .entry(r.kind.clone())
+                    .or_insert(Onset { at, changes: None });
+            }
+            let onset = track.onsets.get(&r.kind).cloned();
+            actions.push((r.clone(), *n, track.good, onset));
         }
         let (detail, finding, since) = (
             track.detail.clone(),
             track.finding.clone(),
             track.failing_since.unwrap_or(at),
         );
-        for (r, bad, good) in actions {
+        for (r, bad, good, onset) in actions {
+            let key = incident_key(&cluster, &r.kind, &p.probe);
+            let last = self.incidents.get(&key);
+            let open = last.is_some_and(|i| i.status != IncidentStatus::Resolved);
+            let onset = match onset {
+                // an incident open from before onsets were kept: its streak began before it opened
+                Some(o) if open && o.changes.is_none() => Some(Onset {
+                    at: last.map_or(o.at, |i| i.opened_at.min(o.at)),
+                    changes: None,
+                }),
+                // the streak of an incident resolved since (by hand, while failing again): a new one
+                Some(o) if !open && last.and_then(|i| i.resolved_at).is_some_and(|r| r >= o.at) => {
+                    Some(Onset { at, changes: None })
+                }
+                o => o,
+            };
             let held_long_enough = Duration::from_std(r.hold).is_ok_and(|hold| at - since >= hold);
             if bad >= r.after && held_long_enough {
+                let mut onset = onset.unwrap_or(Onset { at, changes: None });
+                onset.at = onset.at.min(at);
+                // the changes before it began failing, as the incident said when it opened: its summary
+                // does not change with the churn that follows, nor as the history held moves on
+                let changes = match &onset.changes {
+                    Some(c) if open => c.clone(),
+                    _ => self.changes_phrase(&cluster, onset.at),
+                };
                 let vars = BTreeMap::from([
                     ("cluster", cluster.clone()),
                     ("probe", p.probe.clone()),
@@ -1255,8 +1302,9 @@ impl Machine {
                         },
                     ),
                     ("rounds", bad.to_string()),
-                    ("since", since.format("%H:%M:%S").to_string()),
-                    ("changes", self.changes_phrase(&cluster, at)),
+                    // when the streak began, as the changes count back from it
+                    ("since", onset.at.format("%H:%M:%S").to_string()),
+                    ("changes", changes.clone()),
                 ]);
                 let summary = render(&r.summary, &vars);
                 self.raise(Raise {
@@ -1267,15 +1315,46 @@ impl Machine {
                     summary,
                     at,
                     ingest: Some(ingest),
-                    cause: Cause::Probe(&p.probe),
+                    cause: Cause::Probe(&p.probe, onset.at),
                 });
-            } else if good >= r.resolve_after && self.is_open(&cluster, &r.kind, &p.probe) {
+                if self.is_open(&cluster, &r.kind, &p.probe) {
+                    onset.changes = Some(changes);
+                }
+                self.set_onset(&cluster, &p.probe, &r.kind, Some(onset));
+            } else if good >= r.resolve_after && open {
                 self.resolve(&cluster, &r.kind, &p.probe, at);
+                self.set_onset(&cluster, &p.probe, &r.kind, None);
+            } else if bad == 0 && !open {
+                // a streak that ended before its incident opened
+                self.set_onset(&cluster, &p.probe, &r.kind, None);
+            } else {
+                self.set_onset(&cluster, &p.probe, &r.kind, onset);
             }
         }
         if policy_changed {
             self.dirty.clusters.insert(cluster.clone());
             self.judge(&cluster, at);
+        }
+    }
+
+    /// Keeps when the streak of `kind` began and what its incident said had changed before (`Some`), or
+    /// forgets the streak (`None`: it ended, or its incident resolved).
+    fn set_onset(&mut self, cluster: &str, probe: &str, kind: &str, onset: Option<Onset>) {
+        let Some(onsets) = self
+            .clusters
+            .get_mut(cluster)
+            .and_then(|c| c.probes.get_mut(probe))
+            .map(|t| &mut t.onsets)
+        else {
+            return;
+        };
+        match onset {
+            Some(o) => {
+                onsets.insert(kind.to_string(), o);
+            }
+            None => {
+                onsets.remove(kind);
+            }
         }
     }
 

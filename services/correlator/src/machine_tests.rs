@@ -1551,6 +1551,124 @@ fn a_clusters_changes_are_handed_over_one_by_one_and_a_heartbeat_hands_over_none
 }
 
 #[test]
+fn an_open_incident_keeps_the_changes_before_it_began_failing_and_is_not_updated_by_what_follows() {
+    let mut m = quiet_fleet(&["c1"]);
+    let at = t0() + Duration::minutes(10);
+    // the coredns Deployment changed a minute before DNS failed
+    change(&mut m, "c1", "coredns", "cccc0001", t0());
+    change(
+        &mut m,
+        "c1",
+        "coredns",
+        "cccc0002",
+        at - Duration::seconds(60),
+    );
+    let outs = rounds(&mut m, "c1", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
+    let opened = incidents(&outs).pop().expect("the incident opens");
+    assert!(
+        opened
+            .summary
+            .ends_with("; 1 deployment changed there in the 60s before"),
+        "{}",
+        opened.summary
+    );
+    // then 45 minutes of rollouts elsewhere on the cluster while it keeps failing, a round every 15 s (the
+    // history held moves past the change before it), with one healthy round between failing ones
+    let mut outs = Vec::new();
+    for i in 0..180u64 {
+        let t = at + Duration::seconds(45 + 15 * i as i64);
+        change(
+            &mut m,
+            "c1",
+            &format!("app-{}", i % 60),
+            &format!("{i:08x}"),
+            t - Duration::seconds(5),
+        );
+        let status = if i == 20 {
+            ProbeStatus::Healthy
+        } else {
+            ProbeStatus::Unhealthy
+        };
+        outs.extend(rounds(&mut m, "c1", "coredns", status, 4 + i, 1, t));
+    }
+    // nothing a person reads changed: no new revision, and the changes after it began are no evidence
+    let updates = incidents(&outs);
+    assert!(
+        updates.is_empty(),
+        "{:#?}",
+        updates.iter().map(|i| &i.summary).collect::<Vec<_>>()
+    );
+    let now = m.current(false);
+    let inc = now
+        .iter()
+        .find(|i| i.kind == "dns-failure")
+        .expect("still open");
+    assert_eq!((inc.revision, &inc.summary), (1, &opened.summary));
+    assert!(
+        inc.evidence
+            .iter()
+            .any(|e| e.object.as_ref().is_some_and(|o| o.name == "coredns")
+                && e.summary.contains("changed")),
+        "{:#?}",
+        inc.evidence
+    );
+    assert!(
+        inc.evidence.iter().all(|e| e.cluster_time <= at),
+        "{:#?}",
+        inc.evidence
+    );
+
+    // a material update late on (what the probe finds changes): the summary's detail is new, what changed
+    // before the streak began is as it was said, though the history held has moved past it
+    let late = at + Duration::seconds(45 + 15 * 180);
+    let mut worse = probe("coredns", ProbeStatus::Unhealthy, 184);
+    worse.detail = "0/2 CoreDNS pods ready, 0 ready endpoints".into();
+    let outs = m.apply(Input::Probe(&env("c1", late, 184, worse), late));
+    let updated = incidents(&outs).pop().expect("the new detail updates it");
+    assert_eq!(
+        updated.summary,
+        "Cluster DNS failing on c1: 0/2 CoreDNS pods ready, 0 ready endpoints; 1 deployment changed there in \
+         the 60s before"
+    );
+    assert!(
+        updated
+            .evidence
+            .iter()
+            .any(|e| e.kind == EvidenceKind::Change
+                && e.object.as_ref().is_some_and(|o| o.name == "coredns")),
+        "{:#?}",
+        updated.evidence
+    );
+    // resolved by hand while still failing, then failing on: a new incident, its streak begun anew (the
+    // rollouts of the last minutes came before it)
+    let cmd = IncidentCommand {
+        id: updated.id.clone(),
+        action: IncidentAction::Resolve,
+        actor: "otto".into(),
+    };
+    m.command(&cmd, late + Duration::seconds(1));
+    let outs = rounds(
+        &mut m,
+        "c1",
+        "coredns",
+        ProbeStatus::Unhealthy,
+        185,
+        3,
+        late + Duration::seconds(15),
+    );
+    let again = incidents(&outs).pop().expect("a new incident");
+    assert_ne!(again.id, updated.id);
+    assert!(
+        again.summary.contains("deployment")
+            && !again
+                .summary
+                .contains("1 deployment changed there in the 60s before"),
+        "{}",
+        again.summary
+    );
+}
+
+#[test]
 fn the_same_failure_on_three_clusters_is_one_fleet_incident_with_what_they_share_and_its_suspect() {
     let mut m = machine();
     six_clusters(&mut m, t0());

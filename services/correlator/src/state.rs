@@ -52,6 +52,21 @@ pub struct ProbeTrack {
     pub related: Vec<ObjectRef>,
     /// Recent observations (oldest first), for trends.
     pub history: VecDeque<(DateTime<Utc>, BTreeMap<String, f64>)>,
+    /// Per rule kind, when its failing streak began: kept while the streak or its incident lasts (a healthy
+    /// round between failing ones doesn't move it), so what changed afterwards is no evidence.
+    #[serde(default)]
+    pub onsets: BTreeMap<String, Onset>,
+}
+
+/// When a rule's failing streak began, and what its incident said had changed before it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Onset {
+    /// The first failing round (cluster clock).
+    pub at: DateTime<Utc>,
+    /// The incident's `{changes}` as it opened: kept, so its summary does not change as the cluster's
+    /// change history moves on.
+    #[serde(default)]
+    pub changes: Option<String>,
 }
 
 /// A cluster's heartbeat fields, as the store keeps them (apart from the rest of its state).
