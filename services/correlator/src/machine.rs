@@ -1463,15 +1463,16 @@ impl Machine {
                     && *prev != s.spec_hash
                     && fleet::is_change_kind(&s.kind)
                 {
-                    // what evidence names, and two fleet lookbacks and the fleet window: how often
-                    // an object changed before the lookback tells routine from a suspect, also when
-                    // the fleet incident is judged again as later members join (fleet::suspects)
+                    // what evidence names, and three fleet lookbacks and the fleet window: how often
+                    // an object changed in the two lookbacks before the one judged tells routine from
+                    // a suspect, also when the fleet incident is judged again as later members join
+                    // (fleet::suspects)
                     let fleet = &self.rules.fleet;
                     let window = self
                         .rules
                         .evidence
                         .change_window
-                        .max(fleet.lookback * 2 + fleet.window);
+                        .max(fleet.lookback * 3 + fleet.window);
                     let window = Duration::from_std(window).unwrap_or(Duration::minutes(30));
                     c.push_change(
                         ChangeRec {
