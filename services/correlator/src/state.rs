@@ -180,9 +180,9 @@ impl ClusterState {
     pub const MAX_RELEASES: usize = 50;
     /// How many running releases a cluster remembers.
     pub const MAX_RUNNING: usize = 200;
-    /// How many spec changes a cluster remembers (~400 bytes each): at a busy cluster's 15 changes a minute,
-    /// the hour fleet judgement weighs (see `Machine`'s change window).
-    pub const MAX_CHANGES: usize = 1000;
+    /// How many spec changes a cluster remembers (~360 bytes each; a cluster changing more than 10 objects a
+    /// minute fills it before the change window ends: 1,000 would hold 5 MiB more on 30 such clusters).
+    pub const MAX_CHANGES: usize = 500;
 
     /// Records a spec change, numbered, and forgets those older than `window` before the newest and beyond
     /// [`ClusterState::MAX_CHANGES`].
