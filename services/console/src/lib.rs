@@ -186,6 +186,7 @@ pub async fn run(config: Config, ctx: Context) -> Result<()> {
         js: ctx.js.clone(),
         http: tsdb_client(config.tsdb_token.as_ref())?,
         tsdb_url: config.tsdb_url.clone(),
+        cancel: ctx.cancel.clone(),
     };
     let (addr, server) = multipilot_runtime::http::serve_limited(
         &config.listen,

@@ -30,6 +30,8 @@ struct Console {
     base: String,
     http: reqwest::Client,
     cancel: CancellationToken,
+    /// The console's task.
+    console: tokio::task::JoinHandle<Result<(), multipilot_console::Error>>,
     seq: u64,
     _dir: tempfile::TempDir,
 }
@@ -53,7 +55,7 @@ impl Console {
         // go, and a test running beside this one may take it first (a console that failed to listen had
         // left this wait to time out)
         let mut attempts = 0;
-        let port = loop {
+        let (port, console) = loop {
             attempts += 1;
             let port = multipilot_testkit::free_port()?;
             let config = multipilot_console::Config {
@@ -86,7 +88,7 @@ impl Console {
             .await?;
             // (an answer while this console has failed came from whoever holds the port)
             if answered && !console.is_finished() {
-                break port;
+                break (port, console);
             }
             match console.await? {
                 Err(e) if e.is_retryable() && attempts < 5 => continue,
@@ -109,6 +111,7 @@ impl Console {
             base: format!("http://127.0.0.1:{port}"),
             http: reqwest::Client::new(),
             cancel,
+            console,
             seq: 0,
             _dir: dir,
         };
@@ -1061,6 +1064,17 @@ async fn the_live_stream_delivers_a_new_incident_and_operators_ack_and_resolve_i
             .iter()
             .any(|i| i["id"] == id.as_str())
     );
+    // the console shutting down ends the stream (the browser reconnects to the next console) and stops:
+    // an open stream held it up for ever
+    c.cancel.cancel();
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        while sse.chunk().await.is_ok_and(|c| c.is_some()) {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the stream outlived the console's shutdown");
+    tokio::time::timeout(Duration::from_secs(10), &mut c.console)
+        .await
+        .context("the console did not stop")???;
     let _ = &c.nats;
     Ok(())
 }

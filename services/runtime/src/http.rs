@@ -218,15 +218,33 @@ pub async fn serve_limited(
     let listener = tokio::net::TcpListener::bind(listen).await?;
     let addr = listener.local_addr()?;
     let task = tokio::spawn(async move {
-        let result = axum::serve(
+        let stop = cancel.clone();
+        let serve = axum::serve(
             listener,
             router.into_make_service_with_connect_info::<SocketAddr>(),
         )
-        .with_graceful_shutdown(async move { cancel.cancelled().await })
-        .await;
-        if let Err(e) = result {
-            tracing::error!(error = %e, "http server failed");
+        .with_graceful_shutdown(async move { stop.cancelled().await });
+        // requests in flight get SHUTDOWN_GRACE to finish; a connection still open then (a stream a client
+        // keeps open, a client that stopped reading) must not hold the process up
+        let deadline = async {
+            cancel.cancelled().await;
+            tokio::time::sleep(SHUTDOWN_GRACE).await;
+        };
+        tokio::select! {
+            result = serve => {
+                if let Err(e) = result {
+                    tracing::error!(error = %e, "http server failed");
+                }
+            }
+            _ = deadline => tracing::warn!(
+                grace = ?SHUTDOWN_GRACE,
+                "http connections still open after the shutdown grace: not waiting for them"
+            ),
         }
     });
     Ok((addr, task))
 }
+
+/// How long a server shutting down waits for its open connections (Kubernetes' default grace before it
+/// kills a pod is 30 s).
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(5);

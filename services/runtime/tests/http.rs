@@ -71,3 +71,35 @@ async fn a_refused_large_body_closes_its_connection_and_the_next_request_gets_a_
     task.await?;
     Ok(())
 }
+
+#[tokio::test]
+async fn a_stream_a_client_keeps_open_does_not_hold_a_shutdown_past_its_grace() -> anyhow::Result<()>
+{
+    use axum::routing::get;
+    // a body that never ends, as an event stream or a watch is to a client that keeps reading it
+    let forever = || async {
+        let ticks = futures::stream::unfold((), |()| async {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            Some((
+                Ok::<_, std::convert::Infallible>(bytes::Bytes::from_static(b"tick\n")),
+                (),
+            ))
+        });
+        axum::body::Body::from_stream(ticks)
+    };
+    let router = axum::Router::new().route("/stream", get(forever));
+    let cancel = CancellationToken::new();
+    let (addr, task) = http::serve("127.0.0.1:0", router, cancel.clone()).await?;
+    let mut resp = reqwest::get(format!("http://{addr}/stream")).await?;
+    assert!(resp.chunk().await?.is_some(), "the stream flows");
+    let reader = tokio::spawn(async move { while let Ok(Some(_)) = resp.chunk().await {} });
+    cancel.cancel();
+    // the server stops once its grace is over (it waited for ever before); the bound only catches a hang
+    let stopped = tokio::time::timeout(http::SHUTDOWN_GRACE * 4, task).await;
+    assert!(
+        stopped.is_ok(),
+        "the server still waits for the open stream"
+    );
+    reader.abort();
+    Ok(())
+}

@@ -85,13 +85,19 @@ pub(super) async fn incident_stream(
     // kept to be checked again while the stream lasts
     let token = auth::token_of(&req);
     let tokens = app.tokens.clone();
+    let cancel = app.cancel.clone();
     let hello = Event::default().event("hello").data("{}");
     let first = futures::stream::once(async move { Ok::<_, Infallible>(hello) });
     let live = futures::stream::unfold((rx, guard), move |(mut rx, guard)| {
-        let (tokens, token) = (tokens.clone(), token.clone());
+        let (tokens, token, cancel) = (tokens.clone(), token.clone(), cancel.clone());
         async move {
             loop {
-                let ev = match rx.recv().await {
+                // the console shutting down ends the stream: the server's graceful shutdown waits for it
+                let next = tokio::select! {
+                    next = rx.recv() => next,
+                    _ = cancel.cancelled() => return None,
+                };
+                let ev = match next {
                     Ok(v) => {
                         // the token is looked at again for every incident: one revoked, or a team whose
                         // clusters changed, is answered as it is now

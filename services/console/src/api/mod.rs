@@ -64,6 +64,9 @@ pub struct App {
     pub http: reqwest::Client,
     /// TSDB base URL.
     pub tsdb_url: String,
+    /// Fires when the console shuts down: a stream that would last ends then (the browser's EventSource
+    /// reconnects to the next one).
+    pub cancel: tokio_util::sync::CancellationToken,
 }
 
 /// An API error.
