@@ -178,7 +178,8 @@ async fn close_after_unread_body(mut resp: axum::response::Response) -> axum::re
 }
 
 /// Binds `listen` and serves `router` until `cancel` fires, with the default [`Limits`]. Returns the bound
-/// address (useful with port 0).
+/// address (useful with port 0) and the server's task: it ends once every connection has closed, or
+/// [`SHUTDOWN_GRACE`] after `cancel` fired; a request still running then runs on until the process exits.
 pub async fn serve(
     listen: &str,
     router: Router,
