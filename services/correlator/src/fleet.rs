@@ -471,7 +471,7 @@ fn touches<'a>(view: View<'a>, cluster: &str) -> Vec<Touch<'a>> {
 /// churning, some object changes on the same two clusters by chance, and two or three healthy clusters are
 /// too few to show it (`MAX_CHANCE`). Nor is an object that changes that often on those clusters anyway: at
 /// the pace it changed there before the lookback, it would change on all of them in one lookback with a
-/// chance of `MAX_CHANCE` or more ([`Habits`]); it is `common`. A release is a deliberate change, never chance. A
+/// chance of `MAX_CHANCE` or more (`Habits`); it is `common`. A release is a deliberate change, never chance. A
 /// release that is a suspect comes first: it is what an operator undoes.
 pub fn suspects(
     view: View<'_>,
