@@ -462,19 +462,12 @@ pub fn changes_phrase(
         ),
         (false, _) => {
             let earliest = recent.iter().map(|c| c.at).min().unwrap_or(at);
-            let mut p = if earliest > at {
-                format!(
-                    "; {} changed there {}",
-                    describe(&recent),
-                    before(at, earliest)
-                )
+            let when = if earliest > at {
+                before(at, earliest)
             } else {
-                format!(
-                    "; {} changed there in the {} before",
-                    describe(&recent),
-                    secs(at - earliest)
-                )
+                format!("in the {} before", secs(at - earliest))
             };
+            let mut p = format!("; {} changed there {when}", describe(&recent));
             if !churn.is_empty() {
                 p.push_str(&format!(
                     " ({} more changed as often on the other clusters: ordinary churn)",

@@ -1281,8 +1281,8 @@ impl Machine {
             };
             let held_long_enough = Duration::from_std(r.hold).is_ok_and(|hold| at - since >= hold);
             if bad >= r.after && held_long_enough {
+                // (a round older than the last is ignored above: the onset is never after `at`)
                 let mut onset = onset.unwrap_or(Onset { at, changes: None });
-                onset.at = onset.at.min(at);
                 // the changes before it began failing, as the incident said when it opened: its summary
                 // does not change with the churn that follows, nor as the history held moves on
                 let changes = match &onset.changes {
