@@ -305,14 +305,18 @@ async fn apiserver(ctx: &ClusterCtx, cfg: &Config) -> Outcome {
                     skew = Some((d - Utc::now()).num_milliseconds() as f64 / 1000.0);
                 }
             }
-            Ok((code, body, _)) => failures.push(format!(
-                "{path}: HTTP {code} {}",
-                body.lines()
+            Ok((code, body, _)) => {
+                let checks: Vec<&str> = body
+                    .lines()
                     .filter(|l| l.starts_with("[-]"))
                     .map(str::trim)
-                    .collect::<Vec<_>>()
-                    .join(" ")
-            )),
+                    .collect();
+                failures.push(if checks.is_empty() {
+                    format!("{path}: HTTP {code}")
+                } else {
+                    format!("{path}: HTTP {code} {}", checks.join(" "))
+                })
+            }
             Err(e) => failures.push(format!("{path}: {e}")),
         }
         slowest = slowest.max(took.as_secs_f64() * 1000.0);
@@ -375,10 +379,30 @@ async fn etcd(ctx: &ClusterCtx) -> Outcome {
         ),
         Ok((code, body, _)) => Outcome::new(
             ProbeStatus::Unhealthy,
-            format!("/readyz/etcd: HTTP {code}: {}", body.trim()),
+            format!("/readyz/etcd: HTTP {code}: {}", one_line(&body)),
         ),
         Err(e) => Outcome::new(ProbeStatus::Unknown, format!("API server unreachable: {e}")),
     }
+}
+
+/// A health endpoint's answer as one line (`[-]etcd failed: reason withheld; readyz check failed`), cut
+/// after 300 bytes with an ellipsis: a probe's detail goes into one-line incident summaries.
+fn one_line(body: &str) -> String {
+    let mut line = body
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ");
+    if line.len() > 300 {
+        let mut end = 300;
+        while !line.is_char_boundary(end) {
+            end -= 1;
+        }
+        line.truncate(end);
+        line.push('…');
+    }
+    line
 }
 
 /// The cluster's clock, from the API server's Date header.
@@ -1050,8 +1074,13 @@ async fn deprecated(ctx: &ClusterCtx) -> Outcome {
     } else {
         ProbeStatus::Healthy
     };
+    let objects = if removed_count == 1 {
+        "object"
+    } else {
+        "objects"
+    };
     o.detail = format!(
-        "{removed_count} objects last applied with removed APIs, {warn} with deprecated ones (Kubernetes 1.{minor})"
+        "{removed_count} {objects} last applied with removed APIs, {warn} with deprecated ones (Kubernetes 1.{minor})"
     );
     o.obs("removed", removed_count as f64)
         .obs("deprecated", warn as f64)
@@ -1060,6 +1089,21 @@ async fn deprecated(ctx: &ClusterCtx) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_health_answer_becomes_one_line_of_bounded_length() {
+        // what an API server answers on /readyz/etcd while etcd fails
+        let body = "[-]etcd failed: reason withheld\nreadyz check failed\n";
+        assert_eq!(
+            one_line(body),
+            "[-]etcd failed: reason withheld; readyz check failed"
+        );
+        let long = one_line(&"é".repeat(400));
+        assert!(
+            long.len() <= 300 + '…'.len_utf8() && long.ends_with('…'),
+            "{long}"
+        );
+    }
 
     #[test]
     fn a_health_failure_on_etcd_alone_is_the_etcd_probes_business() {
@@ -1071,7 +1115,7 @@ mod tests {
                 "{path}: HTTP 500 [-]poststarthook/rbac/bootstrap-roles failed: not finished"
             )));
             assert!(!health_failure_owned_elsewhere(&format!(
-                "{path}: HTTP 500 "
+                "{path}: HTTP 500"
             )));
         }
         assert!(!health_failure_owned_elsewhere(
