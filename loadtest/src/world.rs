@@ -612,6 +612,12 @@ pub fn pod_obj(
             0,
         ),
         "Pending" => ("Pending", Value::Null, false, 0),
+        "ImagePullBackOff" => (
+            "Pending",
+            json!({"waiting": {"reason": "ImagePullBackOff", "message": format!("Back-off pulling image \"{image}\"")}}),
+            false,
+            0,
+        ),
         _ => ("Running", json!({"running": {"startedAt": now}}), true, 0),
     };
     let mut pod = json!({
@@ -1352,6 +1358,117 @@ pub fn unpullable(d: &Value) -> bool {
         })
 }
 
+/// Why a pod's first container waits (`CrashLoopBackOff`, `ImagePullBackOff`), or "".
+fn waiting(p: &Value) -> &str {
+    p.at("/status/containerStatuses/0/state/waiting/reason")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+/// The Deployment a pod `<deployment>-<template hash>-<suffix>` belongs to by its name.
+fn deployment_of(pod: &str) -> Option<&str> {
+    let (rest, _suffix) = pod.rsplit_once('-')?;
+    rest.rsplit_once('-').map(|(deployment, _hash)| deployment)
+}
+
+/// A Deployment's pods waiting for an image that never pulls (`namespace`, `name`).
+fn pulling(c: &Cluster, ns: &str, deployment: &str) -> Vec<(String, String)> {
+    c.store
+        .all(&rk("", "pods"), Some(ns))
+        .iter()
+        .filter(|p| {
+            deployment_of(str_at(p, &["metadata", "name"])) == Some(deployment)
+                && waiting(p) == "ImagePullBackOff"
+        })
+        .map(|p| (ns.to_string(), str_at(p, &["metadata", "name"]).to_string()))
+        .collect()
+}
+
+/// The new pod a rollout to an image that never pulls starts (one in place of any an earlier such
+/// rollout left), waiting in ImagePullBackOff, and what its kubelet says: the pull fails
+/// (`ErrImagePull`), then it backs off. [`churn_once`] repeats the back-off, as a kubelet does.
+fn stuck_pods(c: &Cluster, d: &Value) {
+    let ns = str_at(d, &["metadata", "namespace"]).to_string();
+    let name = str_at(d, &["metadata", "name"]).to_string();
+    for (pns, pname) in pulling(c, &ns, &name) {
+        remove(c, "", "pods", &pns, &pname);
+    }
+    let Some(image) = d
+        .at("/spec/template/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get("image").and_then(Value::as_str))
+        .find(|i| i.starts_with(UNPULLABLE_REGISTRY))
+        .map(str::to_string)
+    else {
+        return;
+    };
+    let hash = format!(
+        "{:x}",
+        crate::hash64(&format!("{ns}/{name}/{image}")) % 0xff_ffff_ffff
+    );
+    let hash = &hash[..hash.len().min(10)];
+    let mut labels = d
+        .at("/spec/template/metadata/labels")
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    labels["pod-template-hash"] = json!(hash);
+    let node = c
+        .store
+        .all(&rk("", "nodes"), None)
+        .iter()
+        .map(|n| str_at(n, &["metadata", "name"]).to_string())
+        .find(|n| !n.contains("-cp-"))
+        .unwrap_or_default();
+    let pod = pod_obj(
+        c,
+        &ns,
+        &format!("{name}-{hash}-{}", suffix(c, 5)),
+        &image,
+        labels,
+        &node,
+        "ImagePullBackOff",
+    );
+    let Some(pod) = put(c, "", "pods", pod) else {
+        return;
+    };
+    // the kubelet's words (the forms services/eventshapes catalogues): the pull fails, then it backs off
+    event(
+        c,
+        &pod,
+        "Warning",
+        "Failed",
+        &format!(
+            "Failed to pull image \"{image}\": rpc error: code = NotFound desc = failed to pull and unpack image \"{image}\": failed to resolve reference \"{image}\": {image}: not found"
+        ),
+        "kubelet",
+    );
+    event(
+        c,
+        &pod,
+        "Warning",
+        "Failed",
+        "Error: ErrImagePull",
+        "kubelet",
+    );
+    pull_back_off(c, &pod, &image);
+}
+
+/// A kubelet backing off pulling `image` for `pod`: a *Normal* `BackOff` and a `Failed` warning.
+fn pull_back_off(c: &Cluster, pod: &Value, image: &str) {
+    let message = format!("Back-off pulling image \"{image}\"");
+    event(c, pod, "Normal", "BackOff", &message, "kubelet");
+    event(
+        c,
+        pod,
+        "Warning",
+        "Failed",
+        "Error: ImagePullBackOff",
+        "kubelet",
+    );
+}
+
 /// Moves Deployment rollouts forward: one whose generation is ahead of its observedGeneration with a new
 /// pod template updates one replica per step; one whose image never pulls ([`UNPULLABLE_REGISTRY`]) stalls
 /// with one new pod not available; one with the template it had and another replica count (a scale) is at
@@ -1414,6 +1531,9 @@ fn step_rollout(
         if generation == observed && updated == stuck_updated && replicas == want + stuck_updated {
             return (d, true);
         }
+        if generation != observed && stuck_updated > 0 {
+            stuck_pods(c, &d);
+        }
         change(c, "apps", "deployments", &ns, &name, |d| {
             d["status"]["observedGeneration"] = json!(generation);
             d["status"]["updatedReplicas"] = json!(stuck_updated);
@@ -1428,6 +1548,12 @@ fn step_rollout(
             ]);
         });
         return (after(c), false);
+    }
+    if generation != observed {
+        // a rollout away from an image that never pulled: its stuck pod goes
+        for (pns, pname) in pulling(c, &ns, &name) {
+            remove(c, "", "pods", &pns, &pname);
+        }
     }
     let coredns_down = c.faults().coredns_down && name == "coredns";
     let updated = if generation == observed {
@@ -1558,20 +1684,37 @@ fn churn_once(c: &Cluster) {
     let ns = str_at(&pod, &["metadata", "namespace"]).to_string();
     let name = str_at(&pod, &["metadata", "name"]).to_string();
     match roll {
-        // a crashlooping container restarts again
+        // a crashlooping container restarts again, or a pod waiting for an image that never pulls backs
+        // off again
         0..30 => {
-            let crashing: Vec<_> = pods
+            let stuck: Vec<_> = pods
                 .iter()
-                .filter(|p| {
-                    p.at("/status/containerStatuses/0/state/waiting/reason")
-                        .and_then(Value::as_str)
-                        == Some("CrashLoopBackOff")
-                })
+                .filter(|p| ["CrashLoopBackOff", "ImagePullBackOff"].contains(&waiting(p)))
                 .cloned()
                 .collect();
-            let Some(p) = crashing.choose(&mut *c.rng()).cloned() else {
+            let Some(p) = stuck.choose(&mut *c.rng()).cloned() else {
                 return;
             };
+            if waiting(&p) == "ImagePullBackOff" {
+                let (pns, pname) = (
+                    str_at(&p, &["metadata", "namespace"]),
+                    str_at(&p, &["metadata", "name"]),
+                );
+                let owner = deployment_of(pname).unwrap_or_default();
+                if c.store
+                    .get(&rk("apps", "deployments"), pns, owner)
+                    .is_none()
+                {
+                    // its Deployment was deleted: the garbage collector takes the pod
+                    remove(c, "", "pods", pns, pname);
+                    return;
+                }
+                let image = p
+                    .at("/status/containerStatuses/0/image")
+                    .and_then(Value::as_str);
+                pull_back_off(c, &p, image.unwrap_or_default());
+                return;
+            }
             let (pns, pname) = (
                 str_at(&p, &["metadata", "namespace"]).to_string(),
                 str_at(&p, &["metadata", "name"]).to_string(),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result};
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt as _, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{
@@ -551,6 +551,98 @@ async fn deployment_rollout_progresses() -> Result<()> {
                 && s.updated_replicas == Some(3)
                 && s.available_replicas == Some(3)
         }
+    })
+    .await
+}
+
+/// A rollout to an image that never pulls stalls with one new pod in ImagePullBackOff, whose kubelet says
+/// so in its own words; a rollout back to a good image takes that pod away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_that_never_pulls_leaves_a_pod_in_image_pull_back_off_until_rolled_back()
+-> Result<()> {
+    let sim = start(&["1.31"], 60, 0.0).await?;
+    let c = client(&sim.kubeconfig, &name(&sim, 0)).await?;
+    let deps: Api<Deployment> = Api::namespaced(c.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(c.clone(), "default");
+    let events: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(c, "default");
+    let apply = |image: &'static str| {
+        let deps = deps.clone();
+        async move {
+            deps.patch("pull", &PatchParams::apply("rel").force(), &Patch::Apply(json!({
+                "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "pull", "namespace": "default"},
+                "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "pull"}},
+                    "template": {"metadata": {"labels": {"app": "pull"}}, "spec": {"containers": [{"name": "c", "image": image}]}}}
+            }))).await
+        }
+    };
+    let stuck = |pods: Api<Pod>| async move {
+        let list = pods.list(&Default::default()).await.ok()?;
+        list.items.into_iter().find(|p| {
+            p.metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with("pull-"))
+                && p.status
+                    .as_ref()
+                    .and_then(|s| s.container_statuses.as_ref())
+                    .and_then(|c| c.first())
+                    .and_then(|c| c.state.as_ref())
+                    .and_then(|s| s.waiting.as_ref())
+                    .and_then(|w| w.reason.as_deref())
+                    == Some("ImagePullBackOff")
+        })
+    };
+    apply("unpullable.invalid/pull:2").await?;
+    eventually("a pod waiting for its image", || {
+        stuck(pods.clone()).map(|p| p.is_some())
+    })
+    .await?;
+    let pod = stuck(pods.clone()).await.context("the stuck pod")?;
+    let pod_name = pod.metadata.name.clone().unwrap_or_default();
+    let said = || {
+        let (events, pod_name) = (events.clone(), pod_name.clone());
+        async move {
+            let list = events.list(&Default::default()).await.ok()?;
+            Some(
+                list.items
+                    .into_iter()
+                    .filter(|e| e.involved_object.name.as_deref() == Some(pod_name.as_str()))
+                    .map(|e| {
+                        (
+                            e.type_.unwrap_or_default(),
+                            e.reason.unwrap_or_default(),
+                            e.message.unwrap_or_default(),
+                        )
+                    })
+                    .collect::<Vec<(String, String, String)>>(),
+            )
+        }
+    };
+    let all_said = |said: &[(String, String, String)]| {
+        let has = |ty: &str, reason: &str, start: &str| {
+            said.iter()
+                .any(|(t, r, m)| t == ty && r == reason && m.starts_with(start))
+        };
+        has(
+            "Warning",
+            "Failed",
+            "Failed to pull image \"unpullable.invalid/pull:2\": rpc error: code = NotFound",
+        ) && has("Warning", "Failed", "Error: ErrImagePull")
+            && has(
+                "Normal",
+                "BackOff",
+                "Back-off pulling image \"unpullable.invalid/pull:2\"",
+            )
+            && has("Warning", "Failed", "Error: ImagePullBackOff")
+    };
+    let waited = eventually("the kubelet's words about the pull", || {
+        said().map(move |s| s.is_some_and(|s| all_said(&s)))
+    })
+    .await;
+    assert!(waited.is_ok(), "{:#?}", said().await);
+    apply("registry.example.com/pull:1").await?;
+    eventually("the stuck pod gone", || {
+        stuck(pods.clone()).map(|p| p.is_none())
     })
     .await
 }

@@ -892,7 +892,10 @@ pub struct FleetMember {
 pub struct SharedAttribute {
     /// What: `kubernetes-version`, `cni`, `ingress-controller`, `coredns`, `gpu-device-plugin`, `gpu-driver`,
     /// `node-os`, `kernel`, `container-runtime`, `label:<key>`; what was rolled out there: `release:<name>`
-    /// and `policy:<name>` (value `revision N`), `gitops:<repo>` (value `commit <sha>`, the newest applied).
+    /// and `policy:<name>` (value `revision N`), `gitops:<repo>` (value `commit <sha>`, the newest applied);
+    /// for an event problem of one workload's pods, how its copies run: `workload:<kind> <ns>/<name>` (value
+    /// `image:<container>=<image>`, `<container>.env.<VAR>=<value>`, `<container>.resources.<path>=<value>`,
+    /// `annotations.<key>=<value>`, or `<setting> unset`), counted over the clusters that run it.
     pub attribute: String,
     /// The value, e.g. `calico v3.27.3`.
     pub value: String,

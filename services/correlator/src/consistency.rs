@@ -46,10 +46,16 @@ const VOLATILE_ANNOTATIONS: [&str; 2] = [
     "kubectl.kubernetes.io/default-container",
 ];
 
+/// The settings of [`workload_settings`] that are a container's image (`image:<container>`): held for the
+/// fleet judgement (what a workload's failing copies run), never compared by the [`report`] (a rollout
+/// moves an image cluster by cluster).
+pub const IMAGE: &str = "image:";
+
 /// What a workload's clusters should agree on: each container's resources (`<container>.resources.limits.memory`)
 /// and environment (`<container>.env.TIMEOUT`: the value, or where it comes from), init containers'
-/// under `init:<name>`, and the pod template's annotations (`annotations.<key>`). Not the image (a rollout
-/// moves it cluster by cluster) nor the replicas (an autoscaler's).
+/// under `init:<name>`, and the pod template's annotations (`annotations.<key>`). Not the replicas (an
+/// autoscaler's). Each container's image too, as `image:<container>` ([`IMAGE`]), which only the fleet
+/// judgement reads.
 pub fn workload_settings(s: &ResourceState) -> BTreeMap<String, String> {
     use serde_json::Value;
     let mut out = BTreeMap::new();
@@ -78,6 +84,9 @@ pub fn workload_settings(s: &ResourceState) -> BTreeMap<String, String> {
                 "{prefix}{}",
                 c.get("name").and_then(Value::as_str).unwrap_or("?")
             );
+            if let Some(image) = c.get("image").and_then(Value::as_str) {
+                out.insert(format!("{IMAGE}{name}"), cut(image.to_string()));
+            }
             if let Some(r) = c.get("resources") {
                 flatten(&format!("{name}.resources"), r, &mut out);
             }
@@ -97,6 +106,37 @@ pub fn workload_settings(s: &ResourceState) -> BTreeMap<String, String> {
         }
     }
     out.into_iter().take(MAX_SETTINGS).collect()
+}
+
+/// How a workload's settings ([`workload_settings`]) went from `old` to `new`: a fingerprint of each
+/// setting that changed with its new value and each removed one, and their names; None when nothing did
+/// (a restart). Images are compared only when `old` holds them (held before images were, it doesn't: not
+/// a change of image).
+pub fn delta(
+    old: &BTreeMap<String, String>,
+    new: &BTreeMap<String, String>,
+) -> Option<(u64, Vec<String>)> {
+    let images_known = old.keys().any(|k| k.starts_with(IMAGE));
+    let mut parts: Vec<&str> = Vec::new();
+    let mut changed = Vec::new();
+    for (k, v) in new {
+        if !images_known && k.starts_with(IMAGE) {
+            continue;
+        }
+        if old.get(k) != Some(v) {
+            parts.extend([k.as_str(), "=", v.as_str()]);
+            changed.push(k.clone());
+        }
+    }
+    for k in old.keys().filter(|k| !new.contains_key(*k)) {
+        parts.extend([k.as_str(), " unset"]);
+        changed.push(k.clone());
+    }
+    if parts.is_empty() {
+        return None;
+    }
+    let id = multipilot_schemas::stable_id(&parts);
+    Some((u64::from_str_radix(&id[..16], 16).ok()?, changed))
 }
 
 /// The objects compared by default.
@@ -229,7 +269,11 @@ pub fn report(
             if having.len() < 2 {
                 continue;
             }
-            let keys: BTreeSet<&String> = having.iter().flat_map(|(_, s)| s.keys()).collect();
+            let keys: BTreeSet<&String> = having
+                .iter()
+                .flat_map(|(_, s)| s.keys())
+                .filter(|k| is_tracked || !k.starts_with(IMAGE))
+                .collect();
             for key in keys {
                 let mut by_value: BTreeMap<String, Vec<String>> = BTreeMap::new();
                 for (n, s) in &having {
@@ -405,6 +449,32 @@ mod tests {
     }
 
     #[test]
+    fn the_same_rollout_has_the_same_delta_on_clusters_that_differ_otherwise() {
+        let m = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let a1 = m(&[("image:web", "web:1"), ("web.env.CLUSTER", "a")]);
+        let a2 = m(&[("image:web", "web:2"), ("web.env.CLUSTER", "a")]);
+        let b1 = m(&[("image:web", "web:1"), ("web.env.CLUSTER", "b")]);
+        let b2 = m(&[("image:web", "web:2"), ("web.env.CLUSTER", "b")]);
+        assert_eq!(delta(&a1, &a2), delta(&b1, &b2));
+        assert_eq!(
+            delta(&a1, &a2).map(|(_, keys)| keys),
+            Some(vec!["image:web".to_string()])
+        );
+        // a restart changes no setting; another image is another change; a removed setting counts
+        assert_eq!(delta(&a1, &a1), None);
+        let a3 = m(&[("image:web", "web:3"), ("web.env.CLUSTER", "a")]);
+        assert_ne!(delta(&a1, &a2), delta(&a1, &a3));
+        assert!(delta(&a1, &m(&[("image:web", "web:1")])).is_some());
+        // held before images were: their appearance is no change
+        assert_eq!(delta(&m(&[("web.env.CLUSTER", "a")]), &a1), None);
+    }
+
+    #[test]
     fn a_workload_whose_resources_or_env_differ_on_one_cluster_of_an_env_is_the_odd_one_out() {
         let base = ingress_controller();
         let settings = workload_settings(&base);
@@ -419,8 +489,9 @@ mod tests {
             settings["controller.env.POD_NAME"].starts_with("from {\"fieldRef\""),
             "{settings:#?}"
         );
+        // the image is held for the fleet judgement, under its own prefix
         assert!(
-            !settings.keys().any(|k| k.contains("image")),
+            settings["image:controller"].starts_with("registry.k8s.io/ingress-nginx/controller:"),
             "{settings:#?}"
         );
         // p3 runs it with less memory and another env value; p4 runs a newer image (a rollout): not a

@@ -102,7 +102,7 @@ fn window(rule: &EvidenceRule) -> Duration {
 
 /// How long after `at` a change still counts as before it: the agent's watch and its probe round race, and
 /// a change that caused the failure a round found may be reported a moment after that round.
-const REPORTED_LATE: Duration = Duration::seconds(5);
+pub(crate) const REPORTED_LATE: Duration = Duration::seconds(5);
 
 /// The cluster's changes in the evidence window before `at` (and [`REPORTED_LATE`] after it).
 fn recent_changes<'a>(

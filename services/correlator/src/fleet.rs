@@ -3,10 +3,11 @@
 //! linked as the members of a [`FleetIncident`]; later incidents of that kind join it while it is open; a
 //! member leaves when its incident resolves (or its cluster goes silent for good), and the fleet incident
 //! resolves when its last member has. For each, it ranks what the failing clusters share that the healthy
-//! ones don't (version, CNI, ingress controller, CoreDNS, device plugin and driver, registry labels) and
-//! weighs the changes that reached the failing clusters shortly before against the healthy ones: a change
-//! seen as often on healthy clusters, or one the failing clusters make that often anyway, is ordinary
-//! churn, not a suspect.
+//! ones don't (version, CNI, ingress controller, CoreDNS, device plugin and driver, registry labels; for
+//! a problem of one workload, what its failing copies run that its healthy ones don't: image, resources,
+//! env, pod annotations) and weighs the changes that reached the failing clusters shortly before against
+//! the healthy ones: a change seen as often on healthy clusters, or one the failing clusters make that
+//! often anyway, is ordinary churn, not a suspect.
 //!
 //! Plain data and pure functions over the machine's view of the fleet; [`crate::machine::Machine`] calls
 //! it after every change of a cluster incident and on its ticks, and emits what changed.
@@ -20,6 +21,7 @@ use multipilot_schemas::payload::{
 };
 use multipilot_schemas::stable_id;
 
+use crate::consistency;
 use crate::dedup::Record;
 use crate::mask;
 use crate::rules::FleetRule;
@@ -34,6 +36,9 @@ pub struct View<'a> {
     pub incidents: &'a BTreeMap<String, Incident>,
     /// How many objects of a change kind ([`is_change_kind`]) each cluster holds, by cluster.
     pub changeable: &'a BTreeMap<String, usize>,
+    /// Each cluster's workloads' compared settings and images, keyed `<kind> <ns>/<name>`
+    /// ([`crate::consistency::workload_settings`]).
+    pub workloads: &'a BTreeMap<String, BTreeMap<String, BTreeMap<String, String>>>,
 }
 
 /// Whether a spec change of this kind is a change someone made (Pods, ReplicaSets, EndpointSlices and
@@ -167,6 +172,8 @@ pub fn history_key(kind: &str, id: &str) -> String {
 const MAX_ATTRIBUTES: usize = 128;
 /// Shared attributes and suspects kept per fleet incident.
 const MAX_SHARED: usize = 6;
+/// Of them, at most this many of the failing workload's settings (a new version may change many at once).
+const MAX_WORKLOAD_SHARED: usize = 3;
 const MAX_SUSPECTS: usize = 5;
 const MAX_COMMON: usize = 3;
 
@@ -293,46 +300,110 @@ fn phrase(attr: &str, value: &str) -> String {
         "release" => format!("run release {name} {value}"),
         "policy" => format!("run policy bundle {name} {value}"),
         "gitops" => format!("run {value} of fleet repository {name}"),
+        "workload" => match value
+            .strip_prefix(consistency::IMAGE)
+            .and_then(|v| v.split_once('='))
+        {
+            Some((_, image)) => format!("run {name} with image {image}"),
+            None => format!("run {name} with {value}"),
+        },
         _ => format!("run {attr} {value}"),
     }
 }
 
-/// Attributes ranked by how well they separate `failing` from `healthy` (clusters with facts only).
+/// Attributes ranked by how well they separate `failing` from `healthy` (clusters with facts only); for a
+/// problem of one workload (`workload`, `<kind> <ns>/<name>`), also the settings its failing copies run
+/// and its healthy ones don't, judged among the clusters that run it, first among equals.
 pub fn shared(
     view: View<'_>,
     failing: &BTreeSet<String>,
     healthy: &BTreeSet<String>,
     attrs: &mut Attributes,
+    workload: Option<&str>,
 ) -> Vec<SharedAttribute> {
     for c in failing.iter().chain(healthy) {
         attrs.fill(view, c);
     }
-    let of = |set: &BTreeSet<String>| -> (u32, BTreeMap<&(String, String), u32>) {
-        let mut total = 0;
-        let mut counts = BTreeMap::new();
-        for a in set.iter().filter_map(|c| attrs.get(c)) {
-            total += 1;
-            for a in a {
-                *counts.entry(a).or_insert(0) += 1;
-            }
-        }
-        (total, counts)
+    let facts = |set: &BTreeSet<String>| -> Vec<&BTreeSet<(String, String)>> {
+        set.iter().filter_map(|c| attrs.get(c)).collect()
     };
-    let (ft, fc) = of(failing);
-    let (ht, hc) = of(healthy);
+    // `calico` with the same counts as `calico v3.27.3` says nothing more
+    let mut facts_out: Vec<(f64, SharedAttribute)> = Vec::new();
+    for (sep, s) in rank(&facts(failing), &facts(healthy), 1) {
+        if facts_out.len() == MAX_SHARED {
+            break;
+        }
+        let redundant = facts_out.iter().any(|(_, o)| {
+            o.attribute == s.attribute
+                && o.failing == s.failing
+                && o.healthy == s.healthy
+                && o.value.starts_with(&s.value)
+        });
+        if !redundant {
+            facts_out.push((sep, s));
+        }
+    }
+    let mut out: Vec<(f64, SharedAttribute)> = match workload {
+        Some(w) => {
+            let (f, h) = (
+                workload_values(view, failing, failing, healthy, w),
+                workload_values(view, healthy, failing, healthy, w),
+            );
+            // a setting's value one failing copy alone has (its cluster's name in an env var) separates
+            // nothing; of equals, the image first (a new version's image says more than its settings)
+            let mut ranked = rank(
+                &f.iter().collect::<Vec<_>>(),
+                &h.iter().collect::<Vec<_>>(),
+                2,
+            );
+            let image = |s: &SharedAttribute| !s.value.starts_with(consistency::IMAGE);
+            ranked.sort_by(|(a, x), (b, y)| {
+                b.total_cmp(a)
+                    .then(image(x).cmp(&image(y)))
+                    .then(x.value.cmp(&y.value))
+            });
+            ranked.truncate(MAX_WORKLOAD_SHARED);
+            ranked
+        }
+        None => Vec::new(),
+    };
+    out.extend(facts_out);
+    // stable: of equal separation, the workload's settings stay first
+    out.sort_by(|(a, _), (b, _)| b.total_cmp(a));
+    out.into_iter().take(MAX_SHARED).map(|(_, s)| s).collect()
+}
+
+/// `(attribute, value)` pairs held by at least half of the `failing` sets (and by `min` of them) and by a
+/// smaller share of the `healthy` ones, with how well each separates them, best
+/// first; of equals, the more specific value (`calico v3.27.3` before `calico`). None without a set of
+/// each to compare.
+fn rank(
+    failing: &[&BTreeSet<(String, String)>],
+    healthy: &[&BTreeSet<(String, String)>],
+    min: u32,
+) -> Vec<(f64, SharedAttribute)> {
+    fn counts<'a>(sets: &[&'a BTreeSet<(String, String)>]) -> BTreeMap<&'a (String, String), u32> {
+        let mut counts = BTreeMap::new();
+        for a in sets.iter().copied().flatten() {
+            *counts.entry(a).or_insert(0) += 1;
+        }
+        counts
+    }
+    let (ft, ht) = (failing.len() as u32, healthy.len() as u32);
     // with no healthy cluster to compare with, nothing separates the failing ones
     if ft == 0 || ht == 0 {
         return Vec::new();
     }
-    let mut v: Vec<(f64, SharedAttribute)> = fc
+    let hc = counts(healthy);
+    let mut v: Vec<(f64, SharedAttribute)> = counts(failing)
         .into_iter()
         .filter_map(|(pair, f)| {
             let h = hc.get(pair).copied().unwrap_or(0);
             let (attr, value) = pair.clone();
             let fr = f as f64 / ft as f64;
-            let hr = if ht == 0 { 0.0 } else { h as f64 / ht as f64 };
+            let hr = h as f64 / ht as f64;
             // it must be the failing clusters' common trait, and rarer among the healthy ones
-            (fr >= 0.5 && fr > hr).then(|| {
+            (fr >= 0.5 && f >= min && fr > hr).then(|| {
                 let support = format!(
                     "{f} of {ft} failing {}; {h} of {ht} healthy do",
                     phrase(&attr, &value)
@@ -352,26 +423,112 @@ pub fn shared(
             })
         })
         .collect();
-    // best separation first; of equals, the more specific value (`calico v3.27.3` before `calico`)
     v.sort_by(|(a, x), (b, y)| {
         b.total_cmp(a)
             .then(y.value.len().cmp(&x.value.len()))
             .then(x.attribute.cmp(&y.attribute))
     });
-    let mut out: Vec<SharedAttribute> = Vec::new();
-    for (_, s) in v {
-        // `calico` with the same counts as `calico v3.27.3` says nothing more
-        let redundant = out.iter().any(|o| {
-            o.attribute == s.attribute
-                && o.failing == s.failing
-                && o.healthy == s.healthy
-                && o.value.starts_with(&s.value)
-        });
-        if !redundant && out.len() < MAX_SHARED {
-            out.push(s);
+    v
+}
+
+/// What each of `set`'s clusters that runs `workload` runs it with, as `(workload:<kind> <ns>/<name>,
+/// <setting>=<value>)` pairs, for the settings whose value differs among the failing and healthy copies;
+/// one a copy lacks is `<setting> unset`, but for the images of a copy held without any (from before
+/// images were held: unknown, not unset).
+fn workload_values(
+    view: View<'_>,
+    set: &BTreeSet<String>,
+    failing: &BTreeSet<String>,
+    healthy: &BTreeSet<String>,
+    workload: &str,
+) -> Vec<BTreeSet<(String, String)>> {
+    let held = |c: &String| view.workloads.get(c).and_then(|w| w.get(workload));
+    let copies: Vec<&BTreeMap<String, String>> =
+        failing.iter().chain(healthy).filter_map(held).collect();
+    let mut values: BTreeMap<&String, BTreeSet<Option<&String>>> = BTreeMap::new();
+    for copy in &copies {
+        for k in copy.keys() {
+            values.entry(k).or_default();
         }
     }
-    out
+    for (k, v) in &mut values {
+        v.extend(copies.iter().map(|c| c.get(*k)));
+    }
+    // a setting every copy has alike separates nothing
+    let differing: Vec<&String> = values
+        .into_iter()
+        .filter(|(_, v)| v.len() > 1)
+        .map(|(k, _)| k)
+        .collect();
+    let attr = format!("workload:{workload}");
+    set.iter()
+        .filter_map(held)
+        .map(|settings| {
+            let has_images = settings.keys().any(|k| k.starts_with(consistency::IMAGE));
+            differing
+                .iter()
+                .filter_map(|k| {
+                    let value = match settings.get(*k) {
+                        Some(v) => format!("{k}={v}"),
+                        None if k.starts_with(consistency::IMAGE) && !has_images => return None,
+                        None => format!("{k} unset"),
+                    };
+                    Some((attr.clone(), value))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// The workload an event problem is about (`<kind> <ns>/<name>`, as the failing clusters hold it): the
+/// object itself when it is one, a Pod's by its masked name (`web-*` → `Deployment shop/web`, `db-*` →
+/// `StatefulSet shop/db`, `worker-*` → `Deployment shop/worker-1`); the one most failing clusters run. A
+/// cluster where two workloads could own the pods (`worker` and `worker-1`) names none. None for other
+/// problems.
+fn workload_of(view: View<'_>, f: &FleetIncident, failing: &BTreeSet<String>) -> Option<String> {
+    if f.kind != EVENT {
+        return None;
+    }
+    let (ns, object, kind) = (
+        f.labels.get("namespace")?,
+        f.labels.get("object")?,
+        f.labels.get("object_kind")?,
+    );
+    let kinds: Vec<&str> = if kind == "Pod" {
+        consistency::WORKLOAD_KINDS.to_vec()
+    } else if consistency::WORKLOAD_KINDS.contains(&kind.as_str()) {
+        vec![kind.as_str()]
+    } else {
+        return None;
+    };
+    let mut found: BTreeMap<&String, usize> = BTreeMap::new();
+    for c in failing {
+        let Some(held) = view.workloads.get(c) else {
+            continue;
+        };
+        let mut candidates = kinds.iter().flat_map(|k| {
+            let prefix = format!("{k} {ns}/");
+            held.range(prefix.clone()..)
+                .take_while(move |(key, _)| key.starts_with(&prefix))
+                .filter(|(key, _)| {
+                    let name = key.rsplit_once('/').map_or("", |(_, n)| n);
+                    if kind == "Pod" {
+                        mask::mask_name(&format!("{name}-*")) == *object
+                    } else {
+                        name == object || mask::mask_name(name) == *object
+                    }
+                })
+                .map(|(key, _)| key)
+        });
+        if let (Some(key), None) = (candidates.next(), candidates.next()) {
+            *found.entry(key).or_default() += 1;
+        }
+    }
+    let most = found.values().copied().max()?;
+    found
+        .into_iter()
+        .find(|(_, n)| *n == most)
+        .map(|(k, _)| k.clone())
 }
 
 fn object_key(o: &ObjectRef) -> String {
@@ -387,6 +544,10 @@ fn object_key(o: &ObjectRef) -> String {
 struct Touch<'a> {
     at: DateTime<Utc>,
     what: Touched<'a>,
+    /// What a workload's change changed ([`ChangeRec::delta`](crate::state::ChangeRec::delta)), and the
+    /// names of those settings.
+    delta: Option<u64>,
+    changed: &'a [String],
 }
 
 enum Touched<'a> {
@@ -452,11 +613,15 @@ fn touches<'a>(view: View<'a>, cluster: &str) -> Vec<Touch<'a>> {
         .map(|ch| Touch {
             at: ch.at - skew,
             what: Touched::Object(&ch.object),
+            delta: ch.delta,
+            changed: &ch.changed,
         })
         .collect();
     out.extend(state.releases.iter().map(|(at, r)| Touch {
         at: *at,
         what: Touched::Release(r),
+        delta: None,
+        changed: &[],
     }));
     out
 }
@@ -472,23 +637,30 @@ fn touches<'a>(view: View<'a>, cluster: &str) -> Vec<Touch<'a>> {
 /// too few to show it (`MAX_CHANCE`). Nor is an object that changes that often on those clusters anyway: at
 /// the pace it changed there before the lookback, it would change on all of them in one lookback with a
 /// chance of `MAX_CHANCE` or more (`Habits`); it is `common`. A release is a deliberate change, never chance. A
-/// release that is a suspect comes first: it is what an operator undoes.
+/// release that is a suspect comes first: it is what an operator undoes. Nor is a workload's change made
+/// alike on each failing cluster (its settings to the same values) — with enough healthy clusters to show a
+/// change made everywhere, or when it is the failing `workload` itself — and a healthy cluster counts only
+/// if it made that change too or already runs what it changed to. A change reported up to 5 s after a
+/// cluster began failing still counts as before it.
 pub fn suspects(
     view: View<'_>,
     lookback: Duration,
     since: &BTreeMap<String, DateTime<Utc>>,
     healthy: &BTreeSet<String>,
+    workload: Option<&str>,
 ) -> Vec<Suspect> {
     let Some((&first, &last)) = since.values().min().zip(since.values().max()) else {
         return Vec::new();
     };
-    // change → (failing clusters, latest time on one of them, the object, the release, its identity)
+    // change → (failing clusters, latest time on one of them, the object, the release, its identity,
+    // what each failing cluster's changes of a workload changed: fingerprint → the settings' names)
     type Reached<'c> = (
         BTreeSet<&'c str>,
         DateTime<Utc>,
         ObjectRef,
         Option<ReleaseRef>,
         TouchId<'c>,
+        BTreeMap<&'c str, BTreeMap<u64, &'c [String]>>,
     );
     // each failing cluster's changes and objects, read once
     let read: BTreeMap<&str, (Vec<Touch<'_>>, usize)> = since
@@ -502,15 +674,29 @@ pub fn suspects(
             Some((c.as_str(), Habits::of(touches, *at, lookback)))
         })
         .collect();
+    // a change reported a moment after a cluster began failing still came before: the agent's watches
+    // race, and an event's time is whole seconds (a bad image's pull fails in the second it was set)
+    let late = crate::evidence::REPORTED_LATE;
     let mut failing: BTreeMap<String, Reached<'_>> = BTreeMap::new();
     for (c, at) in since {
         for t in read.get(c.as_str()).map_or(&[][..], |(t, _)| t) {
-            if t.at >= *at - lookback && t.at <= *at {
-                let e = failing
-                    .entry(t.key())
-                    .or_insert_with(|| (BTreeSet::new(), t.at, t.object(), None, t.id()));
+            if t.at >= *at - lookback && t.at <= *at + late {
+                let e = failing.entry(t.key()).or_insert_with(|| {
+                    (
+                        BTreeSet::new(),
+                        t.at,
+                        t.object(),
+                        None,
+                        t.id(),
+                        BTreeMap::new(),
+                    )
+                });
                 e.0.insert(c.as_str());
                 e.1 = e.1.max(t.at);
+                let deltas = e.5.entry(c.as_str()).or_default();
+                if let Some(d) = t.delta {
+                    deltas.insert(d, t.changed);
+                }
                 // the first batch that took it to a failing cluster
                 if let Some(r) = t.release()
                     && e.3.as_ref().is_none_or(|old| r.batch < old.batch)
@@ -525,16 +711,52 @@ pub fn suspects(
         .filter(|c| view.clusters.contains_key(*c))
         .count() as u32;
     let failing_total = since.len() as u32;
+    // one change made alike on every failing cluster where the object changed (the same settings
+    // changed to the same values: one rollout, not churn; a restart changes none): it counts on a healthy
+    // cluster that made it too, or runs what it changed to (a rollout that reached it earlier). With
+    // few healthy clusters to show a change made everywhere, only for the failing workload itself.
+    // the change, and the settings it changed with their values on a failing cluster
+    type Alike<'c> = (u64, Vec<(&'c String, Option<&'c String>)>);
+    let alike: HashMap<TouchId<'_>, Alike<'_>> = failing
+        .iter()
+        .filter(|(key, r)| {
+            r.0.len() >= 2 && (healthy_total >= FEW_HEALTHY || workload == Some(key.as_str()))
+        })
+        .filter_map(|(key, r)| {
+            let (d, names) =
+                r.5.values()
+                    .next()?
+                    .iter()
+                    .find(|(d, _)| r.5.values().all(|s| s.contains_key(*d)))?;
+            // what it changed to, as a failing cluster runs it now
+            let runs =
+                r.0.iter()
+                    .find_map(|c| view.workloads.get(*c)?.get(key.as_str()))?;
+            let to = names.iter().map(|n| (n, runs.get(n))).collect();
+            Some((r.4, (*d, to)))
+        })
+        .collect();
     // on how many healthy clusters each of those changes happened over the whole span (each cluster's
     // changes looked up, not named: a fleet's healthy clusters churn thousands of objects)
     let mut on_healthy: HashMap<TouchId<'_>, u32> = failing.values().map(|r| (r.4, 0)).collect();
     for c in healthy {
-        let changed: HashSet<TouchId<'_>> = touches(view, c)
+        let mut changed: HashSet<TouchId<'_>> = touches(view, c)
             .iter()
-            .filter(|t| t.at >= first - lookback && t.at <= last)
+            .filter(|t| t.at >= first - lookback && t.at <= last + late)
+            .filter(|t| on_healthy.contains_key(&t.id()))
+            .filter(|t| alike.get(&t.id()).is_none_or(|(d, _)| t.delta == Some(*d)))
             .map(Touch::id)
-            .filter(|id| on_healthy.contains_key(id))
             .collect();
+        let runs = view.workloads.get(c);
+        for (id, (_, to)) in &alike {
+            let TouchId::Object(kind, Some(ns), name) = id else {
+                continue;
+            };
+            let held = runs.and_then(|w| w.get(&consistency::object_key(kind, ns, name)));
+            if held.is_some_and(|h| to.iter().all(|(n, v)| h.get(*n) == *v)) {
+                changed.insert(*id);
+            }
+        }
         for id in changed {
             *on_healthy.entry(id).or_default() += 1;
         }
@@ -549,7 +771,8 @@ pub fn suspects(
         .collect();
     let held = read.values().map(|(_, h)| *h).max().unwrap_or(0) as f64;
     let mut out: Vec<(bool, bool, f64, Suspect)> = Vec::new();
-    for (key, (clusters, latest, object, release, id)) in failing {
+    for (key, (clusters, latest, object, release, id, _)) in failing {
+        let alike = alike.contains_key(&id);
         let h = on_healthy.get(&id).copied().unwrap_or(0);
         let f = clusters.len() as u32;
         let fr = f as f64 / failing_total as f64;
@@ -570,10 +793,11 @@ pub fn suspects(
                 .iter()
                 .map(|c| churns.get(c).copied().unwrap_or(1.0))
                 .product::<f64>();
-        let by_chance = release.is_none() && f >= 2 && chance >= MAX_CHANCE;
+        let by_chance = release.is_none() && !alike && f >= 2 && chance >= MAX_CHANCE;
         // an object that changes this often on those clusters anyway, when the healthy ones are too few
         // to show it: how often, on average
         let habitual = release.is_none()
+            && !alike
             && healthy_total < FEW_HEALTHY
             && clusters
                 .iter()
@@ -618,13 +842,18 @@ pub fn suspects(
         };
         let summary = match verdict {
             SuspectVerdict::Suspect => format!(
-                "{what} {} {f} of {failing_total} failing clusters, {healthy_of}, in the {} before",
+                "{what} {} {f} of {failing_total} failing clusters, {healthy_of}, in the {} before{}",
                 if release.is_some() {
                     "reached"
                 } else {
                     "changed on"
                 },
-                crate::evidence::secs(lookback)
+                crate::evidence::secs(lookback),
+                if alike {
+                    ", the same change on each"
+                } else {
+                    ""
+                }
             ),
             _ => match every {
                 Some(every) if singled_out => format!(
@@ -1084,27 +1313,70 @@ impl Fleet {
         changed
     }
 
-    /// A release batch reached `clusters`: each open fleet incident with a member there is judged again,
-    /// and takes a new revision when that changes its suspects (the release's record may be read after the
-    /// incident opened). Returns the keys of those that changed.
+    /// Whether a fleet incident is open.
+    pub fn any_open(&self) -> bool {
+        self.incidents
+            .values()
+            .any(|f| f.status != IncidentStatus::Resolved)
+    }
+
+    /// The open fleet incidents whose judgement weighs a change made at `at` (hub time) on any cluster:
+    /// from `lookback` before their first member began to 5 s after their last (a change reported a
+    /// moment late). A change read after they were judged may change their suspects.
+    pub fn covering(&self, view: View<'_>, lookback: Duration, at: DateTime<Utc>) -> Vec<String> {
+        self.incidents
+            .iter()
+            .filter(|(_, f)| f.status != IncidentStatus::Resolved)
+            .filter(|(_, f)| {
+                let onsets = f
+                    .members
+                    .iter()
+                    .map(|m| hub_time(view, &m.cluster, m.opened_at));
+                let first = onsets.clone().min();
+                let last = onsets.max();
+                first.zip(last).is_some_and(|(first, last)| {
+                    at >= first - lookback && at <= last + crate::evidence::REPORTED_LATE
+                })
+            })
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// The open fleet incidents with a member on one of `clusters`.
+    pub fn with_members_on(&self, clusters: &[String]) -> Vec<String> {
+        self.incidents
+            .iter()
+            .filter(|(_, f)| {
+                f.status != IncidentStatus::Resolved
+                    && f.members.iter().any(|m| clusters.contains(&m.cluster))
+            })
+            .map(|(k, _)| k.clone())
+            .collect()
+    }
+
+    /// Something reached them after these fleet incidents (`keys`) were judged (a release batch, a change
+    /// read late): each still open is judged again, and takes a new revision when that changes its suspects
+    /// or shared attributes. Returns the keys of those that changed.
     pub fn rejudge(
         &mut self,
         rule: &FleetRule,
         view: View<'_>,
         now: DateTime<Utc>,
-        clusters: &[String],
+        keys: &[String],
     ) -> Vec<String> {
         let mut changed = Vec::new();
         let mut attrs = Attributes::default();
-        for (k, f) in self.incidents.iter_mut() {
-            if f.status == IncidentStatus::Resolved
-                || !f.members.iter().any(|m| clusters.contains(&m.cluster))
-            {
+        for k in keys {
+            let Some(f) = self
+                .incidents
+                .get_mut(k)
+                .filter(|f| f.status != IncidentStatus::Resolved)
+            else {
                 continue;
-            }
+            };
             let mut again = f.clone();
             judge(&mut again, rule, view, now, &mut attrs);
-            if again.suspects != f.suspects {
+            if again.suspects != f.suspects || again.shared != f.shared {
                 *f = again;
                 changed.push(k.clone());
             }
@@ -1260,8 +1532,9 @@ fn judge(
         *e = (*e).min(t);
     }
     let lookback = Duration::from_std(rule.lookback).unwrap_or(Duration::minutes(15));
-    f.shared = shared(view, &failing, &healthy, attrs);
-    f.suspects = suspects(view, lookback, &since, &healthy);
+    let workload = workload_of(view, f, &failing);
+    f.shared = shared(view, &failing, &healthy, attrs, workload.as_deref());
+    f.suspects = suspects(view, lookback, &since, &healthy, workload.as_deref());
     f.fleet_size = view.clusters.len().max(failing.len()) as u32;
     let open: Vec<&FleetMember> = f
         .members

@@ -210,6 +210,9 @@ pub struct Machine {
     /// time: judged at the end of each input, or with [`Machine::defer_fleet_judgement`] once per
     /// [`Machine::settle`].
     fleet_stale: BTreeMap<String, DateTime<Utc>>,
+    /// Changes read while a fleet incident is open (cluster, when on its clock): those made before one
+    /// was judged, though read after (a backlog, watches racing), judge it again with the rest.
+    fleet_late: Vec<(String, DateTime<Utc>)>,
     /// See [`Machine::defer_fleet_judgement`].
     defer_fleet: bool,
     /// High-water mark per consumer (stream sequence).
@@ -310,6 +313,7 @@ impl Machine {
             fleet_swept: None,
             watched: (None, Duration::zero()),
             fleet_stale: BTreeMap::new(),
+            fleet_late: Vec::new(),
             defer_fleet: false,
             hwm: s.hwm,
             dedup,
@@ -377,12 +381,43 @@ impl Machine {
     }
 
     fn judge_fleet(&mut self) {
+        if !self.fleet_late.is_empty() {
+            let view = fleet::View {
+                clusters: &self.clusters,
+                incidents: &self.incidents,
+                changeable: &self.changeable,
+                workloads: &self.workloads,
+            };
+            let lookback =
+                Duration::from_std(self.rules.fleet.lookback).unwrap_or(Duration::minutes(15));
+            let mut keys = BTreeSet::new();
+            let mut now = None;
+            for (c, at) in std::mem::take(&mut self.fleet_late) {
+                let at = fleet::hub_time(view, &c, at);
+                let covering = self.fleet.covering(view, lookback, at);
+                if !covering.is_empty() {
+                    now = now.max(Some(at));
+                    keys.extend(covering);
+                }
+            }
+            // those judged below anyway are judged once, at the time of what changed their members
+            let keys: Vec<String> = keys
+                .into_iter()
+                .filter(|k| !self.fleet_stale.contains_key(k))
+                .collect();
+            if let Some(now) = now {
+                for k in self.fleet.rejudge(&self.rules.fleet, view, now, &keys) {
+                    self.emit_fleet(&k);
+                }
+            }
+        }
         let mut attrs = fleet::Attributes::default();
         for (k, now) in std::mem::take(&mut self.fleet_stale) {
             let view = fleet::View {
                 clusters: &self.clusters,
                 incidents: &self.incidents,
                 changeable: &self.changeable,
+                workloads: &self.workloads,
             };
             if self
                 .fleet
@@ -451,8 +486,10 @@ impl Machine {
             clusters: &self.clusters,
             incidents: &self.incidents,
             changeable: &self.changeable,
+            workloads: &self.workloads,
         };
-        for k in self.fleet.rejudge(&self.rules.fleet, view, e.at, &known) {
+        let keys = self.fleet.with_members_on(&known);
+        for k in self.fleet.rejudge(&self.rules.fleet, view, e.at, &keys) {
             self.emit_fleet(&k);
         }
     }
@@ -694,6 +731,7 @@ impl Machine {
             clusters: &self.clusters,
             incidents: &self.incidents,
             changeable: &self.changeable,
+            workloads: &self.workloads,
         };
         let now = fleet::hub_time(view, &inc.cluster, inc.updated_at);
         if let Some(k) = self.fleet.on_incident(&self.rules.fleet, inc, view, now) {
@@ -774,6 +812,7 @@ impl Machine {
             clusters: &self.clusters,
             incidents: &self.incidents,
             changeable: &self.changeable,
+            workloads: &self.workloads,
         };
         let now = fleet::hub_time(view, &rec.cluster, rec.last_seen);
         if let Some(k) = self.fleet.on_digest(&self.rules.fleet, rec, now) {
@@ -851,6 +890,18 @@ impl Machine {
             ingest,
             cause,
         } = r;
+        // one line, whatever a probe's detail or an event's message brought along (a table row, an alert's
+        // summary, a chat message)
+        let summary = if summary.contains(['\n', '\r']) {
+            summary
+                .split(['\n', '\r'])
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect::<Vec<_>>()
+                .join("; ")
+        } else {
+            summary
+        };
         let key = incident_key(cluster, kind, target);
         if !self.is_open(cluster, kind, target) && self.inhibited(cluster, kind) {
             self.stats.held_back += 1;
@@ -1177,6 +1228,7 @@ impl Machine {
                 clusters: &self.clusters,
                 incidents: &self.incidents,
                 changeable: &self.changeable,
+                workloads: &self.workloads,
             };
             for k in self.fleet.sweep(&self.rules.fleet, view, now, watched) {
                 self.emit_fleet(&k);
@@ -1458,6 +1510,20 @@ impl Machine {
                     s.namespace.clone().unwrap_or_default(),
                     s.name
                 );
+                // a workload's compared settings and images, and how they changed
+                let workload = self
+                    .rules
+                    .fleet
+                    .consistency_workloads
+                    .contains(&s.kind)
+                    .then(|| {
+                        let object = consistency::object_key(
+                            &s.kind,
+                            s.namespace.as_deref().unwrap_or(""),
+                            &s.name,
+                        );
+                        (object, consistency::workload_settings(s))
+                    });
                 let specs = self.specs.entry(cluster.clone()).or_default();
                 if let Some(prev) = specs.get(&key)
                     && *prev != s.spec_hash
@@ -1474,6 +1540,13 @@ impl Machine {
                         .change_window
                         .max(fleet.lookback * 3 + fleet.window);
                     let window = Duration::from_std(window).unwrap_or(Duration::minutes(30));
+                    let held = self.workloads.get(&cluster);
+                    let (delta, changed) = workload
+                        .as_ref()
+                        .and_then(|(object, settings)| {
+                            consistency::delta(held?.get(object)?, settings)
+                        })
+                        .unzip();
                     c.push_change(
                         ChangeRec {
                             at,
@@ -1486,11 +1559,16 @@ impl Machine {
                             },
                             from: prev.clone(),
                             to: s.spec_hash.clone(),
+                            delta,
+                            changed: changed.unwrap_or_default(),
                             seq: 0,
                         },
                         window,
                     );
                     self.dirty.changes.insert(cluster.clone());
+                    if self.fleet.any_open() {
+                        self.fleet_late.push((cluster.clone(), at));
+                    }
                 }
                 self.dirty.specs.insert((cluster.clone(), key.clone()));
                 if specs.insert(key, s.spec_hash.clone()).is_none()
@@ -1509,13 +1587,7 @@ impl Machine {
                         record_changed = true;
                     }
                 }
-                if self.rules.fleet.consistency_workloads.contains(&s.kind) {
-                    let object = consistency::object_key(
-                        &s.kind,
-                        s.namespace.as_deref().unwrap_or(""),
-                        &s.name,
-                    );
-                    let settings = consistency::workload_settings(s);
+                if let Some((object, settings)) = workload {
                     let held = self.workloads.entry(cluster.clone()).or_default();
                     if held.get(&object) != Some(&settings) {
                         self.dirty

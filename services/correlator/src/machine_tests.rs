@@ -179,6 +179,30 @@ fn a_failing_probe_opens_after_its_rounds_and_resolves_after_healthy_ones() {
 }
 
 #[test]
+fn a_detail_of_several_lines_makes_a_summary_of_one() {
+    let mut m = machine();
+    let mut outs = Vec::new();
+    for round in 1..=3 {
+        let at = t0() + Duration::seconds(15 * round as i64);
+        let mut p = probe("etcd", ProbeStatus::Unhealthy, round);
+        // what an API server answers on /readyz/etcd, as an older agent passed it on
+        p.detail =
+            "/readyz/etcd: HTTP 500: [-]etcd failed: reason withheld\nreadyz check failed".into();
+        outs.extend(m.apply(Input::Probe(&env("c1", at, round, p), at)));
+    }
+    let opened = incidents(&outs);
+    assert_eq!(opened.len(), 1);
+    assert!(
+        opened[0]
+            .summary
+            .contains("[-]etcd failed: reason withheld; readyz check failed (since")
+            && !opened[0].summary.contains('\n'),
+        "{}",
+        opened[0].summary
+    );
+}
+
+#[test]
 fn a_late_or_redelivered_message_changes_nothing() {
     let mut m = machine();
     let e = env("c1", t0(), 1, probe("etcd", ProbeStatus::Unhealthy, 1));
@@ -2237,6 +2261,447 @@ fn the_same_event_problem_on_several_clusters_is_one_fleet_problem_that_ends_whe
             .fleet
             .incidents
             .contains_key(&crate::fleet::key_of(last))
+    );
+}
+
+/// The Deployment `name` in namespace `shop` on each of `copies` (cluster, image, timeout), as
+/// [`shop_web`] makes it, without an image where `image` is empty (held before images were).
+fn run_in_shop(m: &mut Machine, name: &str, copies: &[(&str, &str, &str)]) {
+    for (c, image, timeout) in copies {
+        let mut s = shop_web(c, image, timeout);
+        s.name = name.into();
+        if image.is_empty()
+            && let Some(container) = s
+                .spec
+                .as_mut()
+                .and_then(|v| v.pointer_mut("/spec/template/spec/containers/0"))
+                .and_then(|v| v.as_object_mut())
+        {
+            container.remove("image");
+        }
+        m.apply(Input::State(&env(c, t0(), 6, StateMsg::State(s))));
+    }
+}
+
+/// A `web` Deployment in namespace `shop` running `image`, with an env var of each cluster's own
+/// (`CLUSTER`) and one set to `timeout`.
+fn shop_web(cluster: &str, image: &str, timeout: &str) -> ResourceState {
+    let spec = serde_json::json!({"spec": {"template": {"spec": {"containers": [{
+        "name": "web",
+        "image": image,
+        "env": [{"name": "CLUSTER", "value": cluster}, {"name": "TIMEOUT", "value": timeout}],
+        "resources": {"limits": {"memory": "256Mi"}}
+    }]}}}});
+    ResourceState {
+        namespace: Some("shop".into()),
+        spec: Some(spec),
+        ..deployment("web", &format!("{image}/{timeout}"))
+    }
+}
+
+#[test]
+fn a_workload_failing_on_some_clusters_says_what_its_failing_copies_run_that_its_healthy_ones_dont()
+{
+    let mut m = machine();
+    six_clusters(&mut m, t0());
+    // shop/web runs 2.1 with a 5 s timeout on c2, c5 and c6, 2.0 with 30 s on c1 and c3; c4 doesn't run it
+    for (c, image, timeout) in [
+        ("c1", "registry.example.com/web:2.0", "30"),
+        ("c2", "registry.example.com/web:2.1", "5"),
+        ("c3", "registry.example.com/web:2.0", "30"),
+        ("c5", "registry.example.com/web:2.1", "5"),
+        ("c6", "registry.example.com/web:2.1", "5"),
+    ] {
+        let s = env(c, t0(), 6, StateMsg::State(shop_web(c, image, timeout)));
+        m.apply(Input::State(&s));
+    }
+    // its pods crashloop on the three that run 2.1 (rolled out long before: no change to suspect)
+    let at = t0() + Duration::hours(2);
+    let mut opened = Vec::new();
+    for (i, c) in ["c2", "c5", "c6"].iter().enumerate() {
+        let pod = format!("web-{}-x2x9k", ["7d4b9c8f5", "5f6d7c8b9", "6c7d8e9f4"][i]);
+        let e = env(
+            c,
+            at + Duration::seconds(i as i64),
+            7,
+            event(&pod, "BackOff", "Back-off restarting failed container", at),
+        );
+        opened.extend(fleet_incidents(&m.apply(Input::Event(&e))));
+    }
+    let f = opened.last().expect("a fleet incident");
+    assert_eq!(f.members.len(), 3, "{f:#?}");
+    // judged among the clusters that run it (c4 doesn't); each cluster's own env value separates nothing
+    assert_eq!(
+        workload_rows(f),
+        vec![
+            (
+                "workload:Deployment shop/web",
+                "image:web=registry.example.com/web:2.1",
+                3,
+                3,
+                0,
+                2
+            ),
+            (
+                "workload:Deployment shop/web",
+                "web.env.TIMEOUT=5",
+                3,
+                3,
+                0,
+                2
+            ),
+        ],
+        "{:#?}",
+        f.shared
+    );
+    // first, before the cluster facts that separate them less (c5 and c6's kernel)
+    assert!(
+        f.summary.contains(
+            "on 3 of 6 clusters (c2, c5, c6): 3 of 3 failing run Deployment shop/web with image \
+             registry.example.com/web:2.1; 0 of 2 healthy do"
+        ),
+        "{}",
+        f.summary
+    );
+    assert!(
+        f.shared.iter().any(|s| s.attribute == "kernel"),
+        "{:#?}",
+        f.shared
+    );
+    // the healthy copies move to 2.1 as well: the image no longer separates them, the timeout still does
+    for c in ["c1", "c3"] {
+        let s = env(
+            c,
+            at + Duration::seconds(10),
+            8,
+            StateMsg::State(shop_web(c, "registry.example.com/web:2.1", "30")),
+        );
+        m.apply(Input::State(&s));
+    }
+    let e = env(
+        "c1",
+        at + Duration::seconds(20),
+        9,
+        event(
+            "web-8e9f0a1b2-q8w7r",
+            "BackOff",
+            "Back-off restarting failed container",
+            at,
+        ),
+    );
+    let f = fleet_incidents(&m.apply(Input::Event(&e)))
+        .pop()
+        .expect("c1 joins");
+    let top = &f.shared[0];
+    assert_eq!(
+        (
+            top.value.as_str(),
+            top.failing,
+            top.failing_total,
+            top.healthy,
+            top.healthy_total
+        ),
+        ("web.env.TIMEOUT=5", 3, 4, 0, 1),
+        "{:#?}",
+        f.shared
+    );
+}
+
+/// The event problem `reason` on a pod of each of `clusters`, the fleet incident it makes.
+fn pods_fail(
+    m: &mut Machine,
+    clusters: &[&str],
+    pod: &str,
+    reason: &str,
+    at: DateTime<Utc>,
+) -> FleetIncident {
+    let mut opened = Vec::new();
+    for (i, c) in clusters.iter().enumerate() {
+        let at = at + Duration::seconds(i as i64);
+        let e = env(
+            c,
+            at,
+            7,
+            event(pod, reason, "Back-off restarting failed container", at),
+        );
+        opened.extend(fleet_incidents(&m.apply(Input::Event(&e))));
+    }
+    opened.pop().expect("a fleet incident")
+}
+
+fn workload_rows(f: &FleetIncident) -> Vec<(&str, &str, u32, u32, u32, u32)> {
+    f.shared
+        .iter()
+        .filter(|s| s.attribute.starts_with("workload:"))
+        .map(|s| {
+            (
+                s.attribute.as_str(),
+                s.value.as_str(),
+                s.failing,
+                s.failing_total,
+                s.healthy,
+                s.healthy_total,
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_value_one_failing_copy_alone_has_an_image_not_known_yet_or_pods_two_workloads_could_own_say_nothing()
+ {
+    let mut m = machine();
+    six_clusters(&mut m, t0());
+    // shop/queue-1 runs 2.1 on c1 and c2, 2.0 on c4; c3's copy was held before images were (none known)
+    run_in_shop(
+        &mut m,
+        "queue-1",
+        &[
+            ("c1", "registry.example.com/queue:2.1", "5"),
+            ("c2", "registry.example.com/queue:2.1", "5"),
+            ("c3", "", "30"),
+            ("c4", "registry.example.com/queue:2.0", "30"),
+        ],
+    );
+    let at = t0() + Duration::hours(2);
+    let f = pods_fail(
+        &mut m,
+        &["c1", "c2"],
+        "queue-1-7d4b9c8f5-x2x9k",
+        "BackOff",
+        at,
+    );
+    // the pods of a numbered name are its own; each failing copy's CLUSTER value is its own (1 of 2);
+    // c3's image is unknown, not unset
+    assert_eq!(
+        workload_rows(&f),
+        vec![
+            (
+                "workload:Deployment shop/queue-1",
+                "image:web=registry.example.com/queue:2.1",
+                2,
+                2,
+                0,
+                2
+            ),
+            (
+                "workload:Deployment shop/queue-1",
+                "web.env.TIMEOUT=5",
+                2,
+                2,
+                0,
+                2
+            ),
+        ],
+        "{:#?}",
+        f.shared
+    );
+    // a Deployment shop/queue appears on both: whose pods `queue-*` are can't be told, nothing is said;
+    // shop/cache fails on c1 and c5, but only c1 runs it: one failing copy's values separate nothing
+    let queue = ["c1", "c2", "c3", "c4"].map(|c| (c, "registry.example.com/queue:1", "5"));
+    run_in_shop(&mut m, "queue", &queue);
+    run_in_shop(
+        &mut m,
+        "cache",
+        &[
+            ("c1", "cache:2", "5"),
+            ("c3", "cache:1", "5"),
+            ("c4", "cache:1", "5"),
+        ],
+    );
+    for (i, (pod, reason, failing)) in [
+        ("queue-1-7d4b9c8f5-x2x9k", "Unhealthy", ["c1", "c2"]),
+        ("cache-7d4b9c8f5-x2x9k", "BackOff", ["c1", "c5"]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let later = at + Duration::seconds(30 * (i as i64 + 1));
+        let f = pods_fail(&mut m, &failing, pod, reason, later);
+        assert_eq!(f.members.len(), 2);
+        assert_eq!(workload_rows(&f), vec![], "{:#?}", f.shared);
+    }
+}
+
+#[test]
+fn a_change_made_as_the_pods_began_failing_or_read_after_the_judgement_is_still_its_suspect() {
+    let mut m = machine();
+    six_clusters(&mut m, t0());
+    let suspects = |f: &FleetIncident| -> Vec<(String, SuspectVerdict)> {
+        f.suspects
+            .iter()
+            .map(|s| (s.object.name.clone(), s.verdict))
+            .collect()
+    };
+    // web's image is set on c1 and c2 at 10:00:00.4; its pods' pulls fail in that second, and events
+    // are timed to the second: 10:00:00
+    let at = t0() + Duration::hours(1);
+    for c in ["c1", "c2"] {
+        change(
+            &mut m,
+            c,
+            "web",
+            "bbbb0002",
+            at + Duration::milliseconds(400),
+        );
+    }
+    let f = pods_fail(&mut m, &["c1", "c2"], "web-7d4b9c8f5-x2x9k", "Failed", at);
+    assert_eq!(
+        suspects(&f),
+        vec![("web".to_string(), SuspectVerdict::Suspect)],
+        "{f:#?}"
+    );
+    // api's pods fail on c3 and c4 at 11:00; the change to api made ten seconds before is read after
+    // (a backlog of states): the fleet incident is judged again and names it
+    let at = at + Duration::hours(1);
+    let f = pods_fail(&mut m, &["c3", "c4"], "api-6c7d8e9f4-q8w7r", "Failed", at);
+    assert_eq!(suspects(&f), vec![], "{f:#?}");
+    let mut again = Vec::new();
+    for c in ["c3", "c4"] {
+        let s = env(
+            c,
+            at - Duration::seconds(10),
+            11,
+            StateMsg::State(deployment("api", "dddd0001")),
+        );
+        m.apply(Input::State(&s));
+        let s = env(
+            c,
+            at - Duration::seconds(10),
+            12,
+            StateMsg::State(deployment("api", "dddd0002")),
+        );
+        again.extend(fleet_incidents(&m.apply(Input::State(&s))));
+    }
+    let f = again.last().expect("judged again");
+    assert_eq!(
+        suspects(f),
+        vec![("api".to_string(), SuspectVerdict::Suspect)],
+        "{f:#?}"
+    );
+    // a change made after they began failing changes nothing: no new revision
+    let s = env(
+        "c3",
+        at + Duration::seconds(7),
+        13,
+        StateMsg::State(deployment("api", "dddd0003")),
+    );
+    assert!(fleet_incidents(&m.apply(Input::State(&s))).is_empty());
+    // the same change to api made on two healthy clusters before, read late (their backlog): judged
+    // again, no longer a suspect
+    let mut again = Vec::new();
+    for c in ["c5", "c6"] {
+        for (seq, hash) in [(14, "dddd0001"), (15, "dddd0002")] {
+            let s = env(
+                c,
+                at - Duration::seconds(20),
+                seq,
+                StateMsg::State(deployment("api", hash)),
+            );
+            again.extend(fleet_incidents(&m.apply(Input::State(&s))));
+        }
+    }
+    let f = again.last().expect("judged again");
+    assert_eq!(suspects(f), vec![], "{f:#?}");
+}
+
+/// Six clusters that restart every workload every few minutes; shop/web's image is set to 2 on c1, c2
+/// and c3 (and on c4 when `c4_too`, which stays healthy), its pods fail there. The healthy clusters ran
+/// `healthy_image` from the start.
+fn a_rollout_amid_restarts(healthy_image: &str, c4_too: bool) -> FleetIncident {
+    let mut m = machine();
+    six_clusters(&mut m, t0());
+    let all = ["c1", "c2", "c3", "c4", "c5", "c6"];
+    let web = |c: &str, image: &str, hash: &str| {
+        let mut s = shop_web("any", image, "30");
+        s.spec_hash = hash.into();
+        env(c, t0(), 20, StateMsg::State(s))
+    };
+    for c in all {
+        let image = if ["c1", "c2", "c3"].contains(&c) {
+            "registry.example.com/web:1"
+        } else {
+            healthy_image
+        };
+        m.apply(Input::State(&web(c, image, "w1")));
+    }
+    let at = t0() + Duration::hours(1);
+    // every object of every cluster changes in the quarter hour before, shop/web too: a restart, its
+    // settings as they were
+    for c in all {
+        for i in 0..40 {
+            change(
+                &mut m,
+                c,
+                &format!("app-{i}"),
+                "0000000b",
+                at - Duration::minutes(10),
+            );
+        }
+        let mut s = web(c, "registry.example.com/web:1", "w1-restarted");
+        if !["c1", "c2", "c3"].contains(&c) {
+            s = web(c, healthy_image, "w1-restarted");
+        }
+        s.cluster_time = at - Duration::minutes(8);
+        m.apply(Input::State(&s));
+    }
+    let rolled: &[&str] = if c4_too {
+        &["c1", "c2", "c3", "c4"]
+    } else {
+        &["c1", "c2", "c3"]
+    };
+    for c in rolled {
+        let mut s = web(c, "registry.example.com/web:2", "w2");
+        s.cluster_time = at - Duration::minutes(1);
+        m.apply(Input::State(&s));
+    }
+    pods_fail(
+        &mut m,
+        &["c1", "c2", "c3"],
+        "web-7d4b9c8f5-x2x9k",
+        "Failed",
+        at,
+    )
+}
+
+fn web_suspect(f: &FleetIncident) -> Option<(SuspectVerdict, &str)> {
+    f.suspects
+        .iter()
+        .find(|s| s.object.name == "web")
+        .map(|s| (s.verdict, s.summary.as_str()))
+}
+
+#[test]
+fn one_rollout_to_the_failing_clusters_is_a_suspect_amid_restarts_of_everything_everywhere() {
+    let f = a_rollout_amid_restarts("registry.example.com/web:1", false);
+    assert_eq!(
+        web_suspect(&f),
+        Some((
+            SuspectVerdict::Suspect,
+            "Deployment shop/web changed on 3 of 3 failing clusters, 0 of 3 healthy, in the 15m before, the same change on each"
+        )),
+        "{:#?}",
+        f.suspects
+    );
+    // the restarts of everything are churn, not suspects
+    assert_eq!(
+        f.suspects
+            .iter()
+            .filter(|s| s.verdict == SuspectVerdict::Suspect)
+            .count(),
+        1,
+        "{:#?}",
+        f.suspects
+    );
+    // the same change made on a healthy cluster too: not singled out
+    let f = a_rollout_amid_restarts("registry.example.com/web:1", true);
+    assert_eq!(web_suspect(&f), None, "{:#?}", f.suspects);
+    // the healthy ones have run 2 for long (a rollout that reached them before): ordinary
+    let f = a_rollout_amid_restarts("registry.example.com/web:2", false);
+    assert_eq!(
+        web_suspect(&f).map(|(v, _)| v),
+        Some(SuspectVerdict::Common),
+        "{:#?}",
+        f.suspects
     );
 }
 

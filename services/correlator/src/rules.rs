@@ -153,7 +153,9 @@ pub struct FleetRule {
     /// The cluster label that groups clusters for it (`env`: prod is compared with prod).
     pub consistency_group_by: String,
     /// Workload kinds whose pod templates (containers' resources and env, the pod's annotations) it
-    /// compares too, for every workload of one namespace and name on two or more clusters of a group.
+    /// compares too, for every workload of one namespace and name on two or more clusters of a group. Their
+    /// settings and images are what a fleet incident of one workload's pods compares and what its changes
+    /// are told apart by (`[]`: neither).
     pub consistency_workloads: Vec<String>,
 }
 

@@ -21,6 +21,16 @@ pub struct ChangeRec {
     pub from: String,
     /// New spec hash.
     pub to: String,
+    /// For a workload whose compared settings or images changed, a fingerprint of what changed (each
+    /// setting's new value, or its removal: [`crate::consistency::delta`]); the same rollout on several
+    /// clusters has the same one, whatever else differs there. None for a restart (settings unchanged),
+    /// another kind, or a workload seen for the first time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta: Option<u64>,
+    /// The settings that `delta` says changed (their names, as [`crate::consistency::workload_settings`]
+    /// keys them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changed: Vec<String>,
     /// Its place in its cluster's changes ([`ClusterState::changes_next`]); the store keeps it in the
     /// record's key.
     #[serde(skip)]

@@ -1160,6 +1160,8 @@ mod tests {
             },
             from: "h0".into(),
             to: to.into(),
+            delta: None,
+            changed: Vec::new(),
             seq: 0,
         }
     }
