@@ -613,8 +613,8 @@ fn touches<'a>(view: View<'a>, cluster: &str) -> Vec<Touch<'a>> {
         .map(|ch| Touch {
             at: ch.at - skew,
             what: Touched::Object(&ch.object),
-            delta: ch.delta,
-            changed: &ch.changed,
+            delta: ch.delta.as_ref().map(|d| d.id),
+            changed: ch.delta.as_ref().map_or(&[], |d| &d.changed),
         })
         .collect();
     out.extend(state.releases.iter().map(|(at, r)| Touch {

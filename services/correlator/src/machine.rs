@@ -1541,12 +1541,10 @@ impl Machine {
                         .max(fleet.lookback * 3 + fleet.window);
                     let window = Duration::from_std(window).unwrap_or(Duration::minutes(30));
                     let held = self.workloads.get(&cluster);
-                    let (delta, changed) = workload
-                        .as_ref()
-                        .and_then(|(object, settings)| {
-                            consistency::delta(held?.get(object)?, settings)
-                        })
-                        .unzip();
+                    let delta = workload.as_ref().and_then(|(object, settings)| {
+                        let (id, changed) = consistency::delta(held?.get(object)?, settings)?;
+                        Some(Box::new(crate::state::Delta { id, changed }))
+                    });
                     c.push_change(
                         ChangeRec {
                             at,
@@ -1560,7 +1558,6 @@ impl Machine {
                             from: prev.clone(),
                             to: s.spec_hash.clone(),
                             delta,
-                            changed: changed.unwrap_or_default(),
                             seq: 0,
                         },
                         window,

@@ -21,20 +21,25 @@ pub struct ChangeRec {
     pub from: String,
     /// New spec hash.
     pub to: String,
-    /// For a workload whose compared settings or images changed, a fingerprint of what changed (each
-    /// setting's new value, or its removal: [`crate::consistency::delta`]); the same rollout on several
-    /// clusters has the same one, whatever else differs there. None for a restart (settings unchanged),
-    /// another kind, or a workload seen for the first time.
+    /// For a workload whose compared settings or images changed, what changed; None for a restart
+    /// (settings unchanged), another kind, or a workload seen for the first time. (Boxed: most changes have
+    /// none, and a cluster holds hundreds.)
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub delta: Option<u64>,
-    /// The settings that `delta` says changed (their names, as [`crate::consistency::workload_settings`]
-    /// keys them).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub changed: Vec<String>,
+    pub delta: Option<Box<Delta>>,
     /// Its place in its cluster's changes ([`ClusterState::changes_next`]); the store keeps it in the
     /// record's key.
     #[serde(skip)]
     pub seq: u64,
+}
+
+/// What a workload's change changed ([`crate::consistency::delta`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Delta {
+    /// A fingerprint of each setting's new value, or its removal: the same rollout on several clusters
+    /// has the same one, whatever else differs there.
+    pub id: u64,
+    /// The names of the settings it changed, as [`crate::consistency::workload_settings`] keys them.
+    pub changed: Vec<String>,
 }
 
 /// The store key of `cluster`'s change numbered `seq` (sorting in `seq` order).

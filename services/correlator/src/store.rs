@@ -1161,7 +1161,6 @@ mod tests {
             from: "h0".into(),
             to: to.into(),
             delta: None,
-            changed: Vec::new(),
             seq: 0,
         }
     }
