@@ -639,6 +639,16 @@ pub fn pod_obj(
     pod
 }
 
+/// A Deployment's pod-template-hash (at most 10 hex digits) for its pods running `image`.
+fn template_hash(ns: &str, name: &str, image: &str) -> String {
+    let mut hash = format!(
+        "{:x}",
+        crate::hash64(&format!("{ns}/{name}/{image}")) % 0xff_ffff_ffff
+    );
+    hash.truncate(10);
+    hash
+}
+
 fn owner(kind: &str, api: &str, obj: &Value) -> Value {
     json!([{"apiVersion": api, "kind": kind, "name": str_at(obj, &["metadata", "name"]), "uid": str_at(obj, &["metadata", "uid"]), "controller": true, "blockOwnerDeletion": true}])
 }
@@ -681,13 +691,10 @@ fn deployment_with_states(
     ) else {
         return;
     };
-    let hash = format!(
-        "{:x}",
-        crate::hash64(&format!("{ns}/{name}/{image}")) % 0xff_ffff_ffff
-    );
-    let rs_name = format!("{name}-{}", &hash[..hash.len().min(10)]);
+    let hash = template_hash(ns, name, image);
+    let rs_name = format!("{name}-{hash}");
     let mut rs_labels = labels.clone();
-    rs_labels["pod-template-hash"] = json!(hash[..hash.len().min(10)]);
+    rs_labels["pod-template-hash"] = json!(hash);
     let mut rs_tpl = tpl.clone();
     rs_tpl["metadata"]["labels"] = rs_labels.clone();
     let mut rs = json!({
@@ -1404,11 +1411,7 @@ fn stuck_pods(c: &Cluster, d: &Value) {
     else {
         return;
     };
-    let hash = format!(
-        "{:x}",
-        crate::hash64(&format!("{ns}/{name}/{image}")) % 0xff_ffff_ffff
-    );
-    let hash = &hash[..hash.len().min(10)];
+    let hash = template_hash(&ns, &name, &image);
     let mut labels = d
         .at("/spec/template/metadata/labels")
         .cloned()

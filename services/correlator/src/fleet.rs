@@ -25,7 +25,7 @@ use crate::consistency;
 use crate::dedup::Record;
 use crate::mask;
 use crate::rules::FleetRule;
-use crate::state::ClusterState;
+use crate::state::{ClusterState, Delta};
 
 /// The machine's view of the fleet a judgement reads.
 #[derive(Debug, Clone, Copy)]
@@ -345,10 +345,7 @@ pub fn shared(
     }
     let mut out: Vec<(f64, SharedAttribute)> = match workload {
         Some(w) => {
-            let (f, h) = (
-                workload_values(view, failing, failing, healthy, w),
-                workload_values(view, healthy, failing, healthy, w),
-            );
+            let (f, h) = workload_values(view, failing, healthy, w);
             // a setting's value one failing copy alone has (its cluster's name in an env var) separates
             // nothing; of equals, the image first (a new version's image says more than its settings)
             let mut ranked = rank(
@@ -374,8 +371,7 @@ pub fn shared(
 }
 
 /// `(attribute, value)` pairs held by at least half of the `failing` sets (and by `min` of them) and by a
-/// smaller share of the `healthy` ones, with how well each separates them, best
-/// first; of equals, the more specific value (`calico v3.27.3` before `calico`). None without a set of
+/// smaller share of the `healthy` ones, with how well each separates them, best first; of equals, the more specific value (`calico v3.27.3` before `calico`). None without a set of
 /// each to compare.
 fn rank(
     failing: &[&BTreeSet<(String, String)>],
@@ -431,17 +427,19 @@ fn rank(
     v
 }
 
-/// What each of `set`'s clusters that runs `workload` runs it with, as `(workload:<kind> <ns>/<name>,
-/// <setting>=<value>)` pairs, for the settings whose value differs among the failing and healthy copies;
-/// one a copy lacks is `<setting> unset`, but for the images of a copy held without any (from before
-/// images were held: unknown, not unset).
+/// Each copy's `(attribute, value)` pairs ([`workload_values`]).
+type Values = Vec<BTreeSet<(String, String)>>;
+
+/// What each of the `failing` and of the `healthy` clusters that run `workload` run it with, as
+/// `(workload:<kind> <ns>/<name>, <setting>=<value>)` pairs, for the settings whose value differs among
+/// those copies; one a copy lacks is `<setting> unset`, but for the images of a copy held without any (from
+/// before images were held: unknown, not unset).
 fn workload_values(
     view: View<'_>,
-    set: &BTreeSet<String>,
     failing: &BTreeSet<String>,
     healthy: &BTreeSet<String>,
     workload: &str,
-) -> Vec<BTreeSet<(String, String)>> {
+) -> (Values, Values) {
     let held = |c: &String| view.workloads.get(c).and_then(|w| w.get(workload));
     let copies: Vec<&BTreeMap<String, String>> =
         failing.iter().chain(healthy).filter_map(held).collect();
@@ -461,23 +459,28 @@ fn workload_values(
         .map(|(k, _)| k)
         .collect();
     let attr = format!("workload:{workload}");
-    set.iter()
-        .filter_map(held)
-        .map(|settings| {
-            let has_images = settings.keys().any(|k| k.starts_with(consistency::IMAGE));
-            differing
-                .iter()
-                .filter_map(|k| {
-                    let value = match settings.get(*k) {
-                        Some(v) => format!("{k}={v}"),
-                        None if k.starts_with(consistency::IMAGE) && !has_images => return None,
-                        None => format!("{k} unset"),
-                    };
-                    Some((attr.clone(), value))
-                })
-                .collect()
-        })
-        .collect()
+    let of = |set: &BTreeSet<String>| -> Values {
+        set.iter()
+            .filter_map(held)
+            .map(|settings| {
+                let has_images = settings.keys().any(|k| k.starts_with(consistency::IMAGE));
+                differing
+                    .iter()
+                    .filter_map(|k| {
+                        let value = match settings.get(*k) {
+                            Some(v) => format!("{k}={v}"),
+                            None if k.starts_with(consistency::IMAGE) && !has_images => {
+                                return None;
+                            }
+                            None => format!("{k} unset"),
+                        };
+                        Some((attr.clone(), value))
+                    })
+                    .collect()
+            })
+            .collect()
+    };
+    (of(failing), of(healthy))
 }
 
 /// The workload an event problem is about (`<kind> <ns>/<name>`, as the failing clusters hold it): the
@@ -544,10 +547,8 @@ fn object_key(o: &ObjectRef) -> String {
 struct Touch<'a> {
     at: DateTime<Utc>,
     what: Touched<'a>,
-    /// What a workload's change changed ([`ChangeRec::delta`](crate::state::ChangeRec::delta)), and the
-    /// names of those settings.
-    delta: Option<u64>,
-    changed: &'a [String],
+    /// What a workload's change changed ([`ChangeRec::delta`](crate::state::ChangeRec::delta)).
+    delta: Option<&'a Delta>,
 }
 
 enum Touched<'a> {
@@ -613,15 +614,13 @@ fn touches<'a>(view: View<'a>, cluster: &str) -> Vec<Touch<'a>> {
         .map(|ch| Touch {
             at: ch.at - skew,
             what: Touched::Object(&ch.object),
-            delta: ch.delta.as_ref().map(|d| d.id),
-            changed: ch.delta.as_ref().map_or(&[], |d| &d.changed),
+            delta: ch.delta.as_deref(),
         })
         .collect();
     out.extend(state.releases.iter().map(|(at, r)| Touch {
         at: *at,
         what: Touched::Release(r),
         delta: None,
-        changed: &[],
     }));
     out
 }
@@ -695,7 +694,7 @@ pub fn suspects(
                 e.1 = e.1.max(t.at);
                 let deltas = e.5.entry(c.as_str()).or_default();
                 if let Some(d) = t.delta {
-                    deltas.insert(d, t.changed);
+                    deltas.insert(d.id, &d.changed[..]);
                 }
                 // the first batch that took it to a failing cluster
                 if let Some(r) = t.release()
@@ -714,8 +713,8 @@ pub fn suspects(
     // one change made alike on every failing cluster where the object changed (the same settings
     // changed to the same values: one rollout, not churn; a restart changes none): it counts on a healthy
     // cluster that made it too, or runs what it changed to (a rollout that reached it earlier). With
-    // few healthy clusters to show a change made everywhere, only for the failing workload itself.
-    // the change, and the settings it changed with their values on a failing cluster
+    // few healthy clusters to show a change made everywhere, only for the failing workload itself. Each
+    // is the change and the settings it changed, with their values on a failing cluster.
     type Alike<'c> = (u64, Vec<(&'c String, Option<&'c String>)>);
     let alike: HashMap<TouchId<'_>, Alike<'_>> = failing
         .iter()
@@ -744,7 +743,11 @@ pub fn suspects(
             .iter()
             .filter(|t| t.at >= first - lookback && t.at <= last + late)
             .filter(|t| on_healthy.contains_key(&t.id()))
-            .filter(|t| alike.get(&t.id()).is_none_or(|(d, _)| t.delta == Some(*d)))
+            .filter(|t| {
+                alike
+                    .get(&t.id())
+                    .is_none_or(|(d, _)| t.delta.map(|x| x.id) == Some(*d))
+            })
             .map(Touch::id)
             .collect();
         let runs = view.workloads.get(c);
