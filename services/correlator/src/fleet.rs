@@ -140,8 +140,9 @@ pub fn event_key(problem: &str) -> String {
 }
 
 /// An event problem without its cluster: involved kind, namespace, masked name, reason, masked message
-/// (the dedup fingerprint less the cluster) in words every release uses ([`mask::fleet_message`]), so the
-/// same problem on two clusters, of one release or two, has one id.
+/// (the dedup fingerprint less the cluster) in the words every release uses and one class for the several
+/// messages of one failure ([`mask::fleet_message`]), so the same problem on two clusters, of one release or
+/// two, has one id.
 pub fn problem(rec: &Record) -> String {
     problem_of(
         &rec.object.kind,
@@ -922,7 +923,7 @@ pub fn suspects(
 pub struct Fleet {
     /// By key.
     pub incidents: BTreeMap<String, FleetIncident>,
-    /// Event problems announced recently, by [`problem`]: (cluster, digest id, hub time, the record), to
+    /// Event problems announced recently, by [`problem`]: (cluster, hub time, the record) of each digest, to
     /// find the second cluster with the same problem within the window. Not persisted: after a restart, a
     /// problem needs its second cluster again.
     recent: BTreeMap<String, Vec<(String, DateTime<Utc>, Record)>>,
@@ -931,7 +932,7 @@ pub struct Fleet {
     digest_seen: BTreeMap<String, DateTime<Utc>>,
     /// The members of the open event problems read back (digest id → key), until each one's digest comes
     /// again: a problem kept under another id than the one worked out now (an older correlator compared
-    /// messages word for word) then moves to its id instead of a second incident opening beside it.
+    /// messages otherwise) then moves to its id instead of a second incident opening beside it.
     restored_members: BTreeMap<String, String>,
     /// Keys whose fleet incident a move changed since [`Fleet::take_rekeyed`]: the one moved away from
     /// (nothing is kept there now) and the history entry of a resolved one moved aside.
@@ -1102,9 +1103,11 @@ impl Fleet {
             return (changed || moved).then_some(k);
         }
         let recent = self.recent.entry(problem.clone()).or_default();
-        recent.retain(|(c, at, _)| now - *at <= window && *c != rec.cluster);
+        // each digest once (a cluster may say one failure in several messages: each is a member)
+        recent.retain(|(_, at, r)| now - *at <= window && r.id != rec.id);
         recent.push((rec.cluster.clone(), now, rec.clone()));
-        if recent.len() < rule.min_clusters.max(2) {
+        let clusters: BTreeSet<&str> = recent.iter().map(|(c, _, _)| c.as_str()).collect();
+        if clusters.len() < rule.min_clusters.max(2) {
             return None;
         }
         let members: Vec<FleetMember> = recent

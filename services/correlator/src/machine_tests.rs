@@ -2162,6 +2162,54 @@ fn a_batch_of_digests_is_judged_once_at_settle_and_says_what_judging_each_would_
 }
 
 #[test]
+fn an_image_that_never_pulls_is_one_fleet_incident_not_one_per_thing_its_kubelets_say() {
+    let mut m = machine();
+    six_clusters(&mut m, t0());
+    let at = t0() + Duration::seconds(60);
+    let image = "registry.example.com/shop/web:2.1.0";
+    // what a kubelet says of one pod that can't pull its image: three warnings of one reason, each its
+    // own Event object (client-go keys them by message)
+    let said = [
+        format!(
+            "Failed to pull image \"{image}\": rpc error: code = NotFound desc = failed to pull and unpack image \"{image}\": failed to resolve reference \"{image}\": {image}: not found"
+        ),
+        "Error: ErrImagePull".to_string(),
+        "Error: ImagePullBackOff".to_string(),
+    ];
+    let mut opened = Vec::new();
+    let mut n = 0;
+    for (i, (c, pod)) in [
+        ("c1", "web-7d4b9c8f5-q8w7r"),
+        ("c2", "web-6c5b4a3f2-x2x9k"),
+        ("c5", "web-5f8d7c6b4-h5sjg"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for (j, msg) in said.iter().enumerate() {
+            let t = at + Duration::seconds((i * 3 + j) as i64);
+            n += 1;
+            let mut ev = event(pod, "Failed", msg, t);
+            ev.uid = format!("event-{pod}-{j}");
+            opened.extend(fleet_incidents(&m.apply(Input::Event(&env(c, t, n, ev)))));
+        }
+    }
+    let ids: BTreeSet<&str> = opened.iter().map(|f| f.id.as_str()).collect();
+    assert_eq!(ids.len(), 1, "{opened:#?}");
+    let f = opened.last().expect("one fleet incident");
+    // every digest of each failing cluster is a member: c1's three were said before c2 paired them
+    assert_eq!(f.members.len(), 9, "{:#?}", f.members);
+    assert_eq!(f.clusters(), ["c1", "c2", "c5"]);
+    assert!(
+        f.summary
+            .starts_with("Failed on Pod shop/web-* on 3 of 6 clusters (c1, c2, c5)"),
+        "{}",
+        f.summary
+    );
+    assert_eq!(m.current_fleet(false).len(), 1);
+}
+
+#[test]
 fn the_same_event_problem_on_several_clusters_is_one_fleet_problem_that_ends_when_it_stops() {
     let mut m = machine();
     six_clusters(&mut m, t0());

@@ -123,25 +123,29 @@ pub fn mask_message(msg: &str) -> String {
     out
 }
 
-/// A message as [`mask_message`] masks it, in the words every supported Kubernetes release uses for it: the
-/// form fleet problems are compared in ([`crate::fleet::problem`]).
+/// A message as [`mask_message`] masks it, in the words every supported Kubernetes release uses for it and
+/// one form for the several messages of one failure: the form fleet problems are compared in
+/// ([`crate::fleet::problem`]).
 ///
 /// Kubelets of different releases word some warnings differently (each form is in the event shape
 /// catalogue, `services/eventshapes`, with its source). On a fleet of mixed releases one problem then comes
 /// in several wordings, and compared word for word it was one fleet problem per wording: a workload
 /// crashlooping on six clusters was two fleet incidents, the 1.24–1.25 clusters' and the others', each
-/// with "shared" attributes that only told the releases apart. Each known rewording of a warning is brought
-/// back to the words its forms share; any other message is the masked message itself. A cluster's own
-/// records keep the message as it came.
+/// with "shared" attributes that only told the releases apart. And a kubelet says some failures several
+/// times over, in one reason: an image that never pulls is `Failed to pull image …`, `Error: ErrImagePull`
+/// and `Error: ImagePullBackOff` on each pod — three fleet incidents saying the same, compared message by
+/// message. Each is brought back to the words its forms share; any other message is the masked message
+/// itself (another cause in the same reason — a missing secret beside a pull that fails — stays another
+/// problem). A cluster's own records keep the message as it came.
 pub fn fleet_message(msg: &str) -> String {
     let masked = mask_message(msg);
-    release_neutral(&masked).unwrap_or(masked)
+    common_form(&masked).unwrap_or(masked)
 }
 
-/// The release-neutral form of a masked warning that one of the known rewordings applies to. (Lifecycle
-/// events reworded too — `Created container:` since 1.32, `Pulled` — but only warnings become fleet
-/// problems.)
-fn release_neutral(m: &str) -> Option<String> {
+/// The form a masked warning shares with the other words for its failure, for the warnings that have
+/// some. (Lifecycle events reworded too — `Created container:` since 1.32, `Pulled` — but only warnings
+/// become fleet problems.)
+fn common_form(m: &str) -> Option<String> {
     // `Back-off restarting failed container %s in pod %s` since 1.26, bare before: the bare form names no
     // container, so a workload's crashing containers are one problem on every release
     const BACK_OFF: &str = "Back-off restarting failed container";
@@ -154,8 +158,17 @@ fn release_neutral(m: &str) -> Option<String> {
         ": timed out waiting for the condition",
         ": context deadline exceeded",
     ];
+    // an image that does not pull, whatever the registry said (not found, unauthorized): the image
+    // manager's `Failed to pull image %q: %v` (`pkg/kubelet/images/image_manager.go`), then the
+    // container's start failing with the pull's state, as it fails and as it backs off (`Error: %v`,
+    // `pkg/kubelet/kuberuntime/kuberuntime_container.go`); every other `Error: …` is a cause of its own
+    const PULL: &str = "Failed to pull image";
+    const PULL_STATES: [&str; 2] = ["Error: ErrImagePull", "Error: ImagePullBackOff"];
     if m.starts_with(BACK_OFF) {
         return Some(BACK_OFF.to_string());
+    }
+    if m.starts_with(PULL) || PULL_STATES.contains(&m) {
+        return Some(PULL.to_string());
     }
     if let Some(rest) = m.strip_prefix(MOUNT)
         && MOUNT_TIMEOUTS.iter().any(|t| rest.ends_with(t))
@@ -413,10 +426,29 @@ mod tests {
         let unbound = "Unable to attach or mount volumes: unmounted volumes=[data], unattached volumes=[data]: error processing PVC shop/data: PVC is not bound";
         assert_eq!(fleet_message(unbound), mask_message(unbound));
         assert_ne!(fleet_message(unbound), fleet_message(timed_out));
+        // an image that never pulls, in each of the kubelet's words for it: one form
+        let image = "registry.example.com/shop/web:1.4.2";
+        let pulls = [
+            format!(
+                "Failed to pull image \"{image}\": rpc error: code = NotFound desc = failed to pull and unpack image \"{image}\": failed to resolve reference \"{image}\": {image}: not found"
+            ),
+            format!(
+                "Failed to pull image \"{image}\": failed to pull and unpack image \"{image}\": failed to resolve reference \"{image}\": unexpected status from HEAD request to https://{image}: 401 Unauthorized"
+            ),
+            "Error: ErrImagePull".to_string(),
+            "Error: ImagePullBackOff".to_string(),
+        ];
+        for p in &pulls {
+            assert_eq!(fleet_message(p), fleet_message(&pulls[0]), "{p}");
+        }
+        // another cause in the same reason stays apart
+        let secret = "Error: secret \"web-tls\" not found";
+        assert_eq!(fleet_message(secret), mask_message(secret));
+        assert_ne!(fleet_message(secret), fleet_message(&pulls[0]));
         // other messages are masked and nothing more: another back-off, another problem
-        let pull = "Back-off pulling image \"registry.example.com/shop/web:1.4.2\"";
-        assert_eq!(fleet_message(pull), mask_message(pull));
-        assert_ne!(fleet_message(pull), old);
+        let pull = format!("Back-off pulling image \"{image}\"");
+        assert_eq!(fleet_message(&pull), mask_message(&pull));
+        assert_ne!(fleet_message(&pull), old);
         assert_eq!(
             fleet_message("Created container: web"),
             mask_message("Created container: web")

@@ -133,20 +133,27 @@ mod catalog {
         }
     }
 
-    /// The catalogue's warnings that are one problem worded by two releases.
-    const RELEASE_VARIANTS: [[&str; 2]; 2] = [
-        [
+    /// The catalogue's warnings that are one problem in several words: worded by two releases, or said
+    /// several times over by a kubelet of one failure (an image that does not pull).
+    const ONE_PROBLEM: [&[&str]; 3] = [
+        &[
             "Back-off restarting failed container",
             "Back-off restarting failed container {container} in pod {pod}_{ns}({uuid})",
         ],
-        [
+        &[
             "Unable to attach or mount volumes: unmounted volumes=[{volume}], unattached volumes=[{volume} kube-api-access-{suffix}]: timed out waiting for the condition",
             "Unable to attach or mount volumes: unmounted volumes=[{volume}], unattached volumes=[], failed to process volumes=[]: context deadline exceeded",
+        ],
+        &[
+            "Failed to pull image \"{image}\": rpc error: code = NotFound desc = failed to pull and unpack image \"{image}\": failed to resolve reference \"{image}\": {image}: not found",
+            "Failed to pull image \"{image}\": failed to pull and unpack image \"{image}\": failed to resolve reference \"{image}\": unexpected status from HEAD request to https://{image}: 401 Unauthorized",
+            "Error: ErrImagePull",
+            "Error: ImagePullBackOff",
         ],
     ];
 
     #[test]
-    fn a_problem_worded_by_two_releases_is_one_fleet_problem_and_other_shapes_stay_apart() {
+    fn a_problem_in_several_words_is_one_fleet_problem_and_other_shapes_stay_apart() {
         use multipilot_correlator::fleet::problem_of;
         let mut u = Universe::new(5);
         // every shape once on one common object of its kind, each with fresh placeholders
@@ -162,20 +169,20 @@ mod catalog {
             );
             groups.entry(p).or_default().push(sh.template);
         }
-        for pair in RELEASE_VARIANTS {
+        for set in ONE_PROBLEM {
             assert!(
-                groups.values().any(|g| pair.iter().all(|t| g.contains(t))),
-                "two releases' words for one problem are two fleet problems: {pair:#?}"
+                groups.values().any(|g| set.iter().all(|t| g.contains(t))),
+                "the words for one problem are several fleet problems: {set:#?}"
             );
         }
         for g in groups.values().filter(|g| g.len() > 1) {
             let mut g = g.clone();
             g.sort();
             assert!(
-                RELEASE_VARIANTS.iter().any(|pair| {
-                    let mut pair = pair.to_vec();
-                    pair.sort();
-                    pair == g
+                ONE_PROBLEM.iter().any(|set| {
+                    let mut set = set.to_vec();
+                    set.sort();
+                    set == g
                 }),
                 "different shapes are one fleet problem: {g:#?}"
             );

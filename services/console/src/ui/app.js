@@ -174,12 +174,14 @@ async function loadFleetIncidents() {
   $('#fleet-count').textContent = list.length ? list.length + ' shown' : 'none';
   $('#fleet-list').replaceChildren(...list.slice(0, 100).map((f) => {
     const open = f.members.filter((m) => !m.left_at && m.status !== 'resolved').length;
+    // an event problem's cluster may be several members (one per message of one failure)
+    const clusters = new Set(f.members.map((m) => m.cluster)).size;
     return el('li', { class: 'incident fleet-incident severity-' + f.severity, dataFleetId: f.id, dataKind: f.kind, dataStatus: f.status },
       el('div', { class: 'head' },
         el('span', { class: 'pill sev-' + f.severity }, f.severity),
         el('b', { class: 'st-' + f.status + ' status' }, f.status),
         el('code', {}, f.kind),
-        el('span', {}, f.members.length + ' member' + (f.members.length === 1 ? '' : 's') + ' (' + open + ' open) of ' + f.fleet_size + ' clusters'),
+        el('span', {}, 'on ' + clusters + ' of ' + f.fleet_size + ' clusters: ' + f.members.length + ' member' + (f.members.length === 1 ? '' : 's') + ' (' + open + ' open)'),
         el('span', { class: 'muted', title: 'opened ' + f.opened_at + ' (hub clock)' }, 'opened ' + ago(f.opened_at) + ' ago'),
         el('span', { class: 'muted' }, 'rev ' + f.revision)),
       el('div', { class: 'summary' }, f.summary),
