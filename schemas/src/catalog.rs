@@ -395,6 +395,7 @@ pub fn entries() -> Vec<Entry> {
                     ("scope", "fleet"),
                     ("severity", "critical"),
                 ]),
+                blast_radius: None,
                 revision: 3,
             },
         ),

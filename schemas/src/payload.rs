@@ -747,20 +747,22 @@ payload!(Incident, "Incident", 1);
 /// `fleet.query.blast-radius` before anything breaks.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct BlastRadius {
-    /// The cluster.
+    /// The cluster (on a fleet incident: the clusters lost together, comma-separated).
     pub cluster: String,
-    /// When the state it is judged on was last heard from the cluster (its last heartbeat).
+    /// When the state it is judged on was last heard from the cluster (its last heartbeat; of several
+    /// clusters, the oldest of theirs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub as_of: Option<DateTime<Utc>>,
     /// Namespaces with workloads (system namespaces, `kube-*`, left out).
     pub namespaces: Vec<String>,
     /// Workloads (Deployments, StatefulSets, DaemonSets, CronJobs) outside system namespaces.
     pub workloads: u32,
-    /// Of those, how many also run on another cluster (same kind, namespace and name).
+    /// Of those, how many also run on another cluster (same kind, namespace and name) that is up: one with
+    /// an open `cluster-unreachable` or `apiserver-down` incident runs nothing for another.
     pub elsewhere: u32,
-    /// The workloads that run on no other cluster (`Deployment shop/checkout`), at most 50.
+    /// The workloads that run on no other cluster that is up (`Deployment shop/checkout`), at most 50.
     pub only_here: Vec<String>,
-    /// How many run on no other cluster.
+    /// How many run on no other cluster that is up.
     pub only_here_total: u32,
     /// Services outside system namespaces.
     pub services: u32,
@@ -815,6 +817,14 @@ pub struct FleetIncident {
     /// Labels for routing: `kind`, `severity`, `scope: fleet`, and the label values all members share.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// What the failing clusters take down together, from their last known state: on fleet incidents of
+    /// kinds that make a whole cluster unusable (the rules' `inhibit.root_kinds`: `cluster-unreachable`,
+    /// `apiserver-down`), over the members still open — each workload and Service once, what runs on none
+    /// of the clusters still up, their GPUs summed (`cluster`: the failing clusters' names,
+    /// comma-separated). Judged again when another cluster goes down or comes back; kept as last judged
+    /// once every member is back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub blast_radius: Option<BlastRadius>,
     /// Increases with every change.
     pub revision: u64,
 }

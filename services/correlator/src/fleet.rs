@@ -16,11 +16,12 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use chrono::{DateTime, Duration, Utc};
 use multipilot_schemas::payload::{
-    FleetIncident, FleetMember, Incident, IncidentStatus, ObjectRef, ReleaseRef, Severity,
-    SharedAttribute, Suspect, SuspectVerdict,
+    BlastRadius, FleetIncident, FleetMember, Incident, IncidentStatus, ObjectRef, ReleaseRef,
+    Severity, SharedAttribute, Suspect, SuspectVerdict,
 };
 use multipilot_schemas::stable_id;
 
+use crate::blast;
 use crate::consistency;
 use crate::dedup::Record;
 use crate::mask;
@@ -39,6 +40,21 @@ pub struct View<'a> {
     /// Each cluster's workloads' compared settings and images, keyed `<kind> <ns>/<name>`
     /// ([`crate::consistency::workload_settings`]).
     pub workloads: &'a BTreeMap<String, BTreeMap<String, BTreeMap<String, String>>>,
+    /// Every cluster's objects, keyed `kind/ns/name` (what a lost cluster takes down: [`blast`]).
+    pub specs: &'a BTreeMap<String, BTreeMap<String, String>>,
+    /// The incident kinds that make a whole cluster unusable (the rules' inhibition roots).
+    pub roots: &'a [String],
+}
+
+impl View<'_> {
+    /// The clusters with an open incident of a kind that makes the whole cluster unusable.
+    pub fn down(&self) -> BTreeSet<&str> {
+        self.incidents
+            .values()
+            .filter(|i| i.status != IncidentStatus::Resolved && self.roots.contains(&i.kind))
+            .map(|i| i.cluster.as_str())
+            .collect()
+    }
 }
 
 /// Whether a spec change of this kind is a change someone made (Pods, ReplicaSets, EndpointSlices and
@@ -1052,6 +1068,7 @@ impl Fleet {
             shared: Vec::new(),
             suspects: Vec::new(),
             labels: BTreeMap::new(),
+            blast_radius: None,
             revision: 0,
         };
         self.incidents.insert(k.clone(), f);
@@ -1141,6 +1158,7 @@ impl Fleet {
                 ("object".to_string(), mask::mask_name(&rec.object.name)),
                 ("problem".to_string(), problem.clone()),
             ]),
+            blast_radius: None,
             revision: 0,
         };
         self.incidents.insert(k.clone(), f);
@@ -1317,6 +1335,25 @@ impl Fleet {
                 .is_some_and(|f| f.status != IncidentStatus::Resolved)
         });
         changed
+    }
+
+    /// The open fleet incidents of whole clusters lost whose blast radius has changed since they were
+    /// judged: another cluster went down or came back (a member's own change judges it anyway). Their keys,
+    /// to judge again; the time of the state it was judged on doesn't count.
+    pub fn blast_stale(&self, view: View<'_>) -> Vec<String> {
+        self.incidents
+            .iter()
+            .filter(|(_, f)| f.status != IncidentStatus::Resolved && view.roots.contains(&f.kind))
+            .filter(|(_, f)| {
+                let now = blast_of(f, view).map(|b| BlastRadius { as_of: None, ..b });
+                let was = f
+                    .blast_radius
+                    .clone()
+                    .map(|b| BlastRadius { as_of: None, ..b });
+                now.is_some() && now != was
+            })
+            .map(|(k, _)| k.clone())
+            .collect()
     }
 
     /// Whether a fleet incident is open.
@@ -1510,6 +1547,29 @@ fn update_member(m: &mut FleetMember, inc: &Incident, now: DateTime<Utc>) -> boo
     changed
 }
 
+/// What the clusters of a fleet incident of whole clusters lost take down together, over its open members
+/// (`None`: another kind, or none open).
+fn blast_of(f: &FleetIncident, view: View<'_>) -> Option<BlastRadius> {
+    if !view.roots.contains(&f.kind) {
+        return None;
+    }
+    let lost: BTreeSet<&str> = f
+        .members
+        .iter()
+        .filter(|m| m.status != IncidentStatus::Resolved)
+        .map(|m| m.cluster.as_str())
+        .collect();
+    if lost.is_empty() {
+        return None;
+    }
+    let lost: Vec<&str> = lost.into_iter().collect();
+    let states: BTreeMap<&str, &ClusterState> = lost
+        .iter()
+        .filter_map(|c| view.clusters.get(*c).map(|s| (*c, s)))
+        .collect();
+    Some(blast::of_all(&lost, view.specs, &states, &view.down()))
+}
+
 /// Recomputes what a fleet incident says from its members and the fleet, and takes a new revision.
 fn judge(
     f: &mut FleetIncident,
@@ -1547,6 +1607,12 @@ fn judge(
         .iter()
         .filter(|m| m.status != IncidentStatus::Resolved)
         .collect();
+    // whole clusters lost: what they take down together (a workload whose every copy ran on them is
+    // down, though the blast radius of the one lost first says it runs on the other); once all are
+    // back, it stays as last judged while one was down
+    if let Some(br) = blast_of(f, view) {
+        f.blast_radius = Some(br);
+    }
     f.severity = open
         .iter()
         .map(|m| m.severity)
@@ -1606,6 +1672,21 @@ fn judge(
         f.fleet_size,
         names.join(", ")
     );
+    if let Some(br) = f
+        .blast_radius
+        .as_ref()
+        .filter(|b| b.only_here_total > 0 && !open.is_empty())
+    {
+        let n = br.only_here_total;
+        let names: Vec<&str> = br.only_here.iter().take(3).map(String::as_str).collect();
+        summary.push_str(&format!(
+            ", taking down {n} workload{} that run{} on no cluster still up ({}{})",
+            if n == 1 { "" } else { "s" },
+            if n == 1 { "s" } else { "" },
+            names.join(", "),
+            if n > 3 { ", …" } else { "" }
+        ));
+    }
     if let Some(s) = f.shared.first() {
         summary.push_str(&format!(": {}", s.support));
     }

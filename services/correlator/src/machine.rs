@@ -29,6 +29,21 @@ use crate::rules::{Rules, render};
 use crate::state::{Beat, ChangeRec, ClusterState, Onset, ProbeTrack, StormWindow, probe_key};
 use crate::{blast, consistency};
 
+/// The machine's state as fleet judgement reads it ([`fleet::View`]), borrowed field by field so that the
+/// fleet itself can be borrowed mutably beside it.
+macro_rules! fleet_view {
+    ($m:expr) => {
+        fleet::View {
+            clusters: &$m.clusters,
+            incidents: &$m.incidents,
+            changeable: &$m.changeable,
+            workloads: &$m.workloads,
+            specs: &$m.specs,
+            roots: &$m.rules.inhibit.root_kinds,
+        }
+    };
+}
+
 /// A message to publish.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Out {
@@ -382,12 +397,7 @@ impl Machine {
 
     fn judge_fleet(&mut self) {
         if !self.fleet_late.is_empty() {
-            let view = fleet::View {
-                clusters: &self.clusters,
-                incidents: &self.incidents,
-                changeable: &self.changeable,
-                workloads: &self.workloads,
-            };
+            let view = fleet_view!(self);
             let lookback =
                 Duration::from_std(self.rules.fleet.lookback).unwrap_or(Duration::minutes(15));
             let mut keys = BTreeSet::new();
@@ -413,12 +423,7 @@ impl Machine {
         }
         let mut attrs = fleet::Attributes::default();
         for (k, now) in std::mem::take(&mut self.fleet_stale) {
-            let view = fleet::View {
-                clusters: &self.clusters,
-                incidents: &self.incidents,
-                changeable: &self.changeable,
-                workloads: &self.workloads,
-            };
+            let view = fleet_view!(self);
             if self
                 .fleet
                 .judge(&k, &self.rules.fleet, view, now, &mut attrs)
@@ -482,12 +487,7 @@ impl Machine {
         if known.is_empty() {
             return;
         }
-        let view = fleet::View {
-            clusters: &self.clusters,
-            incidents: &self.incidents,
-            changeable: &self.changeable,
-            workloads: &self.workloads,
-        };
+        let view = fleet_view!(self);
         let keys = self.fleet.with_members_on(&known);
         for k in self.fleet.rejudge(&self.rules.fleet, view, e.at, &keys) {
             self.emit_fleet(&k);
@@ -727,15 +727,16 @@ impl Machine {
             Err(e) => tracing::error!(error = %e, "cannot encode an incident"),
         }
         // one failure across clusters: the fleet incident it belongs to, if any
-        let view = fleet::View {
-            clusters: &self.clusters,
-            incidents: &self.incidents,
-            changeable: &self.changeable,
-            workloads: &self.workloads,
-        };
+        let view = fleet_view!(self);
         let now = fleet::hub_time(view, &inc.cluster, inc.updated_at);
         if let Some(k) = self.fleet.on_incident(&self.rules.fleet, inc, view, now) {
             self.fleet_changed(k, now);
+        }
+        // a cluster lost or back: what the clusters lost with others take down together changes
+        if self.rules.inhibit.root_kinds.contains(&inc.kind) {
+            for k in self.fleet.blast_stale(fleet_view!(self)) {
+                self.fleet_changed(k, now);
+            }
         }
     }
 
@@ -808,12 +809,7 @@ impl Machine {
             });
         }
         // the same problem on other clusters: one fleet problem
-        let view = fleet::View {
-            clusters: &self.clusters,
-            incidents: &self.incidents,
-            changeable: &self.changeable,
-            workloads: &self.workloads,
-        };
+        let view = fleet_view!(self);
         let now = fleet::hub_time(view, &rec.cluster, rec.last_seen);
         if let Some(k) = self.fleet.on_digest(&self.rules.fleet, rec, now) {
             self.fleet_changed(k, now);
@@ -926,7 +922,15 @@ impl Machine {
             .root_kinds
             .iter()
             .any(|k| k == kind)
-            .then(|| blast::of(cluster, &self.specs, self.clusters.get(cluster)));
+            .then(|| {
+                let view = fleet_view!(self);
+                blast::of(
+                    cluster,
+                    &self.specs,
+                    self.clusters.get(cluster),
+                    &view.down(),
+                )
+            });
         if let Some(br) = &blast_radius {
             evidence.insert(
                 evidence.len().min(1),
@@ -1224,12 +1228,7 @@ impl Machine {
             .is_none_or(|t| now - t >= Duration::seconds(30) || now < t)
         {
             self.fleet_swept = Some(now);
-            let view = fleet::View {
-                clusters: &self.clusters,
-                incidents: &self.incidents,
-                changeable: &self.changeable,
-                workloads: &self.workloads,
-            };
+            let view = fleet_view!(self);
             for k in self.fleet.sweep(&self.rules.fleet, view, now, watched) {
                 self.emit_fleet(&k);
             }
@@ -1750,8 +1749,15 @@ impl Machine {
     /// What `cluster` takes down if it is lost, from its last known state (`None`: a cluster this instance
     /// knows nothing of).
     pub fn blast_radius(&self, cluster: &str) -> Option<BlastRadius> {
-        (self.clusters.contains_key(cluster) || self.specs.contains_key(cluster))
-            .then(|| blast::of(cluster, &self.specs, self.clusters.get(cluster)))
+        (self.clusters.contains_key(cluster) || self.specs.contains_key(cluster)).then(|| {
+            let view = fleet_view!(self);
+            blast::of(
+                cluster,
+                &self.specs,
+                self.clusters.get(cluster),
+                &view.down(),
+            )
+        })
     }
 
     /// Current fleet incidents (open and acknowledged; with `all`, resolved ones of the last week too).

@@ -2083,10 +2083,183 @@ fn an_unreachable_cluster_says_what_it_takes_down_and_what_runs_nowhere_else() {
     assert!(fact.rank <= 2, "{:#?}", unreachable.evidence);
     assert!(
         fact.summary
-            .contains("run nowhere else (Deployment shop/checkout)"),
+            .contains("1 runs nowhere else (Deployment shop/checkout)"),
         "{}",
         fact.summary
     );
+}
+
+#[test]
+fn clusters_lost_together_say_what_ran_only_on_them_though_each_runs_it_on_the_other() {
+    let mut m = machine();
+    six_clusters(&mut m, t0());
+    // c1 and c2 run a Deployment no other cluster has; c1 another one of its own, and one c3 runs too
+    for (c, name, seq) in [
+        ("c1", "checkout", 20),
+        ("c2", "checkout", 20),
+        ("c1", "ledger", 21),
+        ("c1", "cart", 22),
+        ("c3", "cart", 20),
+    ] {
+        let s = env(
+            c,
+            t0(),
+            seq,
+            StateMsg::State(ResourceState {
+                namespace: Some("shop".into()),
+                ..deployment(name, "dddd0001")
+            }),
+        );
+        m.apply(Input::State(&s));
+    }
+    // each alone: checkout runs on the other
+    assert_eq!(
+        m.blast_radius("c1").expect("c1").only_here,
+        vec!["Deployment shop/ledger"]
+    );
+    // c1 and c2 go silent together; the others keep sending heartbeats
+    let mut outs = Vec::new();
+    for i in 1..=8 {
+        let at = t0() + Duration::seconds(5 * i);
+        for c in ["c3", "c4", "c5", "c6"] {
+            m.apply(Input::Heartbeat(
+                &env(c, at, 10 + i as u64, heartbeat()),
+                at,
+            ));
+        }
+        outs.extend(m.apply(Input::Tick(at)));
+        outs.extend(m.settle());
+    }
+    let f = fleet_incidents(&outs)
+        .into_iter()
+        .rfind(|f| f.kind == "cluster-unreachable")
+        .expect("a fleet incident of the two");
+    let br = f.blast_radius.as_ref().expect("what they take down");
+    assert_eq!(
+        (br.cluster.as_str(), br.workloads, br.elsewhere),
+        ("c1, c2", 3, 1),
+        "{br:#?}"
+    );
+    assert_eq!(
+        br.only_here,
+        vec!["Deployment shop/checkout", "Deployment shop/ledger"]
+    );
+    assert!(
+        f.summary.contains(
+            "on 2 of 6 clusters (c1, c2), taking down 2 workloads that run on no cluster still up (Deployment shop/checkout, Deployment shop/ledger)"
+        ),
+        "{}",
+        f.summary
+    );
+    // the one of the two judged second knows the first is down
+    let second = incidents(&outs)
+        .into_iter()
+        .rfind(|i| i.kind == "cluster-unreachable")
+        .expect("two incidents");
+    let own = second.blast_radius.expect("a blast radius");
+    assert!(
+        own.only_here
+            .contains(&"Deployment shop/checkout".to_string()),
+        "{own:#?}"
+    );
+    // the query answers the same while the other is down
+    assert!(
+        m.blast_radius("c1")
+            .expect("c1")
+            .summary
+            .contains("2 run on no cluster still up")
+    );
+    // c3, the last cluster up that runs cart, loses its API server: the fleet incident is judged again
+    // though none of its members changed
+    let at = t0() + Duration::seconds(45);
+    let mut outs = Vec::new();
+    for i in 0..3 {
+        let t = at + Duration::seconds(15 * i);
+        for c in ["c3", "c4", "c5", "c6"] {
+            m.apply(Input::Heartbeat(&env(c, t, 30 + i as u64, heartbeat()), t));
+        }
+        outs.extend(rounds(
+            &mut m,
+            "c3",
+            "apiserver",
+            ProbeStatus::Unhealthy,
+            1 + i as u64,
+            1,
+            t,
+        ));
+        outs.extend(m.apply(Input::Tick(t)));
+        outs.extend(m.settle());
+    }
+    assert!(
+        incidents(&outs)
+            .iter()
+            .any(|i| i.cluster == "c3" && i.kind == "apiserver-down")
+    );
+    let again = fleet_incidents(&outs)
+        .into_iter()
+        .rfind(|x| x.id == f.id)
+        .expect("judged again");
+    assert_eq!(
+        again.blast_radius.as_ref().map(|b| b.only_here.clone()),
+        Some(vec![
+            "Deployment shop/cart".to_string(),
+            "Deployment shop/checkout".to_string(),
+            "Deployment shop/ledger".to_string()
+        ])
+    );
+    // c3 heals: cart runs somewhere again
+    let at = at + Duration::seconds(45);
+    let mut outs = Vec::new();
+    for i in 0..4 {
+        let t = at + Duration::seconds(15 * i);
+        for c in ["c3", "c4", "c5", "c6"] {
+            m.apply(Input::Heartbeat(&env(c, t, 40 + i as u64, heartbeat()), t));
+        }
+        outs.extend(rounds(
+            &mut m,
+            "c3",
+            "apiserver",
+            ProbeStatus::Healthy,
+            4 + i as u64,
+            1,
+            t,
+        ));
+        outs.extend(m.apply(Input::Tick(t)));
+        outs.extend(m.settle());
+    }
+    let back = fleet_incidents(&outs)
+        .into_iter()
+        .rfind(|x| x.id == f.id)
+        .expect("judged again");
+    assert_eq!(
+        back.blast_radius.as_ref().map(|b| b.only_here_total),
+        Some(2)
+    );
+    // c1 and c2 come back: resolved, its summary no longer says what is down
+    let at = at + Duration::seconds(60);
+    let mut outs = Vec::new();
+    for i in 0..3 {
+        let t = at + Duration::seconds(5 * i);
+        for c in ["c1", "c2", "c3", "c4", "c5", "c6"] {
+            outs.extend(m.apply(Input::Heartbeat(&env(c, t, 60 + i as u64, heartbeat()), t)));
+        }
+        outs.extend(m.apply(Input::Tick(t)));
+        outs.extend(m.settle());
+    }
+    let over = fleet_incidents(&outs)
+        .into_iter()
+        .rfind(|x| x.id == f.id)
+        .expect("resolved");
+    assert_eq!(over.status, IncidentStatus::Resolved, "{}", over.summary);
+    assert!(!over.summary.contains("taking down"), "{}", over.summary);
+    assert!(
+        over.blast_radius.is_some(),
+        "what they took down stays said"
+    );
+    // a fleet incident of another kind says nothing of the sort
+    let dns = dns_fails_on(&mut m, ["c4", "c5"], at + Duration::seconds(60));
+    assert_eq!(dns.kind, "dns-failure");
+    assert!(dns.blast_radius.is_none());
 }
 
 #[test]

@@ -66,6 +66,9 @@ fn fleet_line(f: &FleetIncident) -> String {
 fn print_fleet(f: &FleetIncident, incidents: &[Incident]) -> Vec<String> {
     let mut out = vec![fleet_line(f)];
     let pad = format!("{:>70}", "");
+    if let Some(br) = &f.blast_radius {
+        out.push(format!("{pad}  blast:   {}", br.summary));
+    }
     for s in f.shared.iter().take(3) {
         out.push(format!("{pad}  shared:  {}", s.support));
     }
@@ -261,7 +264,7 @@ pub async fn blast_radius(client: &async_nats::Client, cluster: &str, output: &s
         );
     }
     println!(
-        "  workloads   {} in {} namespaces ({}); {} also run on another cluster",
+        "  workloads   {} in {} namespaces ({}); {} also run on another cluster that is up",
         br.workloads,
         br.namespaces.len(),
         br.namespaces.join(", "),

@@ -441,6 +441,14 @@ async fn a_team_token_sees_only_its_clusters_and_is_refused_beyond_them() -> Res
         }],
         suspects: vec![],
         labels: [("scope".to_string(), "fleet".to_string())].into(),
+        // (a fleet incident of lost clusters says what they take down together, the other team's too)
+        blast_radius: Some(BlastRadius {
+            cluster: "prod-a, prod-b".into(),
+            only_here: vec!["Deployment ledger/db".into()],
+            only_here_total: 1,
+            summary: "takes down 1 workload in 1 namespace; 1 runs on no cluster still up (Deployment ledger/db)".into(),
+            ..BlastRadius::default()
+        }),
         revision: 1,
     };
     c.send(subject::fleet_incident("dns-failure"), "fleet", now, fleet)
@@ -489,6 +497,7 @@ async fn a_team_token_sees_only_its_clusters_and_is_refused_beyond_them() -> Res
     );
     assert_eq!(mine[0]["members"][0]["cluster"], "prod-a");
     assert!(!mine.to_string().contains("prod-b"), "{mine}");
+    assert!(!mine.to_string().contains("ledger/db"), "{mine}");
 
     // naming another cluster, or asking what spans the fleet: refused
     for path in [

@@ -190,8 +190,8 @@ pub(super) struct FleetIncidentsQuery {
 }
 
 /// A fleet incident as a token that sees only some clusters may see it: only the members on its clusters,
-/// a summary that names no other cluster, and no shared attributes or suspects (they describe the other
-/// clusters too). `None` when no member is on its clusters.
+/// a summary that names no other cluster, and no shared attributes, suspects or blast radius (they describe
+/// the other clusters too). `None` when no member is on its clusters.
 pub(super) fn fleet_incident_for(
     p: &Principal,
     mut f: multipilot_schemas::payload::FleetIncident,
@@ -213,6 +213,7 @@ pub(super) fn fleet_incident_for(
     );
     f.shared.clear();
     f.suspects.clear();
+    f.blast_radius = None;
     f.labels.remove("cluster");
     Some(f)
 }

@@ -185,6 +185,7 @@ async function loadFleetIncidents() {
         el('span', { class: 'muted', title: 'opened ' + f.opened_at + ' (hub clock)' }, 'opened ' + ago(f.opened_at) + ' ago'),
         el('span', { class: 'muted' }, 'rev ' + f.revision)),
       el('div', { class: 'summary' }, f.summary),
+      f.blast_radius ? el('div', { class: 'blast' }, el('b', {}, 'blast radius: '), f.blast_radius.summary) : null,
       el('ul', { class: 'members' }, f.members.map((m) => el('li', { dataCluster: m.cluster, dataStatus: m.status },
         el('b', {}, m.cluster), ' ', el('span', { class: 'st-' + m.status }, m.status),
         m.left_at ? el('span', { class: 'muted' }, ' left: ' + (m.left_because || 'resolved')) : null,
