@@ -922,15 +922,8 @@ impl Machine {
             .root_kinds
             .iter()
             .any(|k| k == kind)
-            .then(|| {
-                let view = fleet_view!(self);
-                blast::of(
-                    cluster,
-                    &self.specs,
-                    self.clusters.get(cluster),
-                    &view.down(),
-                )
-            });
+            .then(|| self.blast_radius(cluster))
+            .flatten();
         if let Some(br) = &blast_radius {
             evidence.insert(
                 evidence.len().min(1),

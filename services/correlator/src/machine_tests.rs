@@ -2169,27 +2169,25 @@ fn clusters_lost_together_say_what_ran_only_on_them_though_each_runs_it_on_the_o
             .summary
             .contains("2 run on no cluster still up")
     );
+    // rounds of c3's API server probe, 15 s apart, while c3–c6 send heartbeats
+    let c3_rounds =
+        |m: &mut Machine, status: ProbeStatus, first: u64, n: u64, from: DateTime<Utc>| {
+            let mut outs = Vec::new();
+            for i in 0..n {
+                let t = from + Duration::seconds(15 * i as i64);
+                for c in ["c3", "c4", "c5", "c6"] {
+                    m.apply(Input::Heartbeat(&env(c, t, 30 + first + i, heartbeat()), t));
+                }
+                outs.extend(rounds(m, "c3", "apiserver", status, first + i, 1, t));
+                outs.extend(m.apply(Input::Tick(t)));
+                outs.extend(m.settle());
+            }
+            outs
+        };
     // c3, the last cluster up that runs cart, loses its API server: the fleet incident is judged again
     // though none of its members changed
     let at = t0() + Duration::seconds(45);
-    let mut outs = Vec::new();
-    for i in 0..3 {
-        let t = at + Duration::seconds(15 * i);
-        for c in ["c3", "c4", "c5", "c6"] {
-            m.apply(Input::Heartbeat(&env(c, t, 30 + i as u64, heartbeat()), t));
-        }
-        outs.extend(rounds(
-            &mut m,
-            "c3",
-            "apiserver",
-            ProbeStatus::Unhealthy,
-            1 + i as u64,
-            1,
-            t,
-        ));
-        outs.extend(m.apply(Input::Tick(t)));
-        outs.extend(m.settle());
-    }
+    let outs = c3_rounds(&mut m, ProbeStatus::Unhealthy, 1, 3, at);
     assert!(
         incidents(&outs)
             .iter()
@@ -2209,24 +2207,7 @@ fn clusters_lost_together_say_what_ran_only_on_them_though_each_runs_it_on_the_o
     );
     // c3 heals: cart runs somewhere again
     let at = at + Duration::seconds(45);
-    let mut outs = Vec::new();
-    for i in 0..4 {
-        let t = at + Duration::seconds(15 * i);
-        for c in ["c3", "c4", "c5", "c6"] {
-            m.apply(Input::Heartbeat(&env(c, t, 40 + i as u64, heartbeat()), t));
-        }
-        outs.extend(rounds(
-            &mut m,
-            "c3",
-            "apiserver",
-            ProbeStatus::Healthy,
-            4 + i as u64,
-            1,
-            t,
-        ));
-        outs.extend(m.apply(Input::Tick(t)));
-        outs.extend(m.settle());
-    }
+    let outs = c3_rounds(&mut m, ProbeStatus::Healthy, 4, 4, at);
     let back = fleet_incidents(&outs)
         .into_iter()
         .rfind(|x| x.id == f.id)
