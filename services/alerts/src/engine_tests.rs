@@ -638,3 +638,32 @@ fn nothing_is_flushed_while_replaying() {
         one("ops", &["Disk@a:firing"])
     );
 }
+
+#[test]
+fn a_fleet_alert_of_clusters_lost_together_says_what_they_take_down() {
+    let entry = multipilot_schemas::catalog::entries()
+        .into_iter()
+        .find(|e| e.name == "FleetIncident")
+        .expect("a sample fleet incident");
+    let mut f: multipilot_schemas::payload::FleetIncident =
+        rmp_serde::from_slice::<multipilot_schemas::Envelope<_>>(&entry.sample)
+            .expect("it decodes")
+            .payload;
+    assert!(
+        !alert_of_fleet(&f, t0())
+            .annotations
+            .contains_key("blast_radius")
+    );
+    f.kind = "cluster-unreachable".into();
+    f.blast_radius = Some(multipilot_schemas::payload::BlastRadius {
+        summary: "takes down 3 workloads in 1 namespace; 1 runs on no cluster still up (Deployment shop/checkout)".into(),
+        ..Default::default()
+    });
+    let a = alert_of_fleet(&f, t0());
+    assert_eq!(
+        a.annotations.get("blast_radius").map(String::as_str),
+        Some(
+            "takes down 3 workloads in 1 namespace; 1 runs on no cluster still up (Deployment shop/checkout)"
+        )
+    );
+}
