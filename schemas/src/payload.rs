@@ -794,7 +794,8 @@ pub struct FleetIncident {
     pub severity: Severity,
     /// Open while any member is open; resolved when the last one resolved or left.
     pub status: IncidentStatus,
-    /// One line a person can act on: how many clusters of the fleet, what they share, the first suspect.
+    /// One line a person can act on: how many clusters of the fleet (while it lasts, which of them are
+    /// back), what they share, the first suspect.
     pub summary: String,
     /// When it opened (hub time: when the second member was seen).
     pub opened_at: DateTime<Utc>,

@@ -1666,8 +1666,20 @@ fn judge(
     } else {
         f.kind.clone()
     };
+    // while it lasts, the clusters whose every member resolved or left are back: said, as they still
+    // count among the failing
+    let back: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|c| !open.iter().any(|m| m.cluster == *c))
+        .collect();
+    let back = if open.is_empty() || back.is_empty() {
+        String::new()
+    } else {
+        format!("; {} back", back.join(", "))
+    };
     let mut summary = format!(
-        "{what} on {} of {} clusters ({})",
+        "{what} on {} of {} clusters ({}{back})",
         failing.len(),
         f.fleet_size,
         names.join(", ")

@@ -1864,6 +1864,15 @@ fn the_same_failure_on_three_clusters_is_one_fleet_incident_with_what_they_share
         let f = fleet_incidents(&outs);
         assert_eq!(f.len(), 1);
         assert_eq!(f[0].status, IncidentStatus::Open);
+        // the clusters back are said while it lasts
+        let back = ["c1 back", "c1, c2 back"][i];
+        assert!(
+            f[0].summary.starts_with(&format!(
+                "dns-failure on 3 of 6 clusters (c1, c2, c4; {back})"
+            )),
+            "{}",
+            f[0].summary
+        );
     }
     let outs = rounds(
         &mut m,
@@ -1884,6 +1893,11 @@ fn the_same_failure_on_three_clusters_is_one_fleet_incident_with_what_they_share
             .members
             .iter()
             .all(|m| m.status == IncidentStatus::Resolved && m.left_at.is_some())
+    );
+    assert!(
+        done[0]
+            .summary
+            .starts_with("dns-failure on 3 of 6 clusters (c1, c2, c4)")
     );
     assert!(m.current_fleet(false).is_empty());
     assert_eq!(m.current_fleet(true).len(), 1);
