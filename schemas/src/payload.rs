@@ -744,7 +744,8 @@ payload!(Incident, "Incident", 1);
 
 /// What a cluster runs and what of it runs nowhere else, from its last known state: what its loss takes
 /// down. On `cluster-unreachable` and `apiserver-down` incidents, and answered on
-/// `fleet.query.blast-radius` before anything breaks.
+/// `fleet.query.blast-radius` before anything breaks; on a fleet incident of such kinds, what its clusters
+/// take down together (workloads and Services counted once by kind, namespace and name, GPUs summed).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct BlastRadius {
     /// The cluster (on a fleet incident: the clusters lost together, comma-separated).

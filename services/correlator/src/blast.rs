@@ -37,6 +37,25 @@ pub fn of(
     of_all(&[cluster], specs, &states, down)
 }
 
+/// Whether two blast radii lose the same: the same workloads, Services, external IPs and GPUs, whenever
+/// their states were heard and however they are worded.
+pub fn same_loss(a: &BlastRadius, b: &BlastRadius) -> bool {
+    let loss = |r: &BlastRadius| {
+        (
+            r.cluster.clone(),
+            r.workloads,
+            r.elsewhere,
+            r.only_here.clone(),
+            r.only_here_total,
+            r.services,
+            r.exposed.clone(),
+            r.gpus,
+            r.gpus_allocated,
+        )
+    };
+    loss(a) == loss(b)
+}
+
 /// The blast radius of several clusters lost together (the members of one fleet incident): their
 /// workloads and Services counted once by kind, namespace and name, what runs on none of the clusters still
 /// up (neither in `lost` nor in `down`), their GPUs summed. `states`: what is known of each.
@@ -84,8 +103,11 @@ pub fn of_all(
     let mut as_of = None;
     for c in lost.iter().filter_map(|c| states.get(c)) {
         if let Some(f) = &c.inventory.facts {
-            gpus += f.gpus.iter().map(|g| g.capacity).sum::<u32>();
-            gpus_allocated += f.gpus.iter().map(|g| g.allocated).sum::<u32>();
+            // (summed without overflow, whatever an agent reported)
+            for g in &f.gpus {
+                gpus = u32::saturating_add(gpus, g.capacity);
+                gpus_allocated = u32::saturating_add(gpus_allocated, g.allocated);
+            }
         }
         exposed.extend(c.inventory.external_ips.keys().cloned());
         // the oldest of the states judged on

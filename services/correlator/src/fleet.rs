@@ -1339,18 +1339,18 @@ impl Fleet {
 
     /// The open fleet incidents of whole clusters lost whose blast radius has changed since they were
     /// judged: another cluster went down or came back (a member's own change judges it anyway). Their keys,
-    /// to judge again; the time of the state it was judged on doesn't count.
+    /// to judge again; only what is lost counts ([`blast::same_loss`]), not the time of the state it was
+    /// judged on nor its wording.
     pub fn blast_stale(&self, view: View<'_>) -> Vec<String> {
         self.incidents
             .iter()
             .filter(|(_, f)| f.status != IncidentStatus::Resolved && view.roots.contains(&f.kind))
             .filter(|(_, f)| {
-                let now = blast_of(f, view).map(|b| BlastRadius { as_of: None, ..b });
-                let was = f
-                    .blast_radius
-                    .clone()
-                    .map(|b| BlastRadius { as_of: None, ..b });
-                now.is_some() && now != was
+                blast_of(f, view).is_some_and(|now| {
+                    !f.blast_radius
+                        .as_ref()
+                        .is_some_and(|was| blast::same_loss(was, &now))
+                })
             })
             .map(|(k, _)| k.clone())
             .collect()
@@ -1668,10 +1668,17 @@ fn judge(
     };
     // while it lasts, the clusters whose every member resolved or left are back: said, as they still
     // count among the failing
+    // (a member that left for another reason — its cluster silent for a day, gone from the fleet — is not
+    // back)
     let back: Vec<&str> = names
         .iter()
         .copied()
-        .filter(|c| !open.iter().any(|m| m.cluster == *c))
+        .filter(|c| {
+            f.members
+                .iter()
+                .filter(|m| m.cluster == *c)
+                .all(|m| m.status == IncidentStatus::Resolved && m.left_because.is_empty())
+        })
         .collect();
     let back = if open.is_empty() || back.is_empty() {
         String::new()

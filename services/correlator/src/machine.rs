@@ -228,6 +228,10 @@ pub struct Machine {
     /// Changes read while a fleet incident is open (cluster, when on its clock): those made before one
     /// was judged, though read after (a backlog, watches racing), judge it again with the rest.
     fleet_late: Vec<(String, DateTime<Utc>)>,
+    /// The latest time (hub) an incident of a kind that makes a whole cluster unusable changed since the
+    /// last judgement: what the clusters lost together take down may have changed
+    /// ([`Fleet::blast_stale`]), looked at once per batch.
+    roots_changed: Option<DateTime<Utc>>,
     /// See [`Machine::defer_fleet_judgement`].
     defer_fleet: bool,
     /// High-water mark per consumer (stream sequence).
@@ -329,6 +333,7 @@ impl Machine {
             watched: (None, Duration::zero()),
             fleet_stale: BTreeMap::new(),
             fleet_late: Vec::new(),
+            roots_changed: None,
             defer_fleet: false,
             hwm: s.hwm,
             dedup,
@@ -396,6 +401,11 @@ impl Machine {
     }
 
     fn judge_fleet(&mut self) {
+        if let Some(now) = self.roots_changed.take() {
+            for k in self.fleet.blast_stale(fleet_view!(self)) {
+                self.fleet_changed(k, now);
+            }
+        }
         if !self.fleet_late.is_empty() {
             let view = fleet_view!(self);
             let lookback =
@@ -732,11 +742,9 @@ impl Machine {
         if let Some(k) = self.fleet.on_incident(&self.rules.fleet, inc, view, now) {
             self.fleet_changed(k, now);
         }
-        // a cluster lost or back: what the clusters lost with others take down together changes
+        // a cluster lost or back: what the clusters lost with others take down together may change
         if self.rules.inhibit.root_kinds.contains(&inc.kind) {
-            for k in self.fleet.blast_stale(fleet_view!(self)) {
-                self.fleet_changed(k, now);
-            }
+            self.roots_changed = self.roots_changed.max(Some(now));
         }
     }
 

@@ -1974,6 +1974,38 @@ fn a_member_whose_cluster_went_silent_for_good_leaves_and_the_fleet_incident_doe
 }
 
 #[test]
+fn a_member_that_left_silent_is_not_said_to_be_back() {
+    let mut m = machine();
+    six_clusters(&mut m, t0());
+    let at = t0() + Duration::seconds(60);
+    rounds(&mut m, "c1", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
+    rounds(&mut m, "c2", "coredns", ProbeStatus::Unhealthy, 1, 3, at);
+    // c1 is never heard of again; c2 keeps failing and sending heartbeats
+    let mut outs = Vec::new();
+    for (i, h) in [1, 12, 25].into_iter().enumerate() {
+        let t = at + Duration::hours(h);
+        m.apply(Input::Heartbeat(
+            &env("c2", t, 100 + i as u64, heartbeat()),
+            t,
+        ));
+        outs.extend(m.apply(Input::Tick(t)));
+    }
+    let last = fleet_incidents(&outs).pop().expect("c1 left");
+    assert_eq!(last.status, IncidentStatus::Open);
+    assert!(
+        last.members
+            .iter()
+            .any(|m| m.cluster == "c1" && m.left_because.contains("sent nothing"))
+    );
+    assert!(
+        last.summary
+            .starts_with("dns-failure on 2 of 6 clusters (c1, c2):"),
+        "{}",
+        last.summary
+    );
+}
+
+#[test]
 fn a_hub_down_for_a_day_does_not_take_the_members_of_its_fleet_incidents_for_gone() {
     let mut m = machine();
     m.apply(Input::Tick(t0()));
@@ -2255,6 +2287,64 @@ fn clusters_lost_together_say_what_ran_only_on_them_though_each_runs_it_on_the_o
     let dns = dns_fails_on(&mut m, ["c4", "c5"], at + Duration::seconds(60));
     assert_eq!(dns.kind, "dns-failure");
     assert!(dns.blast_radius.is_none());
+}
+
+#[test]
+fn dead_api_servers_that_stay_dead_give_their_fleet_incident_no_new_revision() {
+    let mut m = machine();
+    six_clusters(&mut m, t0());
+    let at = t0() + Duration::seconds(60);
+    // c1 and c2 lose their API servers; their agents keep sending heartbeats and probe rounds for three
+    // minutes. Halfway, c3 falls silent: another cluster lost, that runs nothing c1 and c2 run
+    let mut opened = Vec::new();
+    let mut later = Vec::new();
+    let mut lost = Vec::new();
+    for round in 1..=13u64 {
+        let t = at + Duration::seconds(15 * round as i64);
+        let mut outs = Vec::new();
+        let up: &[&str] = if round < 6 {
+            &["c1", "c2", "c3", "c4", "c5", "c6"]
+        } else {
+            &["c1", "c2", "c4", "c5", "c6"]
+        };
+        for c in up {
+            outs.extend(m.apply(Input::Heartbeat(&env(c, t, 100 + round, heartbeat()), t)));
+        }
+        for c in ["c1", "c2"] {
+            outs.extend(rounds(
+                &mut m,
+                c,
+                "apiserver",
+                ProbeStatus::Unhealthy,
+                round,
+                1,
+                t,
+            ));
+        }
+        outs.extend(m.apply(Input::Tick(t)));
+        outs.extend(m.settle());
+        lost.extend(
+            incidents(&outs)
+                .into_iter()
+                .filter(|i| i.cluster == "c3")
+                .map(|i| i.kind),
+        );
+        if round <= 4 {
+            opened.extend(fleet_incidents(&outs));
+        } else {
+            later.extend(fleet_incidents(&outs));
+        }
+    }
+    let f = opened.pop().expect("a fleet incident of the two");
+    assert_eq!(f.kind, "apiserver-down");
+    assert!(f.blast_radius.is_some());
+    assert_eq!(lost, ["cluster-unreachable"]);
+    // what c1 and c2 take down is the same, though their states are newer by then
+    assert!(
+        later.is_empty(),
+        "revisions {:?}",
+        later.iter().map(|f| f.revision).collect::<Vec<_>>()
+    );
 }
 
 #[test]
