@@ -241,7 +241,8 @@ pub fn alert_of(inc: &Incident, now: DateTime<Utc>) -> Alert {
 
 /// The alert a fleet incident becomes: labelled `scope="fleet"` with its kind and severity and the
 /// labels its members agree on (no `cluster`: it spans several), the members, shared attributes,
-/// suspects and what lost clusters take down together in annotations; while it fires, its members' own alerts are muted (see `Engine::muted`).
+/// suspects and what lost clusters take down together in annotations; while it fires, its members' own
+/// alerts are muted (see `Engine::muted`).
 pub fn alert_of_fleet(f: &FleetIncident, now: DateTime<Utc>) -> Alert {
     let mut labels = f.labels.clone();
     labels.remove("cluster");
