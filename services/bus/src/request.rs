@@ -79,6 +79,11 @@ pub async fn gather(
         let Ok(Some(m)) = tokio::time::timeout_at(deadline, sub.next()).await else {
             break;
         };
+        // the server's "no responders" (an empty status message): no instance listens, and none will
+        // answer (a hub starting or stopped), which is not an answer to decode
+        if m.status == Some(async_nats::StatusCode::NO_RESPONDERS) {
+            break;
+        }
         if out.expected.is_none() {
             out.expected = m
                 .headers

@@ -983,3 +983,26 @@ async fn a_follower_reads_the_last_per_subject_then_live_and_resumes_after_the_s
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn a_request_nobody_listens_to_is_no_answer_at_once_not_an_empty_one() -> Result<()> {
+    let server = NatsServer::start().await?;
+    let client = server.client().await?;
+    let asked = Instant::now();
+    let got = multipilot_bus::request::gather_arrays::<serde_json::Value>(
+        &client,
+        "fleet.query.nobody",
+        bytes::Bytes::from_static(b"{}"),
+        Duration::from_secs(30),
+    )
+    .await;
+    match got {
+        Err(multipilot_bus::request::CallError::Gather(
+            multipilot_bus::request::Error::NoAnswer { .. },
+        )) => {}
+        other => anyhow::bail!("expected no answer, got {other:?}"),
+    }
+    // the server said so: the deadline was not waited out
+    assert!(asked.elapsed() < Duration::from_secs(30));
+    Ok(())
+}
