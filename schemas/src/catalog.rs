@@ -340,6 +340,7 @@ pub fn entries() -> Vec<Entry> {
                 revision: 2,
                 acknowledged_by: None,
                 blast_radius: None,
+                explains: Vec::new(),
             },
         ),
         entry(

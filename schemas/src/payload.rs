@@ -739,6 +739,13 @@ pub struct Incident {
     /// unusable (`cluster-unreachable`, `apiserver-down`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub blast_radius: Option<BlastRadius>,
+    /// The event digests (`EventDigest.id`, on this cluster) this incident accounts for, when a component
+    /// fails (its rule's `explains_warnings`): warnings on the objects its probe's findings name and their
+    /// pods, and on objects named like its probe in their namespaces (a DNS failure's `Unhealthy` on
+    /// `kube-system/coredns-*`), gathered while it is open, at most 32. The alert router mutes their
+    /// alerts while this incident's fires, and an event fleet incident whose members it accounts for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub explains: Vec<String>,
 }
 payload!(Incident, "Incident", 1);
 
@@ -840,6 +847,34 @@ impl FleetIncident {
         for m in &self.members {
             if !out.contains(&m.cluster.as_str()) {
                 out.push(&m.cluster);
+            }
+        }
+        out
+    }
+
+    /// An event problem's open members (digests) are each accounted for by an open cluster incident of
+    /// their cluster (`Incident.explains`: the coredns pods failing readiness where DNS fails): those
+    /// incidents, each once, in the members' order. Empty when one is not (a problem of its own there),
+    /// or for another kind. The alert router mutes such a fleet alert in favour of theirs.
+    pub fn accounted_for<'a>(&self, incidents: &'a [Incident]) -> Vec<&'a Incident> {
+        let mut out: Vec<&Incident> = Vec::new();
+        if self.kind != "event" {
+            return out;
+        }
+        let open = self
+            .members
+            .iter()
+            .filter(|m| m.left_at.is_none() && m.status != IncidentStatus::Resolved);
+        for m in open {
+            let by = incidents.iter().find(|i| {
+                i.status != IncidentStatus::Resolved
+                    && i.cluster == m.cluster
+                    && i.explains.contains(&m.incident_id)
+            });
+            match by {
+                Some(i) if out.iter().any(|o| o.id == i.id) => {}
+                Some(i) => out.push(i),
+                None => return Vec::new(),
             }
         }
         out

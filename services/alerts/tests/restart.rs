@@ -105,6 +105,7 @@ async fn open_incident(js: &jetstream::Context, cluster: &str) -> Result {
         revision: 1,
         acknowledged_by: None,
         blast_radius: None,
+        explains: Vec::new(),
     };
     let env = Envelope::new(cluster, "correlator-test", now, 1, inc);
     publish_one(

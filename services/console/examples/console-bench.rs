@@ -260,6 +260,7 @@ fn incident(cluster: &str, k: usize, revision: u64) -> Incident {
         revision,
         acknowledged_by: None,
         blast_radius: None,
+        explains: Vec::new(),
     }
 }
 

@@ -136,6 +136,12 @@ fn same_object(a: &ObjectRef, b: &ObjectRef) -> bool {
     a.kind == b.kind && a.namespace == b.namespace && a.name == b.name
 }
 
+/// Kinds whose pods are named after them (`<name>-<generated>`).
+const POD_OWNERS: &[&str] = &["Deployment", "DaemonSet", "StatefulSet", "Job"];
+
+/// The least [`relevance`] of an object the finding is about: it names it, or it is named like the probe.
+const NAMED: f64 = 4.0;
+
 /// How an object bears on a finding that names `related` objects and comes from `probe`: a score bonus
 /// and the words saying why.
 fn relevance(
@@ -151,10 +157,20 @@ fn relevance(
                 && o.namespace == object.namespace
                 && crate::mask::mask_name(&o.name) == object.name)
     };
+    // a workload's pods are what it runs: a DaemonSet's `calico-node-*`, a Deployment's `coredns-*`
+    let runs = |o: &ObjectRef| {
+        object.kind == "Pod"
+            && o.namespace == object.namespace
+            && POD_OWNERS.contains(&o.kind.as_str())
+            && crate::mask::mask_name(&object.name)
+                == format!("{}-*", crate::mask::mask_name(&o.name))
+    };
     if related.iter().any(named) {
         (5.0, "the finding names this object")
+    } else if related.iter().any(runs) {
+        (5.0, "a pod of a workload the finding names")
     } else if probe.is_some_and(|p| object.name.contains(p)) {
-        (4.0, "named like the failing probe")
+        (NAMED, "named like the failing probe")
     } else if related
         .iter()
         .any(|o| o.namespace.is_some() && o.namespace == object.namespace)
@@ -255,7 +271,8 @@ pub fn gather(
             scored.push((2.5, trend));
         }
     }
-    // warnings that bear on nothing the finding names are evidence only when there is nothing else
+    // warnings that bear on nothing the finding names are evidence only when there is nothing else (the
+    // three most severe and recent); those that do are all weighed, however many others the cluster has
     let mut unrelated = Vec::new();
     for r in warnings(dedup, cluster, at - window) {
         let sev = match r.severity {
@@ -266,6 +283,9 @@ pub fn gather(
         // change is the likelier cause, the events its symptoms
         let (bonus, why) = relevance(&r.object, related, probe);
         let target = if why.is_empty() {
+            if unrelated.len() == UNRELATED_WARNINGS {
+                continue;
+            }
             &mut unrelated
         } else {
             &mut scored
@@ -325,14 +345,59 @@ pub fn keep_changes(old: &[Evidence], new: Vec<Evidence>, max: usize) -> Vec<Evi
     out
 }
 
+/// Warnings that bear on nothing a finding names, at most, as its evidence when nothing else is.
+const UNRELATED_WARNINGS: usize = 3;
+
 /// The cluster's recent warning events that can be evidence (no lifecycle reasons), most severe first.
-fn warnings<'a>(dedup: &'a Dedup, cluster: &str, since: DateTime<Utc>) -> Vec<&'a Record> {
+fn warnings<'a>(
+    dedup: &'a Dedup,
+    cluster: &str,
+    since: DateTime<Utc>,
+) -> impl Iterator<Item = &'a Record> {
     dedup
         .recent(cluster, since, usize::MAX)
         .into_iter()
         .filter(|r| r.severity >= Severity::Warning && !is_lifecycle(&r.reason))
-        .take(3)
-        .collect()
+}
+
+/// How many event digests an incident accounts for at most (see [`explained`]).
+pub const MAX_EXPLAINED: usize = 32;
+
+/// The event digests (their ids) a probe's finding on `cluster` accounts for: the recent warnings (in the
+/// evidence window before `at`) on the objects the finding names and their pods, or on objects named like
+/// the probe in the namespace of one it names (in `kube-system` when it names none) — a DNS failure's
+/// `Unhealthy` on `kube-system/coredns-*` —; not an app's `milvus-etcd-0` for an etcd failure, nor what
+/// only shares a namespace with them, nor any other warning of the cluster: an alert muted for them would
+/// hide another problem.
+pub fn explained(
+    rule: &EvidenceRule,
+    cluster: &str,
+    state: Option<&ClusterState>,
+    dedup: &Dedup,
+    probe: &str,
+    at: DateTime<Utc>,
+) -> Vec<String> {
+    let related: &[ObjectRef] = state
+        .and_then(|c| c.probes.get(probe))
+        .map(|t| t.related.as_slice())
+        .unwrap_or_default();
+    let near = |o: &ObjectRef| {
+        if related.is_empty() {
+            o.namespace.as_deref() == Some("kube-system")
+        } else {
+            related.iter().any(|r| r.namespace == o.namespace)
+        }
+    };
+    let mut out: Vec<String> = warnings(dedup, cluster, at - window(rule))
+        .filter(|r| {
+            let (score, _) = relevance(&r.object, related, Some(probe));
+            score > NAMED || (score == NAMED && near(&r.object))
+        })
+        .map(|r| r.id.clone())
+        .take(MAX_EXPLAINED)
+        .collect();
+    out.sort();
+    out
 }
 
 fn rank(mut scored: Vec<(f64, Evidence)>, max: usize) -> Vec<Evidence> {

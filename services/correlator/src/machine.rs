@@ -268,9 +268,10 @@ struct Raise<'a> {
 
 /// What found the condition (it decides the evidence).
 enum Cause<'a> {
-    /// A probe, and when the rule's failing streak began (evidence: what bears on its finding, changes up to
-    /// then).
-    Probe(&'a str, DateTime<Utc>),
+    /// A probe, when the rule's failing streak began (evidence: what bears on its finding, changes up to
+    /// then), and whether the incident accounts for the warnings on what it found (the rule's
+    /// `explains_warnings`).
+    Probe(&'a str, DateTime<Utc>, bool),
     /// A baseline check (evidence: its finding and the violating objects).
     Check(&'a multipilot_schemas::payload::ComplianceCheck),
     /// The cluster as a whole: heartbeats, clock, event rate.
@@ -919,7 +920,7 @@ impl Machine {
         }
         self.dirty.incidents.insert(key.clone());
         let mut evidence = match cause {
-            Cause::Probe(p, onset) => self.evidence(cluster, Some(p), at, onset),
+            Cause::Probe(p, onset, _) => self.evidence(cluster, Some(p), at, onset),
             Cause::Check(c) => evidence::of_check(&self.rules.evidence, c, at),
             Cause::Cluster => self.evidence(cluster, None, at, at),
         };
@@ -966,6 +967,18 @@ impl Machine {
                 ),
             });
         }
+        // the warnings on what its probe found: its own, not problems of their own
+        let explains = match cause {
+            Cause::Probe(p, _, true) => evidence::explained(
+                &self.rules.evidence,
+                cluster,
+                self.clusters.get(cluster),
+                &self.dedup,
+                p,
+                at,
+            ),
+            _ => Vec::new(),
+        };
         let mut labels = self
             .clusters
             .get(cluster)
@@ -976,11 +989,29 @@ impl Machine {
         labels.insert("severity".into(), format!("{severity:?}").to_lowercase());
         match self.incidents.get_mut(&key) {
             Some(inc) if inc.status != IncidentStatus::Resolved => {
-                // an open incident is updated when what a person reads changes, at most once a minute
+                // an open incident is updated when what a person reads changes, at most once a minute,
+                // and at once when it accounts for another warning (whose alert waits to be muted)
+                let more = inc.explains.len() < evidence::MAX_EXPLAINED
+                    && explains
+                        .iter()
+                        .any(|d| inc.explains.binary_search(d).is_err());
                 let material = inc.severity != severity
+                    || more
                     || (inc.summary != summary && at - inc.updated_at >= Duration::seconds(60));
                 if !material || at < inc.updated_at {
                     return;
+                }
+                if more {
+                    // what it accounted for while open stays accounted for (the warnings age out of the
+                    // window; they were its own), up to the most it holds
+                    for d in explains {
+                        if inc.explains.len() == evidence::MAX_EXPLAINED {
+                            break;
+                        }
+                        if let Err(at) = inc.explains.binary_search(&d) {
+                            inc.explains.insert(at, d);
+                        }
+                    }
                 }
                 inc.severity = severity;
                 inc.summary = summary;
@@ -1023,6 +1054,7 @@ impl Machine {
                     revision: 1,
                     acknowledged_by: None,
                     blast_radius,
+                    explains,
                 };
                 tracing::info!(cluster, kind, target, summary = %inc.summary, "incident opened");
                 self.incidents.insert(key, inc.clone());
@@ -1367,7 +1399,7 @@ impl Machine {
                     summary,
                     at,
                     ingest: Some(ingest),
-                    cause: Cause::Probe(&p.probe, onset.at),
+                    cause: Cause::Probe(&p.probe, onset.at, r.explains_warnings),
                 });
                 if self.is_open(&cluster, &r.kind, &p.probe) {
                     onset.changes = Some(changes);

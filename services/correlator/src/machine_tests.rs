@@ -415,19 +415,16 @@ fn the_finding_ranks_first_then_the_change_to_the_object_it_names() {
     let mut outs = Vec::new();
     for r in 0..5u64 {
         let when = at + Duration::seconds(30 + 15 * r as i64);
-        let mut p = probe("coredns", ProbeStatus::Unhealthy, r + 1);
-        p.findings = vec![multipilot_schemas::payload::Finding {
-            severity: Severity::Critical,
-            object: Some(ObjectRef {
-                api_version: "apps/v1".into(),
-                kind: "Deployment".into(),
-                namespace: Some("kube-system".into()),
-                name: "coredns".into(),
-                uid: None,
-            }),
-            message: "0/2 coredns replicas ready".into(),
-        }];
-        outs.extend(m.apply(Input::Probe(&env("c1", when, r, p), when)));
+        let coredns = ("Deployment", "kube-system", "coredns");
+        let found = "0/2 coredns replicas ready";
+        outs.extend(finding_round(
+            &mut m,
+            "c1",
+            ("coredns", r + 1),
+            coredns,
+            found,
+            when,
+        ));
     }
     let inc = incidents(&outs).pop().expect("dns-failure opened");
     assert_eq!(inc.kind, "dns-failure");
@@ -959,19 +956,7 @@ fn lifecycle_events_are_never_evidence_and_warnings_on_the_named_object_rank_hig
     let mut outs = Vec::new();
     for r in 0..5u64 {
         let when = at + Duration::seconds(10 + 15 * r as i64);
-        let mut p = probe("coredns", ProbeStatus::Unhealthy, r + 1);
-        p.findings = vec![multipilot_schemas::payload::Finding {
-            severity: Severity::Critical,
-            object: Some(ObjectRef {
-                api_version: "v1".into(),
-                kind: "Pod".into(),
-                namespace: Some("kube-system".into()),
-                name: "coredns-5d78c9869d-7xk2p".into(),
-                uid: None,
-            }),
-            message: "0/2 coredns replicas ready".into(),
-        }];
-        outs.extend(m.apply(Input::Probe(&env("c1", when, r, p), when)));
+        outs.extend(coredns_fails(&mut m, "c1", r + 1, when));
     }
     let inc = incidents(&outs).pop().expect("dns-failure opened");
     let reasons: Vec<&str> = inc.evidence.iter().map(|e| e.summary.as_str()).collect();
@@ -996,6 +981,228 @@ fn lifecycle_events_are_never_evidence_and_warnings_on_the_named_object_rank_hig
         "{}",
         first_event.why
     );
+}
+
+/// A failing round of `name` on `cluster` at `when` whose finding names `(kind, namespace, name)`.
+fn finding_round(
+    m: &mut Machine,
+    cluster: &str,
+    (name, round): (&str, u64),
+    (kind, ns, object): (&str, &str, &str),
+    message: &str,
+    when: DateTime<Utc>,
+) -> Vec<Out> {
+    let mut p = probe(name, ProbeStatus::Unhealthy, round);
+    p.findings = vec![multipilot_schemas::payload::Finding {
+        severity: Severity::Critical,
+        object: Some(ObjectRef {
+            api_version: if kind == "Pod" { "v1" } else { "apps/v1" }.into(),
+            kind: kind.into(),
+            namespace: Some(ns.into()),
+            name: object.into(),
+            uid: None,
+        }),
+        message: message.into(),
+    }];
+    m.apply(Input::Probe(&env(cluster, when, round, p), when))
+}
+
+/// A `coredns` round that finds its pod not ready, at `when`.
+fn coredns_fails(m: &mut Machine, cluster: &str, round: u64, when: DateTime<Utc>) -> Vec<Out> {
+    let pod = ("Pod", "kube-system", "coredns-5d78c9869d-7xk2p");
+    let message = "0/2 coredns replicas ready";
+    finding_round(m, cluster, ("coredns", round), pod, message, when)
+}
+
+/// A warning on a pod, with the digest it makes when it is new.
+fn warn_on(
+    m: &mut Machine,
+    cluster: &str,
+    (ns, pod, reason): (&str, &str, &str),
+    seq: u64,
+    at: DateTime<Utc>,
+) -> Option<EventDigest> {
+    let mut e = event(pod, reason, &format!("{reason} on {pod}"), at);
+    e.involved.namespace = Some(ns.into());
+    e.uid = format!("event-{ns}-{pod}-{reason}");
+    m.apply(Input::Event(&env(cluster, at, seq, e)))
+        .iter()
+        .filter(|o| o.subject.starts_with("fleet.digest."))
+        .map(decode::<EventDigest>)
+        .next()
+}
+
+#[test]
+fn a_failing_probe_accounts_for_the_warnings_on_what_it_found_however_noisy_the_cluster() {
+    let mut m = machine();
+    let at = t0();
+    let dns = warn_on(
+        &mut m,
+        "c1",
+        ("kube-system", "coredns-5d78c9869d-7xk2p", "Unhealthy"),
+        1,
+        at,
+    )
+    .expect("a new problem");
+    // a busy cluster: more recent warnings elsewhere, one beside the DNS pods in their namespace
+    let mut others = Vec::new();
+    for (i, (ns, pod)) in [
+        ("kube-system", "kube-proxy-x8k2p"),
+        // an app's own cache, named like the probe
+        ("shop", "coredns-cache-7b8c9d6f5-m3n4b"),
+        ("shop", "web-7d4b9c8f5-x2x9k"),
+        ("shop", "cart-6c9f7d8b4-q7w2e"),
+        ("billing", "ledger-5f6d7c8b9-z9x8c"),
+        ("search", "index-7b8c9d6f5-m3n4b"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let at = at + Duration::seconds(2 + i as i64);
+        others.push(warn_on(&mut m, "c1", (ns, pod, "BackOff"), 2 + i as u64, at).expect("new"));
+    }
+    let mut outs = Vec::new();
+    for r in 0..5u64 {
+        outs.extend(coredns_fails(
+            &mut m,
+            "c1",
+            r + 1,
+            at + Duration::seconds(10 + 15 * r as i64),
+        ));
+    }
+    let inc = incidents(&outs).pop().expect("dns-failure opened");
+    assert_eq!(inc.kind, "dns-failure");
+    // the warning on the DNS pods is its evidence, not crowded out by the cluster's five later ones
+    assert!(
+        inc.evidence
+            .iter()
+            .any(|e| e.kind == EvidenceKind::Event && e.summary.starts_with("Unhealthy")),
+        "{:#?}",
+        inc.evidence
+    );
+    // and it accounts for that one alone: not for kube-proxy beside it, the app's cache, nor the others
+    assert_eq!(inc.explains, vec![dns.id.clone()], "{:#?}", others);
+    // another warning on the DNS pods while it is open: accounted for at the next round, at once
+    let later = at + Duration::seconds(90);
+    let backoff = warn_on(
+        &mut m,
+        "c1",
+        ("kube-system", "coredns-5d78c9869d-7xk2p", "BackOff"),
+        20,
+        later,
+    )
+    .expect("a new problem");
+    let outs = coredns_fails(&mut m, "c1", 6, later + Duration::seconds(1));
+    let again = incidents(&outs).pop().expect("a new revision");
+    assert_eq!(again.id, inc.id);
+    assert_eq!(again.revision, inc.revision + 1);
+    let mut both = vec![dns.id.clone(), backoff.id.clone()];
+    both.sort();
+    assert_eq!(again.explains, both);
+    // nothing new: no new revision
+    let outs = coredns_fails(&mut m, "c1", 7, later + Duration::seconds(16));
+    assert!(incidents(&outs).is_empty(), "{:#?}", incidents(&outs));
+}
+
+#[test]
+fn a_failing_daemonset_accounts_for_its_pods_warnings_not_its_neighbours() {
+    let mut m = machine();
+    let at = t0();
+    let node = warn_on(
+        &mut m,
+        "c1",
+        ("kube-system", "calico-node-x7k2p", "Unhealthy"),
+        1,
+        at,
+    )
+    .expect("new");
+    let other = warn_on(
+        &mut m,
+        "c1",
+        (
+            "kube-system",
+            "calico-kube-controllers-5d78c9869d-7xk2p",
+            "BackOff",
+        ),
+        2,
+        at,
+    )
+    .expect("new");
+    let mut outs = Vec::new();
+    for r in 0..5u64 {
+        let when = at + Duration::seconds(10 + 15 * r as i64);
+        let ds = ("DaemonSet", "kube-system", "calico-node");
+        let found = "calico-node is not ready on 3 of 8 nodes";
+        outs.extend(finding_round(&mut m, "c1", ("cni", r + 1), ds, found, when));
+    }
+    let inc = incidents(&outs).pop().expect("an incident opened");
+    assert_eq!(inc.explains, vec![node.id.clone()], "not {}", other.id);
+    let why: Vec<&str> = inc.evidence.iter().map(|e| e.why.as_str()).collect();
+    assert!(
+        why.contains(&"a pod of a workload the finding names: a warning on it"),
+        "{why:#?}"
+    );
+}
+
+#[test]
+fn the_coredns_pods_failing_where_dns_fails_are_part_of_those_incidents_not_a_problem_of_their_own()
+{
+    let mut m = quiet_fleet(&["c1", "c2", "c3"]);
+    let at = t0() + Duration::minutes(1);
+    let mut outs = Vec::new();
+    for (i, c) in ["c1", "c2"].iter().enumerate() {
+        let pod = ("kube-system", "coredns-5d78c9869d-7xk2p", "Unhealthy");
+        let e = env(c, at, 10, {
+            let mut e = event(
+                pod.1,
+                pod.2,
+                "Readiness probe failed: HTTP probe failed with statuscode: 503",
+                at,
+            );
+            e.involved.namespace = Some(pod.0.into());
+            e
+        });
+        outs.extend(m.apply(Input::Event(&e)));
+        for r in 0..5u64 {
+            let when = at + Duration::seconds(2 + i as i64 + 15 * r as i64);
+            outs.extend(coredns_fails(&mut m, c, 20 + r, when));
+        }
+    }
+    let fleet = fleet_incidents(&outs);
+    let problem = fleet
+        .iter()
+        .rev()
+        .find(|f| f.kind == "event")
+        .expect("the pods' warning on two clusters is an event fleet incident")
+        .clone();
+    let mut held: BTreeMap<String, Incident> = BTreeMap::new();
+    for i in incidents(&outs) {
+        held.insert(i.id.clone(), i);
+    }
+    let open: Vec<Incident> = held.values().cloned().collect();
+    let by: Vec<(&str, &str)> = problem
+        .accounted_for(&open)
+        .iter()
+        .map(|i| (i.kind.as_str(), i.cluster.as_str()))
+        .collect();
+    assert_eq!(by, [("dns-failure", "c1"), ("dns-failure", "c2")]);
+    // c2's DNS comes back while its pods' warning stays a member: that one is a problem of its own now
+    let mut c2 = held
+        .values()
+        .find(|i| i.cluster == "c2")
+        .expect("c2's incident")
+        .clone();
+    c2.status = IncidentStatus::Resolved;
+    let open: Vec<Incident> = held
+        .values()
+        .filter(|i| i.cluster != "c2")
+        .cloned()
+        .chain([c2])
+        .collect();
+    assert!(problem.accounted_for(&open).is_empty());
+    // another kind is never part of one
+    let dns = fleet.iter().find(|f| f.kind == "dns-failure").expect("one");
+    assert!(dns.accounted_for(&open).is_empty());
 }
 
 #[test]

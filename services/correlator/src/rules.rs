@@ -31,6 +31,13 @@ pub struct ProbeRule {
     pub resolve_after: u32,
     /// Summary template.
     pub summary: String,
+    /// The incident accounts for the recent warnings on what its probe found (the objects its findings
+    /// name, their pods, objects named like the probe in their namespaces): they are part of it, listed in
+    /// its `explains`, and the alert router mutes them while it fires. For a component failing (DNS, CNI,
+    /// a node, the GPU plugin); not for a long-lived finding (a drifted release, a deprecated API) whose
+    /// objects' own problems must still page. Off by default.
+    #[serde(default)]
+    pub explains_warnings: bool,
 }
 
 /// Heartbeat rule.

@@ -488,6 +488,7 @@ fn incident_messages(n: usize, clusters: usize) -> Result<Vec<Outgoing>> {
             revision,
             acknowledged_by: (revision >= 2).then(|| "bench".to_string()),
             blast_radius: None,
+            explains: Vec::new(),
         };
         let env = Envelope::new(cluster.as_str(), "correlator/bench", at, revision, inc);
         out.push(Outgoing::envelope(

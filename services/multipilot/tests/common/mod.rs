@@ -389,6 +389,7 @@ impl Router {
             revision,
             acknowledged_by: None,
             blast_radius: None,
+            explains: Vec::new(),
         };
         self.seq += 1;
         let env = Envelope::new(cluster, "correlator-test", now, self.seq, inc);
