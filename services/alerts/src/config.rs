@@ -181,6 +181,12 @@ pub struct Routing {
     /// `false` notifies the members as well.
     #[serde(default = "yes")]
     pub mute_fleet_members: bool,
+    /// While an incident's alert fires, the alerts of the event digests it accounts for
+    /// (`Incident.explains`: warnings on what its probe found, a DNS failure's `Unhealthy` on the coredns
+    /// pods) are muted, shown as inhibited by it (or by its fleet alert), and resolve with it; so is an
+    /// event fleet alert whose members are all accounted for. `false` notifies them as well.
+    #[serde(default = "yes")]
+    pub mute_explained_events: bool,
     /// Named time intervals that routes mute or limit their notifications with (Alertmanager's
     /// `time_intervals`; its older `mute_time_intervals` list is read into this one).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

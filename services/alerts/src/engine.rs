@@ -55,11 +55,16 @@ impl Phase {
     }
 }
 
+/// The annotation of an event alert resolved with the incident that accounted for it: that incident's id.
+pub const RESOLVED_WITH: &str = "resolved_with";
+
 /// What mutes alerts, worked out once per flush: per inhibition rule, the firing sources by their `equal`
-/// label values; and per member alert, the firing fleet alerts that list it.
+/// label values; per member alert, the firing fleet alerts that list it; per event alert, the firing
+/// incident alerts that account for it.
 struct Index {
     rules: Vec<HashMap<Vec<String>, Vec<String>>>,
     fleet: HashMap<String, Vec<String>>,
+    explained: HashMap<String, Vec<String>>,
 }
 
 /// Why an alert is not notified.
@@ -236,6 +241,7 @@ pub fn alert_of(inc: &Incident, now: DateTime<Utc>) -> Alert {
         posted: false,
         generator_url: None,
         members: Vec::new(),
+        explains: inc.explains.iter().map(|d| format!("event:{d}")).collect(),
     }
 }
 
@@ -322,6 +328,7 @@ pub fn alert_of_fleet(f: &FleetIncident, now: DateTime<Utc>) -> Alert {
                 }
             })
             .collect(),
+        explains: Vec::new(),
     }
 }
 
@@ -366,6 +373,7 @@ pub fn alert_of_digest(d: &EventDigest, now: DateTime<Utc>, ttl: Duration) -> Al
         posted: false,
         generator_url: None,
         members: Vec::new(),
+        explains: Vec::new(),
     }
 }
 
@@ -525,6 +533,16 @@ impl Engine {
         self.stats.incidents_in += 1;
         let ttl = Duration::from_std(ttl).unwrap_or(Duration::hours(1));
         let mut alert = alert_of_digest(d, now, ttl);
+        // resolved with the incident that accounted for it: what the problem did until then was that
+        // incident's (a refresh that comes after it resolved may still be of then); a later occurrence
+        // is a new episode
+        if let Some(old) = self.alerts.get(&alert.id)
+            && old.annotations.contains_key(RESOLVED_WITH)
+            && old.ends_at.is_some_and(|end| d.last_seen <= end)
+        {
+            self.stats.stale_ignored += 1;
+            return Taken::Stale;
+        }
         let expires = stored_at.min(now) + ttl;
         alert.expires_at = Some(expires);
         if expires <= now {
@@ -572,8 +590,53 @@ impl Engine {
         }
         self.changed(&alert.id);
         self.place(&alert, now);
+        let ended = (!alert.firing() && !alert.explains.is_empty()).then(|| alert.clone());
         self.alerts.insert(alert.id.clone(), alert);
+        if let Some(by) = ended {
+            self.end_explained(&by, now);
+        }
         Taken::Placed
+    }
+
+    /// An incident's alert resolved: the event alerts it accounted for whose last occurrence came before
+    /// its end (in their cluster's clock), and no other firing alert accounts for, resolve with it at that
+    /// end (events never say "over"; left to their TTL they would fire unmuted for what the incident was),
+    /// marked `resolved_with` it. A digest of an occurrence after that end fires again (see
+    /// [`Engine::on_digest`]); one that came after it is not ended at all.
+    fn end_explained(&mut self, by: &Alert, now: DateTime<Utc>) {
+        if !self.routing.mute_explained_events {
+            return;
+        }
+        let end = by.ends_at.unwrap_or(now);
+        for id in &by.explains {
+            let Some(a) = self.alerts.get(id) else {
+                continue;
+            };
+            if !a.firing() || a.expires_at.is_none() || a.posted {
+                continue;
+            }
+            let last_seen = a
+                .annotations
+                .get("last_seen")
+                .and_then(|t| DateTime::parse_from_rfc3339(t).ok());
+            if last_seen.is_none_or(|t| t > end) {
+                continue;
+            }
+            let still = self
+                .alerts
+                .values()
+                .any(|x| x.firing() && x.id != by.id && x.explains.contains(id));
+            if still {
+                continue;
+            }
+            let mut a = a.clone();
+            a.ends_at = Some(end.max(a.starts_at));
+            a.annotations.insert(RESOLVED_WITH.into(), by.id.clone());
+            a.updated_at = now;
+            self.changed(&a.id);
+            self.place(&a, now);
+            self.alerts.insert(a.id.clone(), a);
+        }
     }
 
     fn changed(&mut self, id: &str) {
@@ -618,13 +681,16 @@ impl Engine {
     }
 
     fn inhibition_index(&self) -> Index {
-        // member alert → the firing fleet alerts that list it
+        // member alert → the firing fleet alerts that list it; event alert → the firing incident alerts
+        // that account for it
         let mut fleet: HashMap<String, Vec<String>> = HashMap::new();
-        if self.routing.mute_fleet_members {
-            for a in self.alerts.values().filter(|a| a.firing()) {
-                for m in &a.members {
-                    fleet.entry(m.clone()).or_default().push(a.id.clone());
-                }
+        let mut explained: HashMap<String, Vec<String>> = HashMap::new();
+        for a in self.alerts.values().filter(|a| a.firing()) {
+            for m in &a.members {
+                fleet.entry(m.clone()).or_default().push(a.id.clone());
+            }
+            for d in &a.explains {
+                explained.entry(d.clone()).or_default().push(a.id.clone());
             }
         }
         let rules = self
@@ -646,7 +712,51 @@ impl Engine {
                 idx
             })
             .collect();
-        Index { rules, fleet }
+        Index {
+            rules,
+            fleet,
+            explained,
+        }
+    }
+
+    /// A fleet alert whose members the router holds are each accounted for by an incident (firing, or
+    /// resolved with it: see [`Engine::end_explained`]) — the same coredns pods failing readiness on the
+    /// clusters whose DNS fails — is muted by what accounts for them: their fleet alert where they have
+    /// one (the `dns-failure` one), else the incidents' own. Empty: not muted so.
+    fn explained_fleet(&self, a: &Alert, index: &Index) -> Vec<String> {
+        let mut by = BTreeSet::new();
+        let mut held = 0;
+        for m in &a.members {
+            let Some(member) = self.alerts.get(m) else {
+                continue;
+            };
+            held += 1;
+            if let Some(with) = member.annotations.get(RESOLVED_WITH)
+                && !member.firing()
+            {
+                by.insert(with.clone());
+                continue;
+            }
+            if !member.firing() {
+                continue;
+            }
+            let Some(incidents) = index.explained.get(m) else {
+                // one member is a problem of its own: the fleet alert says so
+                return Vec::new();
+            };
+            for i in incidents {
+                match index.fleet.get(i) {
+                    Some(fleet) => by.extend(fleet.iter().filter(|f| **f != a.id).cloned()),
+                    None => {
+                        by.insert(i.clone());
+                    }
+                }
+            }
+        }
+        if held == 0 {
+            return Vec::new();
+        }
+        by.into_iter().collect()
     }
 
     fn muted(&self, a: &Alert, index: &Index, now: DateTime<Utc>) -> Muted {
@@ -660,8 +770,16 @@ impl Engine {
             inhibited_by: Vec::new(),
         };
         if a.firing() {
-            if let Some(fleet) = index.fleet.get(&a.id) {
+            if self.routing.mute_fleet_members
+                && let Some(fleet) = index.fleet.get(&a.id)
+            {
                 m.inhibited_by.extend(fleet.iter().cloned());
+            }
+            if self.routing.mute_explained_events {
+                if let Some(by) = index.explained.get(&a.id) {
+                    m.inhibited_by.extend(by.iter().cloned());
+                }
+                m.inhibited_by.extend(self.explained_fleet(a, index));
             }
             for (rule, idx) in self.routing.inhibit_rules.iter().zip(&index.rules) {
                 if !all_match(&rule.target_matchers, &a.labels) {

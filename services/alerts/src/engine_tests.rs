@@ -97,6 +97,7 @@ fn posted(spec: &str, starts_at: DateTime<Utc>, ends_at: Option<DateTime<Utc>>) 
         posted: true,
         generator_url: None,
         members: Vec::new(),
+        explains: Vec::new(),
     }
 }
 
@@ -568,6 +569,7 @@ fn incident(rev: u64, status: IncidentStatus, at: DateTime<Utc>) -> Incident {
         revision: rev,
         acknowledged_by: None,
         blast_radius: None,
+        explains: Vec::new(),
     }
 }
 
@@ -665,5 +667,257 @@ fn a_fleet_alert_of_clusters_lost_together_says_what_they_take_down() {
         Some(
             "takes down 3 workloads in 1 namespace; 1 runs on no cluster still up (Deployment shop/checkout)"
         )
+    );
+}
+
+/// A fleet incident of `kind` whose members are `(cluster, member id)` (for `event`, digest ids).
+fn fleet_of(
+    id: &str,
+    kind: &str,
+    members: &[(&str, &str)],
+    rev: u64,
+    resolved: Option<DateTime<Utc>>,
+) -> multipilot_schemas::payload::FleetIncident {
+    use multipilot_schemas::payload::{FleetIncident, FleetMember};
+    let entry = multipilot_schemas::catalog::entries()
+        .into_iter()
+        .find(|e| e.name == "FleetIncident")
+        .expect("a sample fleet incident");
+    let sample: FleetIncident =
+        rmp_serde::from_slice::<multipilot_schemas::Envelope<_>>(&entry.sample)
+            .expect("it decodes")
+            .payload;
+    let alertname = if kind == "event" { "Unhealthy" } else { kind };
+    FleetIncident {
+        id: id.into(),
+        kind: kind.into(),
+        status: if resolved.is_some() {
+            IncidentStatus::Resolved
+        } else {
+            IncidentStatus::Open
+        },
+        resolved_at: resolved,
+        opened_at: t0(),
+        members: members
+            .iter()
+            .map(|(c, m)| FleetMember {
+                cluster: (*c).into(),
+                incident_id: (*m).into(),
+                severity: Severity::Warning,
+                status: IncidentStatus::Open,
+                summary: format!("{kind} on {c}"),
+                opened_at: t0(),
+                joined_at: t0(),
+                left_at: None,
+                left_because: String::new(),
+            })
+            .collect(),
+        labels: BTreeMap::from([
+            ("alertname".to_string(), alertname.to_string()),
+            ("scope".to_string(), "fleet".to_string()),
+        ]),
+        revision: rev,
+        blast_radius: None,
+        ..sample
+    }
+}
+
+/// The coredns pods' readiness failing on `cluster`, `count` times by `last_seen`.
+fn coredns_unhealthy(
+    cluster: &str,
+    count: u64,
+    last_seen: DateTime<Utc>,
+) -> multipilot_schemas::payload::EventDigest {
+    multipilot_schemas::payload::EventDigest {
+        id: format!("unhealthy-coredns-{cluster}"),
+        cluster: cluster.into(),
+        object: multipilot_schemas::payload::ObjectRef {
+            api_version: "v1".into(),
+            kind: "Pod".into(),
+            namespace: Some("kube-system".into()),
+            name: "coredns-*".into(),
+            uid: None,
+        },
+        reason: "Unhealthy".into(),
+        severity: Severity::Warning,
+        message: "Readiness probe failed: HTTP probe failed with statuscode: 503".into(),
+        first_seen: t0(),
+        last_seen,
+        count,
+        pass: multipilot_schemas::payload::DigestPass::New,
+    }
+}
+
+fn dns_failure(cluster: &str, rev: u64, resolved: Option<DateTime<Utc>>) -> Incident {
+    Incident {
+        id: format!("dns-{cluster}"),
+        cluster: cluster.into(),
+        kind: "dns-failure".into(),
+        severity: Severity::Critical,
+        summary: format!("Cluster DNS failing on {cluster}"),
+        explains: vec![format!("unhealthy-coredns-{cluster}")],
+        ..incident(
+            rev,
+            if resolved.is_some() {
+                IncidentStatus::Resolved
+            } else {
+                IncidentStatus::Open
+            },
+            resolved.unwrap_or(t0()),
+        )
+    }
+}
+
+#[test]
+fn the_warnings_an_incident_accounts_for_page_neither_alone_nor_as_a_fleet_and_resolve_with_it() {
+    let mut e = engine(t0());
+    let ttl = std::time::Duration::from_secs(3600);
+    // coredns fails readiness on a and b (events first), then their DNS probes fail
+    for c in ["a", "b"] {
+        e.on_digest(&coredns_unhealthy(c, 1, t0()), t0(), t0(), ttl);
+    }
+    let members = [("a", "unhealthy-coredns-a"), ("b", "unhealthy-coredns-b")];
+    e.on_fleet_incident(&fleet_of("f-ev", "event", &members, 1, None), t0());
+    let at = t0() + secs(10);
+    for c in ["a", "b"] {
+        e.on_incident(&dns_failure(c, 1, None), at);
+    }
+    let dns_members = [("a", "dns-a"), ("b", "dns-b")];
+    e.on_fleet_incident(&fleet_of("f-dns", "dns-failure", &dns_members, 1, None), at);
+    // one page: the fleet's DNS failure
+    assert_eq!(
+        sent(&e.tick(t0() + secs(40))),
+        one("ops", &["dns-failure@:firing"])
+    );
+    let views = e.alerts(at);
+    let muted = |id: &str| {
+        let v = views.iter().find(|v| v.alert.id == id).expect("held");
+        v.muted.inhibited_by.clone()
+    };
+    assert_eq!(
+        muted("f-ev"),
+        ["f-dns"],
+        "muted by the fleet alert of what accounts for it"
+    );
+    assert_eq!(muted("event:unhealthy-coredns-a"), ["f-ev", "dns-a"]);
+    assert!(muted("f-dns").is_empty());
+    // the DNS failures resolve: their warnings resolve with them, the fleet's event problem says nothing
+    let fixed = t0() + mins(3);
+    for c in ["a", "b"] {
+        e.on_incident(&dns_failure(c, 2, Some(fixed)), fixed);
+    }
+    e.on_fleet_incident(
+        &fleet_of("f-dns", "dns-failure", &dns_members, 2, Some(fixed)),
+        fixed,
+    );
+    let views = e.alerts(fixed);
+    let a = views
+        .iter()
+        .find(|v| v.alert.id == "event:unhealthy-coredns-a")
+        .expect("held");
+    assert_eq!(a.alert.ends_at, Some(fixed));
+    assert_eq!(a.alert.annotations[RESOLVED_WITH], "dns-a");
+    // a refresh of occurrences from before the fix changes nothing; the hour of the TTL passes quietly
+    // but for the DNS failure's resolution
+    let late = fixed + secs(20);
+    assert_eq!(
+        e.on_digest(&coredns_unhealthy("a", 4, fixed - secs(5)), late, late, ttl),
+        Taken::Stale
+    );
+    let mut got = run(&mut e, fixed, fixed + mins(15), mins(1));
+    // its members quiet for three refresh intervals, the correlator resolves the fleet's event problem
+    let quiet = fixed + mins(16);
+    e.on_fleet_incident(&fleet_of("f-ev", "event", &members, 2, Some(quiet)), quiet);
+    got.extend(run(&mut e, quiet, quiet + mins(70), mins(1)));
+    assert_eq!(
+        got,
+        vec![(t0() + mins(6), one("ops", &["dns-failure@:resolved"]))],
+        "{got:?}"
+    );
+}
+
+#[test]
+fn a_warning_after_the_incident_that_accounted_for_it_resolved_pages() {
+    let mut e = engine(t0());
+    let ttl = std::time::Duration::from_secs(3600);
+    e.on_digest(&coredns_unhealthy("a", 1, t0()), t0(), t0(), ttl);
+    e.on_incident(&dns_failure("a", 1, None), t0());
+    let fixed = t0() + mins(3);
+    let mut got = run(&mut e, t0(), fixed - secs(10), secs(10));
+    e.on_incident(&dns_failure("a", 2, Some(fixed)), fixed);
+    got.extend(run(&mut e, fixed, fixed + mins(10), secs(10)));
+    assert_eq!(
+        got,
+        vec![
+            (t0() + secs(30), one("ops", &["dns-failure@a:firing"])),
+            // (as in Alertmanager, a group's resolved notification lists its alerts resolved since,
+            // muted before or not)
+            (
+                t0() + mins(5) + secs(30),
+                one("ops", &["dns-failure@a:resolved", "Unhealthy@a:resolved"])
+            ),
+        ]
+    );
+    // within the hour the ended alert is held: the pods fail again after the fix, DNS holding — a
+    // problem of its own, which pages (from its new start)
+    let again = fixed + mins(12);
+    assert_eq!(
+        e.on_digest(&coredns_unhealthy("a", 6, again), again, again, ttl),
+        Taken::Placed
+    );
+    let views = e.alerts(again);
+    let a = views
+        .iter()
+        .find(|v| v.alert.id == "event:unhealthy-coredns-a")
+        .expect("held");
+    assert!(a.alert.firing());
+    assert_eq!(a.alert.starts_at, fixed);
+    assert!(!a.alert.annotations.contains_key(RESOLVED_WITH));
+    let got = run(&mut e, again, again + mins(6), secs(10));
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].1, one("ops", &["Unhealthy@a:firing"]));
+    // an occurrence that came after the incident's end, read before it resolved, is not ended with it
+    let mut e = engine(t0());
+    e.on_incident(&dns_failure("a", 1, None), t0());
+    let later = fixed + secs(30);
+    e.on_digest(&coredns_unhealthy("a", 1, later), later, later, ttl);
+    e.on_incident(&dns_failure("a", 2, Some(fixed)), later);
+    assert!(
+        e.alerts(later)
+            .iter()
+            .find(|v| v.alert.id == "event:unhealthy-coredns-a")
+            .is_some_and(|v| v.alert.firing())
+    );
+}
+
+#[test]
+fn a_fleet_event_problem_on_a_cluster_nothing_accounts_for_pages() {
+    let mut e = engine(t0());
+    let ttl = std::time::Duration::from_secs(3600);
+    for c in ["a", "b"] {
+        e.on_digest(&coredns_unhealthy(c, 1, t0()), t0(), t0(), ttl);
+    }
+    // a's DNS probe fails; b's does not
+    e.on_incident(&dns_failure("a", 1, None), t0());
+    let members = [("a", "unhealthy-coredns-a"), ("b", "unhealthy-coredns-b")];
+    e.on_fleet_incident(&fleet_of("f-ev", "event", &members, 1, None), t0());
+    let mut got = sent(&e.tick(t0() + secs(30)));
+    got.sort();
+    assert_eq!(
+        got,
+        vec![
+            ("ops".to_string(), vec!["Unhealthy@:firing".to_string()]),
+            ("ops".to_string(), vec!["dns-failure@a:firing".to_string()]),
+        ]
+    );
+    // and with the mute off, a's warning pages beside its incident
+    let mut r = routing();
+    r.mute_explained_events = false;
+    let mut e = Engine::new(r, ttl, Snapshot::default(), t0());
+    e.on_digest(&coredns_unhealthy("a", 1, t0()), t0(), t0(), ttl);
+    e.on_incident(&dns_failure("a", 1, None), t0());
+    assert_eq!(
+        sent(&e.tick(t0() + secs(30))),
+        one("ops", &["dns-failure@a:firing", "Unhealthy@a:firing"])
     );
 }

@@ -62,13 +62,26 @@ fn fleet_line(f: &FleetIncident) -> String {
     )
 }
 
-/// A fleet incident with what it found, then its members (the cluster incidents, when listed).
-fn print_fleet(f: &FleetIncident, incidents: &[Incident]) -> Vec<String> {
+/// A fleet incident with what it found and the cluster incidents it is part of, then its members (the
+/// cluster incidents, when `listed`).
+fn print_fleet(f: &FleetIncident, incidents: &[Incident], listed: bool) -> Vec<String> {
     let mut out = vec![fleet_line(f)];
     let pad = format!("{:>70}", "");
     if let Some(br) = &f.blast_radius {
         out.push(format!("{pad}  blast:   {}", br.summary));
     }
+    let by = f.accounted_for(incidents);
+    if !by.is_empty() {
+        let by: Vec<String> = by
+            .iter()
+            .map(|i| format!("{} on {}", i.kind, i.cluster))
+            .collect();
+        out.push(format!(
+            "{pad}  part of: {} (what each found)",
+            by.join(", ")
+        ));
+    }
+    let incidents = if listed { incidents } else { &[] };
     for s in f.shared.iter().take(3) {
         out.push(format!("{pad}  shared:  {}", s.support));
     }
@@ -149,22 +162,33 @@ pub async fn print(
             .cmp(&a.severity)
             .then(b.updated_at.cmp(&a.updated_at))
     });
-    let mut incidents: Vec<Incident> = if only_fleet {
-        Vec::new()
+    let json = output == "json" && !watch;
+    // (with the fleet incidents alone, the cluster incidents still say which event problems are
+    // part of one of theirs)
+    let asked = if only_fleet && json {
+        Ok(Vec::new())
     } else {
         request(
             client,
             multipilot_schemas::control::QUERY_INCIDENTS,
             body.as_bytes(),
         )
-        .await?
+        .await
+    };
+    let mut incidents: Vec<Incident> = match asked {
+        Ok(i) => i,
+        Err(e) if only_fleet => {
+            eprintln!("(the cluster incidents did not come: {e:#})");
+            Vec::new()
+        }
+        Err(e) => return Err(e),
     };
     incidents.sort_by(|a, b| {
         b.severity
             .cmp(&a.severity)
             .then(b.updated_at.cmp(&a.updated_at))
     });
-    if output == "json" && !watch {
+    if json {
         if only_fleet {
             println!("{}", serde_json::to_string_pretty(&fleet)?);
         } else {
@@ -181,13 +205,13 @@ pub async fn print(
         .flat_map(|f| f.members.iter().map(|m| m.incident_id.as_str()))
         .collect();
     for f in &fleet {
-        for l in print_fleet(f, &incidents) {
+        for l in print_fleet(f, &incidents, !only_fleet) {
             println!("{l}");
         }
     }
     for i in incidents
         .iter()
-        .filter(|i| !members.contains(i.id.as_str()))
+        .filter(|i| !only_fleet && !members.contains(i.id.as_str()))
     {
         println!("{}", line(i));
         for e in &i.evidence {
@@ -197,7 +221,7 @@ pub async fn print(
             }
         }
     }
-    if incidents.is_empty() && fleet.is_empty() {
+    if (only_fleet || incidents.is_empty()) && fleet.is_empty() {
         println!(
             "(no {}{}incidents)",
             if all { "" } else { "open " },

@@ -186,6 +186,7 @@ async function loadFleetIncidents() {
         el('span', { class: 'muted' }, 'rev ' + f.revision)),
       el('div', { class: 'summary' }, f.summary),
       f.blast_radius ? el('div', { class: 'blast' }, el('b', {}, 'blast radius: '), f.blast_radius.summary) : null,
+      partOf(f),
       el('ul', { class: 'members' }, f.members.map((m) => el('li', { dataCluster: m.cluster, dataStatus: m.status },
         el('b', {}, m.cluster), ' ', el('span', { class: 'st-' + m.status }, m.status),
         m.left_at ? el('span', { class: 'muted' }, ' left: ' + (m.left_because || 'resolved')) : null,
@@ -195,6 +196,22 @@ async function loadFleetIncidents() {
       f.suspects && f.suspects.length ? el('ol', { class: 'suspects' }, f.suspects.map((x) =>
         el('li', { class: 'verdict-' + x.verdict }, '[' + x.verdict + '] ', x.summary, ' — ', objLink(x.object)))) : null);
   }));
+}
+
+// an event problem whose open members (digests) are each what an open cluster incident found
+// (`explains`: the coredns pods failing readiness where DNS fails) is part of those: its alerts are muted
+function partOf(f) {
+  if (f.kind !== 'event') return null;
+  const by = [];
+  for (const m of f.members.filter((m) => !m.left_at && m.status !== 'resolved')) {
+    const i = [...state.incidents.values()].find((i) => i.status !== 'resolved' && i.cluster === m.cluster
+      && (i.explains || []).includes(m.incident_id));
+    if (!i) return null;
+    if (!by.includes(i)) by.push(i);
+  }
+  if (!by.length) return null;
+  return el('div', { class: 'part-of' }, el('b', {}, 'part of: '),
+    by.map((i) => i.kind + ' on ' + i.cluster).join(', '), el('span', { class: 'muted' }, ' (what each found)'));
 }
 
 function canOperate() { return state.whoami && (state.whoami.role === 'operator' || state.whoami.role === 'releaser'); }
