@@ -590,49 +590,70 @@ impl Engine {
         }
         self.changed(&alert.id);
         self.place(&alert, now);
-        let ended = (!alert.firing() && !alert.explains.is_empty()).then(|| alert.clone());
+        let ended = (!alert.firing() && !(alert.explains.is_empty() && alert.members.is_empty()))
+            .then(|| alert.clone());
         self.alerts.insert(alert.id.clone(), alert);
         if let Some(by) = ended {
-            self.end_explained(&by, now);
+            self.end_held(&by, now);
         }
         Taken::Placed
     }
 
-    /// An incident's alert resolved: the event alerts it accounted for whose last occurrence came before
-    /// its end (in their cluster's clock), and no other firing alert accounts for, resolve with it at that
-    /// end (events never say "over"; left to their TTL they would fire unmuted for what the incident was),
-    /// marked `resolved_with` it. A digest of an occurrence after that end fires again (see
-    /// [`Engine::on_digest`]); one that came after it is not ended at all.
-    fn end_explained(&mut self, by: &Alert, now: DateTime<Utc>) {
-        if !self.routing.mute_explained_events {
-            return;
-        }
-        let end = by.ends_at.unwrap_or(now);
-        for id in &by.explains {
+    /// An alert resolved that held event alerts (muted for it): they resolve with it, marked
+    /// `resolved_with` it — events never say "over", and left to their TTL they would fire, unmuted, for
+    /// what is over. An incident's alert ends those it accounted for (`explains`) whose last occurrence
+    /// came before its end (in their cluster's clock), at that end: what the problem did until then was
+    /// the incident's. An event fleet alert (its members quiet: the correlator resolves it when they
+    /// stopped) ends its members at their last occurrence. One that another firing incident still
+    /// accounts for (or, for a fleet alert's member, another firing fleet alert lists) stays. A digest of
+    /// an occurrence after that end fires again (see [`Engine::on_digest`]).
+    fn end_held(&mut self, by: &Alert, now: DateTime<Utc>) {
+        let explained = self.routing.mute_explained_events;
+        let members = self.routing.mute_fleet_members;
+        let by_end = by.ends_at.unwrap_or(now);
+        let held = by
+            .explains
+            .iter()
+            .filter(|_| explained)
+            .map(|id| (id, true))
+            .chain(by.members.iter().filter(|_| members).map(|id| (id, false)));
+        let mut ended = Vec::new();
+        for (id, accounted) in held {
             let Some(a) = self.alerts.get(id) else {
                 continue;
             };
             if !a.firing() || a.expires_at.is_none() || a.posted {
                 continue;
             }
-            let last_seen = a
+            let Some(last_seen) = a
                 .annotations
                 .get("last_seen")
-                .and_then(|t| DateTime::parse_from_rfc3339(t).ok());
-            if last_seen.is_none_or(|t| t > end) {
+                .and_then(|t| DateTime::parse_from_rfc3339(t).ok())
+                .map(|t| t.with_timezone(&Utc))
+            else {
+                continue;
+            };
+            if accounted && last_seen > by_end {
                 continue;
             }
-            let still = self
-                .alerts
-                .values()
-                .any(|x| x.firing() && x.id != by.id && x.explains.contains(id));
+            // (an incident's end does not wait for the fleet alert its warning is a member of: that
+            // one is muted for what accounts for its members)
+            let still = self.alerts.values().any(|x| {
+                x.firing()
+                    && x.id != by.id
+                    && (x.explains.contains(id) || (!accounted && x.members.contains(id)))
+            });
             if still {
                 continue;
             }
             let mut a = a.clone();
+            let end = if accounted { by_end } else { last_seen };
             a.ends_at = Some(end.max(a.starts_at));
             a.annotations.insert(RESOLVED_WITH.into(), by.id.clone());
             a.updated_at = now;
+            ended.push(a);
+        }
+        for a in ended {
             self.changed(&a.id);
             self.place(&a, now);
             self.alerts.insert(a.id.clone(), a);
@@ -720,7 +741,7 @@ impl Engine {
     }
 
     /// A fleet alert whose members the router holds are each accounted for by an incident (firing, or
-    /// resolved with it: see [`Engine::end_explained`]) — the same coredns pods failing readiness on the
+    /// resolved with it: see [`Engine::end_held`]) — the same coredns pods failing readiness on the
     /// clusters whose DNS fails — is muted by what accounts for them: their fleet alert where they have
     /// one (the `dns-failure` one), else the incidents' own. Empty: not muted so.
     fn explained_fleet(&self, a: &Alert, index: &Index) -> Vec<String> {

@@ -921,3 +921,36 @@ fn a_fleet_event_problem_on_a_cluster_nothing_accounts_for_pages() {
         one("ops", &["dns-failure@a:firing", "Unhealthy@a:firing"])
     );
 }
+
+#[test]
+fn a_problem_on_several_clusters_that_stopped_does_not_page_its_members_afterwards() {
+    let mut e = engine(t0());
+    let ttl = std::time::Duration::from_secs(3600);
+    // the same warning on a and b, nothing accounting for it: the fleet alert pages, its members not
+    for c in ["a", "b"] {
+        e.on_digest(&coredns_unhealthy(c, 1, t0()), t0(), t0(), ttl);
+    }
+    let members = [("a", "unhealthy-coredns-a"), ("b", "unhealthy-coredns-b")];
+    e.on_fleet_incident(&fleet_of("f-ev", "event", &members, 1, None), t0());
+    let mut got = run(&mut e, t0(), t0() + mins(15), mins(1));
+    // it stops; its members quiet for a quarter of an hour, the correlator resolves it
+    let quiet = t0() + mins(16);
+    e.on_fleet_incident(&fleet_of("f-ev", "event", &members, 2, Some(quiet)), quiet);
+    let views = e.alerts(quiet);
+    let a = views
+        .iter()
+        .find(|v| v.alert.id == "event:unhealthy-coredns-a")
+        .expect("held");
+    assert_eq!(a.alert.ends_at, Some(t0()), "ended at its last occurrence");
+    assert_eq!(a.alert.annotations[RESOLVED_WITH], "f-ev");
+    // the members' hour of TTL passes without a page for them
+    got.extend(run(&mut e, quiet, quiet + mins(70), mins(1)));
+    assert_eq!(
+        got,
+        vec![
+            (t0() + mins(1), one("ops", &["Unhealthy@:firing"])),
+            (quiet, one("ops", &["Unhealthy@:resolved"])),
+        ],
+        "{got:?}"
+    );
+}
