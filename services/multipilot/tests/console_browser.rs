@@ -318,6 +318,16 @@ async fn the_console_page_shows_the_fleet_a_live_incident_and_a_cross_cluster_di
         .send()
         .await?;
     anyhow::ensure!(resp.status().is_success(), "fault: {}", resp.text().await?);
+    // (and DNS fails on two others, for step 6: it takes a minute to be judged)
+    let dns_down = [&clusters[3], &clusters[4]];
+    for c in dns_down {
+        let resp = reqwest::Client::new()
+            .post(format!("{sim}/clusters/{c}/faults/coredns-down"))
+            .json(&json!({"on": true, "params": {}}))
+            .send()
+            .await?;
+        anyhow::ensure!(resp.status().is_success(), "fault: {}", resp.text().await?);
+    }
     let sel =
         format!("#incident-list li[data-kind=\"external-ip-exposure\"][data-cluster=\"{victim}\"]");
     let summary = br
@@ -448,7 +458,27 @@ async fn the_console_page_shows_the_fleet_a_live_incident_and_a_cross_cluster_di
         "the GitOps tab's sync windows table: {windows}"
     );
 
-    // 6. the pictures, each with data
+    // 6. DNS failing on two clusters is one fleet incident; the coredns pods' readiness warnings on the
+    // same two are part of it: listed after the failures, greyed, saying what they are part of
+    br.eval("document.querySelector('#tabs button[data-tab=\"fleet\"]').click(); true")
+        .await?;
+    let part = br
+        .wait_for(
+            "the coredns pods' warnings part of the two DNS failures",
+            "(() => { const li = [...document.querySelectorAll('#fleet-list li.fleet-incident')]; \
+             const dns = li.findIndex(l => l.dataset.kind === 'dns-failure'); \
+             const p = li.findIndex(l => l.classList.contains('part') && /coredns/.test(l.querySelector('.summary').textContent)); \
+             return dns >= 0 && p > dns ? li[p].querySelector('.part-of').textContent : null; })()",
+            180,
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}\n{}", sys.logs()))?;
+    let part = part.as_str().unwrap_or_default();
+    for c in dns_down {
+        assert!(part.contains(&format!("dns-failure on {c}")), "{part}");
+    }
+
+    // 7. the pictures, each with data
     pictures(&mut br, &sys, victim).await?;
     drop(br);
     drop(sys);

@@ -172,11 +172,15 @@ async function loadFleetIncidents() {
   const want = $('#incident-status').value;
   list = list.filter((f) => want === 'all' || (want === 'resolved' ? f.status === 'resolved' : f.status !== 'resolved'));
   $('#fleet-count').textContent = list.length ? list.length + ' shown' : 'none';
+  // an event problem that is part of cluster incidents (the coredns pods where DNS fails) comes after the
+  // failures themselves, greyed: it pages nobody
+  const part = new Map(list.map((f) => [f.id, partOf(f)]));
+  list = list.filter((f) => !part.get(f.id)).concat(list.filter((f) => part.get(f.id)));
   $('#fleet-list').replaceChildren(...list.slice(0, 100).map((f) => {
     const open = f.members.filter((m) => !m.left_at && m.status !== 'resolved').length;
     // an event problem's cluster may be several members (one per message of one failure)
     const clusters = new Set(f.members.map((m) => m.cluster)).size;
-    return el('li', { class: 'incident fleet-incident severity-' + f.severity, dataFleetId: f.id, dataKind: f.kind, dataStatus: f.status },
+    return el('li', { class: 'incident fleet-incident severity-' + f.severity + (part.get(f.id) ? ' part' : ''), dataFleetId: f.id, dataKind: f.kind, dataStatus: f.status },
       el('div', { class: 'head' },
         el('span', { class: 'pill sev-' + f.severity }, f.severity),
         el('b', { class: 'st-' + f.status + ' status' }, f.status),
@@ -186,7 +190,7 @@ async function loadFleetIncidents() {
         el('span', { class: 'muted' }, 'rev ' + f.revision)),
       el('div', { class: 'summary' }, f.summary),
       f.blast_radius ? el('div', { class: 'blast' }, el('b', {}, 'blast radius: '), f.blast_radius.summary) : null,
-      partOf(f),
+      part.get(f.id),
       el('ul', { class: 'members' }, f.members.map((m) => el('li', { dataCluster: m.cluster, dataStatus: m.status },
         el('b', {}, m.cluster), ' ', el('span', { class: 'st-' + m.status }, m.status),
         m.left_at ? el('span', { class: 'muted' }, ' left: ' + (m.left_because || 'resolved')) : null,
