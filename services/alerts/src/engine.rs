@@ -590,8 +590,8 @@ impl Engine {
         }
         self.changed(&alert.id);
         self.place(&alert, now);
-        let ended = (!alert.firing() && !(alert.explains.is_empty() && alert.members.is_empty()))
-            .then(|| alert.clone());
+        let holds = !alert.explains.is_empty() || !alert.members.is_empty();
+        let ended = (!alert.firing() && holds).then(|| alert.clone());
         self.alerts.insert(alert.id.clone(), alert);
         if let Some(by) = ended {
             self.end_held(&by, now);
