@@ -630,6 +630,7 @@ fn posted_alert(
         posted: true,
         generator_url: p.generator_url.filter(|u| !u.is_empty()),
         members: Vec::new(),
+        refreshed_at: None,
         explains: Vec::new(),
     })
 }

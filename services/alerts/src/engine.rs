@@ -241,6 +241,7 @@ pub fn alert_of(inc: &Incident, now: DateTime<Utc>) -> Alert {
         posted: false,
         generator_url: None,
         members: Vec::new(),
+        refreshed_at: None,
         explains: inc.explains.iter().map(|d| format!("event:{d}")).collect(),
     }
 }
@@ -329,6 +330,7 @@ pub fn alert_of_fleet(f: &FleetIncident, now: DateTime<Utc>) -> Alert {
             })
             .collect(),
         explains: Vec::new(),
+        refreshed_at: None,
     }
 }
 
@@ -373,6 +375,7 @@ pub fn alert_of_digest(d: &EventDigest, now: DateTime<Utc>, ttl: Duration) -> Al
         posted: false,
         generator_url: None,
         members: Vec::new(),
+        refreshed_at: None,
         explains: Vec::new(),
     }
 }
@@ -533,6 +536,7 @@ impl Engine {
         self.stats.incidents_in += 1;
         let ttl = Duration::from_std(ttl).unwrap_or(Duration::hours(1));
         let mut alert = alert_of_digest(d, now, ttl);
+        alert.refreshed_at = Some(stored_at.min(now));
         // resolved with the incident that accounted for it: what the problem did until then was that
         // incident's (a refresh that comes after it resolved may still be of then); a later occurrence
         // is a new episode
@@ -633,7 +637,11 @@ impl Engine {
             else {
                 continue;
             };
-            if accounted && last_seen > by_end {
+            // what came after the end is not the holder's: an occurrence after the incident's end; a
+            // member refreshed after its fleet alert's end (a resolution read again)
+            if (accounted && last_seen > by_end)
+                || (!accounted && a.refreshed_at.is_some_and(|t| t > by_end))
+            {
                 continue;
             }
             // (an incident's end does not wait for the fleet alert its warning is a member of: that
@@ -647,7 +655,13 @@ impl Engine {
                 continue;
             }
             let mut a = a.clone();
-            let end = if accounted { by_end } else { last_seen };
+            // (a member at its last occurrence, in its cluster's clock: no later than its fleet
+            // alert's end, should that clock run ahead)
+            let end = if accounted {
+                by_end
+            } else {
+                last_seen.min(by_end)
+            };
             a.ends_at = Some(end.max(a.starts_at));
             a.annotations.insert(RESOLVED_WITH.into(), by.id.clone());
             a.updated_at = now;
@@ -752,8 +766,10 @@ impl Engine {
                 continue;
             };
             held += 1;
+            // (resolved with an incident that accounted for it: not with another fleet alert)
             if let Some(with) = member.annotations.get(RESOLVED_WITH)
                 && !member.firing()
+                && self.alerts.get(with).is_some_and(|r| r.members.is_empty())
             {
                 by.insert(with.clone());
                 continue;

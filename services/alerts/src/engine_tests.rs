@@ -97,6 +97,7 @@ fn posted(spec: &str, starts_at: DateTime<Utc>, ends_at: Option<DateTime<Utc>>) 
         posted: true,
         generator_url: None,
         members: Vec::new(),
+        refreshed_at: None,
         explains: Vec::new(),
     }
 }
@@ -943,7 +944,12 @@ fn a_problem_on_several_clusters_that_stopped_does_not_page_its_members_afterwar
         .expect("held");
     assert_eq!(a.alert.ends_at, Some(t0()), "ended at its last occurrence");
     assert_eq!(a.alert.annotations[RESOLVED_WITH], "f-ev");
-    // the members' hour of TTL passes without a page for them
+    // a digest redelivered (stored then) changes nothing; the members' hour of TTL passes without a
+    // page for them
+    assert_eq!(
+        e.on_digest(&coredns_unhealthy("a", 1, t0()), t0(), quiet, ttl),
+        Taken::Stale
+    );
     got.extend(run(&mut e, quiet, quiet + mins(70), mins(1)));
     assert_eq!(
         got,
@@ -952,5 +958,27 @@ fn a_problem_on_several_clusters_that_stopped_does_not_page_its_members_afterwar
             (quiet, one("ops", &["Unhealthy@:resolved"])),
         ],
         "{got:?}"
+    );
+    // b's warning comes back while its ended alert is held: it fires, on its own now, and a resolution
+    // of the fleet alert read again does not end it
+    let mut e = engine(t0());
+    for c in ["a", "b"] {
+        e.on_digest(&coredns_unhealthy(c, 1, t0()), t0(), t0(), ttl);
+    }
+    e.on_fleet_incident(&fleet_of("f-ev", "event", &members, 1, None), t0());
+    e.on_fleet_incident(&fleet_of("f-ev", "event", &members, 2, Some(quiet)), quiet);
+    let back = quiet + mins(5);
+    e.on_digest(&coredns_unhealthy("b", 9, back), back, back, ttl);
+    e.on_fleet_incident(&fleet_of("f-ev", "event", &members, 3, Some(quiet)), back);
+    let b = e.alerts(back);
+    let b = b
+        .iter()
+        .find(|v| v.alert.id == "event:unhealthy-coredns-b")
+        .expect("held");
+    assert!(b.alert.firing(), "{:?}", b.alert);
+    assert_eq!(
+        run(&mut e, back, back + mins(1), secs(10)),
+        // (its group waited since the start: due at once)
+        vec![(back, one("ops", &["Unhealthy@b:firing"]))]
     );
 }

@@ -65,6 +65,9 @@ pub struct Alert {
     /// while it fires so one failure across clusters pages once.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub members: Vec<String>,
+    /// An event alert: when JetStream stored the digest that last refreshed it (the hub's clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refreshed_at: Option<DateTime<Utc>>,
     /// An incident's alert: the alerts of the event digests it accounts for (`event:<digest id>`, from
     /// `Incident.explains`), muted while it fires and resolved with it.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

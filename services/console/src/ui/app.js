@@ -896,6 +896,8 @@ document.addEventListener('DOMContentLoaded', () => {
   $('#cap-range').addEventListener('change', loadCapacity);
   setInterval(() => { if (state.whoami) loadClusters(); }, 5000);
   setInterval(() => { if (state.whoami) renderIncidents(); }, 30000);
+  // an event problem's fleet incident comes from digests, which the incident stream does not carry
+  setInterval(() => { if (state.whoami) loadFleetIncidents(); }, 15000);
   setInterval(() => { if (state.whoami && !$('#tab-fleet').hidden) loadVitals(); }, 30000);
   $('#vitals-range').addEventListener('change', loadVitals);
   // the open report tab follows the fleet too (compliance verdicts, GPU state and sync status change)
