@@ -55,7 +55,8 @@ impl Phase {
     }
 }
 
-/// The annotation of an event alert resolved with the incident that accounted for it: that incident's id.
+/// The annotation of an event alert resolved with the alert that held it (the incident that accounted for
+/// it, or its event fleet alert once quiet): that alert's id (see [`Engine::end_held`]).
 pub const RESOLVED_WITH: &str = "resolved_with";
 
 /// What mutes alerts, worked out once per flush: per inhibition rule, the firing sources by their `equal`
@@ -537,12 +538,12 @@ impl Engine {
         let ttl = Duration::from_std(ttl).unwrap_or(Duration::hours(1));
         let mut alert = alert_of_digest(d, now, ttl);
         alert.refreshed_at = Some(stored_at.min(now));
-        // resolved with the incident that accounted for it: what the problem did until then was that
-        // incident's (a refresh that comes after it resolved may still be of then); a later occurrence
-        // is a new episode
+        // resolved with what held it: what the problem did until then was that incident's or is over (a
+        // refresh that comes after it resolved may still be of then, a redelivery counts nothing new); a
+        // later occurrence is a new episode
         if let Some(old) = self.alerts.get(&alert.id)
             && old.annotations.contains_key(RESOLVED_WITH)
-            && old.ends_at.is_some_and(|end| d.last_seen <= end)
+            && (d.count <= old.revision || old.ends_at.is_some_and(|end| d.last_seen <= end))
         {
             self.stats.stale_ignored += 1;
             return Taken::Stale;

@@ -950,6 +950,11 @@ fn a_problem_on_several_clusters_that_stopped_does_not_page_its_members_afterwar
         e.on_digest(&coredns_unhealthy("a", 1, t0()), t0(), quiet, ttl),
         Taken::Stale
     );
+    // (a digest that counts nothing new, whatever time it says: a cluster's clock may run ahead of the
+    // end its member was given)
+    let mut ahead = coredns_unhealthy("b", 1, quiet + mins(20));
+    ahead.first_seen = t0();
+    assert_eq!(e.on_digest(&ahead, t0(), quiet, ttl), Taken::Stale);
     got.extend(run(&mut e, quiet, quiet + mins(70), mins(1)));
     assert_eq!(
         got,
