@@ -56,7 +56,7 @@ impl Phase {
 }
 
 /// The annotation of an event alert resolved with the alert that held it (the incident that accounted for
-/// it, or its event fleet alert once quiet): that alert's id (see [`Engine::end_held`]).
+/// it, or its event fleet alert once quiet): that alert's id (see `Engine::end_held`).
 pub const RESOLVED_WITH: &str = "resolved_with";
 
 /// What mutes alerts, worked out once per flush: per inhibition rule, the firing sources by their `equal`
