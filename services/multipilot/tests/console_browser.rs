@@ -318,16 +318,6 @@ async fn the_console_page_shows_the_fleet_a_live_incident_and_a_cross_cluster_di
         .send()
         .await?;
     anyhow::ensure!(resp.status().is_success(), "fault: {}", resp.text().await?);
-    // (and DNS fails on two others, for step 6: it takes a minute to be judged)
-    let dns_down = [&clusters[3], &clusters[4]];
-    for c in dns_down {
-        let resp = reqwest::Client::new()
-            .post(format!("{sim}/clusters/{c}/faults/coredns-down"))
-            .json(&json!({"on": true, "params": {}}))
-            .send()
-            .await?;
-        anyhow::ensure!(resp.status().is_success(), "fault: {}", resp.text().await?);
-    }
     let sel =
         format!("#incident-list li[data-kind=\"external-ip-exposure\"][data-cluster=\"{victim}\"]");
     let summary = br
@@ -459,7 +449,17 @@ async fn the_console_page_shows_the_fleet_a_live_incident_and_a_cross_cluster_di
     );
 
     // 6. DNS failing on two clusters is one fleet incident; the coredns pods' readiness warnings on the
-    // same two are part of it: listed after the failures, greyed, saying what they are part of
+    // same two are part of it: listed after the failures, greyed, saying what they are part of (after
+    // the GitOps sync above: a release's health gate holds a batch while a target's DNS fails)
+    let dns_down = [&clusters[3], &clusters[4]];
+    for c in dns_down {
+        let resp = reqwest::Client::new()
+            .post(format!("{sim}/clusters/{c}/faults/coredns-down"))
+            .json(&json!({"on": true, "params": {}}))
+            .send()
+            .await?;
+        anyhow::ensure!(resp.status().is_success(), "fault: {}", resp.text().await?);
+    }
     br.eval("document.querySelector('#tabs button[data-tab=\"fleet\"]').click(); true")
         .await?;
     let part = br
