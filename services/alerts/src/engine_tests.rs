@@ -769,16 +769,26 @@ fn dns_failure(cluster: &str, rev: u64, resolved: Option<DateTime<Utc>>) -> Inci
     }
 }
 
-#[test]
-fn the_warnings_an_incident_accounts_for_page_neither_alone_nor_as_a_fleet_and_resolve_with_it() {
-    let mut e = engine(t0());
-    let ttl = std::time::Duration::from_secs(3600);
-    // coredns fails readiness on a and b (events first), then their DNS probes fail
+/// The coredns pods' readiness failing on a and b at `t0`: their digests and the fleet alert `f-ev` of
+/// them; its members.
+fn readiness_failing_on_a_and_b(
+    e: &mut Engine,
+    ttl: std::time::Duration,
+) -> [(&'static str, &'static str); 2] {
     for c in ["a", "b"] {
         e.on_digest(&coredns_unhealthy(c, 1, t0()), t0(), t0(), ttl);
     }
     let members = [("a", "unhealthy-coredns-a"), ("b", "unhealthy-coredns-b")];
     e.on_fleet_incident(&fleet_of("f-ev", "event", &members, 1, None), t0());
+    members
+}
+
+#[test]
+fn the_warnings_an_incident_accounts_for_page_neither_alone_nor_as_a_fleet_and_resolve_with_it() {
+    let mut e = engine(t0());
+    let ttl = std::time::Duration::from_secs(3600);
+    // coredns fails readiness on a and b (events first), then their DNS probes fail
+    let members = readiness_failing_on_a_and_b(&mut e, ttl);
     let at = t0() + secs(10);
     for c in ["a", "b"] {
         e.on_incident(&dns_failure(c, 1, None), at);
@@ -928,11 +938,7 @@ fn a_problem_on_several_clusters_that_stopped_does_not_page_its_members_afterwar
     let mut e = engine(t0());
     let ttl = std::time::Duration::from_secs(3600);
     // the same warning on a and b, nothing accounting for it: the fleet alert pages, its members not
-    for c in ["a", "b"] {
-        e.on_digest(&coredns_unhealthy(c, 1, t0()), t0(), t0(), ttl);
-    }
-    let members = [("a", "unhealthy-coredns-a"), ("b", "unhealthy-coredns-b")];
-    e.on_fleet_incident(&fleet_of("f-ev", "event", &members, 1, None), t0());
+    let members = readiness_failing_on_a_and_b(&mut e, ttl);
     let mut got = run(&mut e, t0(), t0() + mins(15), mins(1));
     // it stops; its members quiet for a quarter of an hour, the correlator resolves it
     let quiet = t0() + mins(16);
