@@ -328,7 +328,8 @@ fn phrase(attr: &str, value: &str) -> String {
     }
 }
 
-/// Attributes ranked by how well they separate `failing` from `healthy` (clusters with facts only); for a
+/// Attributes at least two failing clusters share, ranked by how well they separate `failing` from
+/// `healthy` (clusters with facts only); for a
 /// problem of one workload (`workload`, `<kind> <ns>/<name>`), also the settings its failing copies run
 /// and its healthy ones don't, judged among the clusters that run it, first among equals.
 pub fn shared(
@@ -344,9 +345,10 @@ pub fn shared(
     let facts = |set: &BTreeSet<String>| -> Vec<&BTreeSet<(String, String)>> {
         set.iter().filter_map(|c| attrs.get(c)).collect()
     };
-    // `calico` with the same counts as `calico v3.27.3` says nothing more
+    // `calico` with the same counts as `calico v3.27.3` says nothing more; a fact of one failing cluster
+    // alone (its region, of two failing) is no trait they share
     let mut facts_out: Vec<(f64, SharedAttribute)> = Vec::new();
-    for (sep, s) in rank(&facts(failing), &facts(healthy), 1) {
+    for (sep, s) in rank(&facts(failing), &facts(healthy), 2) {
         if facts_out.len() == MAX_SHARED {
             break;
         }

@@ -1496,10 +1496,14 @@ fn six_clusters(m: &mut Machine, at: DateTime<Utc>) {
                 ready: None,
             }
         });
-        f.labels = BTreeMap::from([(
-            "env".to_string(),
-            if i < 3 { "prod" } else { "staging" }.to_string(),
-        )]);
+        f.labels = BTreeMap::from([
+            (
+                "env".to_string(),
+                if i < 3 { "prod" } else { "staging" }.to_string(),
+            ),
+            // each its own, as a fleet's regions often are
+            ("region".to_string(), format!("region-{i}")),
+        ]);
         m.apply(Input::Facts(&env(c, at, 1, f)));
         m.apply(Input::Heartbeat(&env(c, at, 2, heartbeat()), at));
         let s = env(c, at, 3, StateMsg::State(deployment("web", "aaaa0001")));
@@ -1957,6 +1961,12 @@ fn the_same_failure_on_three_clusters_is_one_fleet_incident_with_what_they_share
             .filter(|o| o.subject == "fleet.fleet-incident.dns-failure")
             .count(),
         1
+    );
+    // what two failing clusters share is what both have: not either one's own region
+    assert!(
+        f.shared.iter().all(|s| s.failing == 2) && !f.shared.is_empty(),
+        "{:#?}",
+        f.shared
     );
     // c4: it joins the same fleet incident
     let outs = rounds(
