@@ -187,6 +187,12 @@ pub struct Routing {
     /// event fleet alert whose members are all accounted for. `false` notifies them as well.
     #[serde(default = "yes")]
     pub mute_explained_events: bool,
+    /// A firing fleet alert that reaches one more cluster (the failure spread) is notified again at its
+    /// group's next flush, as a cluster's own alert joining the group would be in Alertmanager, though
+    /// the new member's alert is muted. `false`: a cluster that fails the same way later joins silently
+    /// (the alert's annotations say so at its next notification).
+    #[serde(default = "yes")]
+    pub notify_fleet_spread: bool,
     /// Named time intervals that routes mute or limit their notifications with (Alertmanager's
     /// `time_intervals`; its older `mute_time_intervals` list is read into this one).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

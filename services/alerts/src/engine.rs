@@ -247,6 +247,22 @@ pub fn alert_of(inc: &Incident, now: DateTime<Utc>) -> Alert {
     }
 }
 
+/// The clusters a fleet alert spans, as [`alert_of_fleet`] writes them in its `clusters` annotation;
+/// `None` for any other alert.
+fn fleet_span(a: &Alert) -> Option<BTreeSet<String>> {
+    if a.labels.get("scope").map(String::as_str) != Some("fleet") {
+        return None;
+    }
+    let clusters = a.annotations.get("clusters")?;
+    Some(
+        clusters
+            .split(',')
+            .filter(|c| !c.is_empty())
+            .map(str::to_string)
+            .collect(),
+    )
+}
+
 /// The alert a fleet incident becomes: labelled `scope="fleet"` with its kind and severity and the
 /// labels its members agree on (no `cluster`: it spans several), the members, shared attributes,
 /// suspects and what lost clusters take down together in annotations; while it fires, its members' own
@@ -909,6 +925,21 @@ impl Engine {
         let send_resolved = receiver.as_ref().is_some_and(wants_resolved);
         let firing_ids: BTreeSet<String> = firing.iter().map(|a| a.id.clone()).collect();
         let resolved_ids: BTreeSet<String> = resolved.iter().map(|a| a.id.clone()).collect();
+        // the clusters each firing fleet alert spans: one more than was notified is news (the failure
+        // spread), though the new member's own alert is muted
+        let spans: BTreeMap<String, BTreeSet<String>> = if self.routing.notify_fleet_spread {
+            firing
+                .iter()
+                .filter_map(|a| Some((a.id.clone(), fleet_span(a)?)))
+                .collect()
+        } else {
+            BTreeMap::new()
+        };
+        let spread = |e: &NflogEntry| {
+            spans
+                .iter()
+                .any(|(id, now)| e.spans.get(id).is_some_and(|then| !now.is_subset(then)))
+        };
         let repeat = Duration::from_std(node.repeat_interval).unwrap_or(Duration::hours(4));
         // as in Alertmanager, a group whose every alert is muted (silenced or inhibited), or whose route
         // is muted by a time interval now, is not judged at all: its log entry stays as it was, so when the
@@ -917,7 +948,7 @@ impl Engine {
         let needs = match entry {
             _ if all_muted => false,
             None => !firing_ids.is_empty(),
-            Some(e) if !firing_ids.is_subset(&e.firing) => true,
+            Some(e) if !firing_ids.is_subset(&e.firing) || spread(e) => true,
             Some(e) if firing_ids.is_empty() => !e.firing.is_empty(),
             Some(e) if send_resolved && !resolved_ids.is_subset(&e.resolved) => true,
             Some(e) => e.at.is_none_or(|at| at + repeat <= now),
@@ -928,6 +959,7 @@ impl Engine {
                 firing: firing_ids,
                 resolved: resolved_ids,
                 at: Some(now),
+                spans,
             };
             let pending = match &receiver {
                 Some(r) => {

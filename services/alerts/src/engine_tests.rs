@@ -993,3 +993,188 @@ fn a_problem_on_several_clusters_that_stopped_does_not_page_its_members_afterwar
         vec![(back, one("ops", &["Unhealthy@b:firing"]))]
     );
 }
+
+/// CNI failing on a and b, then on c (the fleet incident's revision 2 at `t0 + 2m`), then a revision that
+/// reaches no cluster more (b leaves; `t0 + 12m`), and d joining at `t0 + 30m`: what `e` sends until
+/// `t0 + 40m`.
+fn cni_spreading(e: &mut Engine) -> Vec<(DateTime<Utc>, Sent)> {
+    let members = |cs: &[&'static str]| -> Vec<(&'static str, &'static str)> {
+        cs.iter().map(|c| (*c, "cni-member")).collect()
+    };
+    let mut got = Vec::new();
+    let mut at = t0();
+    for (rev, (from, cs)) in [
+        (0, &["a", "b"][..]),
+        (2, &["a", "b", "c"]),
+        (12, &["a", "c"]),
+        (30, &["a", "c", "d"]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let from = t0() + mins(from);
+        got.extend(run(e, at, from - secs(10), secs(10)));
+        let f = fleet_of("f-cni", "cni-degraded", &members(cs), rev as u64 + 1, None);
+        e.on_fleet_incident(&f, from);
+        at = from;
+    }
+    got.extend(run(e, at, t0() + mins(40), secs(10)));
+    got
+}
+
+#[test]
+fn a_fleet_failure_that_reaches_another_cluster_is_notified_again_at_the_groups_next_flush() {
+    let mut e = engine(t0());
+    let got = cni_spreading(&mut e);
+    let firing = one("ops", &["cni-degraded@:firing"]);
+    // group_wait after it opened; c joined at 2m: at the group's next flush (group_interval, 5m, after
+    // the first); b leaving says nothing new; d joining at 30m, at the first flush after
+    assert_eq!(
+        got,
+        vec![
+            (t0() + secs(30), firing.clone()),
+            (t0() + secs(330), firing.clone()),
+            (t0() + secs(30 * 60 + 30), firing.clone()),
+        ]
+    );
+    // what it said the second time: the three clusters
+    let mut e = engine(t0());
+    let f = |rev, cs: &[&'static str]| {
+        let m: Vec<_> = cs.iter().map(|c| (*c, "cni-member")).collect();
+        fleet_of("f-cni", "cni-degraded", &m, rev, None)
+    };
+    e.on_fleet_incident(&f(1, &["a", "b"]), t0());
+    assert_eq!(sent(&e.tick(t0() + secs(30))), firing);
+    e.on_fleet_incident(&f(2, &["a", "b", "c"]), t0() + mins(2));
+    let d = e.tick(t0() + secs(330));
+    let n = &d[0].pending[0].notification.alerts[0];
+    assert_eq!(n.annotations["clusters"], "a,b,c");
+    // a revision that reaches no cluster more waits for repeat_interval
+    e.on_fleet_incident(&f(3, &["a", "b", "c"]), t0() + mins(6));
+    assert!(run(&mut e, t0() + mins(6), t0() + mins(60), secs(10)).is_empty());
+}
+
+#[test]
+fn with_notify_fleet_spread_false_a_cluster_failing_the_same_way_later_joins_silently() {
+    let mut r = routing();
+    r.notify_fleet_spread = false;
+    let mut e = Engine::new(
+        r,
+        std::time::Duration::from_secs(3600),
+        Snapshot::default(),
+        t0(),
+    );
+    assert_eq!(
+        cni_spreading(&mut e),
+        vec![(t0() + secs(30), one("ops", &["cni-degraded@:firing"]))]
+    );
+}
+
+#[test]
+fn a_log_entry_from_before_spans_were_kept_does_not_notify_a_fleet_alert_again_on_restart() {
+    let mut e = engine(t0());
+    let m = [("a", "cni-a"), ("b", "cni-b")];
+    e.on_fleet_incident(&fleet_of("f-cni", "cni-degraded", &m, 1, None), t0());
+    let d = e.tick(t0() + secs(30));
+    assert_eq!(sent(&d), one("ops", &["cni-degraded@:firing"]));
+    let mut nflog: Vec<(String, NflogEntry)> = d
+        .iter()
+        .map(|n| (n.nflog_key.clone(), n.entry.clone()))
+        .collect();
+    assert_eq!(
+        nflog[0].1.spans["f-cni"],
+        BTreeSet::from(["a".to_string(), "b".to_string()])
+    );
+    // as an older router wrote it
+    nflog[0].1.spans.clear();
+    let held = Snapshot {
+        alerts: e.take_changes().alerts,
+        silences: Vec::new(),
+        nflog,
+    };
+    let restart = t0() + mins(3);
+    let mut e = engine_from(held, restart);
+    assert!(run(&mut e, restart, t0() + mins(30), secs(10)).is_empty());
+    // nor, until the group is notified again, when it spreads: what it spanned then is not known
+    e.on_fleet_incident(
+        &fleet_of(
+            "f-cni",
+            "cni-degraded",
+            &[("a", "cni-a"), ("b", "cni-b"), ("c", "cni-c")],
+            2,
+            None,
+        ),
+        t0() + mins(31),
+    );
+    assert!(run(&mut e, t0() + mins(31), t0() + mins(60), secs(10)).is_empty());
+}
+
+#[test]
+fn the_shipped_routing_pages_a_failure_the_correlator_and_prometheus_both_see_once() {
+    let routing = Routing::parse(crate::config::DEFAULT_ROUTING, "alerts.yaml")
+        .expect("the shipped routing is valid")
+        .0;
+    let ttl = std::time::Duration::from_secs(3600);
+    let mut e = Engine::new(routing, ttl, Snapshot::default(), t0());
+    // a node not ready on a and b: the correlator's incidents, their fleet alert, Prometheus' own rule
+    for c in ["a", "b"] {
+        let inc = Incident {
+            id: format!("nnr-{c}"),
+            cluster: c.into(),
+            ..incident(1, IncidentStatus::Open, t0())
+        };
+        e.on_incident(&inc, t0());
+    }
+    let members = [("a", "nnr-a"), ("b", "nnr-b")];
+    e.on_fleet_incident(
+        &fleet_of("f-nnr", "node-not-ready", &members, 1, None),
+        t0(),
+    );
+    // crash loops in shop on a: BackOff events, then the restarts counter
+    let mut backoff = coredns_unhealthy("a", 4, t0());
+    backoff.reason = "BackOff".into();
+    backoff.object.namespace = Some("shop".into());
+    backoff.object.name = "web-*".into();
+    e.on_digest(&backoff, t0(), t0(), ttl);
+    // what is notified, as `alertname@cluster/namespace`
+    let mut alerts = Vec::new();
+    let mut notified = |e: &mut Engine, from: DateTime<Utc>, to: DateTime<Utc>| {
+        let mut now = from;
+        while now <= to {
+            for d in e.tick(now) {
+                for p in &d.pending {
+                    for a in &p.notification.alerts {
+                        let l = |k: &str| a.labels.get(k).map_or("", String::as_str).to_string();
+                        alerts.push(format!(
+                            "{}@{}/{}",
+                            l("alertname"),
+                            l("cluster"),
+                            l("namespace")
+                        ));
+                    }
+                }
+            }
+            now += secs(10);
+        }
+    };
+    notified(&mut e, t0(), t0() + mins(5));
+    for spec in [
+        "alertname=NodeNotReady,cluster=a,node=a-worker-0,severity=critical",
+        "alertname=NodeNotReady,cluster=b,node=b-worker-0,severity=critical",
+        "alertname=PodCrashLooping,cluster=a,namespace=shop,pod=web-1,severity=warning",
+        // another namespace's crash loop with no BackOff alert beside it pages
+        "alertname=PodCrashLooping,cluster=a,namespace=billing,pod=api-1,severity=warning",
+    ] {
+        post(&mut e, spec, t0() + mins(6));
+    }
+    notified(&mut e, t0() + mins(6), t0() + mins(30));
+    alerts.sort();
+    assert_eq!(
+        alerts,
+        vec![
+            "BackOff@a/shop",
+            "PodCrashLooping@a/billing",
+            "node-not-ready@/"
+        ]
+    );
+}

@@ -148,6 +148,11 @@ pub struct NflogEntry {
     pub resolved: BTreeSet<String>,
     /// When.
     pub at: Option<DateTime<Utc>>,
+    /// The clusters each fleet alert notified as firing spanned then (its `clusters` annotation): one
+    /// that reaches a cluster more is notified again at the group's next flush. Absent in entries
+    /// written before it was kept (such an alert is notified again only once it changes otherwise).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub spans: BTreeMap<String, BTreeSet<String>>,
 }
 
 /// A notification waiting to be delivered to one integration of a receiver.
