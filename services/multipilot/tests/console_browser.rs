@@ -510,6 +510,21 @@ async fn pictures(br: &mut Browser, sys: &System, victim: &str) -> Result<()> {
         .await?;
     // the simulated nodes are all ready: the picture says so, from the TSDB
     assert_eq!(ready, json!(vec!["100 %"; 6]), "nodes ready per cluster");
+    // a series whose last point is more than two steps before the range's end (the cluster's scrapes
+    // stopped) has no value now, only since when; one a step old is current
+    let now = br
+        .eval(
+            "(() => { const end = 1796640000;                return [vitalNow([[end - 600, 1], [end - 180, 1]], end, 60), vitalNow([[end - 60, 0.5]], end, 60),                        vitalNow([], end, 60)]; })()",
+        )
+        .await?;
+    assert_eq!(
+        now,
+        json!([
+            {"value": null, "since": 1796640000 - 180},
+            {"value": 0.5, "since": null},
+            {"value": null, "since": null}
+        ])
+    );
     br.screenshot_of("#vitals-table", "console-vitals.png")
         .await?;
 
