@@ -1,7 +1,8 @@
 //! The dispatcher's core: alerts into route-tree groups; on each group's timer, what is firing and resolved
 //! (minus silenced and inhibited alerts) is compared with the notification log, and a notification is
 //! decided only when Alertmanager would send one (new firing alerts, newly resolved ones for receivers that
-//! want them, everything resolved, or the repeat interval passed).
+//! want them, everything resolved, or the repeat interval passed) — and, MultiPilot's own, when a firing
+//! fleet alert reached another cluster (`notify_fleet_spread`: the new member's alert is muted).
 //!
 //! It does no I/O and reads no clock: every input carries its time (`now`), [`Engine::tick`] returns the
 //! groups' decisions ([`Notify`]: the notifications and the log entry they imply) and
@@ -927,14 +928,16 @@ impl Engine {
         let resolved_ids: BTreeSet<String> = resolved.iter().map(|a| a.id.clone()).collect();
         // the clusters each firing fleet alert spans: one more than was notified is news (the failure
         // spread), though the new member's own alert is muted
-        let spans: BTreeMap<String, BTreeSet<String>> = if self.routing.notify_fleet_spread {
-            firing
-                .iter()
-                .filter_map(|a| Some((a.id.clone(), fleet_span(a)?)))
-                .collect()
-        } else {
-            BTreeMap::new()
-        };
+        // (members not muted page on joining themselves)
+        let spans: BTreeMap<String, BTreeSet<String>> =
+            if self.routing.notify_fleet_spread && self.routing.mute_fleet_members {
+                firing
+                    .iter()
+                    .filter_map(|a| Some((a.id.clone(), fleet_span(a)?)))
+                    .collect()
+            } else {
+                BTreeMap::new()
+            };
         let spread = |e: &NflogEntry| {
             spans
                 .iter()

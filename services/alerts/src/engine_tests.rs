@@ -995,26 +995,29 @@ fn a_problem_on_several_clusters_that_stopped_does_not_page_its_members_afterwar
 }
 
 /// CNI failing on a and b, then on c (the fleet incident's revision 2 at `t0 + 2m`), then a revision that
-/// reaches no cluster more (b leaves; `t0 + 12m`), and d joining at `t0 + 30m`: what `e` sends until
-/// `t0 + 40m`.
+/// reaches no cluster more (b recovered: its member resolved, still listed; `t0 + 12m`), and d joining at
+/// `t0 + 30m`: what `e` sends until `t0 + 40m`.
 fn cni_spreading(e: &mut Engine) -> Vec<(DateTime<Utc>, Sent)> {
-    let members = |cs: &[&'static str]| -> Vec<(&'static str, &'static str)> {
-        cs.iter().map(|c| (*c, "cni-member")).collect()
-    };
     let mut got = Vec::new();
     let mut at = t0();
     for (rev, (from, cs)) in [
         (0, &["a", "b"][..]),
         (2, &["a", "b", "c"]),
-        (12, &["a", "c"]),
-        (30, &["a", "c", "d"]),
+        (12, &["a", "b", "c"]),
+        (30, &["a", "b", "c", "d"]),
     ]
     .into_iter()
     .enumerate()
     {
         let from = t0() + mins(from);
         got.extend(run(e, at, from - secs(10), secs(10)));
-        let f = fleet_of("f-cni", "cni-degraded", &members(cs), rev as u64 + 1, None);
+        let members: Vec<_> = cs.iter().map(|c| (*c, "cni-member")).collect();
+        let mut f = fleet_of("f-cni", "cni-degraded", &members, rev as u64 + 1, None);
+        if rev >= 2 {
+            let b = &mut f.members[1];
+            b.status = IncidentStatus::Resolved;
+            b.left_at = Some(t0() + mins(12));
+        }
         e.on_fleet_incident(&f, from);
         at = from;
     }
@@ -1028,7 +1031,7 @@ fn a_fleet_failure_that_reaches_another_cluster_is_notified_again_at_the_groups_
     let got = cni_spreading(&mut e);
     let firing = one("ops", &["cni-degraded@:firing"]);
     // group_wait after it opened; c joined at 2m: at the group's next flush (group_interval, 5m, after
-    // the first); b leaving says nothing new; d joining at 30m, at the first flush after
+    // the first); b recovering says nothing new; d joining at 30m, at the first flush after
     assert_eq!(
         got,
         vec![
@@ -1110,32 +1113,30 @@ fn a_log_entry_from_before_spans_were_kept_does_not_notify_a_fleet_alert_again_o
 }
 
 #[test]
-fn the_shipped_routing_pages_a_failure_the_correlator_and_prometheus_both_see_once() {
+fn with_the_shipped_routing_a_crash_loop_pages_as_its_backoff_alert_not_also_as_prometheus_restart_counter()
+ {
     let routing = Routing::parse(crate::config::DEFAULT_ROUTING, "alerts.yaml")
         .expect("the shipped routing is valid")
         .0;
     let ttl = std::time::Duration::from_secs(3600);
     let mut e = Engine::new(routing, ttl, Snapshot::default(), t0());
-    // a node not ready on a and b: the correlator's incidents, their fleet alert, Prometheus' own rule
-    for c in ["a", "b"] {
-        let inc = Incident {
-            id: format!("nnr-{c}"),
-            cluster: c.into(),
-            ..incident(1, IncidentStatus::Open, t0())
-        };
-        e.on_incident(&inc, t0());
+    // shop/web crash-loops on a and b: BackOff digests, their fleet alert; on c, alone
+    let backoff = |c: &str| {
+        let mut d = coredns_unhealthy(c, 4, t0());
+        d.id = format!("backoff-{c}");
+        d.reason = "BackOff".into();
+        d.object.namespace = Some("shop".into());
+        d.object.name = "web-*".into();
+        d
+    };
+    for c in ["a", "b", "c"] {
+        e.on_digest(&backoff(c), t0(), t0(), ttl);
     }
-    let members = [("a", "nnr-a"), ("b", "nnr-b")];
-    e.on_fleet_incident(
-        &fleet_of("f-nnr", "node-not-ready", &members, 1, None),
-        t0(),
-    );
-    // crash loops in shop on a: BackOff events, then the restarts counter
-    let mut backoff = coredns_unhealthy("a", 4, t0());
-    backoff.reason = "BackOff".into();
-    backoff.object.namespace = Some("shop".into());
-    backoff.object.name = "web-*".into();
-    e.on_digest(&backoff, t0(), t0(), ttl);
+    let members = [("a", "backoff-a"), ("b", "backoff-b")];
+    let mut f = fleet_of("f-backoff", "event", &members, 1, None);
+    f.labels.insert("alertname".into(), "BackOff".into());
+    f.labels.insert("namespace".into(), "shop".into());
+    e.on_fleet_incident(&f, t0());
     // what is notified, as `alertname@cluster/namespace`
     let mut alerts = Vec::new();
     let mut notified = |e: &mut Engine, from: DateTime<Utc>, to: DateTime<Utc>| {
@@ -1158,11 +1159,12 @@ fn the_shipped_routing_pages_a_failure_the_correlator_and_prometheus_both_see_on
         }
     };
     notified(&mut e, t0(), t0() + mins(5));
+    // Prometheus' rule fires on the same pods a few minutes later, and on another namespace's on a
     for spec in [
-        "alertname=NodeNotReady,cluster=a,node=a-worker-0,severity=critical",
-        "alertname=NodeNotReady,cluster=b,node=b-worker-0,severity=critical",
         "alertname=PodCrashLooping,cluster=a,namespace=shop,pod=web-1,severity=warning",
-        // another namespace's crash loop with no BackOff alert beside it pages
+        "alertname=PodCrashLooping,cluster=b,namespace=shop,pod=web-2,severity=warning",
+        "alertname=PodCrashLooping,cluster=c,namespace=shop,pod=web-3,severity=warning",
+        // no BackOff alert beside it (its events not yet digested): it pages
         "alertname=PodCrashLooping,cluster=a,namespace=billing,pod=api-1,severity=warning",
     ] {
         post(&mut e, spec, t0() + mins(6));
@@ -1172,9 +1174,9 @@ fn the_shipped_routing_pages_a_failure_the_correlator_and_prometheus_both_see_on
     assert_eq!(
         alerts,
         vec![
-            "BackOff@a/shop",
-            "PodCrashLooping@a/billing",
-            "node-not-ready@/"
+            "BackOff@/shop",
+            "BackOff@c/shop",
+            "PodCrashLooping@a/billing"
         ]
     );
 }
