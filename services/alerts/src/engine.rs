@@ -928,16 +928,14 @@ impl Engine {
         let resolved_ids: BTreeSet<String> = resolved.iter().map(|a| a.id.clone()).collect();
         // the clusters each firing fleet alert spans: one more than was notified is news (the failure
         // spread), though the new member's own alert is muted
-        // (members not muted page on joining themselves)
-        let spans: BTreeMap<String, BTreeSet<String>> =
-            if self.routing.notify_fleet_spread && self.routing.mute_fleet_members {
-                firing
-                    .iter()
-                    .filter_map(|a| Some((a.id.clone(), fleet_span(a)?)))
-                    .collect()
-            } else {
-                BTreeMap::new()
-            };
+        let spans: BTreeMap<String, BTreeSet<String>> = if self.routing.notify_fleet_spread {
+            firing
+                .iter()
+                .filter_map(|a| Some((a.id.clone(), fleet_span(a)?)))
+                .collect()
+        } else {
+            BTreeMap::new()
+        };
         let spread = |e: &NflogEntry| {
             spans
                 .iter()

@@ -1180,3 +1180,24 @@ fn with_the_shipped_routing_a_crash_loop_pages_as_its_backoff_alert_not_also_as_
         ]
     );
 }
+
+#[test]
+fn with_members_paged_too_a_receiver_of_fleet_alerts_is_still_told_the_failure_spread() {
+    let mut r = routing();
+    r.mute_fleet_members = false;
+    let mut e = Engine::new(
+        r,
+        std::time::Duration::from_secs(3600),
+        Snapshot::default(),
+        t0(),
+    );
+    let firing = one("ops", &["cni-degraded@:firing"]);
+    assert_eq!(
+        cni_spreading(&mut e),
+        vec![
+            (t0() + secs(30), firing.clone()),
+            (t0() + secs(330), firing.clone()),
+            (t0() + secs(30 * 60 + 30), firing),
+        ]
+    );
+}

@@ -510,11 +510,16 @@ async fn pictures(br: &mut Browser, sys: &System, victim: &str) -> Result<()> {
         .await?;
     // the simulated nodes are all ready: the picture says so, from the TSDB
     assert_eq!(ready, json!(vec!["100 %"; 6]), "nodes ready per cluster");
-    // a series whose last point is more than two steps before the range's end (the cluster's scrapes
-    // stopped) has no value now, only since when; one a step old is current
+    // a series whose last point is more than two minutes before the range's last evaluation (the
+    // cluster's metrics stopped) has no value now, only since when; a failed scrape's gap is shorter; a
+    // day's range evaluates every 24 min, its point at the last evaluation is current
     let now = br
         .eval(
-            "(() => { const end = 1796640000;                return [vitalNow([[end - 600, 1], [end - 180, 1]], end, 60), vitalNow([[end - 60, 0.5]], end, 60),                        vitalNow([], end, 60)]; })()",
+            "(() => { const end = 1796640000, start = end - 900, day = end - 86400; \
+               return [vitalNow([[end - 600, 1], [end - 180, 1]], start, end, 15), \
+                 vitalNow([[end - 60, 0.5]], start, end, 15), vitalNow([], start, end, 15), \
+                 vitalNow([[end - 1440, 1], [end, 1]], day, end, 1440), \
+                 vitalNow([[end - 1440, 1]], day, end, 1440)]; })()",
         )
         .await?;
     assert_eq!(
@@ -522,7 +527,9 @@ async fn pictures(br: &mut Browser, sys: &System, victim: &str) -> Result<()> {
         json!([
             {"value": null, "since": 1796640000 - 180},
             {"value": 0.5, "since": null},
-            {"value": null, "since": null}
+            {"value": null, "since": null},
+            {"value": 1, "since": null},
+            {"value": null, "since": 1796640000 - 1440}
         ])
     );
     br.screenshot_of("#vitals-table", "console-vitals.png")

@@ -654,16 +654,23 @@ function sparkline(points, unit, name, start, end) {
   return s;
 }
 
-// a vital's value now: its last point, unless that is more than two steps before the range's end — the
-// cluster's scrapes stopped (unreachable, its agent gone): then no value, and since when
-function vitalNow(points, end, step) {
+// a vital's value now: its last point, unless that is more than two minutes before the range's last
+// evaluation (start + a whole number of steps; a failed scrape or two leaves a gap shorter than that) — the
+// cluster's metrics stopped coming (unreachable, its agent gone): then no value, and since when
+const VITAL_STALE_AFTER = 120;
+function vitalNow(points, start, end, step) {
   if (!points.length) return { value: null, since: null };
   const [t, v] = points[points.length - 1];
-  return t < end - 2 * step ? { value: null, since: t } : { value: v, since: null };
+  const lastEval = start + Math.floor((end - start) / step) * step;
+  return t < lastEval - VITAL_STALE_AFTER ? { value: null, since: t } : { value: v, since: null };
 }
 
-function hhmm(t) {
-  return new Date(t * 1000).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', hourCycle: 'h23' });
+// `t` as HH:MM, with its date when that is not `today`'s (unix seconds both)
+function hhmm(t, today) {
+  const d = new Date(t * 1000);
+  const time = d.toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', hourCycle: 'h23' });
+  return d.toDateString() === new Date(today * 1000).toDateString()
+    ? time : d.toLocaleDateString([], { month: 'short', day: 'numeric' }) + ' ' + time;
 }
 
 async function loadVitals() {
@@ -674,7 +681,7 @@ async function loadVitals() {
   }
   $('#vitals-note').textContent = r.errors.length ? r.errors.map((e) => e.vital + ': ' + e.error).join('; ') : 'updated ' + new Date().toLocaleTimeString();
   // restarts differ by workload mix: a cluster wants a look when it restarts far more than the fleet's median
-  const lastOf = (c, name) => vitalNow(c.series[name] || [], r.end, r.step).value;
+  const lastOf = (c, name) => vitalNow(c.series[name] || [], r.start, r.end, r.step).value;
   const restarts = r.clusters.map((c) => lastOf(c, 'restarts')).filter((v) => v !== null).sort((a, b) => a - b);
   state.restartsMedian = restarts.length ? restarts[Math.floor(restarts.length / 2)] : 0;
   $('#vitals-table thead tr').replaceChildren(el('th', {}, 'cluster'), ...r.vitals.map((v) => el('th', { title: v.query }, v.title)));
@@ -684,12 +691,12 @@ async function loadVitals() {
     el('td', {}, c.cluster),
     ...r.vitals.map((v) => {
       const pts = c.series[v.name] || [];
-      const now = vitalNow(pts, r.end, r.step);
-      const text = now.since !== null ? 'none since ' + hhmm(now.since) : fmtVital(v.unit, now.value);
+      const now = vitalNow(pts, r.start, r.end, r.step);
+      const text = now.since !== null ? 'none since ' + hhmm(now.since, r.end) : fmtVital(v.unit, now.value);
       return el('td', { class: 'vital', dataVital: v.name },
         sparkline(pts, v.unit, v.name, r.start, r.end),
         el('span', { class: 'last' + (vitalBad(v.name, now.value) ? ' bad' : '') + (now.since !== null ? ' stale' : ''),
-          title: now.since !== null ? 'its last sample; the cluster\'s metrics stopped coming' : '' }, text));
+          title: now.since !== null ? 'no value since: the cluster\'s metrics stopped coming (a rate carries on over its 5-minute window)' : '' }, text));
     }))));
 }
 
