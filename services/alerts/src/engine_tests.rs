@@ -994,6 +994,18 @@ fn a_problem_on_several_clusters_that_stopped_does_not_page_its_members_afterwar
     );
 }
 
+/// An engine of the test routing changed by `change`, at `t0`.
+fn engine_routed(change: impl FnOnce(&mut Routing)) -> Engine {
+    let mut r = routing();
+    change(&mut r);
+    Engine::new(
+        r,
+        std::time::Duration::from_secs(3600),
+        Snapshot::default(),
+        t0(),
+    )
+}
+
 /// CNI failing on a and b, then on c (the fleet incident's revision 2 at `t0 + 2m`), then a revision that
 /// reaches no cluster more (b recovered: its member resolved, still listed; `t0 + 12m`), and d joining at
 /// `t0 + 30m`: what `e` sends until `t0 + 40m`.
@@ -1059,14 +1071,7 @@ fn a_fleet_failure_that_reaches_another_cluster_is_notified_again_at_the_groups_
 
 #[test]
 fn with_notify_fleet_spread_false_a_cluster_failing_the_same_way_later_joins_silently() {
-    let mut r = routing();
-    r.notify_fleet_spread = false;
-    let mut e = Engine::new(
-        r,
-        std::time::Duration::from_secs(3600),
-        Snapshot::default(),
-        t0(),
-    );
+    let mut e = engine_routed(|r| r.notify_fleet_spread = false);
     assert_eq!(
         cni_spreading(&mut e),
         vec![(t0() + secs(30), one("ops", &["cni-degraded@:firing"]))]
@@ -1183,14 +1188,7 @@ fn with_the_shipped_routing_a_crash_loop_pages_as_its_backoff_alert_not_also_as_
 
 #[test]
 fn with_members_paged_too_a_receiver_of_fleet_alerts_is_still_told_the_failure_spread() {
-    let mut r = routing();
-    r.mute_fleet_members = false;
-    let mut e = Engine::new(
-        r,
-        std::time::Duration::from_secs(3600),
-        Snapshot::default(),
-        t0(),
-    );
+    let mut e = engine_routed(|r| r.mute_fleet_members = false);
     let firing = one("ops", &["cni-degraded@:firing"]);
     assert_eq!(
         cni_spreading(&mut e),
