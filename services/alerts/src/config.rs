@@ -190,10 +190,10 @@ pub struct Routing {
     /// A firing fleet alert that reaches one more cluster (the failure spread) is notified again at its
     /// group's next flush, as a cluster's own alert joining the group would be in Alertmanager, though
     /// the new member's alert is muted (with `mute_fleet_members: false` it pages too: a receiver of fleet
-    /// alerts alone is still told). An
-    /// `alertmanager_configs` receiver gets the alert posted again with its new annotations; that
-    /// Alertmanager, seeing the same alert, notifies it at its own repeat interval. `false`: a cluster that
-    /// fails the same way later joins silently (the alert's annotations say so at its next notification).
+    /// alerts alone is still told). An `alertmanager_configs` receiver gets the alert posted again with its
+    /// new annotations; that Alertmanager, seeing the same alert, notifies it at its own repeat interval.
+    /// `false`: a cluster that fails the same way later joins silently (the alert's annotations say so at
+    /// its next notification).
     #[serde(default = "yes")]
     pub notify_fleet_spread: bool,
     /// Named time intervals that routes mute or limit their notifications with (Alertmanager's

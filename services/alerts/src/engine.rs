@@ -2,7 +2,7 @@
 //! (minus silenced and inhibited alerts) is compared with the notification log, and a notification is
 //! decided only when Alertmanager would send one (new firing alerts, newly resolved ones for receivers that
 //! want them, everything resolved, or the repeat interval passed) — and, MultiPilot's own, when a firing
-//! fleet alert reached another cluster (`notify_fleet_spread`: the new member's alert is muted).
+//! fleet alert reached another cluster (`notify_fleet_spread`: a member's own alert is muted by it).
 //!
 //! It does no I/O and reads no clock: every input carries its time (`now`), [`Engine::tick`] returns the
 //! groups' decisions ([`Notify`]: the notifications and the log entry they imply) and

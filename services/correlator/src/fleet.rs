@@ -329,9 +329,9 @@ fn phrase(attr: &str, value: &str) -> String {
 }
 
 /// Attributes at least two failing clusters share, ranked by how well they separate `failing` from
-/// `healthy` (clusters with facts only); for a
-/// problem of one workload (`workload`, `<kind> <ns>/<name>`), also the settings its failing copies run
-/// and its healthy ones don't, judged among the clusters that run it, first among equals.
+/// `healthy` (clusters with facts only); for a problem of one workload (`workload`, `<kind> <ns>/<name>`),
+/// also the settings its failing copies run and its healthy ones don't, judged among the clusters that run
+/// it, first among equals.
 pub fn shared(
     view: View<'_>,
     failing: &BTreeSet<String>,
