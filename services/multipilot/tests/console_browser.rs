@@ -312,12 +312,7 @@ async fn the_console_page_shows_the_fleet_a_live_incident_and_a_cross_cluster_di
 
     // 2. a fault in the simulator becomes an incident on the page, live
     let victim = &clusters[2];
-    let resp = reqwest::Client::new()
-        .post(format!("{sim}/clusters/{victim}/faults/external-ips"))
-        .json(&json!({"on": true, "params": {}}))
-        .send()
-        .await?;
-    anyhow::ensure!(resp.status().is_success(), "fault: {}", resp.text().await?);
+    sys.fault(victim, "external-ips", true).await?;
     let sel =
         format!("#incident-list li[data-kind=\"external-ip-exposure\"][data-cluster=\"{victim}\"]");
     let summary = br
@@ -453,12 +448,7 @@ async fn the_console_page_shows_the_fleet_a_live_incident_and_a_cross_cluster_di
     // the GitOps sync above: a release's health gate holds a batch while a target's DNS fails)
     let dns_down = [&clusters[3], &clusters[4]];
     for c in dns_down {
-        let resp = reqwest::Client::new()
-            .post(format!("{sim}/clusters/{c}/faults/coredns-down"))
-            .json(&json!({"on": true, "params": {}}))
-            .send()
-            .await?;
-        anyhow::ensure!(resp.status().is_success(), "fault: {}", resp.text().await?);
+        sys.fault(c, "coredns-down", true).await?;
     }
     br.eval("document.querySelector('#tabs button[data-tab=\"fleet\"]').click(); true")
         .await?;

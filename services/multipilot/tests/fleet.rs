@@ -15,7 +15,7 @@ use common::system::System;
 use futures::StreamExt;
 use multipilot_schemas::Envelope;
 use multipilot_schemas::payload::{FleetIncident, IncidentStatus, Notification, SuspectVerdict};
-use serde_json::{Value, json};
+use serde_json::Value;
 
 const FAILING: [&str; 3] = ["prod-euw-1", "prod-wus2-4", "staging-fra-5"];
 
@@ -60,17 +60,7 @@ async fn get_json<T: serde::de::DeserializeOwned>(
 }
 
 async fn fault(sys: &System, cluster: &str, on: bool) -> Result<()> {
-    let sim = format!(
-        "http://127.0.0.1:{}",
-        sys.var("MULTIPILOT_SIM_CONTROL_PORT")
-    );
-    let resp = reqwest::Client::new()
-        .post(format!("{sim}/clusters/{cluster}/faults/coredns-down"))
-        .json(&json!({"on": on, "params": {}}))
-        .send()
-        .await?;
-    anyhow::ensure!(resp.status().is_success(), "fault: {}", resp.text().await?);
-    Ok(())
+    sys.fault(cluster, "coredns-down", on).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -118,6 +118,20 @@ impl System {
         s
     }
 
+    /// Switches the simulator's `fault` on `cluster` on or off (its control API).
+    pub async fn fault(&self, cluster: &str, fault: &str, on: bool) -> Result<()> {
+        let resp = reqwest::Client::new()
+            .post(format!(
+                "http://127.0.0.1:{}/clusters/{cluster}/faults/{fault}",
+                self.var("MULTIPILOT_SIM_CONTROL_PORT")
+            ))
+            .json(&serde_json::json!({"on": on, "params": {}}))
+            .send()
+            .await?;
+        anyhow::ensure!(resp.status().is_success(), "fault: {}", resp.text().await?);
+        Ok(())
+    }
+
     pub fn token(&self, role: &str) -> Result<String> {
         // the demo's copy of its tokens (tokens.yaml, which the hub reads, keeps only their digests)
         let text = std::fs::read_to_string(self.data.path().join("console/demo-tokens.yaml"))?;
