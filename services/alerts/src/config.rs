@@ -196,6 +196,10 @@ pub struct Routing {
     /// its next notification).
     #[serde(default = "yes")]
     pub notify_fleet_spread: bool,
+    /// Alerts posted to the API (Prometheus' rules) that a correlator incident accounts for on its cluster:
+    /// the same problem as a rule sees it, minutes later. See [`AccountsFor`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub accounts_for: Vec<AccountsFor>,
     /// Named time intervals that routes mute or limit their notifications with (Alertmanager's
     /// `time_intervals`; its older `mute_time_intervals` list is read into this one).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -236,6 +240,32 @@ pub struct Route {
     /// Notifications from this route only while one of these time intervals holds (not inherited).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub active_time_intervals: Vec<String>,
+}
+
+/// MultiPilot's own: while an incident of kind `incident` fires on a cluster, the posted alerts matching
+/// `alerts` on that cluster (their `cluster` label MultiPilot's name of it) are muted, shown as inhibited
+/// by it (and by the fleet alert it is a member of, while that fires) — the problem pages once, as the
+/// incident, once for the fleet when several clusters fail alike — and they stay muted for `hold` after
+/// it ends (counted from when the router learned of the end, if later) if they started (`startsAt`: when
+/// the rule fired) before its end: a rule sees the recovery a scrape and an evaluation later, and a muted
+/// alert never notified would page as the problem ended. An alert more severe than the incident (`severity` critical > warning > info, any
+/// case) or of no known severity is never muted so, and one still firing when the hold is over pages at
+/// its group's next flush.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccountsFor {
+    /// The incident's kind (`node-not-ready`; its alert's `alertname` and `kind`).
+    pub incident: String,
+    /// Matchers of the posted alerts it accounts for (Alertmanager's syntax).
+    pub alerts: Vec<Matcher>,
+    /// How long they stay muted after the incident ends: at most 1h, and no longer than the router keeps
+    /// a resolved alert (`retain_resolved`, 1h by default).
+    #[serde(default = "default_hold", with = "humantime_serde")]
+    pub hold: Duration,
+}
+
+fn default_hold() -> Duration {
+    Duration::from_secs(180)
 }
 
 /// An inhibition rule: while an alert matching `source_matchers` fires, alerts matching `target_matchers`
@@ -470,6 +500,20 @@ impl Routing {
                 && self.route.active_time_intervals.is_empty(),
             "the root route must not have mute or active time intervals"
         );
+        for (i, a) in self.accounts_for.iter().enumerate() {
+            ensure!(
+                !a.incident.is_empty() && !a.alerts.is_empty(),
+                "accounts_for[{i}]: needs an incident kind and the matchers of the alerts it accounts for"
+            );
+            ensure!(
+                a.incident != "event",
+                "accounts_for[{i}]: `event` is no incident kind (event digests account for nothing)"
+            );
+            ensure!(
+                a.hold <= Duration::from_secs(3600),
+                "accounts_for[{i}]: hold must be at most 1h"
+            );
+        }
         let mut intervals = BTreeSet::new();
         for t in &self.time_intervals {
             ensure!(
@@ -577,6 +621,14 @@ mod tests {
             (
                 "route: {receiver: a}\nreceivers: [{name: a}]\ntemplates: {title: \"{{ x\"}",
                 "template",
+            ),
+            (
+                "route: {receiver: a}\nreceivers: [{name: a}]\naccounts_for: [{incident: x, alerts: []}]",
+                "accounts_for[0]",
+            ),
+            (
+                "route: {receiver: a}\nreceivers: [{name: a}]\naccounts_for: [{incident: x, alerts: ['a=b'], hold: soon}]",
+                "hold",
             ),
         ];
         for (yaml, want) in bad {

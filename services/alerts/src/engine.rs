@@ -67,6 +67,25 @@ struct Index {
     rules: Vec<HashMap<Vec<String>, Vec<String>>>,
     fleet: HashMap<String, Vec<String>>,
     explained: HashMap<String, Vec<String>>,
+    /// Per `accounts_for` entry, by cluster: its incidents' alerts firing or within their hold.
+    accounting: Vec<HashMap<String, Vec<Accounting>>>,
+}
+
+/// An incident's alert that accounts for posted alerts on its cluster (`Routing::accounts_for`).
+struct Accounting {
+    id: String,
+    severity: Option<u8>,
+    /// When it ended (none: firing): it mutes only alerts that started (fired) before.
+    ended: Option<DateTime<Utc>>,
+}
+
+/// A `severity` label's rank, when it is one of the usual three (any case).
+fn severity_rank(labels: &BTreeMap<String, String>) -> Option<u8> {
+    let s = labels.get("severity")?;
+    [("info", 1), ("warning", 2), ("critical", 3)]
+        .into_iter()
+        .find(|(name, _)| s.eq_ignore_ascii_case(name))
+        .map(|(_, rank)| rank)
 }
 
 /// Why an alert is not notified.
@@ -733,7 +752,7 @@ impl Engine {
         }
     }
 
-    fn inhibition_index(&self) -> Index {
+    fn inhibition_index(&self, now: DateTime<Utc>) -> Index {
         // member alert → the firing fleet alerts that list it; event alert → the firing incident alerts
         // that account for it
         let mut fleet: HashMap<String, Vec<String>> = HashMap::new();
@@ -765,10 +784,47 @@ impl Engine {
                 idx
             })
             .collect();
+        let accounting = self
+            .routing
+            .accounts_for
+            .iter()
+            .map(|r| {
+                let hold = Duration::from_std(r.hold).unwrap_or(Duration::zero());
+                let mut by_cluster: HashMap<String, Vec<Accounting>> = HashMap::new();
+                // the cluster incidents of that kind (not posted alerts, not fleet alerts), firing or
+                // ended within the hold — counted from when the router learned of the end, too (the end
+                // is the cluster's time of it: a clock behind, or news of it late, would use up the hold)
+                let sources = self.alerts.values().filter(|a| {
+                    !a.posted
+                        && a.members.is_empty()
+                        && a.labels.get("kind") == Some(&r.incident)
+                        && a.ends_at.is_none_or(|end| {
+                            end.max(a.updated_at)
+                                .checked_add_signed(hold)
+                                .is_none_or(|until| now < until)
+                        })
+                });
+                for a in sources {
+                    let Some(cluster) = a.labels.get("cluster") else {
+                        continue;
+                    };
+                    by_cluster
+                        .entry(cluster.clone())
+                        .or_default()
+                        .push(Accounting {
+                            id: a.id.clone(),
+                            severity: severity_rank(&a.labels),
+                            ended: a.ends_at,
+                        });
+                }
+                by_cluster
+            })
+            .collect();
         Index {
             rules,
             fleet,
             explained,
+            accounting,
         }
     }
 
@@ -814,6 +870,39 @@ impl Engine {
         by.into_iter().collect()
     }
 
+    /// The incidents that account for a firing posted alert on its cluster (`Routing::accounts_for`): firing
+    /// ones, or ones that ended within their hold after it began. Each with the fleet
+    /// alerts that list it, which the problem pages as. An alert more severe than the incident, or of no
+    /// known severity, is never muted so.
+    fn accounted_by(&self, a: &Alert, index: &Index) -> Vec<String> {
+        let Some(cluster) = a.labels.get("cluster") else {
+            return Vec::new();
+        };
+        let severity = severity_rank(&a.labels);
+        let mut by = BTreeSet::new();
+        for (rule, idx) in self.routing.accounts_for.iter().zip(&index.accounting) {
+            let Some(sources) = idx.get(cluster) else {
+                continue;
+            };
+            if !all_match(&rule.alerts, &a.labels) {
+                continue;
+            }
+            for src in sources {
+                // (an alert of no known severity, or more severe than the incident, pages)
+                let milder = match (src.severity, severity) {
+                    (Some(s), Some(t)) => s < t,
+                    _ => true,
+                };
+                if milder || src.ended.is_some_and(|end| a.starts_at > end) {
+                    continue;
+                }
+                by.extend(index.fleet.get(&src.id).into_iter().flatten().cloned());
+                by.insert(src.id.clone());
+            }
+        }
+        by.into_iter().collect()
+    }
+
     fn muted(&self, a: &Alert, index: &Index, now: DateTime<Utc>) -> Muted {
         let mut m = Muted {
             silenced_by: self
@@ -836,6 +925,9 @@ impl Engine {
                 }
                 m.inhibited_by.extend(self.explained_fleet(a, index));
             }
+            if a.posted {
+                m.inhibited_by.extend(self.accounted_by(a, index));
+            }
             for (rule, idx) in self.routing.inhibit_rules.iter().zip(&index.rules) {
                 if !all_match(&rule.target_matchers, &a.labels) {
                     continue;
@@ -850,6 +942,9 @@ impl Engine {
                         .extend(src.iter().filter(|s| **s != a.id).cloned());
                 }
             }
+            // each once, in the order found (an incident may mute it by more than one way)
+            let mut seen = BTreeSet::new();
+            m.inhibited_by.retain(|id| seen.insert(id.clone()));
         }
         m
     }
@@ -870,7 +965,7 @@ impl Engine {
             .collect();
         let mut decided = Vec::new();
         if !due.is_empty() {
-            let index = self.inhibition_index();
+            let index = self.inhibition_index(now);
             for key in due {
                 decided.extend(self.flush(&key, &index, now));
             }
@@ -1159,7 +1254,7 @@ impl Engine {
 
     /// Every alert, with what mutes it and where it routes.
     pub fn alerts(&self, now: DateTime<Utc>) -> Vec<AlertView<'_>> {
-        let index = self.inhibition_index();
+        let index = self.inhibition_index(now);
         let mut v: Vec<AlertView<'_>> = self
             .alerts
             .values()

@@ -1199,3 +1199,169 @@ fn with_members_paged_too_a_receiver_of_fleet_alerts_is_still_told_the_failure_s
         ]
     );
 }
+
+/// A node-not-ready incident on `cluster` (its alert's id `node-<cluster>`), resolved at `resolved`.
+fn node_not_ready(cluster: &str, rev: u64, resolved: Option<DateTime<Utc>>) -> Incident {
+    let status = match resolved {
+        Some(_) => IncidentStatus::Resolved,
+        None => IncidentStatus::Open,
+    };
+    Incident {
+        id: format!("node-{cluster}"),
+        cluster: cluster.into(),
+        revision: rev,
+        ..incident(rev, status, resolved.unwrap_or(t0()))
+    }
+}
+
+/// An engine of the shipped routing (`alerts.yaml`), at `t0`.
+fn engine_shipped() -> Engine {
+    let routing = Routing::parse(crate::config::DEFAULT_ROUTING, "alerts.yaml")
+        .expect("the shipped routing is valid")
+        .0;
+    Engine::new(
+        routing,
+        std::time::Duration::from_secs(3600),
+        Snapshot::default(),
+        t0(),
+    )
+}
+
+/// What ticking `e` every 10 s from `from` to `to` notified as firing, as `MMmSS alertname@cluster/node/severity`.
+fn firing_from(e: &mut Engine, from: DateTime<Utc>, to: DateTime<Utc>) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut now = from;
+    while now <= to {
+        let at = now - t0();
+        let at = format!("{:02}m{:02}", at.num_minutes(), at.num_seconds() % 60);
+        for d in e.tick(now) {
+            for p in &d.pending {
+                for a in &p.notification.alerts {
+                    if a.state != AlertState::Firing {
+                        continue;
+                    }
+                    let l = |k: &str| a.labels.get(k).map_or("", String::as_str).to_string();
+                    out.push(format!(
+                        "{at} {}@{}/{}/{}",
+                        l("alertname"),
+                        l("cluster"),
+                        l("node"),
+                        l("severity")
+                    ));
+                }
+            }
+        }
+        now += secs(10);
+    }
+    out
+}
+
+/// What mutes the posted alert `spec` at `now`.
+fn inhibitors(e: &Engine, spec: &str, now: DateTime<Utc>) -> Vec<String> {
+    let id = fingerprint(&labels(spec));
+    e.alerts(now)
+        .into_iter()
+        .find(|v| v.alert.id == id)
+        .map(|v| v.muted.inhibited_by)
+        .unwrap_or_default()
+}
+
+#[test]
+fn with_the_shipped_routing_a_node_lost_pages_as_its_incident_not_also_as_prometheus_rule() {
+    let mut e = engine_shipped();
+    // a node lost on a and on b: their incidents, their fleet alert
+    for c in ["a", "b"] {
+        e.on_incident(&node_not_ready(c, 1, None), t0());
+    }
+    let members = [("a", "node-a"), ("b", "node-b")];
+    e.on_fleet_incident(
+        &fleet_of("f-node", "node-not-ready", &members, 1, None),
+        t0(),
+    );
+    let mut log = firing_from(&mut e, t0(), t0() + mins(5));
+    // the rules fire 5 minutes later (`for: 5m`): the shipped one and kube-prometheus' on a's and b's nodes,
+    // muted; the shipped one on c, where no incident is open; on a, a rule of the user's own calling the node
+    // critical, and one of no known severity, neither muted by a warning incident
+    let rule = |name: &str, c: &str, node: &str, sev: &str| {
+        format!("alertname={name},cluster={c},node={node},severity={sev}")
+    };
+    let at = t0() + mins(5) + secs(5);
+    for spec in [
+        rule("NodeNotReady", "a", "n1", "warning"),
+        rule("KubeNodeNotReady", "a", "n1", "Warning"),
+        rule("NodeNotReady", "b", "n2", "warning"),
+        rule("NodeNotReady", "c", "n3", "warning"),
+        rule("KubeNodeNotReady", "a", "n1", "critical"),
+        rule("KubeNodeNotReady", "a", "n1", "page"),
+    ] {
+        post(&mut e, &spec, at);
+    }
+    log.extend(firing_from(&mut e, at, t0() + mins(20) - secs(5)));
+    let a_n1 = rule("NodeNotReady", "a", "n1", "warning");
+    assert_eq!(inhibitors(&e, &a_n1, t0() + mins(10)), ["f-node", "node-a"]);
+    // both incidents end at 20m; a's rules see it at 21m (within the hold: never paged); b's rule goes on
+    // firing (the node still out, say, where the probe no longer looks) and pages once the hold is over
+    let end = t0() + mins(20);
+    for c in ["a", "b"] {
+        e.on_incident(&node_not_ready(c, 2, Some(end)), end);
+    }
+    e.on_fleet_incident(
+        &fleet_of("f-node", "node-not-ready", &members, 2, Some(end)),
+        end,
+    );
+    log.extend(firing_from(&mut e, end, end + mins(1)));
+    assert_eq!(inhibitors(&e, &a_n1, end + mins(1)), ["node-a"]);
+    for sev in ["Warning", "critical", "page"] {
+        resolve(
+            &mut e,
+            &rule("KubeNodeNotReady", "a", "n1", sev),
+            at,
+            end + mins(1),
+        );
+    }
+    resolve(&mut e, &a_n1, at, end + mins(1));
+    // a rule on b that fires after the incident ended (Prometheus' `startsAt`: when it fired): news, hold
+    // or not (its group is new: flushed at 21m40, within the hold)
+    let n9 = rule("KubeNodeNotReady", "b", "n9", "warning");
+    post(&mut e, &n9, end + mins(1) + secs(5));
+    log.extend(firing_from(
+        &mut e,
+        end + mins(1) + secs(10),
+        end + mins(40),
+    ));
+    log.sort();
+    assert_eq!(
+        log,
+        [
+            "00m30 node-not-ready@//critical",
+            "05m35 KubeNodeNotReady@a/n1/critical",
+            "05m35 KubeNodeNotReady@a/n1/page",
+            "05m35 NodeNotReady@c/n3/warning",
+            "21m40 KubeNodeNotReady@b/n9/warning",
+            // b's group flushed at 20m40 within the hold, at its next flush once it was over
+            "25m40 NodeNotReady@b/n2/warning",
+        ]
+    );
+}
+
+#[test]
+fn the_hold_after_an_incident_counts_from_when_the_router_learned_it_ended() {
+    let mut e = engine_shipped();
+    e.on_incident(&node_not_ready("a", 1, None), t0());
+    let spec = "alertname=NodeNotReady,cluster=a,node=n1,severity=warning";
+    post(&mut e, spec, t0() + mins(5));
+    let mut log = firing_from(&mut e, t0(), t0() + mins(14) - secs(10));
+    // it ended at 10m by the cluster's clock; the router hears of it at 14m (a clock behind, a backlog):
+    // muted until 17m, not 13m
+    let end = t0() + mins(10);
+    e.on_incident(&node_not_ready("a", 2, Some(end)), t0() + mins(14));
+    log.extend(firing_from(&mut e, t0() + mins(14), t0() + mins(30)));
+    assert_eq!(
+        log,
+        [
+            "00m30 node-not-ready@a//warning",
+            // its group flushed at 15m30 within the hold (at 13m it would have paged)
+            "20m30 NodeNotReady@a/n1/warning"
+        ]
+    );
+}
