@@ -11,7 +11,8 @@
 //! router) after every evaluation, resolved ones with `endsAt`. Annotation and label templates use Go
 //! template syntax for the forms rules commonly use (`{{ $labels.x }}`, `{{ $value }}`,
 //! `{{ humanize $value }}`, `{{ $value | humanizePercentage }}`, `{{ printf "%.2f" $value }}`), translated to
-//! minijinja. `ALERTS`/`ALERTS_FOR_STATE` series are not written. `GET /api/v1/rules`, `GET /api/v1/alerts`
+//! minijinja. `ALERTS`/`ALERTS_FOR_STATE` series are written, stale series marked, and the `for` state
+//! restored after a restart, as Prometheus does (see `eval`). `GET /api/v1/rules`, `GET /api/v1/alerts`
 //! and `POST /-/reload` are served by [`router`].
 //!
 //! A pure core and a shell, as in the correlator and the alert router: `parse` (rule files and their

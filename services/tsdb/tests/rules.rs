@@ -426,3 +426,112 @@ fn shipped_fleet_rules_fire_in_the_evaluator_as_promtool_expects() -> Result<()>
     ensure!(find("NodeNotReady").is_none());
     Ok(())
 }
+
+/// Evaluates `g` at each minute of `minutes` (after `BASE_MS`), restoring its `for` state when due (after
+/// its second evaluation), as the rules' manager does.
+fn eval_minutes(g: &mut Group, engine: &Engine, minutes: std::ops::RangeInclusive<i64>) {
+    for m in minutes {
+        g.eval(engine, BASE_MS + m * MIN, "http://tsdb");
+        g.restore_for_state(engine);
+    }
+}
+
+#[test]
+fn alerts_series_are_queryable_end_with_the_alert_and_restore_its_for_state_after_a_restart()
+-> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(Store::open(dir.path(), Options::default())?);
+    // the condition holds from minute 0 to 30, then its series ends (a staleness marker, as a scrape
+    // writes)
+    for m in 0..=31 {
+        let v = match m {
+            31 => f64::from_bits(0x7ff0_0000_0000_0002),
+            _ => 1.0,
+        };
+        store.append("c1", &[sample("high", &[], v, BASE_MS + m * MIN)])?;
+    }
+    let engine = Engine::new(store, Duration::from_secs(300));
+    let text = "groups:\n  - name: g\n    rules:\n      - alert: High\n        expr: high\n        for: 15m\n";
+    eval_minutes(&mut group(text)?, &engine, 0..=5);
+    let got = instant(&engine, "ALERTS", BASE_MS + 5 * MIN)?;
+    ensure!(got.len() == 1, "{got:?}");
+    let labels: Vec<(&str, &str)> = got[0]
+        .0
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    ensure!(
+        labels
+            == [
+                ("__name__", "ALERTS"),
+                ("alertname", "High"),
+                ("alertstate", "pending"),
+                ("cluster", "c1")
+            ],
+        "{labels:?}"
+    );
+    let since = instant(&engine, "ALERTS_FOR_STATE", BASE_MS + 5 * MIN)?;
+    ensure!(
+        since.len() == 1 && since[0].1 == (BASE_MS / 1000) as f64,
+        "{since:?}"
+    );
+    // back at minute 8, restored after the evaluation at 9: active from minute 0 plus the 4 minutes
+    // since its state was last written, firing at 19
+    let mut g = group(text)?;
+    eval_minutes(&mut g, &engine, 8..=18);
+    ensure!(alert_states(&g) == [AlertState::Pending]);
+    eval_minutes(&mut g, &engine, 19..=19);
+    ensure!(alert_states(&g) == [AlertState::Firing]);
+    let firing = instant(&engine, "ALERTS{alertstate=\"firing\"}", BASE_MS + 19 * MIN)?;
+    ensure!(firing.len() == 1, "{firing:?}");
+    // the pending series ended at 19 (a staleness marker, not 5 minutes of lookback); the firing one at 31
+    ensure!(
+        instant(
+            &engine,
+            "ALERTS{alertstate=\"pending\"}",
+            BASE_MS + 19 * MIN
+        )?
+        .is_empty()
+    );
+    eval_minutes(&mut g, &engine, 19..=31);
+    ensure!(instant(&engine, "ALERTS", BASE_MS + 31 * MIN)?.is_empty());
+    Ok(())
+}
+
+#[test]
+fn a_rule_taken_out_by_a_reload_ends_its_alerts_series_at_once() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let store = Arc::new(Store::open(&dir.path().join("store"), Options::default())?);
+    let now = chrono::Utc::now().timestamp_millis();
+    let start = now - 3 * MIN;
+    for m in 0..=3 {
+        store.append("c1", &[sample("high", &[], 1.0, start + m * MIN)])?;
+    }
+    let engine = Engine::new(store, Duration::from_secs(300));
+    let file = dir.path().join("t.rules.yaml");
+    let rule = "      - alert: High\n        expr: high\n";
+    let keep = "      - record: one\n        expr: vector(1)\n";
+    std::fs::write(
+        &file,
+        format!("groups:\n  - name: g\n    rules:\n{rule}{keep}"),
+    )?;
+    let manager = rules::Manager::new(
+        vec![file.clone()],
+        Duration::from_secs(60),
+        engine.clone(),
+        None,
+        "http://tsdb".into(),
+    )?;
+    for m in 0..=2 {
+        manager.eval_due(start + m * MIN);
+    }
+    ensure!(instant(&engine, "ALERTS", now)?.len() == 1);
+    // the alerting rule taken out: its ALERTS ends now, not 5 minutes of lookback later; the recording
+    // rule left carries on
+    std::fs::write(&file, format!("groups:\n  - name: g\n    rules:\n{keep}"))?;
+    manager.reload()?;
+    let after = chrono::Utc::now().timestamp_millis();
+    ensure!(instant(&engine, "ALERTS", after)?.is_empty());
+    ensure!(instant(&engine, "one", after)?.len() == 1);
+    Ok(())
+}

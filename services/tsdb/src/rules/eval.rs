@@ -1,12 +1,16 @@
 //! The rules' machine: a group evaluated at a given time against a [`Querier`], giving the recording rules'
 //! samples and the alerts to send. An alerting rule's alerts go pending, fire once `for` has elapsed, stay
 //! firing `keep_firing_for` after their condition clears, and are then resolved (kept and re-sent with
-//! `endsAt` for 15 minutes), as in Prometheus.
+//! `endsAt` for 15 minutes), as in Prometheus. As Prometheus does, an alerting rule writes `ALERTS` (1 per
+//! pending or firing alert, with `alertstate`) and `ALERTS_FOR_STATE` (when it became active, in seconds)
+//! series; a series a rule wrote at its last evaluation and not at this one gets a staleness marker; and
+//! after a restart a rule whose `for` is at least 10 minutes takes its alerts' `for` state back from
+//! `ALERTS_FOR_STATE` ([`Group::restore_for_state`]).
 //!
 //! It reads no clock and does no I/O: the evaluation time is an argument, queries and recorded samples go
 //! through the [`Querier`] (the shell's is the PromQL [`Engine`](crate::promql::Engine) over the store).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -25,6 +29,15 @@ pub trait Querier {
     fn instant(&self, expr: &str, ts: i64) -> Result<Value, promql::Error>;
     /// Writes a recording rule's samples, so that the rules after it see them.
     fn record(&self, samples: &[Sample]) -> Result<(), promql::Error>;
+    /// The last sample in `[from, to]` (ms), a staleness marker included, of each series named `name`
+    /// with this `alertname`, by its labels without the name.
+    fn last_samples(
+        &self,
+        name: &str,
+        alertname: &str,
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<(Labels, i64, f64)>, promql::Error>;
     /// A monotonic reading, only to time evaluations for `GET /api/v1/rules` (alert state never depends
     /// on it).
     fn stopwatch(&self) -> Instant;
@@ -101,6 +114,9 @@ pub struct Rule {
     pub last_evaluation: Option<i64>,
     /// How long the last evaluation took.
     pub evaluation_time: Duration,
+    /// The series the last evaluation wrote (name and labels, by hash): those the next one does not write
+    /// get a staleness marker.
+    pub written: HashMap<u64, (String, BTreeMap<String, String>)>,
 }
 
 impl Rule {
@@ -128,6 +144,11 @@ pub struct Group {
     pub last_evaluation: Option<i64>,
     /// How long it took.
     pub evaluation_time: Duration,
+    /// Its `for` state restored, or not to be ([`Group::restore_for_state`]): until then, as in Prometheus,
+    /// its alerting rules write no `ALERTS` or `ALERTS_FOR_STATE` samples.
+    pub restored: bool,
+    /// Evaluations since it was loaded.
+    pub evaluations: u64,
 }
 
 /// An alert in Alertmanager's `postableAlert` shape.
@@ -159,6 +180,16 @@ pub struct Evaluated {
 /// Resolved alerts are kept (and re-sent) this long, as in Prometheus.
 const RESOLVED_RETENTION_MS: i64 = 15 * 60_000;
 
+/// The series of pending and firing alerts (Prometheus' names).
+pub const ALERTS: &str = "ALERTS";
+/// The series of when each pending or firing alert became active (seconds).
+pub const ALERTS_FOR_STATE: &str = "ALERTS_FOR_STATE";
+/// Prometheus' `--rules.alert.for-grace-period`: a restored alert fires no sooner than this after the
+/// restart, and a rule with a shorter `for` is not restored at all (it waits its `for` again).
+const FOR_GRACE_PERIOD_MS: i64 = 10 * 60_000;
+/// Prometheus' `--rules.alert.for-outage-tolerance`: a `for` state older than this is not restored.
+const FOR_OUTAGE_TOLERANCE_MS: i64 = 60 * 60_000;
+
 fn hash_labels(labels: &BTreeMap<String, String>) -> u64 {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -188,6 +219,78 @@ fn instant_samples(value: Value) -> Result<Vec<(Labels, f64)>> {
 }
 
 impl Group {
+    /// Whether its `for` state is to be restored now: not yet, and evaluated twice since it was loaded.
+    pub fn restore_due(&self) -> bool {
+        !self.restored && self.evaluations >= 2
+    }
+
+    /// Takes back the `for` state of its alerting rules' pending alerts from the `ALERTS_FOR_STATE` series
+    /// a run before this one wrote, as Prometheus does after the second evaluation since its start (the
+    /// first may run before the metrics of the time it was down are in): for a rule whose `for` is at
+    /// least the grace period (10 min; a shorter one waits its `for` again), an alert whose state was
+    /// written within the outage tolerance (1 h) before the last evaluation and not marked stale since is
+    /// active from then, moved later by the time the TSDB was down — and, if less than the grace period
+    /// of its `for` was left, so that it fires the grace period after the restore; one whose `for` was
+    /// over (it was firing) fires again at the next evaluation.
+    pub fn restore_for_state(&mut self, querier: &impl Querier) {
+        if !self.restore_due() {
+            return;
+        }
+        let Some(ts) = self.last_evaluation else {
+            return;
+        };
+        self.restored = true;
+        for rule in &mut self.rules {
+            let Kind::Alerting {
+                alert,
+                hold,
+                active,
+                ..
+            } = &mut rule.kind
+            else {
+                continue;
+            };
+            let hold_ms = hold.as_millis() as i64;
+            if hold_ms < FOR_GRACE_PERIOD_MS || active.is_empty() {
+                continue;
+            }
+            let found = match querier.last_samples(
+                ALERTS_FOR_STATE,
+                alert,
+                ts - FOR_OUTAGE_TOLERANCE_MS,
+                ts,
+            ) {
+                Ok(found) => found,
+                Err(e) => {
+                    tracing::warn!(rule = %alert, error = %e, "restoring the 'for' state failed");
+                    continue;
+                }
+            };
+            let by_labels: HashMap<BTreeMap<String, String>, (i64, f64)> = found
+                .into_iter()
+                .map(|(labels, t, v)| (labels.into_iter().collect(), (t, v)))
+                .collect();
+            for a in active.values_mut() {
+                let Some(&(down_at, v)) = by_labels.get(&a.labels) else {
+                    continue;
+                };
+                if a.state != AlertState::Pending || crate::chunk::is_stale(v) {
+                    continue;
+                }
+                // Prometheus keeps whole seconds
+                let (down_at, active_at) = (down_at.div_euclid(1000) * 1000, v as i64 * 1000);
+                let remaining = hold_ms - (down_at - active_at);
+                a.active_at = if remaining <= 0 {
+                    active_at
+                } else if remaining < FOR_GRACE_PERIOD_MS {
+                    ts + FOR_GRACE_PERIOD_MS - hold_ms
+                } else {
+                    active_at + (ts - down_at)
+                };
+            }
+        }
+    }
+
     /// Evaluates every rule at `ts` (ms): recording rules' samples are written through `querier` before
     /// the next rule runs; returns the samples written and the alerts to send. A failing rule is recorded
     /// in its `last_error` and the others still run. `generator` is the base of `generatorURL`.
@@ -197,26 +300,67 @@ impl Group {
         let mut out = Evaluated::default();
         for rule in &mut self.rules {
             let t0 = querier.stopwatch();
-            let result = rule.eval(querier, &env, ts, generator, &mut out);
+            let result = rule
+                .eval(querier, &env, ts, generator, self.restored, &mut out)
+                .and_then(|written| rule.mark_stale(querier, written, ts));
             rule.last_error = result.err().map(|e| e.to_string());
             rule.last_evaluation = Some(ts);
             rule.evaluation_time = querier.stopwatch().saturating_duration_since(t0);
         }
         self.last_evaluation = Some(ts);
+        self.evaluations += 1;
         self.evaluation_time = querier.stopwatch().saturating_duration_since(started);
         out
     }
 }
 
+/// The series a rule wrote, by hash (see [`Rule::written`]).
+pub(super) type Written = HashMap<u64, (String, BTreeMap<String, String>)>;
+
+fn written_of(samples: &[Sample]) -> Written {
+    samples
+        .iter()
+        .map(|s| {
+            let mut l = s.labels.clone();
+            l.insert(METRIC_NAME.into(), s.name.clone());
+            (hash_labels(&l), (s.name.clone(), s.labels.clone()))
+        })
+        .collect()
+}
+
 impl Rule {
+    /// Writes a staleness marker at `ts` for each series the last evaluation wrote and this one
+    /// (`written`) did not, as Prometheus does: a query stops seeing it at once, not 5 minutes later.
+    fn mark_stale(&mut self, querier: &impl Querier, written: Written, ts: i64) -> Result<()> {
+        let gone: Vec<Sample> = self
+            .written
+            .iter()
+            .filter(|(h, _)| !written.contains_key(h))
+            .map(|(_, (name, labels))| Sample {
+                name: name.clone(),
+                labels: labels.clone(),
+                value: f64::from_bits(crate::chunk::STALE_NAN_BITS),
+                timestamp_ms: ts,
+            })
+            .collect();
+        if !gone.is_empty() {
+            querier.record(&gone)?;
+        }
+        self.written = written;
+        Ok(())
+    }
+
+    /// Evaluates the rule at `ts`; returns the series it wrote (an alerting rule's `ALERTS` and
+    /// `ALERTS_FOR_STATE` only once its group's `for` state is `restored`).
     fn eval(
         &mut self,
         querier: &impl Querier,
         env: &minijinja::Environment<'_>,
         ts: i64,
         generator: &str,
+        restored: bool,
         out: &mut Evaluated,
-    ) -> Result<()> {
+    ) -> Result<Written> {
         let samples = instant_samples(querier.instant(&self.expr, ts)?)?;
         match &mut self.kind {
             Kind::Recording { record } => {
@@ -235,7 +379,9 @@ impl Rule {
                     });
                 }
                 querier.record(&written)?;
+                let series = written_of(&written);
                 out.samples.extend(written);
+                Ok(series)
             }
             Kind::Alerting {
                 alert,
@@ -252,7 +398,11 @@ impl Rule {
                         .collect();
                     let mut l = base.clone();
                     for (k, t) in &self.labels {
-                        l.insert(k.clone(), render(env, t, &base, v)?);
+                        // (an empty value removes the label, as in Prometheus)
+                        match render(env, t, &base, v)? {
+                            value if value.is_empty() => l.remove(k),
+                            value => l.insert(k.clone(), value),
+                        };
                     }
                     l.insert("alertname".into(), alert.clone());
                     let ann = annotations
@@ -329,9 +479,36 @@ impl Rule {
                         generator_url: url.clone(),
                     });
                 }
+                // ALERTS and ALERTS_FOR_STATE, as Prometheus writes them
+                let mut series = Vec::new();
+                for a in active.values().filter(|_| restored) {
+                    let state = match a.state {
+                        AlertState::Inactive => continue,
+                        AlertState::Pending => "pending",
+                        AlertState::Firing => "firing",
+                    };
+                    let mut l = a.labels.clone();
+                    series.push(Sample {
+                        name: ALERTS_FOR_STATE.into(),
+                        labels: l.clone(),
+                        value: (a.active_at.div_euclid(1000)) as f64,
+                        timestamp_ms: ts,
+                    });
+                    l.insert("alertstate".into(), state.into());
+                    series.push(Sample {
+                        name: ALERTS.into(),
+                        labels: l,
+                        value: 1.0,
+                        timestamp_ms: ts,
+                    });
+                }
+                // (after the alerts are out: a store that fails to take them stops no notification)
+                if !series.is_empty() {
+                    querier.record(&series)?;
+                }
+                Ok(written_of(&series))
             }
         }
-        Ok(())
     }
 }
 

@@ -62,6 +62,29 @@ impl Querier for Table {
         Ok(())
     }
 
+    fn last_samples(
+        &self,
+        name: &str,
+        alertname: &str,
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<(crate::store::Labels, i64, f64)>, promql::Error> {
+        let mut last: BTreeMap<Vec<(String, String)>, (i64, f64)> = BTreeMap::new();
+        for s in self.samples.borrow().iter() {
+            let matches = s.name == name
+                && s.labels.get("alertname").map(String::as_str) == Some(alertname)
+                && (from..=to).contains(&s.timestamp_ms);
+            if matches {
+                let labels = s.labels.clone().into_iter().collect();
+                let e = last.entry(labels).or_insert((s.timestamp_ms, s.value));
+                if s.timestamp_ms >= e.0 {
+                    *e = (s.timestamp_ms, s.value);
+                }
+            }
+        }
+        Ok(last.into_iter().map(|(l, (t, v))| (l, t, v)).collect())
+    }
+
     fn stopwatch(&self) -> Instant {
         self.start
     }
@@ -282,4 +305,148 @@ fn failing_rule_keeps_its_error_and_the_others_still_run() {
     assert_eq!(out.samples.len(), 1);
     assert!(g.rules.iter().all(|r| r.last_evaluation == Some(at(0))));
     assert_eq!(g.last_evaluation, Some(at(0)));
+}
+
+/// The samples of `name` the rules wrote at `minute`, as `alertstate value` (`stale` for a marker), sorted.
+fn written_at(t: &Table, name: &str, minute: i64) -> Vec<String> {
+    let mut v: Vec<String> = t
+        .samples
+        .borrow()
+        .iter()
+        .filter(|s| s.name == name && s.timestamp_ms == at(minute))
+        .map(|s| {
+            let state = s.labels.get("alertstate").cloned().unwrap_or_default();
+            let value = if crate::chunk::is_stale(s.value) {
+                "stale".to_string()
+            } else {
+                s.value.to_string()
+            };
+            format!("{state} {value}").trim().to_string()
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// A group evaluated at each minute of `minutes`, restored when due (after its second evaluation), as the
+/// manager does.
+fn eval_minutes(g: &mut Group, t: &Table, minutes: impl IntoIterator<Item = i64>) {
+    for m in minutes {
+        g.eval(t, at(m), "");
+        g.restore_for_state(t);
+    }
+}
+
+#[test]
+fn alerting_rules_write_alerts_series_as_prometheus_does_and_mark_what_stopped_stale() {
+    let t = Table::new();
+    t.put("high", &[("cluster", "c1")], 1.0, &[0, 1, 2, 3, 4, 5]);
+    t.put("load", &[("cluster", "c1")], 5.0, &[0, 1]);
+    let mut g = group(concat!(
+        "      - alert: High\n        expr: high\n        for: 3m\n",
+        "      - record: cluster:load\n        expr: load\n",
+    ));
+    eval_minutes(&mut g, &t, 0..=6);
+    // the two evaluations before the `for` state is restored write no ALERTS
+    assert!(written_at(&t, ALERTS, 0).is_empty() && written_at(&t, ALERTS, 1).is_empty());
+    assert_eq!(written_at(&t, ALERTS, 2), ["pending 1"]);
+    // pending to firing: the pending series ends
+    assert_eq!(written_at(&t, ALERTS, 3), ["firing 1", "pending stale"]);
+    assert_eq!(written_at(&t, ALERTS, 5), ["firing 1"]);
+    assert_eq!(written_at(&t, ALERTS, 6), ["firing stale"]);
+    let since = ((at(0) / 1000) as f64).to_string();
+    assert_eq!(written_at(&t, ALERTS_FOR_STATE, 5), [since]);
+    assert_eq!(written_at(&t, ALERTS_FOR_STATE, 6), ["stale"]);
+    // a recording rule's series that its expression no longer returns
+    assert_eq!(written_at(&t, "cluster:load", 1), ["5"]);
+    assert_eq!(written_at(&t, "cluster:load", 2), ["stale"]);
+    assert!(written_at(&t, "cluster:load", 3).is_empty());
+    let labels = &t
+        .samples
+        .borrow()
+        .iter()
+        .find(|s| s.name == ALERTS)
+        .expect("written")
+        .labels
+        .clone();
+    assert_eq!(
+        labels.keys().map(String::as_str).collect::<Vec<_>>(),
+        ["alertname", "alertstate", "cluster"]
+    );
+}
+
+/// Minutes `from..=to` of `high` (the condition holding).
+fn holding(t: &Table, from: i64, to: i64) {
+    t.put(
+        "high",
+        &[("cluster", "c1")],
+        1.0,
+        &(from..=to).collect::<Vec<_>>(),
+    );
+}
+
+const FOR_15M: &str = "      - alert: High\n        expr: high\n        for: 15m\n";
+
+#[test]
+fn after_a_restart_a_pending_alert_takes_its_for_state_back_moved_by_the_time_down() {
+    let t = Table::new();
+    holding(&t, 0, 40);
+    eval_minutes(&mut group(FOR_15M), &t, 0..=5);
+    // back at minute 8, restored after the evaluation at 9: active from minute 0 plus the 4 minutes since
+    // its state was last written, it fires at 19
+    let mut g = group(FOR_15M);
+    eval_minutes(&mut g, &t, 8..=8);
+    assert_eq!(alerts(&g)[0].active_at, at(8));
+    eval_minutes(&mut g, &t, 9..=9);
+    assert_eq!(alerts(&g)[0].active_at, at(4));
+    eval_minutes(&mut g, &t, 10..=18);
+    assert_eq!(states(&g), [AlertState::Pending]);
+    eval_minutes(&mut g, &t, 19..=19);
+    assert_eq!(states(&g), [AlertState::Firing]);
+}
+
+#[test]
+fn a_restored_alert_fires_no_sooner_than_the_grace_period_after_the_restart() {
+    let t = Table::new();
+    holding(&t, 0, 40);
+    // 12 of its 15 minutes held when the TSDB went down; back at 14, restored at 15 with 10 minutes'
+    // grace: firing at 25
+    eval_minutes(&mut group(FOR_15M), &t, 0..=12);
+    let mut g = group(FOR_15M);
+    eval_minutes(&mut g, &t, 14..=24);
+    assert_eq!(alerts(&g)[0].active_at, at(10));
+    assert_eq!(states(&g), [AlertState::Pending]);
+    eval_minutes(&mut g, &t, 25..=25);
+    assert_eq!(states(&g), [AlertState::Firing]);
+}
+
+#[test]
+fn what_is_not_restored_waits_its_for_again() {
+    // a `for` shorter than the grace period
+    let t = Table::new();
+    holding(&t, 0, 100);
+    let short = "      - alert: High\n        expr: high\n        for: 5m\n";
+    eval_minutes(&mut group(short), &t, 0..=3);
+    let mut g = group(short);
+    eval_minutes(&mut g, &t, 4..=5);
+    assert!(g.restored);
+    assert_eq!(alerts(&g)[0].active_at, at(4));
+    // an alert that stopped (its state marked stale) before the restart
+    let t = Table::new();
+    holding(&t, 0, 5);
+    holding(&t, 8, 30);
+    eval_minutes(&mut group(FOR_15M), &t, 0..=7);
+    let mut g = group(FOR_15M);
+    eval_minutes(&mut g, &t, 8..=9);
+    assert!(g.restored);
+    assert_eq!(alerts(&g)[0].active_at, at(8));
+    // down longer than the outage tolerance (1 h)
+    let t = Table::new();
+    holding(&t, 0, 5);
+    holding(&t, 66, 70);
+    eval_minutes(&mut group(FOR_15M), &t, 0..=5);
+    let mut g = group(FOR_15M);
+    eval_minutes(&mut g, &t, 66..=67);
+    assert!(g.restored);
+    assert_eq!(alerts(&g)[0].active_at, at(66));
 }

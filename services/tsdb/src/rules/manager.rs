@@ -1,7 +1,7 @@
 //! The rules' shell: rule files read from disk, the loaded groups evaluated against the store as they fall
 //! due (recorded samples committed, alerts handed to the [`Notifier`]), reloads on SIGHUP or request.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,6 +24,33 @@ impl Querier for Engine {
     fn record(&self, samples: &[Sample]) -> Result<(), promql::Error> {
         self.store().append("", samples)?;
         Ok(())
+    }
+
+    fn last_samples(
+        &self,
+        name: &str,
+        alertname: &str,
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<(crate::store::Labels, i64, f64)>, promql::Error> {
+        use promql_parser::label::{MatchOp, Matcher};
+        let store = self.store();
+        let matchers = vec![
+            Matcher::new(MatchOp::Equal, crate::store::METRIC_NAME, name),
+            Matcher::new(MatchOp::Equal, "alertname", alertname),
+        ];
+        let mut out = Vec::new();
+        for (id, labels) in store.select(&[matchers]) {
+            if let Some(&(t, v)) = store.samples(id, from, to)?.last() {
+                let labels = labels
+                    .iter()
+                    .filter(|(k, _)| k != crate::store::METRIC_NAME)
+                    .cloned()
+                    .collect();
+                out.push((labels, t, v));
+            }
+        }
+        Ok(out)
     }
 
     fn stopwatch(&self) -> Instant {
@@ -117,41 +144,79 @@ impl Manager {
         self.groups.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Reloads the files; on an error the loaded rules keep running. Alert state carries over to a rule
-    /// with the same group, name and expression.
+    /// Reloads the files; on an error the loaded rules keep running. Alert state, and the series to mark
+    /// stale when they are no longer written, carry over to a rule with the same group, name, labels and
+    /// expression (rules alike in all of these, in their order); the series of a rule that is gone get
+    /// their staleness markers now. A group new since the start is not restored from `ALERTS_FOR_STATE`
+    /// (as in Prometheus).
     pub fn reload(&self) -> Result<()> {
         let mut fresh = load_files(&self.files, self.default_interval)?;
         let mut groups = self.lock();
-        let mut old: HashMap<(PathBuf, String, String, String), BTreeMap<u64, Alert>> =
-            HashMap::new();
+        type Key = (PathBuf, String, String, String, Vec<(String, String)>);
+        type State = (BTreeMap<u64, Alert>, super::eval::Written);
+        let key = |g: &Group, r: &super::eval::Rule| -> Key {
+            let labels = r
+                .labels
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect();
+            (
+                g.file.clone(),
+                g.name.clone(),
+                r.name().to_string(),
+                r.expr.clone(),
+                labels,
+            )
+        };
+        let mut old: HashMap<Key, VecDeque<State>> = HashMap::new();
+        let mut restored = HashMap::new();
         for g in groups.iter_mut() {
-            for r in &mut g.rules {
-                if let Kind::Alerting { alert, active, .. } = &mut r.kind {
-                    old.insert(
-                        (
-                            g.file.clone(),
-                            g.name.clone(),
-                            alert.clone(),
-                            r.expr.clone(),
-                        ),
-                        std::mem::take(active),
-                    );
-                }
+            restored.insert((g.file.clone(), g.name.clone()), g.restored);
+            for i in 0..g.rules.len() {
+                let k = key(g, &g.rules[i]);
+                let r = &mut g.rules[i];
+                let active = match &mut r.kind {
+                    Kind::Alerting { active, .. } => std::mem::take(active),
+                    Kind::Recording { .. } => BTreeMap::new(),
+                };
+                let state = (active, std::mem::take(&mut r.written));
+                old.entry(k).or_default().push_back(state);
             }
         }
         for g in &mut fresh {
-            for r in &mut g.rules {
-                if let Kind::Alerting { alert, active, .. } = &mut r.kind
-                    && let Some(a) = old.remove(&(
-                        g.file.clone(),
-                        g.name.clone(),
-                        alert.clone(),
-                        r.expr.clone(),
-                    ))
-                {
-                    *active = a;
+            g.restored = restored
+                .get(&(g.file.clone(), g.name.clone()))
+                .copied()
+                .unwrap_or(true);
+            for i in 0..g.rules.len() {
+                let k = key(g, &g.rules[i]);
+                let Some((active, written)) = old.get_mut(&k).and_then(VecDeque::pop_front) else {
+                    continue;
+                };
+                let r = &mut g.rules[i];
+                r.written = written;
+                if let Kind::Alerting { active: a, .. } = &mut r.kind {
+                    *a = active;
                 }
             }
+        }
+        // what the rules no longer there wrote ends now
+        let now = Utc::now().timestamp_millis();
+        let gone: Vec<Sample> = old
+            .into_values()
+            .flatten()
+            .flat_map(|(_, written)| written.into_values())
+            .map(|(name, labels)| Sample {
+                name,
+                labels,
+                value: f64::from_bits(crate::chunk::STALE_NAN_BITS),
+                timestamp_ms: now,
+            })
+            .collect();
+        if !gone.is_empty()
+            && let Err(e) = self.engine.record(&gone)
+        {
+            tracing::warn!(error = %e, "marking the series of removed rules stale failed");
         }
         *groups = fresh;
         tracing::info!(groups = groups.len(), "rules reloaded");
@@ -169,6 +234,8 @@ impl Manager {
                 .is_none_or(|last| now - last >= g.interval.as_millis() as i64);
             if due {
                 alerts.extend(g.eval(&self.engine, now, &self.generator).alerts);
+                // after the second evaluation since the start, as Prometheus does
+                g.restore_for_state(&self.engine);
                 for r in &g.rules {
                     if let Some(e) = &r.last_error {
                         tracing::warn!(group = %g.name, rule = %r.name(), error = %e, "rule evaluation failed");

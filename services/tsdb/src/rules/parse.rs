@@ -226,6 +226,7 @@ pub fn parse_file(file: &Path, text: &str, default_interval: Duration) -> Result
                 last_error: None,
                 last_evaluation: None,
                 evaluation_time: Duration::ZERO,
+                written: Default::default(),
             });
         }
         groups.push(Group {
@@ -235,6 +236,8 @@ pub fn parse_file(file: &Path, text: &str, default_interval: Duration) -> Result
             rules,
             last_evaluation: None,
             evaluation_time: Duration::ZERO,
+            restored: false,
+            evaluations: 0,
         });
     }
     Ok(groups)
