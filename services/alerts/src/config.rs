@@ -243,14 +243,15 @@ pub struct Route {
 }
 
 /// MultiPilot's own: while an incident of kind `incident` fires on a cluster, the posted alerts matching
-/// `alerts` on that cluster (their `cluster` label MultiPilot's name of it) are muted, shown as inhibited
-/// by it (and by the fleet alert it is a member of, while that fires) — the problem pages once, as the
-/// incident, once for the fleet when several clusters fail alike — and they stay muted for `hold` after
-/// it ends (counted from when the router learned of the end, if later) if they started (`startsAt`: when
-/// the rule fired) before its end: a rule sees the recovery a scrape and an evaluation later, and a muted
-/// alert never notified would page as the problem ended. An alert more severe than the incident (`severity` critical > warning > info, any
-/// case) or of no known severity is never muted so, and one still firing when the hold is over pages at
-/// its group's next flush.
+/// `alerts` on that cluster (their `cluster` label MultiPilot's name of it: a rule of kube-prometheus' built
+/// on `absent()` has one only from a per-cluster Prometheus' `external_labels`) are muted, shown as
+/// inhibited by it (and by the fleet alert it is a member of, while that fires) — the problem pages once,
+/// as the incident, once for the fleet when several clusters fail alike — and they stay muted for `hold`
+/// after it ends (counted from when the router learned of the end, if later) if they started (`startsAt`:
+/// when the rule fired) before its end: a rule sees the recovery a scrape and an evaluation later, and a
+/// muted alert never notified would page as the problem ended. An alert more severe than the incident
+/// (`severity` critical > warning > info, any case) or of no known severity is never muted so, and one
+/// still firing when the hold is over pages at its group's next flush.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AccountsFor {
@@ -258,8 +259,8 @@ pub struct AccountsFor {
     pub incident: String,
     /// Matchers of the posted alerts it accounts for (Alertmanager's syntax).
     pub alerts: Vec<Matcher>,
-    /// How long they stay muted after the incident ends: at most 1h, and no longer than the router keeps
-    /// a resolved alert (`retain_resolved`, 1h by default).
+    /// How long they stay muted after the incident ends: at most 1h, and no later than the router forgets
+    /// the resolved incident (`retain_resolved` after its end, 1h by default).
     #[serde(default = "default_hold", with = "humantime_serde")]
     pub hold: Duration,
 }

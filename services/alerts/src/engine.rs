@@ -870,9 +870,9 @@ impl Engine {
         by.into_iter().collect()
     }
 
-    /// The incidents that account for a firing posted alert on its cluster (`Routing::accounts_for`): firing
-    /// ones, or ones that ended within their hold after it began. Each with the fleet
-    /// alerts that list it, which the problem pages as. An alert more severe than the incident, or of no
+    /// The incidents that account for a firing posted alert on its cluster (`Routing::accounts_for`): those
+    /// firing, and those ended within their hold if the alert fired before the end; each with the fleet
+    /// alerts that list it (which the problem pages as). An alert more severe than the incident, or of no
     /// known severity, is never muted so.
     fn accounted_by(&self, a: &Alert, index: &Index) -> Vec<String> {
         let Some(cluster) = a.labels.get("cluster") else {

@@ -445,7 +445,7 @@ fn alerts_series_are_queryable_end_with_the_alert_and_restore_its_for_state_afte
     // writes)
     for m in 0..=31 {
         let v = match m {
-            31 => f64::from_bits(0x7ff0_0000_0000_0002),
+            31 => f64::from_bits(multipilot_tsdb::chunk::STALE_NAN_BITS),
             _ => 1.0,
         };
         store.append("c1", &[sample("high", &[], v, BASE_MS + m * MIN)])?;
@@ -493,7 +493,7 @@ fn alerts_series_are_queryable_end_with_the_alert_and_restore_its_for_state_afte
         )?
         .is_empty()
     );
-    eval_minutes(&mut g, &engine, 19..=31);
+    eval_minutes(&mut g, &engine, 20..=31);
     ensure!(instant(&engine, "ALERTS", BASE_MS + 31 * MIN)?.is_empty());
     Ok(())
 }
@@ -526,11 +526,12 @@ fn a_rule_taken_out_by_a_reload_ends_its_alerts_series_at_once() -> Result<()> {
         manager.eval_due(start + m * MIN);
     }
     ensure!(instant(&engine, "ALERTS", now)?.len() == 1);
-    // the alerting rule taken out: its ALERTS ends now, not 5 minutes of lookback later; the recording
-    // rule left carries on
-    std::fs::write(&file, format!("groups:\n  - name: g\n    rules:\n{keep}"))?;
+    // the alerting rule taken out: its ALERTS ends at the next evaluation, not 5 minutes of lookback
+    // later; the recording rule, moved to another group, carries on
+    std::fs::write(&file, format!("groups:\n  - name: h\n    rules:\n{keep}"))?;
     manager.reload()?;
     let after = chrono::Utc::now().timestamp_millis();
+    manager.eval_due(after);
     ensure!(instant(&engine, "ALERTS", after)?.is_empty());
     ensure!(instant(&engine, "one", after)?.len() == 1);
     Ok(())

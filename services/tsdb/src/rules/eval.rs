@@ -27,7 +27,8 @@ use crate::store::{Labels, METRIC_NAME};
 pub trait Querier {
     /// `expr`'s value at `ts` (ms).
     fn instant(&self, expr: &str, ts: i64) -> Result<Value, promql::Error>;
-    /// Writes a recording rule's samples, so that the rules after it see them.
+    /// Writes samples into the store — a recording rule's (so that the rules after it see them), an
+    /// alerting rule's `ALERTS` and `ALERTS_FOR_STATE`, staleness markers.
     fn record(&self, samples: &[Sample]) -> Result<(), promql::Error>;
     /// The last sample in `[from, to]` (ms), a staleness marker included, of each series named `name`
     /// with this `alertname`, by its labels without the name.
@@ -116,7 +117,7 @@ pub struct Rule {
     pub evaluation_time: Duration,
     /// The series the last evaluation wrote (name and labels, by hash): those the next one does not write
     /// get a staleness marker.
-    pub written: HashMap<u64, (String, BTreeMap<String, String>)>,
+    pub written: Written,
 }
 
 impl Rule {
@@ -220,7 +221,7 @@ fn instant_samples(value: Value) -> Result<Vec<(Labels, f64)>> {
 
 impl Group {
     /// Whether its `for` state is to be restored now: not yet, and evaluated twice since it was loaded.
-    pub fn restore_due(&self) -> bool {
+    fn restore_due(&self) -> bool {
         !self.restored && self.evaluations >= 2
     }
 
@@ -228,10 +229,10 @@ impl Group {
     /// a run before this one wrote, as Prometheus does after the second evaluation since its start (the
     /// first may run before the metrics of the time it was down are in): for a rule whose `for` is at
     /// least the grace period (10 min; a shorter one waits its `for` again), an alert whose state was
-    /// written within the outage tolerance (1 h) before the last evaluation and not marked stale since is
-    /// active from then, moved later by the time the TSDB was down — and, if less than the grace period
-    /// of its `for` was left, so that it fires the grace period after the restore; one whose `for` was
-    /// over (it was firing) fires again at the next evaluation.
+    /// written within the outage tolerance (1 h) before the last evaluation and not marked stale since
+    /// takes it back: one whose `for` was over (it was firing) fires again at the next evaluation; one with
+    /// less than the grace period of its `for` left fires the grace period after the restore; any other
+    /// is active from when it was, moved later by the time the TSDB was down.
     pub fn restore_for_state(&mut self, querier: &impl Querier) {
         if !self.restore_due() {
             return;
@@ -315,7 +316,7 @@ impl Group {
 }
 
 /// The series a rule wrote, by hash (see [`Rule::written`]).
-pub(super) type Written = HashMap<u64, (String, BTreeMap<String, String>)>;
+pub type Written = HashMap<u64, (String, BTreeMap<String, String>)>;
 
 fn written_of(samples: &[Sample]) -> Written {
     samples
@@ -481,26 +482,28 @@ impl Rule {
                 }
                 // ALERTS and ALERTS_FOR_STATE, as Prometheus writes them
                 let mut series = Vec::new();
-                for a in active.values().filter(|_| restored) {
-                    let state = match a.state {
-                        AlertState::Inactive => continue,
-                        AlertState::Pending => "pending",
-                        AlertState::Firing => "firing",
-                    };
-                    let mut l = a.labels.clone();
-                    series.push(Sample {
-                        name: ALERTS_FOR_STATE.into(),
-                        labels: l.clone(),
-                        value: (a.active_at.div_euclid(1000)) as f64,
-                        timestamp_ms: ts,
-                    });
-                    l.insert("alertstate".into(), state.into());
-                    series.push(Sample {
-                        name: ALERTS.into(),
-                        labels: l,
-                        value: 1.0,
-                        timestamp_ms: ts,
-                    });
+                if restored {
+                    for a in active.values() {
+                        let state = match a.state {
+                            AlertState::Inactive => continue,
+                            AlertState::Pending => "pending",
+                            AlertState::Firing => "firing",
+                        };
+                        let mut l = a.labels.clone();
+                        series.push(Sample {
+                            name: ALERTS_FOR_STATE.into(),
+                            labels: l.clone(),
+                            value: a.active_at.div_euclid(1000) as f64,
+                            timestamp_ms: ts,
+                        });
+                        l.insert("alertstate".into(), state.into());
+                        series.push(Sample {
+                            name: ALERTS.into(),
+                            labels: l,
+                            value: 1.0,
+                            timestamp_ms: ts,
+                        });
+                    }
                 }
                 // (after the alerts are out: a store that fails to take them stops no notification)
                 if !series.is_empty() {

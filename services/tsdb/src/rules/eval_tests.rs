@@ -450,3 +450,17 @@ fn what_is_not_restored_waits_its_for_again() {
     assert!(g.restored);
     assert_eq!(alerts(&g)[0].active_at, at(66));
 }
+
+#[test]
+fn an_alert_that_was_firing_before_the_restart_fires_again_once_restored() {
+    let t = Table::new();
+    holding(&t, 0, 40);
+    eval_minutes(&mut group(FOR_15M), &t, 0..=20);
+    // firing since 15 when the TSDB went down at 20; back at 22, restored at 23: its `for` is over
+    let mut g = group(FOR_15M);
+    eval_minutes(&mut g, &t, 22..=23);
+    assert_eq!(alerts(&g)[0].active_at, at(0));
+    assert_eq!(states(&g), [AlertState::Pending]);
+    eval_minutes(&mut g, &t, 24..=24);
+    assert_eq!(states(&g), [AlertState::Firing]);
+}

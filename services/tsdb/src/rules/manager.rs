@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use multipilot_schemas::payload::Sample;
 
-use super::eval::{Alert, Group, Kind, PostableAlert, Querier};
+use super::eval::{Alert, Group, Kind, PostableAlert, Querier, Written};
 use super::notify::Notifier;
 use super::parse::parse_file;
 use super::{Error, Result};
@@ -113,6 +113,8 @@ pub struct Manager {
     engine: Engine,
     notifier: Option<Notifier>,
     generator: String,
+    /// The series of rules a reload took out, to mark stale at the next evaluation.
+    retired: Mutex<Written>,
 }
 
 impl Manager {
@@ -137,6 +139,7 @@ impl Manager {
             engine,
             notifier,
             generator,
+            retired: Mutex::default(),
         })
     }
 
@@ -145,28 +148,20 @@ impl Manager {
     }
 
     /// Reloads the files; on an error the loaded rules keep running. Alert state, and the series to mark
-    /// stale when they are no longer written, carry over to a rule with the same group, name, labels and
-    /// expression (rules alike in all of these, in their order); the series of a rule that is gone get
-    /// their staleness markers now. A group new since the start is not restored from `ALERTS_FOR_STATE`
-    /// (as in Prometheus).
+    /// stale when they are no longer written, carry over to a rule with the same group, name and labels (as
+    /// in Prometheus: a changed expression keeps its alerts; rules alike in all of these, in their order);
+    /// the series of a rule that is gone get their staleness markers at the next evaluation, unless a rule
+    /// writes them then. A group new since the start is not restored from `ALERTS_FOR_STATE` (as in
+    /// Prometheus).
     pub fn reload(&self) -> Result<()> {
         let mut fresh = load_files(&self.files, self.default_interval)?;
         let mut groups = self.lock();
-        type Key = (PathBuf, String, String, String, Vec<(String, String)>);
-        type State = (BTreeMap<u64, Alert>, super::eval::Written);
+        type Key = (PathBuf, String, String, Vec<(String, String)>);
+        type State = (BTreeMap<u64, Alert>, Written);
         let key = |g: &Group, r: &super::eval::Rule| -> Key {
-            let labels = r
-                .labels
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect();
-            (
-                g.file.clone(),
-                g.name.clone(),
-                r.name().to_string(),
-                r.expr.clone(),
-                labels,
-            )
+            let labels = r.labels.iter().map(|(k, v)| (k.clone(), v.clone()));
+            let name = r.name().to_string();
+            (g.file.clone(), g.name.clone(), name, labels.collect())
         };
         let mut old: HashMap<Key, VecDeque<State>> = HashMap::new();
         let mut restored = HashMap::new();
@@ -200,24 +195,11 @@ impl Manager {
                 }
             }
         }
-        // what the rules no longer there wrote ends now
-        let now = Utc::now().timestamp_millis();
-        let gone: Vec<Sample> = old
-            .into_values()
-            .flatten()
-            .flat_map(|(_, written)| written.into_values())
-            .map(|(name, labels)| Sample {
-                name,
-                labels,
-                value: f64::from_bits(crate::chunk::STALE_NAN_BITS),
-                timestamp_ms: now,
-            })
-            .collect();
-        if !gone.is_empty()
-            && let Err(e) = self.engine.record(&gone)
-        {
-            tracing::warn!(error = %e, "marking the series of removed rules stale failed");
-        }
+        // what the rules no longer there wrote ends at the next evaluation
+        self.retired
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(old.into_values().flatten().flat_map(|(_, w)| w));
         *groups = fresh;
         tracing::info!(groups = groups.len(), "rules reloaded");
         Ok(())
@@ -228,6 +210,7 @@ impl Manager {
     pub fn eval_due(&self, now: i64) -> Vec<PostableAlert> {
         let mut alerts = Vec::new();
         let mut groups = self.lock();
+        let retired = std::mem::take(&mut *self.retired.lock().unwrap_or_else(|e| e.into_inner()));
         for g in groups.iter_mut() {
             let due = g
                 .last_evaluation
@@ -242,6 +225,26 @@ impl Manager {
                     }
                 }
             }
+        }
+        // the series of rules a reload took out, but those a rule still writes
+        let gone: Vec<Sample> = retired
+            .into_iter()
+            .filter(|(h, _)| {
+                !groups
+                    .iter()
+                    .any(|g| g.rules.iter().any(|r| r.written.contains_key(h)))
+            })
+            .map(|(_, (name, labels))| Sample {
+                name,
+                labels,
+                value: f64::from_bits(crate::chunk::STALE_NAN_BITS),
+                timestamp_ms: now,
+            })
+            .collect();
+        if !gone.is_empty()
+            && let Err(e) = self.engine.record(&gone)
+        {
+            tracing::warn!(error = %e, "marking the series of removed rules stale failed");
         }
         alerts
     }
