@@ -308,6 +308,7 @@ pub fn entries() -> Vec<Entry> {
                     ("region", "eu-west-1"),
                     ("owner", "platform"),
                 ]),
+                scrape_interval_s: Some(30),
             },
         ),
         entry(

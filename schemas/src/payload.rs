@@ -535,6 +535,10 @@ pub struct ClusterFacts {
     /// Registry labels of the cluster (`env`, `region`, `owner`, `team`, …), from the agent's config.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Seconds between the agent's scrapes of the cluster's metrics (`scrape.interval_s`): what a query's
+    /// range must span to hold two samples. Absent when the agent does not scrape, or predates the field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrape_interval_s: Option<u32>,
 }
 payload!(ClusterFacts, "ClusterFacts", 1);
 

@@ -237,7 +237,13 @@ async fn collect(
             "this cluster serves no Event API the agent knows"
         ),
     }
-    tasks.spawn(facts_loop(ctx.clone(), Some(discovery), cancel.clone()));
+    let scrape_interval_s = (scrape.interval_s > 0).then_some(scrape.interval_s);
+    tasks.spawn(facts_loop(
+        ctx.clone(),
+        Some(discovery),
+        scrape_interval_s,
+        cancel.clone(),
+    ));
     tasks.spawn(crate::probes::run(ctx.clone(), probes, cancel.clone()));
     tasks.spawn(crate::scrape::run(ctx.clone(), scrape, cancel.clone()));
 }
@@ -833,10 +839,18 @@ pub async fn facts(ctx: &ClusterCtx, discovery: &Discovery) -> Result<ClusterFac
         apiserver_cert_expiry: *ctx.cert_expiry.lock().unwrap_or_else(|e| e.into_inner()),
         gpus,
         labels: ctx.config.labels.clone(),
+        scrape_interval_s: None,
     })
 }
 
-async fn facts_loop(ctx: Arc<ClusterCtx>, first: Option<Discovery>, cancel: CancellationToken) {
+/// Publishes the cluster's facts when they change; `scrape_interval_s` is the agent's own (see
+/// [`ClusterFacts::scrape_interval_s`]).
+async fn facts_loop(
+    ctx: Arc<ClusterCtx>,
+    first: Option<Discovery>,
+    scrape_interval_s: Option<u32>,
+    cancel: CancellationToken,
+) {
     let mut discovery = first;
     let mut last_digest = String::new();
     // the first facts wait for the watchers' initial lists to fill the view
@@ -852,7 +866,8 @@ async fn facts_loop(ctx: Arc<ClusterCtx>, first: Option<Discovery>, cancel: Canc
         }
         let Some(d) = discovery.take() else { continue };
         match facts(&ctx, &d).await {
-            Ok(f) => {
+            Ok(mut f) => {
+                f.scrape_interval_s = scrape_interval_s;
                 let digest = normalize::hash(&normalize::canonical_json(
                     &serde_json::to_value(&f).unwrap_or(Value::Null),
                 ));

@@ -132,6 +132,9 @@ async fn every_kind_lands_with_the_version_chosen_per_cluster() -> Result<()> {
     assert_eq!(old["version"]["minor"], 24);
     assert_eq!(new["version"]["minor"], 31);
     assert_eq!(old["preferred_versions"]["CronJob"], "batch/v1");
+    // the agent's scrape interval (MULTIPILOT_AGENT__SCRAPE__INTERVAL_S): what the release role's analysis
+    // builds its rate range from
+    assert_eq!(old["scrape_interval_s"], 2, "{old}");
     assert!(
         old["gpus"].as_array().is_some_and(|g| !g.is_empty()),
         "GPU inventory: {old}"

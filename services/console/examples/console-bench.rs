@@ -208,6 +208,7 @@ fn facts(c: usize) -> ClusterFacts {
             ("region".into(), format!("region-{}", c % 5)),
             ("owner".into(), "platform".into()),
         ]),
+        scrape_interval_s: None,
     }
 }
 

@@ -416,6 +416,7 @@ mod tests {
             apiserver_cert_expiry: Some(Utc::now() + chrono::Duration::days(200)),
             gpus: vec![],
             labels: Default::default(),
+            scrape_interval_s: None,
         }
     }
 

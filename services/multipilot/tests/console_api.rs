@@ -299,6 +299,7 @@ fn facts(minor: u32, env: &str, cert_days: i64, gpus: &[(u32, u32)]) -> ClusterF
             ("region".into(), "eu-west-1".into()),
             ("owner".into(), "platform".into()),
         ]),
+        scrape_interval_s: None,
     }
 }
 

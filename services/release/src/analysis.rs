@@ -6,9 +6,11 @@
 //! ```yaml
 //! analysis:
 //!   interval: 30s            # between measurements (default 30s)
+//!   initial_delay: 1m        # before the first interval (default: two of the batch's scrape intervals)
 //!   count: 4                 # measurements per metric and cluster (default: enough to fill the soak)
 //!   failure_limit: 0         # failed measurements tolerated; one more fails the batch (default 0)
 //!   inconclusive_limit: 1    # inconclusive ones tolerated; one more holds the batch (default 0)
+//!   consecutive_error_limit: 4  # errors in a row taken again; one more is inconclusive (default 4)
 //!   metrics:
 //!     - name: errors
 //!       template: error-ratio            # a ready-made check (see TEMPLATES), its conditions kept...
@@ -16,15 +18,18 @@
 //!     - name: p99
 //!       query: |
 //!         histogram_quantile(0.99, sum by (le) (rate(http_request_duration_seconds_bucket{
-//!           cluster="{{cluster}}", namespace=~"{{namespace}}", deployment=~"{{workloads}}"}[{{interval}}])))
+//!           cluster="{{cluster}}", namespace=~"{{namespace}}", deployment=~"{{workloads}}"}[{{rate_interval}}])))
 //!       success: result < 0.5 && (baseline == null || result <= baseline * 2.0)
 //! ```
 //!
 //! A query's placeholders: `{{cluster}}` (the cluster measured), `{{namespace}}` and `{{workloads}}` (the
 //! namespaces and names of the release's Deployments, StatefulSets and DaemonSets on that cluster, as a
-//! regular-expression alternation, for `=~`), `{{interval}}` (the measurement interval, e.g. `30s`, for a
-//! range selector). Its answer must be one number (a scalar, or an instant vector of one sample; more than
-//! one sample is inconclusive, as is none).
+//! regular-expression alternation, for `=~`), `{{interval}}` (the measurement interval, e.g. `30s`) and
+//! `{{rate_interval}}` (Grafana's `$__rate_interval`: the interval plus the cluster's scrape interval, at
+//! least four scrape intervals — a range that holds at least two samples, which `rate()` needs: a range of
+//! `{{interval}}` shorter than two scrape intervals never answers). The scrape interval is the one the
+//! cluster's agent reports in its facts, 30 s (the agent's default) when it does not. A query's answer must
+//! be one number (a scalar, or an instant vector of one sample; more than one sample is inconclusive).
 //!
 //! Conditions are CEL expressions over `result` (the cluster's number) and `baseline` (the median of the
 //! same query on the release's target clusters it has not changed yet, or `null` when there is none, such
@@ -32,8 +37,12 @@
 //! - **failed** when `failure` holds, or when only `success` is given and it does not hold;
 //! - **successful** when `success` holds (and `failure` does not), or when only `failure` is given and it
 //!   does not hold;
-//! - **inconclusive** when both are given and neither holds, or when the query fails, answers nothing or
-//!   more than one sample, or a condition can't be evaluated — never a pass.
+//! - an **error** when the query answers no sample (no data yet: a new workload's first scrapes), the TSDB
+//!   does not answer, or the query fails in its execution (not as bad PromQL): as in Argo Rollouts it is
+//!   taken again at the next interval and counts for nothing, unless it is one more than
+//!   `consecutive_error_limit` in a row, which is inconclusive;
+//! - **inconclusive** when both are given and neither holds, or when the query is refused as bad PromQL,
+//!   answers more than one sample or not a number, or a condition can't be evaluated — never a pass.
 //!
 //! A batch fails as soon as a metric on one of its clusters has more failed measurements than
 //! `failure_limit` (the release rolls back); it holds (waits for the `analysis-<batch>` approval, or a
@@ -54,7 +63,7 @@ pub const TEMPLATES: &[Template] = &[
     Template {
         name: "error-ratio",
         description: "share of the workloads' HTTP requests answered 5xx",
-        query: "sum(rate(http_requests_total{cluster=\"{{cluster}}\",namespace=~\"{{namespace}}\",deployment=~\"{{workloads}}\",code=~\"5..\"}[{{interval}}])) / sum(rate(http_requests_total{cluster=\"{{cluster}}\",namespace=~\"{{namespace}}\",deployment=~\"{{workloads}}\"}[{{interval}}]))",
+        query: "sum(rate(http_requests_total{cluster=\"{{cluster}}\",namespace=~\"{{namespace}}\",deployment=~\"{{workloads}}\",code=~\"5..\"}[{{rate_interval}}])) / sum(rate(http_requests_total{cluster=\"{{cluster}}\",namespace=~\"{{namespace}}\",deployment=~\"{{workloads}}\"}[{{rate_interval}}]))",
         success: None,
         failure: Some(
             "result > 0.05 || (baseline != null && result > 0.01 && result > baseline * 2.0)",
@@ -62,8 +71,8 @@ pub const TEMPLATES: &[Template] = &[
     },
     Template {
         name: "restarts",
-        description: "container restarts of the workloads' pods over the interval, against the baseline's",
-        query: "sum(increase(kube_pod_container_status_restarts_total{cluster=\"{{cluster}}\",namespace=~\"{{namespace}}\",pod=~\"({{workloads}})-.*\"}[{{interval}}])) or vector(0)",
+        description: "container restarts of the workloads' pods over the rate interval, against the baseline's",
+        query: "sum(increase(kube_pod_container_status_restarts_total{cluster=\"{{cluster}}\",namespace=~\"{{namespace}}\",pod=~\"({{workloads}})-.*\"}[{{rate_interval}}])) or vector(0)",
         success: None,
         // a fleet whose pods restart now and then anyway (the baseline) fails only on clearly more
         failure: Some(
@@ -99,7 +108,11 @@ const PLACEHOLDERS: &[&str] = &[
     "{{namespace}}",
     "{{workloads}}",
     "{{interval}}",
+    "{{rate_interval}}",
 ];
+
+/// The scrape interval of a cluster whose agent does not report one: the agent's default.
+pub const DEFAULT_SCRAPE_INTERVAL: Duration = Duration::from_secs(30);
 
 /// The `analysis` section of a release spec.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -108,6 +121,15 @@ pub struct Analysis {
     /// Between measurements.
     #[serde(default = "default_interval", with = "humantime_serde")]
     pub interval: Duration,
+    /// After the batch is healthy, before the first interval starts (Argo Rollouts' `initialDelay`); by
+    /// default two scrape intervals of the batch's slowest cluster: the new pods' first two samples, which a
+    /// rate needs.
+    #[serde(
+        default,
+        with = "humantime_serde",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub initial_delay: Option<Duration>,
     /// Measurements per metric and cluster (default: as many intervals as fit in the soak, at least 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u32>,
@@ -117,12 +139,20 @@ pub struct Analysis {
     /// Inconclusive measurements tolerated per metric and cluster.
     #[serde(default)]
     pub inconclusive_limit: u32,
+    /// Errors (no sample, the TSDB not answering) in a row taken again per metric and cluster; one more is
+    /// an inconclusive measurement (Argo Rollouts' `consecutiveErrorLimit`, and its default).
+    #[serde(default = "default_error_limit")]
+    pub consecutive_error_limit: u32,
     /// What is measured.
     pub metrics: Vec<Metric>,
 }
 
 fn default_interval() -> Duration {
     Duration::from_secs(30)
+}
+
+fn default_error_limit() -> u32 {
+    4
 }
 
 /// One metric of an analysis.
@@ -204,12 +234,16 @@ pub enum Error {
 pub struct Compiled {
     /// Between measurements.
     pub interval: Duration,
+    /// See [`Analysis::initial_delay`].
+    pub initial_delay: Option<Duration>,
     /// Measurements per metric and cluster.
     pub count: u32,
     /// See [`Analysis::failure_limit`].
     pub failure_limit: u32,
     /// See [`Analysis::inconclusive_limit`].
     pub inconclusive_limit: u32,
+    /// See [`Analysis::consecutive_error_limit`].
+    pub consecutive_error_limit: u32,
     metrics: Vec<CompiledMetric>,
 }
 
@@ -312,9 +346,11 @@ impl Analysis {
         }
         Ok(Compiled {
             interval: self.interval,
+            initial_delay: self.initial_delay,
             count,
             failure_limit: self.failure_limit,
             inconclusive_limit: self.inconclusive_limit,
+            consecutive_error_limit: self.consecutive_error_limit,
             metrics,
         })
     }
@@ -347,6 +383,44 @@ pub struct Target {
     pub namespaces: Vec<String>,
     /// Names of the workloads.
     pub workloads: Vec<String>,
+    /// Between its agent's scrapes ([`DEFAULT_SCRAPE_INTERVAL`] when not known).
+    pub scrape_interval: Option<Duration>,
+}
+
+impl Compiled {
+    /// The wait before the first interval on a batch of `targets`: the analysis' `initial_delay`, or two
+    /// scrape intervals of the slowest of them.
+    pub fn initial_delay(&self, targets: &[Target]) -> Duration {
+        self.initial_delay.unwrap_or_else(|| {
+            2 * targets
+                .iter()
+                .map(|t| t.scrape_interval.unwrap_or(DEFAULT_SCRAPE_INTERVAL))
+                .max()
+                .unwrap_or(DEFAULT_SCRAPE_INTERVAL)
+        })
+    }
+}
+
+impl Target {
+    /// Grafana's `$__rate_interval` for a measurement every `interval` on this cluster: the interval plus
+    /// a scrape interval, at least four scrape intervals.
+    pub fn rate_interval(&self, interval: Duration) -> Duration {
+        let scrape = self.scrape_interval.unwrap_or(DEFAULT_SCRAPE_INTERVAL);
+        (interval + scrape).max(scrape * 4)
+    }
+
+    /// Why a range of `{{interval}}` in `query` can hold no two samples here, if it can't.
+    fn short_range(&self, query: &str, interval: Duration) -> Option<String> {
+        let scrape = self.scrape_interval.unwrap_or(DEFAULT_SCRAPE_INTERVAL);
+        (query.contains("[{{interval}}") && interval < scrape * 2).then(|| {
+            format!(
+                "its range [{}] is shorter than two of {}'s scrapes ({} apart): use [{{{{rate_interval}}}}]",
+                promql_duration(interval),
+                self.cluster,
+                promql_duration(scrape)
+            )
+        })
+    }
 }
 
 /// A regular-expression alternation of literal names (`a|b`); for none, `$^`, which matches nothing (a
@@ -397,6 +471,9 @@ pub enum Verdict {
     Failed,
     /// Neither, or no number to judge.
     Inconclusive,
+    /// No number yet (no sample, the TSDB not answering): taken again, counts for nothing unless one more
+    /// than `consecutive_error_limit` in a row (then inconclusive).
+    Error,
 }
 
 /// One metric measured on one cluster.
@@ -421,12 +498,30 @@ pub struct Measurement {
 /// Why a query gave no number to judge (it failed, answered no sample or several, or a condition could not
 /// be evaluated on it).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{0}")]
-pub struct NoNumber(pub String);
+#[error("{reason}")]
+pub struct NoNumber {
+    /// For a person.
+    pub reason: String,
+    /// Whether asking again later may answer (no sample yet, the TSDB not answering): an error, not an
+    /// inconclusive measurement (see [`Verdict::Error`]).
+    pub retry: bool,
+}
 
-impl From<&str> for NoNumber {
-    fn from(s: &str) -> NoNumber {
-        NoNumber(s.to_string())
+impl NoNumber {
+    /// No number, and asking again won't give one (several samples, bad PromQL).
+    pub fn new(reason: impl Into<String>) -> NoNumber {
+        NoNumber {
+            reason: reason.into(),
+            retry: false,
+        }
+    }
+
+    /// No number yet.
+    pub fn not_yet(reason: impl Into<String>) -> NoNumber {
+        NoNumber {
+            reason: reason.into(),
+            retry: true,
+        }
     }
 }
 
@@ -444,6 +539,7 @@ impl Compiled {
         let namespace = alternation(&target.namespaces);
         let workloads = alternation(&target.workloads);
         let interval = promql_duration(self.interval);
+        let rate_interval = promql_duration(target.rate_interval(self.interval));
         self.metrics
             .iter()
             .map(|m| {
@@ -452,10 +548,18 @@ impl Compiled {
                     .replace("{{cluster}}", &target.cluster.replace('"', "\\\""))
                     .replace("{{namespace}}", &namespace)
                     .replace("{{workloads}}", &workloads)
-                    .replace("{{interval}}", &interval);
+                    .replace("{{interval}}", &interval)
+                    .replace("{{rate_interval}}", &rate_interval);
                 (m.name.clone(), q)
             })
             .collect()
+    }
+
+    /// Why `metric`'s query can't answer on `target` when its range is `{{interval}}` shorter than two
+    /// scrape intervals there (said beside "no sample").
+    pub fn short_range(&self, metric: &str, target: &Target) -> Option<String> {
+        let m = self.metrics.iter().find(|m| m.name == metric)?;
+        target.short_range(&m.query, self.interval)
     }
 
     /// Judges a metric's answer on a cluster against its conditions, with the baseline's answer.
@@ -485,7 +589,10 @@ impl Compiled {
                 return m;
             }
             Err(e) => {
-                m.reason = e.0;
+                if e.retry {
+                    m.verdict = Verdict::Error;
+                }
+                m.reason = e.reason;
                 return m;
             }
         };
@@ -496,11 +603,11 @@ impl Compiled {
             |c: &Option<(String, std::sync::Arc<Program>)>| -> Option<Result<bool, NoNumber>> {
                 c.as_ref().map(|(text, p)| match p.execute(&cx) {
                     Ok(Cel::Bool(b)) => Ok(b),
-                    Ok(other) => Err(NoNumber(format!(
+                    Ok(other) => Err(NoNumber::new(format!(
                         "{text:?} gave {}, not a bool",
                         other.type_of()
                     ))),
-                    Err(e) => Err(NoNumber(format!("{text:?}: {e}"))),
+                    Err(e) => Err(NoNumber::new(format!("{text:?}: {e}"))),
                 })
             };
         let (success, failure) = match (eval(&def.success), eval(&def.failure)) {
@@ -568,24 +675,41 @@ pub enum Conclusion {
 /// The measurements of one batch so far, per metric and cluster.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Tally {
-    counts: BTreeMap<(String, String), [u32; 3]>,
+    /// Per (metric, cluster): successful, failed, inconclusive measurements, and errors in a row.
+    counts: BTreeMap<(String, String), [u32; 4]>,
     /// Every measurement, in order (what the history shows).
     pub measurements: Vec<Measurement>,
 }
 
 impl Tally {
-    /// Adds a measurement.
-    pub fn add(&mut self, m: Measurement) {
+    /// Adds a measurement of analysis `a`, and returns it as counted: an error one more than `a`'s
+    /// `consecutive_error_limit` in a row is inconclusive.
+    pub fn add(&mut self, a: &Compiled, mut m: Measurement) -> Measurement {
         let c = self
             .counts
             .entry((m.metric.clone(), m.cluster.clone()))
             .or_default();
-        c[match m.verdict {
-            Verdict::Successful => 0,
-            Verdict::Failed => 1,
-            Verdict::Inconclusive => 2,
-        }] += 1;
-        self.measurements.push(m);
+        if m.verdict == Verdict::Error {
+            c[3] += 1;
+            if c[3] > a.consecutive_error_limit {
+                m.verdict = Verdict::Inconclusive;
+                m.reason = format!(
+                    "{} errors in a row (limit {}): {}",
+                    c[3], a.consecutive_error_limit, m.reason
+                );
+                c[3] = 0;
+            }
+        } else {
+            c[3] = 0;
+        }
+        match m.verdict {
+            Verdict::Successful => c[0] += 1,
+            Verdict::Failed => c[1] += 1,
+            Verdict::Inconclusive => c[2] += 1,
+            Verdict::Error => {}
+        }
+        self.measurements.push(m.clone());
+        m
     }
 
     /// Rounds measured so far: the fewest measurements of any metric on any of `clusters`.
@@ -595,7 +719,7 @@ impl Tally {
             .map(|(m, c)| {
                 self.counts
                     .get(&(m.to_string(), c.clone()))
-                    .map(|c| c.iter().sum())
+                    .map(|c| c[..3].iter().sum())
                     .unwrap_or(0)
             })
             .min()
@@ -612,7 +736,7 @@ impl Tally {
                 .map(|m| m.reason.clone())
                 .unwrap_or_default()
         };
-        for ((metric, cluster), [_, failed, inconclusive]) in &self.counts {
+        for ((metric, cluster), [_, failed, inconclusive, _]) in &self.counts {
             if !clusters.contains(cluster) {
                 continue;
             }
@@ -663,11 +787,12 @@ mod tests {
             cluster: "prod-1".into(),
             namespaces: vec!["shop".into()],
             workloads: vec!["web".into(), "api.v2".into()],
+            scrape_interval: Some(Duration::from_secs(15)),
         });
         assert_eq!(q.len(), 3);
         assert_eq!(
             q[0].1,
-            "sum(rate(http_requests_total{cluster=\"prod-1\",namespace=~\"shop\",deployment=~\"api\\\\.v2|web\",code=~\"5..\"}[30s])) / sum(rate(http_requests_total{cluster=\"prod-1\",namespace=~\"shop\",deployment=~\"api\\\\.v2|web\"}[30s]))"
+            "sum(rate(http_requests_total{cluster=\"prod-1\",namespace=~\"shop\",deployment=~\"api\\\\.v2|web\",code=~\"5..\"}[1m])) / sum(rate(http_requests_total{cluster=\"prod-1\",namespace=~\"shop\",deployment=~\"api\\\\.v2|web\"}[1m]))"
         );
         assert!(
             q[1].1.contains("pod=~\"(api\\\\.v2|web)-.*\""),
@@ -748,9 +873,16 @@ mod tests {
             Successful,
             "no baseline: a fixed threshold decides"
         );
-        let empty = a.judge("s", "c", Err("the query answered no sample".into()), None);
-        assert_eq!(empty.verdict, Inconclusive);
+        let empty = a.judge(
+            "s",
+            "c",
+            Err(NoNumber::not_yet("the query answered no sample")),
+            None,
+        );
+        assert_eq!(empty.verdict, Error, "no data yet: asked again");
         assert_eq!(empty.reason, "the query answered no sample");
+        let two = a.judge("s", "c", Err(NoNumber::new("2 samples, not one")), None);
+        assert_eq!(two.verdict, Inconclusive);
         assert_eq!(a.judge("s", "c", Ok(f64::NAN), None).verdict, Inconclusive);
         // a condition that fails to evaluate (an int compared with a float is fine in CEL? a string is not)
         let odd = compiled("metrics: [{name: o, query: up, success: 'result < \"x\"'}]");
@@ -795,17 +927,17 @@ mod tests {
         let clusters = vec!["a".to_string(), "b".to_string()];
         let mut t = Tally::default();
         assert_eq!(t.conclusion(&a, &clusters), Conclusion::Running);
-        t.add(a.judge("e", "a", Ok(0.0), None));
-        t.add(a.judge("e", "b", Ok(0.5), None));
+        t.add(&a, a.judge("e", "a", Ok(0.0), None));
+        t.add(&a, a.judge("e", "b", Ok(0.5), None));
         assert_eq!(
             t.conclusion(&a, &clusters),
             Conclusion::Running,
             "one failure is within the limit"
         );
-        t.add(a.judge("e", "a", Ok(0.0), None));
-        t.add(a.judge("e", "b", Ok(0.0), None));
+        t.add(&a, a.judge("e", "a", Ok(0.0), None));
+        t.add(&a, a.judge("e", "b", Ok(0.0), None));
         assert_eq!(t.conclusion(&a, &clusters), Conclusion::Passed);
-        t.add(a.judge("e", "b", Ok(0.7), None));
+        t.add(&a, a.judge("e", "b", Ok(0.7), None));
         match t.conclusion(&a, &clusters) {
             Conclusion::Failed(why) => assert!(
                 why.starts_with("e on b: 2 failed measurements (limit 1)"),
@@ -814,11 +946,91 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let mut t = Tally::default();
-        t.add(a.judge("e", "a", Err("no sample".into()), None));
+        t.add(&a, a.judge("e", "a", Err(NoNumber::new("2 samples")), None));
         match t.conclusion(&a, &clusters) {
-            Conclusion::Inconclusive(why) => assert!(why.contains("no sample"), "{why}"),
+            Conclusion::Inconclusive(why) => assert!(why.contains("2 samples"), "{why}"),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn no_number_yet_is_asked_again_up_to_the_error_limit_in_a_row() {
+        let a = compiled(
+            "count: 2\nconsecutive_error_limit: 2\nmetrics: [{name: e, query: up, success: result < 0.1}]",
+        );
+        let clusters = vec!["a".to_string()];
+        let none = || Err(NoNumber::not_yet("the query answered no sample"));
+        let mut t = Tally::default();
+        // a new workload: two rounds without data, then two good ones
+        for _ in 0..2 {
+            let m = t.add(&a, a.judge("e", "a", none(), None));
+            assert_eq!(m.verdict, Verdict::Error, "{m:?}");
+            assert_eq!(t.conclusion(&a, &clusters), Conclusion::Running);
+        }
+        assert_eq!(t.rounds(&a, &clusters), 0, "errors are not measurements");
+        t.add(&a, a.judge("e", "a", Ok(0.0), None));
+        // the streak starts over after a number
+        for _ in 0..2 {
+            t.add(&a, a.judge("e", "a", none(), None));
+        }
+        assert_eq!(t.conclusion(&a, &clusters), Conclusion::Running);
+        t.add(&a, a.judge("e", "a", Ok(0.0), None));
+        assert_eq!(t.conclusion(&a, &clusters), Conclusion::Passed);
+        assert_eq!(t.measurements.len(), 6, "every answer is in the history");
+
+        // one more than the limit in a row is inconclusive, and says why
+        let mut t = Tally::default();
+        for _ in 0..2 {
+            t.add(&a, a.judge("e", "a", none(), None));
+        }
+        let m = t.add(&a, a.judge("e", "a", none(), None));
+        assert_eq!(m.verdict, Verdict::Inconclusive);
+        assert_eq!(
+            m.reason,
+            "3 errors in a row (limit 2): the query answered no sample"
+        );
+        match t.conclusion(&a, &clusters) {
+            Conclusion::Inconclusive(why) => {
+                assert!(why.contains("3 errors in a row"), "{why}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            compiled("metrics: [{name: e, query: up, success: result < 0.1}]")
+                .consecutive_error_limit,
+            4,
+            "Argo Rollouts' default"
+        );
+    }
+
+    #[test]
+    fn the_rate_interval_holds_two_scrapes_of_each_cluster() {
+        let a = compiled(
+            "interval: 10s\nmetrics: [{name: e, template: error-ratio}, {name: mine, query: 'sum(rate(x{cluster=\"{{cluster}}\"}[{{interval}}]))', success: result < 1}]",
+        );
+        let target = |scrape_s: Option<u64>| Target {
+            cluster: "c".into(),
+            scrape_interval: scrape_s.map(Duration::from_secs),
+            ..Target::default()
+        };
+        // Grafana's $__rate_interval: max(interval + scrape, 4 × scrape); 30 s when the agent did not say
+        for (scrape, want) in [(None, "[2m]"), (Some(15), "[1m]"), (Some(1), "[11s]")] {
+            let q = a.queries(&target(scrape));
+            assert!(q[0].1.contains(want), "{scrape:?}: {}", q[0].1);
+            assert!(q[1].1.contains("[10s]"), "{{{{interval}}}} as given");
+        }
+        assert_eq!(
+            a.short_range("mine", &target(Some(15))).as_deref(),
+            Some(
+                "its range [10s] is shorter than two of c's scrapes (15s apart): use [{{rate_interval}}]"
+            )
+        );
+        assert_eq!(a.short_range("mine", &target(Some(5))), None);
+        assert_eq!(
+            a.short_range("e", &target(Some(15))),
+            None,
+            "the template's range fits"
+        );
     }
 
     #[test]

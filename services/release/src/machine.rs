@@ -418,6 +418,9 @@ fn target(r: &Release, cluster: &str) -> Target {
         ..Target::default()
     };
     if let Some(p) = r.plan.clusters.iter().find(|p| p.cluster == cluster) {
+        t.scrape_interval = p
+            .scrape_interval_s
+            .map(|s| std::time::Duration::from_secs(s.into()));
         for o in p
             .objects
             .iter()
@@ -737,6 +740,18 @@ impl Machine {
             (Phase::Idle, Input::Start) => self.next_batch(r, now, &mut out),
             (Phase::Idle, Input::RollBack) => {
                 let actor = self.actor.clone();
+                // a batch the release was in the middle of (held for an approval, a window, a release it
+                // depends on; interrupted) is stopped by the rollback, not soaking on
+                for b in r.batches.iter_mut().filter(|b| {
+                    matches!(
+                        b.state,
+                        BatchState::Applying | BatchState::WaitingHealth | BatchState::Soaking
+                    )
+                }) {
+                    b.state = BatchState::Failed;
+                    b.finished_at = Some(now);
+                    b.error = Some(format!("stopped: rolled back by {actor}"));
+                }
                 self.roll_back(r, actor, now, &mut out)
             }
             (
@@ -913,15 +928,20 @@ impl Machine {
                 for ans in answers {
                     for (cluster, answer) in ans.clusters {
                         let m = a.judge(&ans.metric, &cluster, answer, ans.baseline);
-                        round.push(m.clone());
-                        tally.add(m);
+                        round.push(tally.add(&a, m));
                     }
                 }
                 let conclusion = tally.conclusion(&a, &clusters);
                 let n = tally.rounds(&a, &clusters);
+                // an error is taken again: not a bad round yet
                 let bad = round
                     .iter()
-                    .filter(|m| m.verdict != analysis::Verdict::Successful)
+                    .filter(|m| {
+                        matches!(
+                            m.verdict,
+                            analysis::Verdict::Failed | analysis::Verdict::Inconclusive
+                        )
+                    })
                     .count();
                 let shown: Vec<String> = round
                     .iter()
@@ -937,6 +957,7 @@ impl Machine {
                                 analysis::Verdict::Successful => "",
                                 analysis::Verdict::Failed => " (failed)",
                                 analysis::Verdict::Inconclusive => " (inconclusive)",
+                                analysis::Verdict::Error => " (no number yet, asked again)",
                             }
                         )
                     })
@@ -1261,8 +1282,14 @@ impl Machine {
         let mut soak = self.policy.soak;
         let mut measure_at = None;
         if let Some(a) = &self.policy.analysis {
-            soak = soak.max(a.interval * a.count);
-            measure_at = Some(after(now, a.interval));
+            let targets: Vec<Target> = self
+                .plan_batch(r, index)
+                .iter()
+                .map(|c| target(r, c))
+                .collect();
+            let first = a.initial_delay(&targets) + a.interval;
+            soak = soak.max(first + a.interval * (a.count - 1));
+            measure_at = Some(after(now, first));
         }
         let until = after(now, soak);
         out.push(Decision::WaitUntil(measure_at.unwrap_or(until).min(until)));

@@ -66,6 +66,7 @@ fn release(batches: &[&[&str]]) -> Release {
                     planned("ConfigMap", "web", Action::WouldConfigure),
                 ],
                 error: None,
+                scrape_interval_s: None,
             })
         })
         .collect();
@@ -116,8 +117,14 @@ fn policy() -> Policy {
     }
 }
 
-/// The policy with an analysis: one `errors` metric failing above 5 %, measured every 10 s, 3 times.
+/// The policy with an analysis: one `errors` metric failing above 5 %, measured every 10 s, 3 times, the
+/// first one interval after the batch is healthy (no initial delay).
 fn analysed(extra: &str) -> Policy {
+    analysed_with(&format!("initial_delay: 0s\n{extra}"))
+}
+
+/// [`analysed`] without its initial delay.
+fn analysed_with(extra: &str) -> Policy {
     let a: crate::analysis::Analysis = serde_yaml::from_str(&format!(
         "interval: 10s\ncount: 3\n{extra}metrics: [{{name: errors, template: error-ratio, failure: result > 0.05}}]"
     ))
@@ -149,7 +156,7 @@ fn measured(values: &[(&str, Option<f64>)], baseline: Option<f64>) -> Input {
                 (
                     c.to_string(),
                     v.ok_or_else(|| {
-                        crate::analysis::NoNumber("the query answered no sample".into())
+                        crate::analysis::NoNumber::not_yet("the query answered no sample")
                     }),
                 )
             })
@@ -947,6 +954,86 @@ fn an_analysis_is_measured_over_the_soak_and_a_good_batch_passes() {
 }
 
 #[test]
+fn the_first_measurement_waits_for_two_scrapes_of_the_batch_slowest_cluster() {
+    let mut r = release(&[&["a", "b"], &["c"]]);
+    r.plan.clusters[0].scrape_interval_s = Some(15);
+    r.plan.clusters[1].scrape_interval_s = Some(20);
+    let mut run = Run::new(r, analysed_with(""));
+    let out = run.start();
+    let out = run.until_soaking(out);
+    // healthy at 100 s: two of b's 20 s scrapes, then the 10 s interval
+    assert_eq!(out.last(), Some(&Decision::WaitUntil(t(150))), "{out:?}");
+    let out = run.wait(&out);
+    let (targets, _) = measure_of(&out);
+    assert_eq!(
+        targets
+            .iter()
+            .map(|t| t.scrape_interval)
+            .collect::<Vec<_>>(),
+        [Some(Duration::from_secs(15)), Some(Duration::from_secs(20))],
+        "each target's own, for its rate interval"
+    );
+    // a cluster whose agent did not say: 30 s; a delay given: that
+    for (extra, first) in [("", 170), ("initial_delay: 5s\n", 115)] {
+        let mut run = Run::new(release(&[&["c"]]), analysed_with(extra));
+        let out = run.start();
+        let out = run.until_soaking(out);
+        assert_eq!(
+            out.last(),
+            Some(&Decision::WaitUntil(t(first))),
+            "{extra:?}: {out:?}"
+        );
+    }
+}
+
+#[test]
+fn a_new_workload_without_samples_yet_is_measured_again_and_passes_when_they_come() {
+    let mut run = Run::new(release(&[&["a"], &["b"]]), analysed(""));
+    let out = run.start();
+    let out = run.until_soaking(out);
+    let mut out = run.wait(&out);
+    // its first scrapes have not reached the TSDB: two rounds without a number
+    for at in [120, 130] {
+        measure_of(&out);
+        let got = run.feed(measured(&[("a", None)], None));
+        let Decision::Record(e) = &got[0] else {
+            panic!("{got:?}")
+        };
+        assert_eq!(
+            e.summary,
+            "batch 1 analysis 0/3: errors ? on a (no number yet, asked again)"
+        );
+        assert!(e.ok, "not a bad round yet");
+        assert_eq!(e.detail["measurements"][0]["verdict"], "error");
+        assert_eq!(run.r.state, State::Applying);
+        assert_eq!(got.last(), Some(&Decision::WaitUntil(t(at))), "{got:?}");
+        out = run.wait(&got);
+    }
+    // then three measurements: the soak lasts until they are taken
+    for (i, at) in [(1, 140), (2, 150)] {
+        measure_of(&out);
+        let got = run.feed(measured(&[("a", Some(0.0))], Some(0.0)));
+        assert_eq!(
+            got.last(),
+            Some(&Decision::WaitUntil(t(at))),
+            "{i}: {got:?}"
+        );
+        out = run.wait(&got);
+    }
+    measure_of(&out);
+    let out = run.feed(measured(&[("a", Some(0.0))], Some(0.0)));
+    let Decision::Record(e) = &out[0] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(e.summary, "batch 1 analysis 3/3: errors 0.0000 on a");
+    assert_eq!(e.detail["conclusion"], "passed");
+    assert!(
+        matches!(out.last(), Some(Decision::ReadIncidents { .. })),
+        "{out:?}"
+    );
+}
+
+#[test]
 fn a_failing_analysis_stops_the_batch_and_rolls_back() {
     let mut run = Run::new(release(&[&["a", "b"], &["c"]]), analysed(""));
     let out = run.start();
@@ -986,9 +1073,10 @@ fn a_failing_analysis_stops_the_batch_and_rolls_back() {
 
 #[test]
 fn an_inconclusive_analysis_holds_the_batch_until_a_person_approves_it() {
+    // no sample is inconclusive at once with no error allowed in a row
     let mut run = Run::new(
         release(&[&["a"], &["b"]]),
-        analysed("inconclusive_limit: 1\n"),
+        analysed("inconclusive_limit: 1\nconsecutive_error_limit: 0\n"),
     );
     let out = run.start();
     let out = run.until_soaking(out);
@@ -1025,11 +1113,27 @@ fn an_inconclusive_analysis_holds_the_batch_until_a_person_approves_it() {
         },
     );
     assert!(can_resume(&run.r));
+    // a rollback instead stops the held batch: not soaking on a rolled-back release
+    let mut other = run.r.clone();
+    request_rollback(&mut other).expect("a rollback may be asked");
+    let mut m = Machine::new(analysed("inconclusive_limit: 1\n"), "carol");
+    m.on(&mut other, Input::RollBack, t(210));
+    let b1 = other
+        .batches
+        .iter()
+        .find(|b| b.index == 1)
+        .expect("batch 1");
+    assert_eq!(b1.state, BatchState::Failed);
+    assert_eq!(b1.error.as_deref(), Some("stopped: rolled back by carol"));
+    assert_eq!(other.batches[1].state, BatchState::Pending, "never started");
     let e = resume(&mut run.r, "bob").expect("resumes");
     assert_eq!(e.what, ReleaseEntry::Apply);
     assert_eq!(run.r.waiting_for, None);
     // a new run: the held batch is done (no second snapshot of it), the next one starts
-    run.m = Machine::new(analysed("inconclusive_limit: 1\n"), "bob");
+    run.m = Machine::new(
+        analysed("inconclusive_limit: 1\nconsecutive_error_limit: 0\n"),
+        "bob",
+    );
     let out = run.feed(Input::Start);
     assert_eq!(run.batch(1).state, BatchState::Done);
     assert_eq!(snapshot_of(&out), names(&["b"]));

@@ -33,42 +33,48 @@ pub async fn query(http: &reqwest::Client, tsdb_url: &str, promql: &str) -> Answ
         .form(&[("query", promql)])
         .send()
         .await
-        .map_err(|e| NoNumber(format!("the TSDB at {tsdb_url} did not answer: {e}")))?;
+        .map_err(|e| NoNumber::not_yet(format!("the TSDB at {tsdb_url} did not answer: {e}")))?;
     let status = resp.status();
     let body: Value = resp
         .json()
         .await
-        .map_err(|e| NoNumber(format!("the TSDB answered {status} without JSON: {e}")))?;
+        .map_err(|e| NoNumber::not_yet(format!("the TSDB answered {status} without JSON: {e}")))?;
     answer(&body)
 }
 
 /// The number in a Prometheus API answer.
 pub fn answer(body: &Value) -> Answer {
     if body["status"] != "success" {
-        return Err(NoNumber(format!(
-            "the query failed ({}): {}",
-            body["errorType"].as_str().unwrap_or("error"),
+        let kind = body["errorType"].as_str().unwrap_or("error");
+        let reason = format!(
+            "the query failed ({kind}): {}",
             body["error"].as_str().unwrap_or("no reason given")
-        )));
+        );
+        // bad PromQL stays bad; a timeout, an execution error or an unavailable TSDB may pass
+        return Err(if kind == "bad_data" {
+            NoNumber::new(reason)
+        } else {
+            NoNumber::not_yet(reason)
+        });
     }
     let data = &body["data"];
     let number = |v: &Value| -> Answer {
         v.get(1)
             .and_then(Value::as_str)
             .and_then(|s| s.parse::<f64>().ok())
-            .ok_or_else(|| NoNumber(format!("the query answered an unreadable sample: {v}")))
+            .ok_or_else(|| NoNumber::new(format!("the query answered an unreadable sample: {v}")))
     };
     match data["resultType"].as_str() {
         Some("scalar") => number(&data["result"]),
         Some("vector") => match data["result"].as_array().map(Vec::as_slice) {
             Some([one]) => number(&one["value"]),
-            Some([]) | None => Err("the query answered no sample".into()),
-            Some(many) => Err(NoNumber(format!(
+            Some([]) | None => Err(NoNumber::not_yet("the query answered no sample")),
+            Some(many) => Err(NoNumber::new(format!(
                 "the query answered {} samples, not one (aggregate it, e.g. with sum)",
                 many.len()
             ))),
         },
-        other => Err(NoNumber(format!(
+        other => Err(NoNumber::new(format!(
             "the query answered a {}, not a number",
             other.unwrap_or("nothing")
         ))),
@@ -84,12 +90,27 @@ pub async fn measure(
     baseline: &[Target],
 ) -> Vec<Answered> {
     let ask = |t: &Target| {
-        let queries = a.queries(t);
+        let queries: Vec<_> = a
+            .queries(t)
+            .into_iter()
+            .map(|(metric, q)| {
+                let short = a.short_range(&metric, t);
+                (metric, q, short)
+            })
+            .collect();
         let cluster = t.cluster.clone();
         async move {
             let mut out = Vec::new();
-            for (metric, q) in queries {
-                out.push((metric, cluster.clone(), query(http, tsdb_url, &q).await));
+            for (metric, q, short) in queries {
+                let mut answer = query(http, tsdb_url, &q).await;
+                if let Err(e) = &mut answer
+                    && e.retry
+                    && let Some(why) = short
+                {
+                    // no wait will help: say why, and judge it inconclusive at once
+                    *e = NoNumber::new(format!("{}: {why}", e.reason));
+                }
+                out.push((metric, cluster.clone(), answer));
             }
             out
         }
@@ -134,10 +155,12 @@ mod tests {
         );
         assert_eq!(
             answer(&vector(json!([]))),
-            Err("the query answered no sample".into())
+            Err(NoNumber::not_yet("the query answered no sample")),
+            "no data yet: asked again"
         );
-        let two = answer(&vector(json!([{"value": [1, "1"]}, {"value": [1, "2"]}])));
-        assert!(two.expect_err("two").0.contains("2 samples"));
+        let two =
+            answer(&vector(json!([{"value": [1, "1"]}, {"value": [1, "2"]}]))).expect_err("two");
+        assert!(two.reason.contains("2 samples") && !two.retry, "{two:?}");
         assert_eq!(
             answer(
                 &json!({"status": "success", "data": {"resultType": "scalar", "result": [1, "3"]}})
@@ -154,14 +177,21 @@ mod tests {
         );
         assert_eq!(
             bad,
-            Err("the query failed (bad_data): parse error at char 5".into())
+            Err(NoNumber::new(
+                "the query failed (bad_data): parse error at char 5"
+            )),
+            "bad PromQL stays bad"
         );
+        let slow =
+            answer(&json!({"status": "error", "errorType": "timeout", "error": "query timed out"}))
+                .expect_err("timeout");
+        assert!(slow.retry, "a timeout may pass next time: {slow:?}");
         let matrix =
             answer(&json!({"status": "success", "data": {"resultType": "matrix", "result": []}}));
         assert!(
             matrix
                 .expect_err("matrix")
-                .0
+                .reason
                 .contains("a matrix, not a number")
         );
     }

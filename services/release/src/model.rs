@@ -65,6 +65,10 @@ pub struct ClusterPlan {
     /// A failure for the whole cluster (render error, no agent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Seconds between its agent's metric scrapes, from its facts (what the analysis' `{{rate_interval}}`
+    /// is made of); absent when the agent did not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrape_interval_s: Option<u32>,
 }
 
 /// A plan: every target's objects, verdicts, diffs and dry-run outcomes, and what it needs.

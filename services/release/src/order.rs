@@ -138,6 +138,7 @@ mod tests {
                         batch: 1,
                         objects: Vec::new(),
                         error: None,
+                        scrape_interval_s: None,
                     })
                     .collect(),
                 required_approvals: Default::default(),

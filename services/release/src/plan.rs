@@ -140,6 +140,7 @@ pub fn judge_cluster(spec: &Spec, cluster: &str, facts: &ClusterFacts, batch: u3
         batch,
         objects: Vec::new(),
         error: None,
+        scrape_interval_s: facts.scrape_interval_s,
     };
     match render::render(spec, cluster, facts) {
         Err(e) => plan.error = Some(format!("render: {e}")),
@@ -362,6 +363,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
+            scrape_interval_s: None,
         }
     }
 

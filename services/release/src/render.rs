@@ -263,6 +263,7 @@ mod tests {
             apiserver_cert_expiry: None,
             gpus: vec![],
             labels: [("env".to_string(), "prod".to_string())].into(),
+            scrape_interval_s: None,
         }
     }
 

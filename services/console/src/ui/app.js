@@ -500,13 +500,15 @@ function fmtNum(v) {
   return String(Number(v.toPrecision(4)));
 }
 
-const VERDICT_COLOR = { successful: 'var(--ok)', failed: 'var(--bad)', inconclusive: 'var(--warn)' };
+// error: no number yet (no sample, the TSDB not answering), asked again at the next interval
+const VERDICT_COLOR = { successful: 'var(--ok)', failed: 'var(--bad)', inconclusive: 'var(--warn)', error: 'var(--muted)' };
 
 // an analysis round's verdict: its worst measurement
 function roundVerdict(a) {
   const v = (a.measurements || []).map((m) => m.verdict);
   if (v.includes('failed')) return 'failed';
   if (v.includes('inconclusive') || (!v.length && a.ok === false)) return 'inconclusive';
+  if (v.includes('error')) return 'error';
   return 'successful';
 }
 

@@ -61,6 +61,7 @@ pub fn facts(minor: u32) -> ClusterFacts {
         apiserver_cert_expiry: Some(Utc::now() + chrono::Duration::days(300)),
         gpus: vec![],
         labels: BTreeMap::from([("env".into(), "prod".into())]),
+        scrape_interval_s: None,
     }
 }
 
