@@ -25,11 +25,14 @@
 //! A query's placeholders: `{{cluster}}` (the cluster measured), `{{namespace}}` and `{{workloads}}` (the
 //! namespaces and names of the release's Deployments, StatefulSets and DaemonSets on that cluster, as a
 //! regular-expression alternation, for `=~`), `{{interval}}` (the measurement interval, e.g. `30s`) and
-//! `{{rate_interval}}` (Grafana's `$__rate_interval`: the interval plus the cluster's scrape interval, at
-//! least four scrape intervals — a range that holds at least two samples, which `rate()` needs: a range of
-//! `{{interval}}` shorter than two scrape intervals never answers). The scrape interval is the one the
-//! cluster's agent reports in its facts, 30 s (the agent's default) when it does not. A query's answer must
-//! be one number (a scalar, or an instant vector of one sample; more than one sample is inconclusive).
+//! `{{rate_interval}}` (Grafana's `$__rate_interval`: the interval plus a scrape interval, at least four
+//! scrape intervals — a range that holds the two samples `rate()` needs, where a range of `{{interval}}`
+//! shorter than two scrape intervals answers at best now and then, and one no longer than a scrape interval
+//! never). The scrape interval is the slowest of the round's clusters (the batch's and the baseline's, so
+//! that all are measured over one range), each the one its agent reports in its facts, 30 s (the agent's
+//! default) when it does not. Consecutive measurements' ranges overlap by the rate interval less the
+//! interval: a short burst of errors is in several of them. A query's answer must be one number (a scalar,
+//! or an instant vector of one sample; more than one sample is inconclusive).
 //!
 //! Conditions are CEL expressions over `result` (the cluster's number) and `baseline` (the median of the
 //! same query on the release's target clusters it has not changed yet, or `null` when there is none, such
@@ -37,12 +40,16 @@
 //! - **failed** when `failure` holds, or when only `success` is given and it does not hold;
 //! - **successful** when `success` holds (and `failure` does not), or when only `failure` is given and it
 //!   does not hold;
-//! - an **error** when the query answers no sample (no data yet: a new workload's first scrapes), the TSDB
-//!   does not answer, or the query fails in its execution (not as bad PromQL): as in Argo Rollouts it is
-//!   taken again at the next interval and counts for nothing, unless it is one more than
+//! - an **error** when the query answers no sample or NaN (no data yet: a new workload's first scrapes; no
+//!   requests to divide), or the TSDB does not answer, times out or is unavailable: as in Argo Rollouts it
+//!   is taken again at the next interval and counts for nothing, unless it is one more than
 //!   `consecutive_error_limit` in a row, which is inconclusive;
-//! - **inconclusive** when both are given and neither holds, or when the query is refused as bad PromQL,
-//!   answers more than one sample or not a number, or a condition can't be evaluated — never a pass.
+//! - **inconclusive** when both are given and neither holds, or when the query is refused (bad PromQL, an
+//!   execution error such as many-to-many matching), answers more than one sample or not a number, a rate
+//!   over `[{{interval}}]` no longer than a scrape interval answers nothing, or a condition can't be
+//!   evaluated — never a pass.
+//!
+//! A metric and cluster measured `count` times is not measured again while the others catch up.
 //!
 //! A batch fails as soon as a metric on one of its clusters has more failed measurements than
 //! `failure_limit` (the release rolls back); it holds (waits for the `analysis-<batch>` approval, or a
@@ -63,7 +70,9 @@ pub const TEMPLATES: &[Template] = &[
     Template {
         name: "error-ratio",
         description: "share of the workloads' HTTP requests answered 5xx",
-        query: "sum(rate(http_requests_total{cluster=\"{{cluster}}\",namespace=~\"{{namespace}}\",deployment=~\"{{workloads}}\",code=~\"5..\"}[{{rate_interval}}])) / sum(rate(http_requests_total{cluster=\"{{cluster}}\",namespace=~\"{{namespace}}\",deployment=~\"{{workloads}}\"}[{{rate_interval}}]))",
+        // a workload that never answered 5xx has no such series yet (client libraries make it on the first):
+        // zero errors, not no sample
+        query: "(sum(rate(http_requests_total{cluster=\"{{cluster}}\",namespace=~\"{{namespace}}\",deployment=~\"{{workloads}}\",code=~\"5..\"}[{{rate_interval}}])) or vector(0)) / sum(rate(http_requests_total{cluster=\"{{cluster}}\",namespace=~\"{{namespace}}\",deployment=~\"{{workloads}}\"}[{{rate_interval}}]))",
         success: None,
         failure: Some(
             "result > 0.05 || (baseline != null && result > 0.01 && result > baseline * 2.0)",
@@ -387,40 +396,87 @@ pub struct Target {
     pub scrape_interval: Option<Duration>,
 }
 
+/// The slowest scrape interval of `targets`.
+fn slowest_scrape(targets: &[Target]) -> Duration {
+    targets
+        .iter()
+        .map(Target::scrape)
+        .max()
+        .unwrap_or(DEFAULT_SCRAPE_INTERVAL)
+}
+
+/// PromQL functions that need two samples in their range.
+const TWO_SAMPLE_FUNCTIONS: &[&str] = &[
+    "rate",
+    "irate",
+    "increase",
+    "delta",
+    "idelta",
+    "deriv",
+    "resets",
+    "predict_linear",
+];
+
 impl Compiled {
-    /// The wait before the first interval on a batch of `targets`: the analysis' `initial_delay`, or two
-    /// scrape intervals of the slowest of them.
+    /// `{{rate_interval}}` for a round measuring `targets` (the batch's clusters and the baseline's):
+    /// Grafana's `$__rate_interval` of the slowest scrape among them — the interval plus a scrape interval,
+    /// at least four scrape intervals.
+    pub fn rate_interval(&self, targets: &[Target]) -> Duration {
+        let scrape = slowest_scrape(targets);
+        (self.interval + scrape).max(scrape * 4)
+    }
+
+    /// The wait before the first interval on a round of `targets`: the analysis' `initial_delay`, or two
+    /// scrape intervals of the slowest of them, longer if the rate interval needs it so that the first
+    /// range starts after the batch was healthy.
     pub fn initial_delay(&self, targets: &[Target]) -> Duration {
         self.initial_delay.unwrap_or_else(|| {
-            2 * targets
-                .iter()
-                .map(|t| t.scrape_interval.unwrap_or(DEFAULT_SCRAPE_INTERVAL))
-                .max()
-                .unwrap_or(DEFAULT_SCRAPE_INTERVAL)
+            (2 * slowest_scrape(targets))
+                .max(self.rate_interval(targets).saturating_sub(self.interval))
         })
     }
 }
 
 impl Target {
-    /// Grafana's `$__rate_interval` for a measurement every `interval` on this cluster: the interval plus
-    /// a scrape interval, at least four scrape intervals.
-    pub fn rate_interval(&self, interval: Duration) -> Duration {
-        let scrape = self.scrape_interval.unwrap_or(DEFAULT_SCRAPE_INTERVAL);
-        (interval + scrape).max(scrape * 4)
+    /// Between its agent's scrapes (a reported 0 read as not reported).
+    fn scrape(&self) -> Duration {
+        self.scrape_interval
+            .filter(|d| !d.is_zero())
+            .unwrap_or(DEFAULT_SCRAPE_INTERVAL)
     }
 
-    /// Why a range of `{{interval}}` in `query` can hold no two samples here, if it can't.
-    fn short_range(&self, query: &str, interval: Duration) -> Option<String> {
-        let scrape = self.scrape_interval.unwrap_or(DEFAULT_SCRAPE_INTERVAL);
-        (query.contains("[{{interval}}") && interval < scrape * 2).then(|| {
-            format!(
-                "its range [{}] is shorter than two of {}'s scrapes ({} apart): use [{{{{rate_interval}}}}]",
-                promql_duration(interval),
-                self.cluster,
-                promql_duration(scrape)
-            )
-        })
+    /// Why a rate over `[{{interval}}]` in `query` answers nothing here, if it can't hold two samples, and
+    /// whether it never can (a range no longer than a scrape interval) rather than now and then.
+    fn short_range(&self, query: &str, interval: Duration) -> Option<(String, bool)> {
+        let scrape = self.scrape();
+        if interval >= scrape * 2 || !two_sample_range(query) {
+            return None;
+        }
+        let why = format!(
+            "its range [{}] is shorter than two of {}'s scrapes ({} apart): use [{{{{rate_interval}}}}]",
+            promql_duration(interval),
+            self.cluster,
+            promql_duration(scrape)
+        );
+        Some((why, interval <= scrape))
     }
+}
+
+/// Whether `query` gives a range of exactly `{{interval}}` (not a subquery's) to a function that needs two
+/// samples in it.
+fn two_sample_range(query: &str) -> bool {
+    query.match_indices("[{{interval}}]").any(|(at, _)| {
+        let before = &query[..at];
+        let Some(open) = before.rfind('(') else {
+            return false;
+        };
+        let name = before[..open].trim_end();
+        let start = name
+            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .map(|i| i + 1)
+            .unwrap_or(0);
+        TWO_SAMPLE_FUNCTIONS.contains(&&name[start..])
+    })
 }
 
 /// A regular-expression alternation of literal names (`a|b`); for none, `$^`, which matches nothing (a
@@ -502,9 +558,19 @@ pub struct Measurement {
 pub struct NoNumber {
     /// For a person.
     pub reason: String,
-    /// Whether asking again later may answer (no sample yet, the TSDB not answering): an error, not an
-    /// inconclusive measurement (see [`Verdict::Error`]).
-    pub retry: bool,
+    /// Why.
+    pub kind: Missing,
+}
+
+/// Why there is no number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Missing {
+    /// Asking again won't give one (several samples, a query refused): inconclusive.
+    Final,
+    /// The query answered no sample (yet): an error, asked again (see [`Verdict::Error`]).
+    NoSample,
+    /// The TSDB did not answer, timed out or was unavailable: an error, asked again.
+    Unanswered,
 }
 
 impl NoNumber {
@@ -512,16 +578,29 @@ impl NoNumber {
     pub fn new(reason: impl Into<String>) -> NoNumber {
         NoNumber {
             reason: reason.into(),
-            retry: false,
+            kind: Missing::Final,
         }
     }
 
-    /// No number yet.
-    pub fn not_yet(reason: impl Into<String>) -> NoNumber {
+    /// The query answered no sample.
+    pub fn no_sample() -> NoNumber {
+        NoNumber {
+            reason: "the query answered no sample".into(),
+            kind: Missing::NoSample,
+        }
+    }
+
+    /// The TSDB could not answer now.
+    pub fn unanswered(reason: impl Into<String>) -> NoNumber {
         NoNumber {
             reason: reason.into(),
-            retry: true,
+            kind: Missing::Unanswered,
         }
+    }
+
+    /// Whether asking again later may give a number.
+    pub fn retry(&self) -> bool {
+        self.kind != Missing::Final
     }
 }
 
@@ -534,12 +613,13 @@ impl Compiled {
         self.metrics.iter().map(|m| m.name.as_str())
     }
 
-    /// Every metric's query for `target`: `(metric, PromQL)`.
-    pub fn queries(&self, target: &Target) -> Vec<(String, String)> {
+    /// Every metric's query for `target`, in a round whose `{{rate_interval}}` is `rate_interval` (see
+    /// [`Compiled::rate_interval`]): `(metric, PromQL)`.
+    pub fn queries(&self, target: &Target, rate_interval: Duration) -> Vec<(String, String)> {
         let namespace = alternation(&target.namespaces);
         let workloads = alternation(&target.workloads);
         let interval = promql_duration(self.interval);
-        let rate_interval = promql_duration(target.rate_interval(self.interval));
+        let rate_interval = promql_duration(rate_interval);
         self.metrics
             .iter()
             .map(|m| {
@@ -555,11 +635,22 @@ impl Compiled {
             .collect()
     }
 
-    /// Why `metric`'s query can't answer on `target` when its range is `{{interval}}` shorter than two
-    /// scrape intervals there (said beside "no sample").
-    pub fn short_range(&self, metric: &str, target: &Target) -> Option<String> {
-        let m = self.metrics.iter().find(|m| m.name == metric)?;
-        target.short_range(&m.query, self.interval)
+    /// `answer` of `metric` on `target`, with why when it is no sample because the query rates over a range
+    /// of `{{interval}}` shorter than two scrape intervals there — and inconclusive at once (no wait will
+    /// help) when the range is no longer than one.
+    pub fn explain(&self, metric: &str, target: &Target, answer: Answer) -> Answer {
+        let Err(e) = answer else { return answer };
+        let short = (e.kind == Missing::NoSample)
+            .then(|| self.metrics.iter().find(|m| m.name == metric))
+            .flatten()
+            .and_then(|m| target.short_range(&m.query, self.interval));
+        match short {
+            None => Err(e),
+            Some((why, never)) => Err(NoNumber {
+                reason: format!("{}: {why}", e.reason),
+                kind: if never { Missing::Final } else { e.kind },
+            }),
+        }
     }
 
     /// Judges a metric's answer on a cluster against its conditions, with the baseline's answer.
@@ -584,12 +675,18 @@ impl Compiled {
         };
         let value = match answer {
             Ok(v) if v.is_finite() => v,
+            Ok(v) if v.is_nan() => {
+                // 0/0: nothing in the range to divide (no requests yet): asked again
+                m.verdict = Verdict::Error;
+                m.reason = "the query answered NaN (nothing in its range, e.g. no requests)".into();
+                return m;
+            }
             Ok(v) => {
                 m.reason = format!("the query answered {v}, not a number to judge");
                 return m;
             }
             Err(e) => {
-                if e.retry {
+                if e.retry() {
                     m.verdict = Verdict::Error;
                 }
                 m.reason = e.reason;
@@ -712,16 +809,19 @@ impl Tally {
         m
     }
 
+    /// Measurements counted (successful, failed or inconclusive) of `metric` on `cluster`.
+    pub fn counted(&self, metric: &str, cluster: &str) -> u32 {
+        self.counts
+            .get(&(metric.to_string(), cluster.to_string()))
+            .map(|c| c[..3].iter().sum())
+            .unwrap_or(0)
+    }
+
     /// Rounds measured so far: the fewest measurements of any metric on any of `clusters`.
     pub fn rounds(&self, a: &Compiled, clusters: &[String]) -> u32 {
         a.metrics()
             .flat_map(|m| clusters.iter().map(move |c| (m, c)))
-            .map(|(m, c)| {
-                self.counts
-                    .get(&(m.to_string(), c.clone()))
-                    .map(|c| c[..3].iter().sum())
-                    .unwrap_or(0)
-            })
+            .map(|(m, c)| self.counted(m, c))
             .min()
             .unwrap_or(0)
     }
@@ -783,16 +883,19 @@ mod tests {
             "metrics: [{name: e, template: error-ratio}, {name: r, template: restarts}, {name: ready, template: readiness}]",
         );
         assert_eq!(a.count, 4, "120 s soak / 30 s interval");
-        let q = a.queries(&Target {
-            cluster: "prod-1".into(),
-            namespaces: vec!["shop".into()],
-            workloads: vec!["web".into(), "api.v2".into()],
-            scrape_interval: Some(Duration::from_secs(15)),
-        });
+        let q = a.queries(
+            &Target {
+                cluster: "prod-1".into(),
+                namespaces: vec!["shop".into()],
+                workloads: vec!["web".into(), "api.v2".into()],
+                scrape_interval: Some(Duration::from_secs(15)),
+            },
+            Duration::from_secs(60),
+        );
         assert_eq!(q.len(), 3);
         assert_eq!(
             q[0].1,
-            "sum(rate(http_requests_total{cluster=\"prod-1\",namespace=~\"shop\",deployment=~\"api\\\\.v2|web\",code=~\"5..\"}[1m])) / sum(rate(http_requests_total{cluster=\"prod-1\",namespace=~\"shop\",deployment=~\"api\\\\.v2|web\"}[1m]))"
+            "(sum(rate(http_requests_total{cluster=\"prod-1\",namespace=~\"shop\",deployment=~\"api\\\\.v2|web\",code=~\"5..\"}[1m])) or vector(0)) / sum(rate(http_requests_total{cluster=\"prod-1\",namespace=~\"shop\",deployment=~\"api\\\\.v2|web\"}[1m]))"
         );
         assert!(
             q[1].1.contains("pod=~\"(api\\\\.v2|web)-.*\""),
@@ -873,17 +976,20 @@ mod tests {
             Successful,
             "no baseline: a fixed threshold decides"
         );
-        let empty = a.judge(
-            "s",
-            "c",
-            Err(NoNumber::not_yet("the query answered no sample")),
-            None,
-        );
+        let empty = a.judge("s", "c", Err(NoNumber::no_sample()), None);
         assert_eq!(empty.verdict, Error, "no data yet: asked again");
         assert_eq!(empty.reason, "the query answered no sample");
         let two = a.judge("s", "c", Err(NoNumber::new("2 samples, not one")), None);
         assert_eq!(two.verdict, Inconclusive);
-        assert_eq!(a.judge("s", "c", Ok(f64::NAN), None).verdict, Inconclusive);
+        assert_eq!(
+            a.judge("s", "c", Ok(f64::NAN), None).verdict,
+            Error,
+            "0/0: no requests in the range yet"
+        );
+        assert_eq!(
+            a.judge("s", "c", Ok(f64::INFINITY), None).verdict,
+            Inconclusive
+        );
         // a condition that fails to evaluate (an int compared with a float is fine in CEL? a string is not)
         let odd = compiled("metrics: [{name: o, query: up, success: 'result < \"x\"'}]");
         let m = odd.judge("o", "c", Ok(1.0), None);
@@ -959,7 +1065,7 @@ mod tests {
             "count: 2\nconsecutive_error_limit: 2\nmetrics: [{name: e, query: up, success: result < 0.1}]",
         );
         let clusters = vec!["a".to_string()];
-        let none = || Err(NoNumber::not_yet("the query answered no sample"));
+        let none = || Err(NoNumber::no_sample());
         let mut t = Tally::default();
         // a new workload: two rounds without data, then two good ones
         for _ in 0..2 {
@@ -1013,23 +1119,79 @@ mod tests {
             scrape_interval: scrape_s.map(Duration::from_secs),
             ..Target::default()
         };
-        // Grafana's $__rate_interval: max(interval + scrape, 4 × scrape); 30 s when the agent did not say
-        for (scrape, want) in [(None, "[2m]"), (Some(15), "[1m]"), (Some(1), "[11s]")] {
-            let q = a.queries(&target(scrape));
-            assert!(q[0].1.contains(want), "{scrape:?}: {}", q[0].1);
+        // Grafana's $__rate_interval: max(interval + scrape, 4 × scrape) of the round's slowest scrape;
+        // 30 s when the agent did not say (or said 0)
+        for (scrapes, want, delay) in [
+            (vec![None], "[2m]", 110),
+            (vec![Some(15)], "[1m]", 50),
+            (vec![Some(1)], "[11s]", 2),
+            (vec![Some(1), Some(15)], "[1m]", 50),
+            (vec![Some(0)], "[2m]", 110),
+        ] {
+            let round: Vec<Target> = scrapes.iter().map(|s| target(*s)).collect();
+            let rate = a.rate_interval(&round);
+            let q = a.queries(&round[0], rate);
+            assert!(q[0].1.contains(want), "{scrapes:?}: {}", q[0].1);
             assert!(q[1].1.contains("[10s]"), "{{{{interval}}}} as given");
+            // the first range starts once the batch is healthy, and holds two scrapes
+            assert_eq!(
+                a.initial_delay(&round),
+                Duration::from_secs(delay),
+                "{scrapes:?}"
+            );
         }
-        assert_eq!(
-            a.short_range("mine", &target(Some(15))).as_deref(),
-            Some(
-                "its range [10s] is shorter than two of c's scrapes (15s apart): use [{{rate_interval}}]"
-            )
+        let given = compiled(
+            "interval: 10s\ninitial_delay: 0s\nmetrics: [{name: e, template: error-ratio}]",
         );
-        assert_eq!(a.short_range("mine", &target(Some(5))), None);
+        assert_eq!(given.initial_delay(&[target(None)]), Duration::ZERO);
         assert_eq!(
-            a.short_range("e", &target(Some(15))),
-            None,
-            "the template's range fits"
+            a.rate_interval(&[]),
+            Duration::from_secs(120),
+            "no cluster: the default scrape"
+        );
+    }
+
+    #[test]
+    fn a_rate_over_a_range_too_short_for_two_scrapes_says_so() {
+        let a = compiled(
+            "interval: 10s\nmetrics: [{name: e, template: error-ratio}, {name: mine, query: 'sum(rate(x{cluster=\"{{cluster}}\"}[{{interval}}]))', success: result < 1}, {name: max, query: 'max(max_over_time(x[{{interval}}]))', success: result < 1}, {name: sub, query: 'max(rate(x[5m])[{{interval}}:1s])', success: result < 1}]",
+        );
+        let target = |scrape_s: u64| Target {
+            cluster: "c".into(),
+            scrape_interval: Some(Duration::from_secs(scrape_s)),
+            ..Target::default()
+        };
+        let hint = "the query answered no sample: its range [10s] is shorter than two of c's scrapes (6s apart): use [{{rate_interval}}]";
+        // shorter than two scrapes: answers now and then — said, and asked again
+        let e = a
+            .explain("mine", &target(6), Err(NoNumber::no_sample()))
+            .expect_err("no number");
+        assert_eq!((e.reason.as_str(), e.retry()), (hint, true));
+        // no longer than one: never answers — inconclusive at once
+        let e = a
+            .explain("mine", &target(10), Err(NoNumber::no_sample()))
+            .expect_err("no number");
+        assert!(!e.retry(), "{e:?}");
+        assert!(
+            e.reason.ends_with("(10s apart): use [{{rate_interval}}]"),
+            "{e:?}"
+        );
+        // not said: a range long enough, the template's rate interval, a function that needs one sample, a
+        // subquery's range, an answer, the TSDB not answering
+        let plain = |metric: &str, scrape: u64| {
+            a.explain(metric, &target(scrape), Err(NoNumber::no_sample()))
+                .expect_err("no number")
+        };
+        assert_eq!(plain("mine", 5), NoNumber::no_sample());
+        for m in ["e", "max", "sub"] {
+            assert_eq!(plain(m, 15), NoNumber::no_sample(), "{m}");
+        }
+        assert_eq!(a.explain("mine", &target(15), Ok(1.0)), Ok(1.0));
+        let down = NoNumber::unanswered("the TSDB at http://tsdb did not answer");
+        assert_eq!(
+            a.explain("mine", &target(15), Err(down.clone())),
+            Err(down),
+            "a TSDB down is not a range too short"
         );
     }
 

@@ -740,19 +740,8 @@ impl Machine {
             (Phase::Idle, Input::Start) => self.next_batch(r, now, &mut out),
             (Phase::Idle, Input::RollBack) => {
                 let actor = self.actor.clone();
-                // a batch the release was in the middle of (held for an approval, a window, a release it
-                // depends on; interrupted) is stopped by the rollback, not soaking on
-                for b in r.batches.iter_mut().filter(|b| {
-                    matches!(
-                        b.state,
-                        BatchState::Applying | BatchState::WaitingHealth | BatchState::Soaking
-                    )
-                }) {
-                    b.state = BatchState::Failed;
-                    b.finished_at = Some(now);
-                    b.error = Some(format!("stopped: rolled back by {actor}"));
-                }
-                self.roll_back(r, actor, now, &mut out)
+                let why = format!("rolled back by {actor}");
+                self.roll_back(r, actor, &why, now, &mut out)
             }
             (
                 Phase::Snapshots {
@@ -927,6 +916,10 @@ impl Machine {
                 let mut round = Vec::new();
                 for ans in answers {
                     for (cluster, answer) in ans.clusters {
+                        // measured its count while another caught up after errors: not again
+                        if tally.counted(&ans.metric, &cluster) >= a.count {
+                            continue;
+                        }
                         let m = a.judge(&ans.metric, &cluster, answer, ans.baseline);
                         round.push(tally.add(&a, m));
                     }
@@ -1266,6 +1259,24 @@ impl Machine {
         }
     }
 
+    /// What an analysis round of batch `index` measures: its clusters, and the baseline (the target clusters
+    /// the release has not changed).
+    fn round_targets(&self, r: &Release, index: u32) -> (Vec<Target>, Vec<Target>) {
+        let targets = self
+            .plan_batch(r, index)
+            .iter()
+            .map(|c| target(r, c))
+            .collect();
+        let baseline = r
+            .plan
+            .clusters
+            .iter()
+            .filter(|p| !r.changed.contains(&p.cluster))
+            .map(|p| target(r, &p.cluster))
+            .collect();
+        (targets, baseline)
+    }
+
     /// The batch is healthy: no new incident may open on its clusters for the soak, and the analysis (when
     /// the spec has one) is measured over it, every `interval`, `count` times (the soak lasts at least that).
     fn soak(
@@ -1282,12 +1293,9 @@ impl Machine {
         let mut soak = self.policy.soak;
         let mut measure_at = None;
         if let Some(a) = &self.policy.analysis {
-            let targets: Vec<Target> = self
-                .plan_batch(r, index)
-                .iter()
-                .map(|c| target(r, c))
-                .collect();
-            let first = a.initial_delay(&targets) + a.interval;
+            let (targets, baseline) = self.round_targets(r, index);
+            let all: Vec<Target> = targets.into_iter().chain(baseline).collect();
+            let first = a.initial_delay(&all) + a.interval;
             soak = soak.max(first + a.interval * (a.count - 1));
             measure_at = Some(after(now, first));
         }
@@ -1327,16 +1335,11 @@ impl Machine {
             && now >= at
         {
             measure_at = Some(after(now, a.interval));
+            let (targets, baseline) = self.round_targets(r, index);
             out.push(Decision::Measure {
                 batch: index,
-                targets: clusters.iter().map(|c| target(r, c)).collect(),
-                baseline: r
-                    .plan
-                    .clusters
-                    .iter()
-                    .filter(|p| !r.changed.contains(&p.cluster))
-                    .map(|p| target(r, &p.cluster))
-                    .collect(),
+                targets,
+                baseline,
             });
             return Phase::Soak {
                 index,
@@ -1552,17 +1555,45 @@ impl Machine {
             format!("release failed: {e}"),
             json!({"error": e}),
         )));
-        self.roll_back(r, "system".into(), now, out)
+        let why = format!("the release failed: {e}");
+        self.roll_back(r, "system".into(), &why, now, out)
     }
 
-    /// Rolls back every changed cluster, the last changed first.
+    /// Rolls back every changed cluster, the last changed first; a batch the release was in the middle of
+    /// (held for an approval, a window or a release it depends on; interrupted; stopping) is stopped
+    /// `why`, not left applying or soaking on a rolled-back release.
     fn roll_back(
         &mut self,
         r: &mut Release,
         actor: String,
+        why: &str,
         now: DateTime<Utc>,
         out: &mut Vec<Decision>,
     ) -> Phase {
+        let mut stopped = Vec::new();
+        for b in r.batches.iter_mut().filter(|b| {
+            matches!(
+                b.state,
+                BatchState::Applying | BatchState::WaitingHealth | BatchState::Soaking
+            )
+        }) {
+            b.state = BatchState::Failed;
+            b.finished_at = Some(now);
+            b.error = Some(format!("stopped: {why}"));
+            stopped.push((b.index, b.clusters.clone()));
+        }
+        for (index, clusters) in stopped {
+            out.push(Decision::Record(entry(
+                r,
+                ReleaseEntry::Batch,
+                false,
+                &actor,
+                Some(index),
+                clusters,
+                format!("batch {index} stopped: {why}"),
+                json!({"error": format!("stopped: {why}")}),
+            )));
+        }
         r.rollbacks += 1;
         r.state = State::RollingBack;
         r.updated_at = now;

@@ -123,7 +123,7 @@ fn analysed(extra: &str) -> Policy {
     analysed_with(&format!("initial_delay: 0s\n{extra}"))
 }
 
-/// [`analysed`] without its initial delay.
+/// The same analysis with its `initial_delay` as `extra` says (by default: from the scrape intervals).
 fn analysed_with(extra: &str) -> Policy {
     let a: crate::analysis::Analysis = serde_yaml::from_str(&format!(
         "interval: 10s\ncount: 3\n{extra}metrics: [{{name: errors, template: error-ratio, failure: result > 0.05}}]"
@@ -155,9 +155,7 @@ fn measured(values: &[(&str, Option<f64>)], baseline: Option<f64>) -> Input {
             .map(|(c, v)| {
                 (
                     c.to_string(),
-                    v.ok_or_else(|| {
-                        crate::analysis::NoNumber::not_yet("the query answered no sample")
-                    }),
+                    v.ok_or_else(crate::analysis::NoNumber::no_sample),
                 )
             })
             .collect(),
@@ -744,13 +742,22 @@ fn rolling_back_a_partly_applied_batch_restores_what_it_reached() {
     };
     let out = rb.feed(Input::RollBack);
     assert_eq!(rollback_of(&out), names(&["b", "a"]));
-    let Some(Decision::Record(e)) = out.first() else {
-        panic!("{out:?}")
-    };
+    let records: Vec<(&str, &str, bool)> = out
+        .iter()
+        .filter_map(|d| match d {
+            Decision::Record(e) => Some((e.actor.as_str(), e.summary.as_str(), e.ok)),
+            _ => None,
+        })
+        .collect();
     assert_eq!(
-        (e.actor.as_str(), e.summary.as_str()),
-        ("carol", "rollback 1 starts: a, b")
+        records,
+        [
+            ("carol", "batch 1 stopped: rolled back by carol", false),
+            ("carol", "rollback 1 starts: a, b", true)
+        ],
+        "the batch it was applying is stopped, not left applying"
     );
+    assert_eq!(rb.batch(1).state, BatchState::Failed);
     rb.feed(restored("b"));
     let out = rb.feed(Input::Restored {
         cluster: "a".into(),
@@ -954,15 +961,17 @@ fn an_analysis_is_measured_over_the_soak_and_a_good_batch_passes() {
 }
 
 #[test]
-fn the_first_measurement_waits_for_two_scrapes_of_the_batch_slowest_cluster() {
+fn the_first_measurement_waits_until_the_rate_interval_holds_only_the_healthy_batch() {
     let mut r = release(&[&["a", "b"], &["c"]]);
     r.plan.clusters[0].scrape_interval_s = Some(15);
     r.plan.clusters[1].scrape_interval_s = Some(20);
+    r.plan.clusters[2].scrape_interval_s = Some(5);
     let mut run = Run::new(r, analysed_with(""));
     let out = run.start();
     let out = run.until_soaking(out);
-    // healthy at 100 s: two of b's 20 s scrapes, then the 10 s interval
-    assert_eq!(out.last(), Some(&Decision::WaitUntil(t(150))), "{out:?}");
+    // healthy at 100 s; the slowest scrape of the round (the baseline c's included) is b's 20 s: a rate
+    // interval of 80 s, so the first range (70 s + the 10 s interval) starts when the batch was healthy
+    assert_eq!(out.last(), Some(&Decision::WaitUntil(t(180))), "{out:?}");
     let out = run.wait(&out);
     let (targets, _) = measure_of(&out);
     assert_eq!(
@@ -973,8 +982,8 @@ fn the_first_measurement_waits_for_two_scrapes_of_the_batch_slowest_cluster() {
         [Some(Duration::from_secs(15)), Some(Duration::from_secs(20))],
         "each target's own, for its rate interval"
     );
-    // a cluster whose agent did not say: 30 s; a delay given: that
-    for (extra, first) in [("", 170), ("initial_delay: 5s\n", 115)] {
+    // a cluster whose agent did not say: 30 s, a rate interval of 2 min; a delay given: that
+    for (extra, first) in [("", 220), ("initial_delay: 5s\n", 115)] {
         let mut run = Run::new(release(&[&["c"]]), analysed_with(extra));
         let out = run.start();
         let out = run.until_soaking(out);
@@ -1026,6 +1035,32 @@ fn a_new_workload_without_samples_yet_is_measured_again_and_passes_when_they_com
         panic!("{out:?}")
     };
     assert_eq!(e.summary, "batch 1 analysis 3/3: errors 0.0000 on a");
+    assert_eq!(e.detail["conclusion"], "passed");
+    assert!(
+        matches!(out.last(), Some(Decision::ReadIncidents { .. })),
+        "{out:?}"
+    );
+}
+
+#[test]
+fn a_cluster_measured_its_count_is_not_measured_again_while_another_catches_up() {
+    let mut run = Run::new(release(&[&["a", "b"], &["c"]]), analysed(""));
+    let out = run.start();
+    let out = run.until_soaking(out);
+    let mut out = run.wait(&out);
+    // b has no number in the first round; a's three are in after the third
+    for b in [None, Some(0.0), Some(0.0)] {
+        measure_of(&out);
+        let got = run.feed(measured(&[("a", Some(0.0)), ("b", b)], Some(0.0)));
+        out = run.wait(&got);
+    }
+    measure_of(&out);
+    // a fourth number of a, failing, is not a's to count: b's third passes the batch
+    let out = run.feed(measured(&[("a", Some(0.9)), ("b", Some(0.0))], Some(0.0)));
+    let Decision::Record(e) = &out[0] else {
+        panic!("{out:?}")
+    };
+    assert_eq!(e.summary, "batch 1 analysis 3/3: errors 0.0000 on b");
     assert_eq!(e.detail["conclusion"], "passed");
     assert!(
         matches!(out.last(), Some(Decision::ReadIncidents { .. })),

@@ -33,12 +33,17 @@ pub async fn query(http: &reqwest::Client, tsdb_url: &str, promql: &str) -> Answ
         .form(&[("query", promql)])
         .send()
         .await
-        .map_err(|e| NoNumber::not_yet(format!("the TSDB at {tsdb_url} did not answer: {e}")))?;
+        .map_err(|e| NoNumber::unanswered(format!("the TSDB at {tsdb_url} did not answer: {e}")))?;
     let status = resp.status();
-    let body: Value = resp
-        .json()
-        .await
-        .map_err(|e| NoNumber::not_yet(format!("the TSDB answered {status} without JSON: {e}")))?;
+    let body: Value = resp.json().await.map_err(|e| {
+        let why = format!("the TSDB answered {status} without JSON: {e}");
+        // a proxy's 502/503 passes; a wrong URL or token does not
+        if status.is_server_error() {
+            NoNumber::unanswered(why)
+        } else {
+            NoNumber::new(why)
+        }
+    })?;
     answer(&body)
 }
 
@@ -50,11 +55,12 @@ pub fn answer(body: &Value) -> Answer {
             "the query failed ({kind}): {}",
             body["error"].as_str().unwrap_or("no reason given")
         );
-        // bad PromQL stays bad; a timeout, an execution error or an unavailable TSDB may pass
-        return Err(if kind == "bad_data" {
-            NoNumber::new(reason)
+        // a timeout or an unavailable TSDB may pass; bad PromQL, an execution error (many-to-many matching,
+        // duplicate series) or an internal one stays as it is
+        return Err(if matches!(kind, "timeout" | "unavailable" | "canceled") {
+            NoNumber::unanswered(reason)
         } else {
-            NoNumber::not_yet(reason)
+            NoNumber::new(reason)
         });
     }
     let data = &body["data"];
@@ -68,7 +74,7 @@ pub fn answer(body: &Value) -> Answer {
         Some("scalar") => number(&data["result"]),
         Some("vector") => match data["result"].as_array().map(Vec::as_slice) {
             Some([one]) => number(&one["value"]),
-            Some([]) | None => Err(NoNumber::not_yet("the query answered no sample")),
+            Some([]) | None => Err(NoNumber::no_sample()),
             Some(many) => Err(NoNumber::new(format!(
                 "the query answered {} samples, not one (aggregate it, e.g. with sum)",
                 many.len()
@@ -89,28 +95,17 @@ pub async fn measure(
     targets: &[Target],
     baseline: &[Target],
 ) -> Vec<Answered> {
+    // one range for the round: the batch's and the baseline's numbers are over the same time
+    let all: Vec<Target> = targets.iter().chain(baseline).cloned().collect();
+    let rate_interval = a.rate_interval(&all);
     let ask = |t: &Target| {
-        let queries: Vec<_> = a
-            .queries(t)
-            .into_iter()
-            .map(|(metric, q)| {
-                let short = a.short_range(&metric, t);
-                (metric, q, short)
-            })
-            .collect();
-        let cluster = t.cluster.clone();
+        let queries = a.queries(t, rate_interval);
+        let t = t.clone();
         async move {
             let mut out = Vec::new();
-            for (metric, q, short) in queries {
-                let mut answer = query(http, tsdb_url, &q).await;
-                if let Err(e) = &mut answer
-                    && e.retry
-                    && let Some(why) = short
-                {
-                    // no wait will help: say why, and judge it inconclusive at once
-                    *e = NoNumber::new(format!("{}: {why}", e.reason));
-                }
-                out.push((metric, cluster.clone(), answer));
+            for (metric, q) in queries {
+                let answer = a.explain(&metric, &t, query(http, tsdb_url, &q).await);
+                out.push((metric, t.cluster.clone(), answer));
             }
             out
         }
@@ -155,12 +150,12 @@ mod tests {
         );
         assert_eq!(
             answer(&vector(json!([]))),
-            Err(NoNumber::not_yet("the query answered no sample")),
+            Err(NoNumber::no_sample()),
             "no data yet: asked again"
         );
         let two =
             answer(&vector(json!([{"value": [1, "1"]}, {"value": [1, "2"]}]))).expect_err("two");
-        assert!(two.reason.contains("2 samples") && !two.retry, "{two:?}");
+        assert!(two.reason.contains("2 samples") && !two.retry(), "{two:?}");
         assert_eq!(
             answer(
                 &json!({"status": "success", "data": {"resultType": "scalar", "result": [1, "3"]}})
@@ -185,7 +180,11 @@ mod tests {
         let slow =
             answer(&json!({"status": "error", "errorType": "timeout", "error": "query timed out"}))
                 .expect_err("timeout");
-        assert!(slow.retry, "a timeout may pass next time: {slow:?}");
+        assert!(slow.retry(), "a timeout may pass next time: {slow:?}");
+        let many = answer(&json!({"status": "error", "errorType": "execution",
+            "error": "many-to-many matching not allowed"}))
+        .expect_err("execution");
+        assert!(!many.retry(), "the same query fails the same way: {many:?}");
         let matrix =
             answer(&json!({"status": "success", "data": {"resultType": "matrix", "result": []}}));
         assert!(

@@ -609,11 +609,16 @@ pub async fn run(o: &Opts, dir: &Path) -> Result<(Report, Recorder)> {
             fmt_s(secs(verdict, rolled_back))
         ),
     );
+    // the release role's default initial delay: two scrapes, or enough that the first rate interval
+    // (max(interval + scrape, 4 × scrape)) starts after the batch was healthy
+    let scrape = u64::from(t.scrape_s);
+    let rate = (t.interval_s + scrape).max(4 * scrape);
+    let delay = (2 * scrape).max(rate.saturating_sub(t.interval_s));
     r.goal(
-        "the failing verdict comes with the first measurement (within an interval + 10 s of the apply)",
-        secs(applied, verdict).is_some_and(|d| d <= t.interval_s as f64 + 10.0),
+        "the failing verdict comes with the first measurement (within the initial delay + an interval + 10 s of the apply)",
+        secs(applied, verdict).is_some_and(|d| d <= (delay + t.interval_s) as f64 + 10.0),
         format!(
-            "applied → verdict {} (interval {} s)",
+            "applied → verdict {} (initial delay {delay} s, interval {} s)",
             fmt_s(secs(applied, verdict)),
             t.interval_s
         ),
@@ -672,9 +677,15 @@ pub async fn run(o: &Opts, dir: &Path) -> Result<(Report, Recorder)> {
             )
         })
         .collect();
+    // each batch measured `count` times (a round without a number yet, asked again, does not count)
     let rounds_ok = batches.iter().all(|b| {
         let i = b["index"].as_u64();
-        rounds.iter().filter(|e| e["batch"].as_u64() == i).count() == t.count as usize
+        rounds
+            .iter()
+            .filter(|e| e["batch"].as_u64() == i)
+            .filter_map(|e| e["detail"]["round"].as_u64())
+            .max()
+            == Some(u64::from(t.count))
     });
     r.invariant(
         "the good version passes every batch's analysis",
