@@ -236,7 +236,15 @@ pub enum Error {
     /// Zero interval or count.
     #[error("analysis: {0} must be more than zero")]
     Zero(&'static str),
+    /// A duration or count past what a batch's soak can be.
+    #[error("analysis: {0} must be at most {1}")]
+    TooLong(&'static str, &'static str),
 }
+
+/// The longest `interval` and `initial_delay`, and the most measurements, an analysis may ask for.
+const MAX_INTERVAL: Duration = Duration::from_secs(3600);
+const MAX_INITIAL_DELAY: Duration = Duration::from_secs(24 * 3600);
+const MAX_COUNT: u32 = 10_000;
 
 /// An analysis ready to measure.
 #[derive(Debug, Clone)]
@@ -291,9 +299,18 @@ impl Analysis {
         if self.count == Some(0) {
             return Err(Error::Zero("count"));
         }
+        if self.interval > MAX_INTERVAL {
+            return Err(Error::TooLong("interval", "1h"));
+        }
+        if self.initial_delay.is_some_and(|d| d > MAX_INITIAL_DELAY) {
+            return Err(Error::TooLong("initial_delay", "24h"));
+        }
+        if self.count.is_some_and(|c| c > MAX_COUNT) {
+            return Err(Error::TooLong("count", "10000"));
+        }
         let count = self.count.unwrap_or_else(|| {
             let fit = soak.as_secs_f64() / self.interval.as_secs_f64();
-            (fit.floor() as u32).max(1)
+            (fit.floor() as u32).clamp(1, MAX_COUNT)
         });
         let mut metrics = Vec::new();
         for m in &self.metrics {
@@ -394,6 +411,8 @@ pub struct Target {
     pub workloads: Vec<String>,
     /// Between its agent's scrapes ([`DEFAULT_SCRAPE_INTERVAL`] when not known).
     pub scrape_interval: Option<Duration>,
+    /// Metrics measured `count` times on it already: not asked again.
+    pub done: Vec<String>,
 }
 
 /// The slowest scrape interval of `targets`.
@@ -413,7 +432,6 @@ const TWO_SAMPLE_FUNCTIONS: &[&str] = &[
     "delta",
     "idelta",
     "deriv",
-    "resets",
     "predict_linear",
 ];
 
@@ -458,25 +476,69 @@ impl Target {
             self.cluster,
             promql_duration(scrape)
         );
-        Some((why, interval <= scrape))
+        // "never" only from a scrape interval the agent reported, not the default guessed
+        let known = self.scrape_interval.is_some_and(|d| !d.is_zero());
+        Some((why, known && interval <= scrape))
     }
 }
 
 /// Whether `query` gives a range of exactly `{{interval}}` (not a subquery's) to a function that needs two
 /// samples in it.
 fn two_sample_range(query: &str) -> bool {
-    query.match_indices("[{{interval}}]").any(|(at, _)| {
-        let before = &query[..at];
-        let Some(open) = before.rfind('(') else {
-            return false;
-        };
-        let name = before[..open].trim_end();
-        let start = name
-            .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .map(|i| i + 1)
-            .unwrap_or(0);
-        TWO_SAMPLE_FUNCTIONS.contains(&&name[start..])
-    })
+    // read forward: strings and comments skipped, each open parenthesis with the name before it
+    let mut calls: Vec<&str> = Vec::new();
+    let (mut ident_start, mut last_ident): (Option<usize>, &str) = (None, "");
+    let mut chars = query.char_indices().peekable();
+    while let Some((i, c)) = chars.next() {
+        if c.is_ascii_alphanumeric() || c == '_' || c == ':' {
+            ident_start.get_or_insert(i);
+            continue;
+        }
+        if let Some(start) = ident_start.take() {
+            last_ident = &query[start..i];
+        }
+        match c {
+            '"' | '\'' | '`' => {
+                // to the closing quote (a backslash escapes within " and ')
+                while let Some((_, d)) = chars.next() {
+                    if d == '\\' && c != '`' {
+                        chars.next();
+                    } else if d == c {
+                        break;
+                    }
+                }
+                last_ident = "";
+            }
+            '#' => {
+                for (_, d) in chars.by_ref() {
+                    if d == '\n' {
+                        break;
+                    }
+                }
+            }
+            '(' => {
+                calls.push(last_ident);
+                last_ident = "";
+            }
+            ')' => {
+                calls.pop();
+                last_ident = "";
+            }
+            '[' if query[i..].starts_with("[{{interval}}]") => {
+                if calls
+                    .last()
+                    .is_some_and(|f| TWO_SAMPLE_FUNCTIONS.contains(f))
+                {
+                    return true;
+                }
+                last_ident = "";
+            }
+            c if c.is_whitespace() => {}
+            // a selector's braces, a range's brackets, operators: the name before them is no call's
+            _ => last_ident = "",
+        }
+    }
+    false
 }
 
 /// A regular-expression alternation of literal names (`a|b`); for none, `$^`, which matches nothing (a
@@ -889,6 +951,7 @@ mod tests {
                 namespaces: vec!["shop".into()],
                 workloads: vec!["web".into(), "api.v2".into()],
                 scrape_interval: Some(Duration::from_secs(15)),
+                done: Vec::new(),
             },
             Duration::from_secs(60),
         );
@@ -1187,11 +1250,81 @@ mod tests {
             assert_eq!(plain(m, 15), NoNumber::no_sample(), "{m}");
         }
         assert_eq!(a.explain("mine", &target(15), Ok(1.0)), Ok(1.0));
+        // "never" only from a scrape interval the agent reported: the 30 s default is a guess
+        let unknown = Target {
+            cluster: "c".into(),
+            ..Target::default()
+        };
+        let e = a
+            .explain("mine", &unknown, Err(NoNumber::no_sample()))
+            .expect_err("no number");
+        assert!(e.retry() && e.reason.contains("(30s apart)"), "{e:?}");
         let down = NoNumber::unanswered("the TSDB at http://tsdb did not answer");
         assert_eq!(
             a.explain("mine", &target(15), Err(down.clone())),
             Err(down),
             "a TSDB down is not a range too short"
+        );
+    }
+
+    #[test]
+    fn two_sample_ranges_are_found_by_reading_the_query() {
+        for (q, want) in [
+            ("rate(x[{{interval}}])", true),
+            ("sum by (le) (rate(x{a=\"b\"}[{{interval}}]))", true),
+            (
+                "increase (x{pod=~\"({{workloads}})-.*\"}[{{interval}}])",
+                true,
+            ),
+            (
+                "rate(x{deployment=~\"café(-canary)?\"}[{{interval}}])",
+                true,
+            ),
+            ("rate(x{job=~'(a|b)'}[{{interval}}]) # é( here", true),
+            ("max_over_time(x[{{interval}}])", false),
+            ("resets(x[{{interval}}])", false),
+            ("max(rate(x[5m])[{{interval}}:1s])", false),
+            ("rate(x[{{rate_interval}}])", false),
+            ("rate(x[1m]) + max_over_time(y[{{interval}}])", false),
+            ("# rate(x[{{interval}}])\nup", false),
+            (
+                "label_replace(up, \"a\", \"rate(\", \"b\", \"\") > 0 and rate(x[{{interval}}])",
+                true,
+            ),
+            ("é(((", false),
+            ("\"unterminated (rate(x[{{interval}}])", false),
+        ] {
+            assert_eq!(two_sample_range(q), want, "{q}");
+        }
+    }
+
+    #[test]
+    fn bounds_keep_the_soak_finite() {
+        let err = |yaml: &str| {
+            analysis(yaml)
+                .compile(Duration::from_secs(60))
+                .expect_err("refused")
+                .to_string()
+        };
+        let m = "metrics: [{name: x, query: up, success: 'true'}]";
+        assert_eq!(
+            err(&format!("interval: 2h\n{m}")),
+            "analysis: interval must be at most 1h"
+        );
+        assert_eq!(
+            err(&format!("initial_delay: 2d\n{m}")),
+            "analysis: initial_delay must be at most 24h"
+        );
+        assert_eq!(
+            err(&format!("count: 10001\n{m}")),
+            "analysis: count must be at most 10000"
+        );
+        let a = analysis(&format!("interval: 1s\n{m}"))
+            .compile(Duration::from_secs(u32::MAX as u64 * 10))
+            .expect("compiles");
+        assert_eq!(
+            a.count, 10_000,
+            "a long soak's default count is bounded too"
         );
     }
 

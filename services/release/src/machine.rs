@@ -1267,11 +1267,12 @@ impl Machine {
             .iter()
             .map(|c| target(r, c))
             .collect();
+        // (a cluster the plan could not render for runs none of the workloads: no baseline)
         let baseline = r
             .plan
             .clusters
             .iter()
-            .filter(|p| !r.changed.contains(&p.cluster))
+            .filter(|p| !r.changed.contains(&p.cluster) && p.error.is_none())
             .map(|p| target(r, &p.cluster))
             .collect();
         (targets, baseline)
@@ -1335,7 +1336,16 @@ impl Machine {
             && now >= at
         {
             measure_at = Some(after(now, a.interval));
-            let (targets, baseline) = self.round_targets(r, index);
+            let (mut targets, baseline) = self.round_targets(r, index);
+            // a metric measured its count on a cluster is not asked again while another catches up
+            for t in &mut targets {
+                t.done = a
+                    .metrics()
+                    .filter(|m| tally.counted(m, &t.cluster) >= a.count)
+                    .map(str::to_string)
+                    .collect();
+            }
+            targets.retain(|t| t.done.len() < a.metrics().count());
             out.push(Decision::Measure {
                 batch: index,
                 targets,

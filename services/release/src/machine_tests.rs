@@ -965,13 +965,13 @@ fn the_first_measurement_waits_until_the_rate_interval_holds_only_the_healthy_ba
     let mut r = release(&[&["a", "b"], &["c"]]);
     r.plan.clusters[0].scrape_interval_s = Some(15);
     r.plan.clusters[1].scrape_interval_s = Some(20);
-    r.plan.clusters[2].scrape_interval_s = Some(5);
+    r.plan.clusters[2].scrape_interval_s = Some(25);
     let mut run = Run::new(r, analysed_with(""));
     let out = run.start();
     let out = run.until_soaking(out);
-    // healthy at 100 s; the slowest scrape of the round (the baseline c's included) is b's 20 s: a rate
-    // interval of 80 s, so the first range (70 s + the 10 s interval) starts when the batch was healthy
-    assert_eq!(out.last(), Some(&Decision::WaitUntil(t(180))), "{out:?}");
+    // healthy at 100 s; the slowest scrape of the round is the baseline c's 25 s: a rate interval of 100 s,
+    // so the first range (90 s + the 10 s interval) starts when the batch was healthy
+    assert_eq!(out.last(), Some(&Decision::WaitUntil(t(200))), "{out:?}");
     let out = run.wait(&out);
     let (targets, _) = measure_of(&out);
     assert_eq!(
@@ -980,7 +980,7 @@ fn the_first_measurement_waits_until_the_rate_interval_holds_only_the_healthy_ba
             .map(|t| t.scrape_interval)
             .collect::<Vec<_>>(),
         [Some(Duration::from_secs(15)), Some(Duration::from_secs(20))],
-        "each target's own, for its rate interval"
+        "each target's own: the round's rate interval is made of them and the baseline's"
     );
     // a cluster whose agent did not say: 30 s, a rate interval of 2 min; a delay given: that
     for (extra, first) in [("", 220), ("initial_delay: 5s\n", 115)] {
@@ -1054,9 +1054,16 @@ fn a_cluster_measured_its_count_is_not_measured_again_while_another_catches_up()
         let got = run.feed(measured(&[("a", Some(0.0)), ("b", b)], Some(0.0)));
         out = run.wait(&got);
     }
-    measure_of(&out);
-    // a fourth number of a, failing, is not a's to count: b's third passes the batch
-    let out = run.feed(measured(&[("a", Some(0.9)), ("b", Some(0.0))], Some(0.0)));
+    // only b is asked again: a measured its three
+    let (targets, _) = measure_of(&out);
+    assert_eq!(
+        targets
+            .iter()
+            .map(|t| t.cluster.as_str())
+            .collect::<Vec<_>>(),
+        ["b"]
+    );
+    let out = run.feed(measured(&[("b", Some(0.0))], Some(0.0)));
     let Decision::Record(e) = &out[0] else {
         panic!("{out:?}")
     };
@@ -1065,6 +1072,27 @@ fn a_cluster_measured_its_count_is_not_measured_again_while_another_catches_up()
     assert!(
         matches!(out.last(), Some(Decision::ReadIncidents { .. })),
         "{out:?}"
+    );
+}
+
+#[test]
+fn a_role_stopping_mid_soak_stops_the_batch_as_it_rolls_back() {
+    let mut run = Run::new(release(&[&["a"], &["b"]]), analysed(""));
+    let out = run.start();
+    let out = run.until_soaking(out);
+    assert_eq!(run.batch(1).state, BatchState::Soaking, "{out:?}");
+    let out = run.feed(Input::Stopping);
+    assert_eq!(rollback_of(&out), names(&["a"]));
+    assert_eq!(run.batch(1).state, BatchState::Failed);
+    assert_eq!(
+        run.batch(1).error.as_deref(),
+        Some("stopped: the release failed: the release role is stopping")
+    );
+    assert_eq!(run.batch(2).state, BatchState::Pending);
+    assert!(
+        run.entries.contains(&"batch:false".to_string()),
+        "{:?}",
+        run.entries
     );
 }
 

@@ -37,27 +37,35 @@ pub async fn query(http: &reqwest::Client, tsdb_url: &str, promql: &str) -> Answ
     let status = resp.status();
     let body: Value = resp.json().await.map_err(|e| {
         let why = format!("the TSDB answered {status} without JSON: {e}");
-        // a proxy's 502/503 passes; a wrong URL or token does not
-        if status.is_server_error() {
+        // a proxy's 502/503, a body cut short may pass; a wrong URL or token (a page that is not JSON) does not
+        if passing(status) || !e.is_decode() {
             NoNumber::unanswered(why)
         } else {
             NoNumber::new(why)
         }
     })?;
-    answer(&body)
+    answer(status, &body)
 }
 
-/// The number in a Prometheus API answer.
-pub fn answer(body: &Value) -> Answer {
+/// Whether an HTTP status says the server could not answer now (5xx, 429).
+fn passing(status: reqwest::StatusCode) -> bool {
+    status.is_server_error() || status == reqwest::StatusCode::TOO_MANY_REQUESTS
+}
+
+/// The number in a Prometheus API answer, sent with `status`.
+pub fn answer(status: reqwest::StatusCode, body: &Value) -> Answer {
     if body["status"] != "success" {
         let kind = body["errorType"].as_str().unwrap_or("error");
         let reason = format!(
             "the query failed ({kind}): {}",
             body["error"].as_str().unwrap_or("no reason given")
         );
-        // a timeout or an unavailable TSDB may pass; bad PromQL, an execution error (many-to-many matching,
-        // duplicate series) or an internal one stays as it is
-        return Err(if matches!(kind, "timeout" | "unavailable" | "canceled") {
+        // bad PromQL or an execution error (many-to-many matching, duplicate series) fails the same way next
+        // time; a timeout, an unavailable or internal error (the store's I/O), or a 5xx/429 of a proxy may pass
+        let same_again = matches!(kind, "bad_data" | "execution");
+        let may_pass =
+            matches!(kind, "timeout" | "unavailable" | "canceled" | "internal") || passing(status);
+        return Err(if may_pass && !same_again {
             NoNumber::unanswered(reason)
         } else {
             NoNumber::new(reason)
@@ -103,7 +111,7 @@ pub async fn measure(
         let t = t.clone();
         async move {
             let mut out = Vec::new();
-            for (metric, q) in queries {
+            for (metric, q) in queries.into_iter().filter(|(m, _)| !t.done.contains(m)) {
                 let answer = a.explain(&metric, &t, query(http, tsdb_url, &q).await);
                 out.push((metric, t.cluster.clone(), answer));
             }
@@ -138,6 +146,7 @@ pub async fn measure(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use reqwest::StatusCode;
     use serde_json::json;
 
     #[test]
@@ -145,29 +154,37 @@ mod tests {
         let vector =
             |r: Value| json!({"status": "success", "data": {"resultType": "vector", "result": r}});
         assert_eq!(
-            answer(&vector(json!([{"metric": {}, "value": [1.0, "0.25"]}]))),
+            answer(
+                StatusCode::OK,
+                &vector(json!([{"metric": {}, "value": [1.0, "0.25"]}]))
+            ),
             Ok(0.25)
         );
         assert_eq!(
-            answer(&vector(json!([]))),
+            answer(StatusCode::OK, &vector(json!([]))),
             Err(NoNumber::no_sample()),
             "no data yet: asked again"
         );
-        let two =
-            answer(&vector(json!([{"value": [1, "1"]}, {"value": [1, "2"]}]))).expect_err("two");
+        let two = answer(
+            StatusCode::OK,
+            &vector(json!([{"value": [1, "1"]}, {"value": [1, "2"]}])),
+        )
+        .expect_err("two");
         assert!(two.reason.contains("2 samples") && !two.retry(), "{two:?}");
         assert_eq!(
             answer(
+                StatusCode::OK,
                 &json!({"status": "success", "data": {"resultType": "scalar", "result": [1, "3"]}})
             ),
             Ok(3.0)
         );
         assert_eq!(
-            answer(&json!({"status": "success", "data": {"resultType": "vector", "result": [{"value": [1, "NaN"]}]}}))
+            answer(StatusCode::OK, &json!({"status": "success", "data": {"resultType": "vector", "result": [{"value": [1, "NaN"]}]}}))
                 .map(f64::is_nan),
             Ok(true)
         );
         let bad = answer(
+            StatusCode::OK,
             &json!({"status": "error", "errorType": "bad_data", "error": "parse error at char 5"}),
         );
         assert_eq!(
@@ -177,16 +194,44 @@ mod tests {
             )),
             "bad PromQL stays bad"
         );
-        let slow =
-            answer(&json!({"status": "error", "errorType": "timeout", "error": "query timed out"}))
-                .expect_err("timeout");
+        let slow = answer(
+            StatusCode::OK,
+            &json!({"status": "error", "errorType": "timeout", "error": "query timed out"}),
+        )
+        .expect_err("timeout");
         assert!(slow.retry(), "a timeout may pass next time: {slow:?}");
-        let many = answer(&json!({"status": "error", "errorType": "execution",
-            "error": "many-to-many matching not allowed"}))
+        let many = answer(
+            StatusCode::OK,
+            &json!({"status": "error", "errorType": "execution",
+            "error": "many-to-many matching not allowed"}),
+        )
         .expect_err("execution");
         assert!(!many.retry(), "the same query fails the same way: {many:?}");
-        let matrix =
-            answer(&json!({"status": "success", "data": {"resultType": "matrix", "result": []}}));
+        // the store's I/O error (the TSDB's `internal`, HTTP 500) and a proxy's 503 with some JSON may pass
+        let io = answer(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &json!({"status": "error",
+            "errorType": "internal", "error": "storage: sled I/O"}),
+        )
+        .expect_err("internal");
+        assert!(io.retry(), "{io:?}");
+        let proxy = answer(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"message": "no upstream"}),
+        )
+        .expect_err("proxy");
+        assert!(proxy.retry(), "{proxy:?}");
+        let bad = answer(
+            StatusCode::BAD_REQUEST,
+            &json!({"status": "error",
+            "errorType": "bad_data", "error": "parse error"}),
+        )
+        .expect_err("bad");
+        assert!(!bad.retry(), "{bad:?}");
+        let matrix = answer(
+            StatusCode::OK,
+            &json!({"status": "success", "data": {"resultType": "matrix", "result": []}}),
+        );
         assert!(
             matrix
                 .expect_err("matrix")

@@ -91,6 +91,9 @@ pub fn rollout<'a>(events: impl Iterator<Item = &'a Value> + Clone) -> Value {
                 b["ended_at"] = at.clone();
                 b["outcome"] = json!("failed");
                 b["gate"] = e["summary"].clone();
+                // a batch held for an approval and then stopped waits for nothing
+                b["approval"] = Value::Null;
+                b["held"] = Value::Null;
             }
             ("health", _) => {
                 b["ended_at"] = at.clone();
