@@ -415,10 +415,11 @@ pub struct Target {
     pub done: Vec<String>,
 }
 
-/// The slowest scrape interval of `targets`.
-fn slowest_scrape(targets: &[Target]) -> Duration {
+/// The slowest scrape interval of `targets` and `baseline`.
+fn slowest_scrape(targets: &[Target], baseline: &[Target]) -> Duration {
     targets
         .iter()
+        .chain(baseline)
         .map(Target::scrape)
         .max()
         .unwrap_or(DEFAULT_SCRAPE_INTERVAL)
@@ -439,18 +440,20 @@ impl Compiled {
     /// `{{rate_interval}}` for a round measuring `targets` (the batch's clusters and the baseline's):
     /// Grafana's `$__rate_interval` of the slowest scrape among them — the interval plus a scrape interval,
     /// at least four scrape intervals.
-    pub fn rate_interval(&self, targets: &[Target]) -> Duration {
-        let scrape = slowest_scrape(targets);
+    pub fn rate_interval(&self, targets: &[Target], baseline: &[Target]) -> Duration {
+        let scrape = slowest_scrape(targets, baseline);
         (self.interval + scrape).max(scrape * 4)
     }
 
     /// The wait before the first interval on a round of `targets`: the analysis' `initial_delay`, or two
     /// scrape intervals of the slowest of them, longer if the rate interval needs it so that the first
     /// range starts after the batch was healthy.
-    pub fn initial_delay(&self, targets: &[Target]) -> Duration {
+    pub fn initial_delay(&self, targets: &[Target], baseline: &[Target]) -> Duration {
         self.initial_delay.unwrap_or_else(|| {
-            (2 * slowest_scrape(targets))
-                .max(self.rate_interval(targets).saturating_sub(self.interval))
+            (2 * slowest_scrape(targets, baseline)).max(
+                self.rate_interval(targets, baseline)
+                    .saturating_sub(self.interval),
+            )
         })
     }
 }
@@ -1192,13 +1195,13 @@ mod tests {
             (vec![Some(0)], "[2m]", 110),
         ] {
             let round: Vec<Target> = scrapes.iter().map(|s| target(*s)).collect();
-            let rate = a.rate_interval(&round);
+            let rate = a.rate_interval(&round, &[]);
             let q = a.queries(&round[0], rate);
             assert!(q[0].1.contains(want), "{scrapes:?}: {}", q[0].1);
             assert!(q[1].1.contains("[10s]"), "{{{{interval}}}} as given");
             // the first range starts once the batch is healthy, and holds two scrapes
             assert_eq!(
-                a.initial_delay(&round),
+                a.initial_delay(&round, &[]),
                 Duration::from_secs(delay),
                 "{scrapes:?}"
             );
@@ -1206,9 +1209,9 @@ mod tests {
         let given = compiled(
             "interval: 10s\ninitial_delay: 0s\nmetrics: [{name: e, template: error-ratio}]",
         );
-        assert_eq!(given.initial_delay(&[target(None)]), Duration::ZERO);
+        assert_eq!(given.initial_delay(&[target(None)], &[]), Duration::ZERO);
         assert_eq!(
-            a.rate_interval(&[]),
+            a.rate_interval(&[], &[]),
             Duration::from_secs(120),
             "no cluster: the default scrape"
         );

@@ -149,6 +149,9 @@ pub enum Decision {
         targets: Vec<Target>,
         /// The baseline's clusters.
         baseline: Vec<Target>,
+        /// The round's `{{rate_interval}}`: of every cluster of the batch and the baseline, those done
+        /// measuring included, so that it stays the same from round to round.
+        rate_interval: std::time::Duration,
     },
     /// Send [`Input::Tick`] at this time (or [`Input::Stopping`] when the role stops before).
     WaitUntil(DateTime<Utc>),
@@ -1295,8 +1298,7 @@ impl Machine {
         let mut measure_at = None;
         if let Some(a) = &self.policy.analysis {
             let (targets, baseline) = self.round_targets(r, index);
-            let all: Vec<Target> = targets.into_iter().chain(baseline).collect();
-            let first = a.initial_delay(&all) + a.interval;
+            let first = a.initial_delay(&targets, &baseline) + a.interval;
             soak = soak.max(first + a.interval * (a.count - 1));
             measure_at = Some(after(now, first));
         }
@@ -1337,6 +1339,7 @@ impl Machine {
         {
             measure_at = Some(after(now, a.interval));
             let (mut targets, baseline) = self.round_targets(r, index);
+            let rate_interval = a.rate_interval(&targets, &baseline);
             // a metric measured its count on a cluster is not asked again while another catches up
             for t in &mut targets {
                 t.done = a
@@ -1350,6 +1353,7 @@ impl Machine {
                 batch: index,
                 targets,
                 baseline,
+                rate_interval,
             });
             return Phase::Soak {
                 index,

@@ -1044,7 +1044,9 @@ fn a_new_workload_without_samples_yet_is_measured_again_and_passes_when_they_com
 
 #[test]
 fn a_cluster_measured_its_count_is_not_measured_again_while_another_catches_up() {
-    let mut run = Run::new(release(&[&["a", "b"], &["c"]]), analysed(""));
+    let mut r = release(&[&["a", "b"], &["c"]]);
+    r.plan.clusters[0].scrape_interval_s = Some(60);
+    let mut run = Run::new(r, analysed(""));
     let out = run.start();
     let out = run.until_soaking(out);
     let mut out = run.wait(&out);
@@ -1063,6 +1065,12 @@ fn a_cluster_measured_its_count_is_not_measured_again_while_another_catches_up()
             .collect::<Vec<_>>(),
         ["b"]
     );
+    // over the same range as the rounds before: a's 60 s scrapes still make it (4 × 60 s)
+    let range = out.iter().find_map(|d| match d {
+        Decision::Measure { rate_interval, .. } => Some(*rate_interval),
+        _ => None,
+    });
+    assert_eq!(range, Some(Duration::from_secs(240)));
     let out = run.feed(measured(&[("b", Some(0.0))], Some(0.0)));
     let Decision::Record(e) = &out[0] else {
         panic!("{out:?}")

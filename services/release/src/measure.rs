@@ -2,6 +2,7 @@
 //! reduced to one number or the reason there is none (see [`crate::analysis`]).
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use serde_json::Value;
 
@@ -95,17 +96,16 @@ pub fn answer(status: reqwest::StatusCode, body: &Value) -> Answer {
     }
 }
 
-/// Every metric on every target, and the baseline's median per metric.
+/// Every metric on every target (those it is not `done` with), over the round's `rate_interval`, and the
+/// baseline's median per metric.
 pub async fn measure(
     http: &reqwest::Client,
     tsdb_url: &str,
     a: &Compiled,
     targets: &[Target],
     baseline: &[Target],
+    rate_interval: Duration,
 ) -> Vec<Answered> {
-    // one range for the round: the batch's and the baseline's numbers are over the same time
-    let all: Vec<Target> = targets.iter().chain(baseline).cloned().collect();
-    let rate_interval = a.rate_interval(&all);
     let ask = |t: &Target| {
         let queries = a.queries(t, rate_interval);
         let t = t.clone();

@@ -425,7 +425,10 @@ impl Service {
                     todo.extend(self.feed(&name, &mut m, input).await);
                 }
                 Decision::Measure {
-                    targets, baseline, ..
+                    targets,
+                    baseline,
+                    rate_interval,
+                    ..
                 } => {
                     let Some(a) = m.analysis() else { return };
                     let answers = crate::measure::measure(
@@ -434,6 +437,7 @@ impl Service {
                         &a,
                         &targets,
                         &baseline,
+                        rate_interval,
                     )
                     .await;
                     todo.extend(self.feed(&name, &mut m, Input::Measured(answers)).await);
