@@ -1314,6 +1314,7 @@ impl Machine {
             track.good = 0;
             track.failing_since.get_or_insert(at);
         }
+        track.remember(p.status);
         // the release role's verdict on the policy bundles a cluster runs is part of its compliance
         let policy_changed = p.probe == crate::baseline::POLICY_PROBE && {
             let verdict = crate::baseline::PolicyVerdict {
@@ -1333,6 +1334,7 @@ impl Machine {
             let failing = r.on.contains(&p.status);
             let n = track.bad.entry(r.kind.clone()).or_insert(0);
             *n = if failing { *n + 1 } else { 0 };
+            let n = *n;
             if failing {
                 track
                     .onsets
@@ -1340,14 +1342,16 @@ impl Machine {
                     .or_insert(Onset { at, changes: None });
             }
             let onset = track.onsets.get(&r.kind).cloned();
-            actions.push((r.clone(), *n, track.good, onset));
+            // a windowed rule counts its failing rounds among the last `within`, not in a row
+            let window = (r.within > 0).then(|| track.failing_within(&r.on, r.within));
+            actions.push((r.clone(), n, track.good, onset, failing, window));
         }
         let (detail, finding, since) = (
             track.detail.clone(),
             track.finding.clone(),
             track.failing_since.unwrap_or(at),
         );
-        for (r, bad, good, onset) in actions {
+        for (r, bad, good, onset, failing, window) in actions {
             let key = incident_key(&cluster, &r.kind, &p.probe);
             let last = self.incidents.get(&key);
             let open = last.is_some_and(|i| i.status != IncidentStatus::Resolved);
@@ -1363,8 +1367,28 @@ impl Machine {
                 }
                 o => o,
             };
-            let held_long_enough = Duration::from_std(r.hold).is_ok_and(|hold| at - since >= hold);
-            if bad >= r.after && held_long_enough {
+            let held_since = |from: DateTime<Utc>| {
+                Duration::from_std(r.hold).is_ok_and(|hold| at - from >= hold)
+            };
+            // in a row: `after` failing rounds, held since the streak began, open it; `resolve_after`
+            // healthy ones resolve it. Over a window: `after` of the last `within` failing (judged on a
+            // failing round: a healthy one says nothing new), held since the first of them; resolved
+            // once fewer than `after` of them fail and `resolve_after` healthy rounds came in a row.
+            let (opens, resolves, ended, bad) = match window {
+                None => (
+                    bad >= r.after && held_since(since),
+                    good >= r.resolve_after && open,
+                    bad == 0 && !open,
+                    bad,
+                ),
+                Some(n) => (
+                    failing && n >= r.after && held_since(onset.as_ref().map_or(at, |o| o.at)),
+                    n < r.after && good >= r.resolve_after && open,
+                    n == 0 && !open,
+                    n,
+                ),
+            };
+            if opens {
                 // (a round older than the last is ignored above: the onset is never after `at`)
                 let mut onset = onset.unwrap_or(Onset { at, changes: None });
                 // the changes before it began failing, as the incident said when it opened: its summary
@@ -1405,10 +1429,10 @@ impl Machine {
                     onset.changes = Some(changes);
                 }
                 self.set_onset(&cluster, &p.probe, &r.kind, Some(onset));
-            } else if good >= r.resolve_after && open {
+            } else if resolves {
                 self.resolve(&cluster, &r.kind, &p.probe, at);
                 self.set_onset(&cluster, &p.probe, &r.kind, None);
-            } else if bad == 0 && !open {
+            } else if ended {
                 // a streak that ended before its incident opened
                 self.set_onset(&cluster, &p.probe, &r.kind, None);
             } else {

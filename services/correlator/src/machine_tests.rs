@@ -106,6 +106,89 @@ fn rounds(
     outs
 }
 
+/// Feeds one round of `name` per letter of `pattern` (`H` healthy, `D` degraded, `U` unhealthy, `?`
+/// unknown), 5 s apart from `from` (the API server probe's pace); returns each round's incident changes.
+fn pattern(
+    m: &mut Machine,
+    cluster: &str,
+    name: &str,
+    pattern: &str,
+    first_round: u64,
+    from: DateTime<Utc>,
+) -> Vec<Vec<Incident>> {
+    pattern
+        .chars()
+        .zip(first_round..)
+        .enumerate()
+        .map(|(i, (c, round))| {
+            let status = match c {
+                'H' => ProbeStatus::Healthy,
+                'D' => ProbeStatus::Degraded,
+                'U' => ProbeStatus::Unhealthy,
+                _ => ProbeStatus::Unknown,
+            };
+            let at = from + Duration::seconds(5 * i as i64);
+            let e = env(cluster, at, round, probe(name, status, round));
+            incidents(&m.apply(Input::Probe(&e, at)))
+        })
+        .collect()
+}
+
+#[test]
+fn an_api_server_failing_a_share_of_its_requests_opens_an_overload_that_stays_open() {
+    let mut m = machine();
+    // a third of its requests fail: most rounds are degraded, some pass. In a row (3) it would open
+    // late or never; apiserver-overload counts 3 failing rounds among the last 10, held 10 s
+    let changes = pattern(&mut m, "c1", "apiserver", "DHDHD", 1, t0());
+    let opened: Vec<usize> = (0..changes.len())
+        .filter(|&i| !changes[i].is_empty())
+        .collect();
+    assert_eq!(opened, vec![4], "{changes:#?}");
+    let inc = &changes[4][0];
+    assert_eq!(
+        (inc.kind.as_str(), inc.status),
+        ("apiserver-overload", IncidentStatus::Open)
+    );
+    // the first failing round of the window is when it began
+    assert!(inc.summary.contains("(since 12:00:00)"), "{}", inc.summary);
+    // three healthy rounds in a row now and then do not resolve it while the window still fails
+    let from = t0() + Duration::seconds(25);
+    let flapping = "HHHDD".repeat(8);
+    let changes = pattern(&mut m, "c1", "apiserver", &flapping, 6, from);
+    assert!(
+        changes
+            .iter()
+            .flatten()
+            .all(|i| i.status != IncidentStatus::Resolved),
+        "{changes:#?}"
+    );
+    assert!(m.is_open("c1", "apiserver-overload", "apiserver"));
+    // healed: resolved once fewer than 3 of the last 10 rounds fail, not at the third healthy round;
+    // an unknown round (the probe could not tell) is not counted either way
+    let from = from + Duration::seconds(5 * 40);
+    let changes = pattern(&mut m, "c1", "apiserver", "HHH?HHHHHHH", 46, from);
+    let resolved: Vec<usize> = (0..changes.len())
+        .filter(|&i| {
+            changes[i]
+                .iter()
+                .any(|x| x.status == IncidentStatus::Resolved)
+        })
+        .collect();
+    // the window ended H H H D D H H H D D: at the fifth healthy round (index 5, after the unknown
+    // one) the last 10 counted rounds are H H H D D H H H H H, two failing
+    assert_eq!(resolved, vec![5], "{changes:#?}");
+}
+
+#[test]
+fn a_rule_in_a_row_still_needs_its_rounds_in_a_row() {
+    let mut m = machine();
+    // unhealthy every other round: apiserver-down counts in a row and never opens; the windowed
+    // overload rule (degraded or unhealthy) does
+    let changes = pattern(&mut m, "c1", "apiserver", "UHUHUHUHUH", 1, t0());
+    let kinds: Vec<&str> = changes.iter().flatten().map(|i| i.kind.as_str()).collect();
+    assert_eq!(kinds, vec!["apiserver-overload"]);
+}
+
 #[test]
 fn a_failing_probe_opens_after_its_rounds_and_resolves_after_healthy_ones() {
     let mut m = machine();

@@ -20,8 +20,16 @@ pub struct ProbeRule {
     pub kind: String,
     /// Severity.
     pub severity: Severity,
-    /// Failing rounds in a row before the incident opens.
+    /// Failing rounds in a row before the incident opens (with `within`: failing rounds among the last
+    /// `within`).
     pub after: u32,
+    /// For a signal that flaps (an API server answering a share of its requests with errors): the
+    /// incident opens when `after` of the last `within` rounds failed, not only `after` in a row, and
+    /// resolves only once fewer than `after` of them fail (and `resolve_after` healthy rounds came in a
+    /// row) — a healthy round now and then neither keeps it from opening nor resolves it. 0 (the
+    /// default): in a row. At most [`ProbeRule::MAX_WITHIN`], at least `after`.
+    #[serde(default)]
+    pub within: u32,
     /// …and for at least this long since the probe first failed (Prometheus' `for`): what keeps a brief
     /// dip (a DaemonSet rolling, an API server restarting) from becoming an incident now that failing
     /// probes are re-run every few seconds. 0 (the default): rounds alone decide.
@@ -38,6 +46,27 @@ pub struct ProbeRule {
     /// objects' own problems must still page. Off by default.
     #[serde(default)]
     pub explains_warnings: bool,
+}
+
+impl ProbeRule {
+    /// The most rounds `within` can look back (what the correlator keeps of a probe's rounds).
+    pub const MAX_WITHIN: u32 = crate::state::ProbeTrack::MAX_RECENT as u32;
+
+    /// What is wrong with the rule, if anything.
+    fn problem(&self) -> Option<String> {
+        if self.after == 0 || self.resolve_after == 0 {
+            return Some("`after` and `resolve_after` must be at least 1".into());
+        }
+        if self.within != 0 && !(self.after..=Self::MAX_WITHIN).contains(&self.within) {
+            return Some(format!(
+                "`within` ({}) must be between `after` ({}) and {}",
+                self.within,
+                self.after,
+                Self::MAX_WITHIN
+            ));
+        }
+        None
+    }
 }
 
 /// Heartbeat rule.
@@ -226,6 +255,16 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A rule that can't work.
+    #[error("the rules file {path}: probe rule {kind}: {problem}")]
+    Invalid {
+        /// Path.
+        path: String,
+        /// The rule's incident kind.
+        kind: String,
+        /// What is wrong.
+        problem: String,
+    },
     /// Not such a file.
     #[error("the {what} file {path}: {source}")]
     Parse {
@@ -264,7 +303,22 @@ impl Rules {
 
     /// Loads a rules file (or the defaults when `path` is None).
     pub fn load(path: Option<&str>) -> Result<Self, Error> {
-        path.map_or_else(|| Ok(Self::defaults()), |p| load_yaml("rules", p))
+        let Some(path) = path else {
+            return Ok(Self::defaults());
+        };
+        let rules: Rules = load_yaml("rules", path)?;
+        if let Some((kind, problem)) = rules
+            .probes
+            .iter()
+            .find_map(|r| r.problem().map(|p| (r.kind.clone(), p)))
+        {
+            return Err(Error::Invalid {
+                path: path.into(),
+                kind,
+                problem,
+            });
+        }
+        Ok(rules)
     }
 }
 
@@ -300,11 +354,34 @@ mod tests {
         for &p in multipilot_schemas::probes::PROBES {
             assert!(r.probes.iter().any(|x| x.probe == p), "no rule for {p}");
         }
-        assert!(
-            r.probes
-                .iter()
-                .all(|p| p.after >= 1 && p.resolve_after >= 1)
-        );
+        for p in &r.probes {
+            assert_eq!(p.problem(), None, "{}", p.kind);
+        }
+    }
+
+    #[test]
+    fn a_rules_file_with_a_window_shorter_than_its_rounds_is_refused() {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let path = dir.path().join("rules.yaml");
+        let path = path.to_str().expect("a UTF-8 path");
+        let with_within = |within: u32| {
+            DEFAULT_RULES.replacen("    within: 10\n", &format!("    within: {within}\n"), 1)
+        };
+        assert_ne!(with_within(2), DEFAULT_RULES, "the defaults use a window");
+        for (within, problem) in [
+            (2, "`within` (2) must be between `after` (3) and 60"),
+            (61, "`within` (61) must be between `after` (3) and 60"),
+        ] {
+            std::fs::write(path, with_within(within)).expect("written");
+            let err = Rules::load(Some(path)).expect_err("refused");
+            assert_eq!(
+                err.to_string(),
+                format!("the rules file {path}: probe rule apiserver-overload: {problem}")
+            );
+        }
+        std::fs::write(path, with_within(3)).expect("written");
+        let rules = Rules::load(Some(path)).expect("3 of the last 3: in a row, allowed");
+        assert_eq!(rules.probes[1].within, 3);
     }
 
     #[test]

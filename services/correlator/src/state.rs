@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, VecDeque};
 
 use chrono::{DateTime, Utc};
-use multipilot_schemas::payload::{ComplianceReport, ObjectRef};
+use multipilot_schemas::payload::{ComplianceReport, ObjectRef, ProbeStatus};
 use serde::{Deserialize, Serialize};
 
 use crate::baseline::Inventory;
@@ -71,6 +71,38 @@ pub struct ProbeTrack {
     /// round between failing ones doesn't move it), so what changed afterwards is no evidence.
     #[serde(default)]
     pub onsets: BTreeMap<String, Onset>,
+    /// The statuses of the latest rounds (oldest first, at most [`ProbeTrack::MAX_RECENT`]; rounds that
+    /// could not tell, `unknown`, left out), for rules judged over a window (`within`).
+    #[serde(default)]
+    pub recent: VecDeque<ProbeStatus>,
+}
+
+impl ProbeTrack {
+    /// The most rounds kept in [`ProbeTrack::recent`].
+    pub const MAX_RECENT: usize = 60;
+
+    /// Takes in a round's status.
+    pub fn remember(&mut self, status: ProbeStatus) {
+        if status == ProbeStatus::Unknown {
+            return;
+        }
+        self.recent.push_back(status);
+        while self.recent.len() > Self::MAX_RECENT {
+            self.recent.pop_front();
+        }
+    }
+
+    /// How many of the last `within` rounds had a status in `on`.
+    pub fn failing_within(&self, on: &[ProbeStatus], within: u32) -> u32 {
+        let n = self
+            .recent
+            .iter()
+            .rev()
+            .take(within as usize)
+            .filter(|s| on.contains(s))
+            .count();
+        u32::try_from(n).unwrap_or(u32::MAX)
+    }
 }
 
 /// When a rule's failing streak began, and what its incident said had changed before it.
