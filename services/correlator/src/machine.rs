@@ -459,13 +459,22 @@ impl Machine {
     }
 
     /// A release batch that started applying (`what: batch`, ok, with a batch number) is remembered on
-    /// each of its clusters the correlator knows; everything else of a release's history is not needed.
+    /// each of its clusters the correlator knows. A revision rolled back (`rolled-back`, ok) runs nowhere
+    /// any more: the clusters it changed were restored, and those of a batch stopped before it changed
+    /// them never ran it — there it did not reach them either (no suspect). Everything else of a
+    /// release's history is not needed.
     fn on_release(&mut self, e: &ReleaseEvent) {
-        if e.what == "rolled-back" && e.ok {
-            for c in &e.clusters {
-                if let Some(state) = self.clusters.get_mut(c) {
-                    state.running_rolled_back(&e.release, e.revision);
-                    self.dirty.clusters.insert(c.clone());
+        if e.what == "rolled-back" {
+            if e.ok {
+                let changed: BTreeSet<&str> = e.clusters.iter().map(String::as_str).collect();
+                for (name, state) in &mut self.clusters {
+                    let mut touched = state.running_rolled_back(&e.release, e.revision);
+                    if !changed.contains(name.as_str()) {
+                        touched |= state.release_not_applied(&e.release, e.revision);
+                    }
+                    if touched {
+                        self.dirty.clusters.insert(name.clone());
+                    }
                 }
             }
             return;

@@ -3685,6 +3685,48 @@ fn what_was_rolled_out_where_long_ago_is_a_shared_attribute_until_rolled_back() 
     );
 }
 
+#[test]
+fn a_batch_stopped_before_it_changed_a_cluster_did_not_reach_it() {
+    // `web` revision 3's batch 1 (c5, c6) started; the release was rolled back having changed only c5
+    // (c6's apply never began), or none of them
+    for changed in [vec!["c5"], vec![]] {
+        let mut m = machine();
+        six_clusters(&mut m, t0());
+        m.apply(Input::Release(&batch(
+            "web",
+            3,
+            1,
+            &["c5", "c6"],
+            t0() + Duration::seconds(60),
+        )));
+        let mut back = batch("web", 3, 1, &[], t0() + Duration::seconds(80));
+        back.payload.what = multipilot_schemas::payload::ReleaseEntry::RolledBack;
+        back.payload.batch = None;
+        back.payload.clusters = changed.iter().map(|c| c.to_string()).collect();
+        m.apply(Input::Release(&back));
+        // no cluster runs the rolled-back revision
+        for c in ["c5", "c6"] {
+            assert!(!m.clusters[c].running.contains_key("web"), "{c}");
+        }
+        let f = dns_fails_on(&mut m, ["c5", "c6"], t0() + Duration::seconds(120));
+        assert!(
+            !f.shared.iter().any(|s| s.attribute.starts_with("release:")),
+            "{:#?}",
+            f.shared
+        );
+        // it changed nothing anywhere: not a suspect (it reached both failing clusters, had it counted)
+        assert!(
+            f.suspects.iter().all(|s| s.object.name != "web"),
+            "{:#?}",
+            f.suspects
+        );
+        // it did change c5 for 20 s: that change reached c5 and is remembered there, not on c6
+        let reached = |c: &str| m.clusters[c].releases.iter().any(|(_, r)| r.name == "web");
+        assert_eq!(reached("c5"), !changed.is_empty());
+        assert!(!reached("c6"));
+    }
+}
+
 /// The one case that touches a disk: whatever the machine changes, committed step by step as the service
 /// commits it (each part of a cluster marked as it changes) and read back, is the machine it was.
 #[tokio::test]

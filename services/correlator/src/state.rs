@@ -337,15 +337,25 @@ impl ClusterState {
     }
 
     /// Forgets `name` here if `revision` of it was rolled back (a rollback restores what ran before it,
-    /// which the correlator does not know).
-    pub fn running_rolled_back(&mut self, name: &str, revision: u64) {
-        if self
+    /// which the correlator does not know); whether it did.
+    pub fn running_rolled_back(&mut self, name: &str, revision: u64) -> bool {
+        let rolled_back = self
             .running
             .get(name)
-            .is_some_and(|x| x.revision == revision)
-        {
+            .is_some_and(|x| x.revision == revision);
+        if rolled_back {
             self.running.remove(name);
         }
+        rolled_back
+    }
+
+    /// Forgets that `revision` of `name` reached this cluster (its batch was stopped before changing
+    /// it); whether it had been remembered.
+    pub fn release_not_applied(&mut self, name: &str, revision: u64) -> bool {
+        let before = self.releases.len();
+        self.releases
+            .retain(|(_, r)| !(r.name == name && r.revision == revision));
+        self.releases.len() != before
     }
 
     /// Remembers a release batch applied here at `at` (hub time), forgetting those older than 2 h.
