@@ -1323,7 +1323,7 @@ impl Machine {
             track.good = 0;
             track.failing_since.get_or_insert(at);
         }
-        track.remember(p.status);
+        track.remember(at, p.status);
         // the release role's verdict on the policy bundles a cluster runs is part of its compliance
         let policy_changed = p.probe == crate::baseline::POLICY_PROBE && {
             let verdict = crate::baseline::PolicyVerdict {
@@ -1383,19 +1383,36 @@ impl Machine {
             // healthy ones resolve it. Over a window: `after` of the last `within` failing (judged on a
             // failing round: a healthy one says nothing new), held since the first of them; resolved
             // once fewer than `after` of them fail and `resolve_after` healthy rounds came in a row.
-            let (opens, resolves, ended, bad) = match window {
+            let (opens, resolves, ended, bad, onset) = match window {
                 None => (
                     bad >= r.after && held_since(since),
                     good >= r.resolve_after && open,
                     bad == 0 && !open,
                     bad,
+                    onset,
                 ),
-                Some(n) => (
-                    failing && n >= r.after && held_since(onset.as_ref().map_or(at, |o| o.at)),
-                    n < r.after && good >= r.resolve_after && open,
-                    n == 0 && !open,
-                    n,
-                ),
+                Some(failed) => {
+                    // until it opens, the failing rounds of the window count — those after its
+                    // incident last resolved (by hand too: a new streak) — and began with the oldest
+                    let resolved = (!open).then(|| last.and_then(|i| i.resolved_at)).flatten();
+                    let failed: Vec<DateTime<Utc>> = failed
+                        .into_iter()
+                        .filter(|t| resolved.is_none_or(|r| *t > r))
+                        .collect();
+                    let n = u32::try_from(failed.len()).unwrap_or(u32::MAX);
+                    let onset = if open {
+                        onset
+                    } else {
+                        failed.first().map(|&at| Onset { at, changes: None })
+                    };
+                    (
+                        failing && n >= r.after && onset.as_ref().is_some_and(|o| held_since(o.at)),
+                        n < r.after && good >= r.resolve_after && open,
+                        n == 0 && !open,
+                        n,
+                        onset,
+                    )
+                }
             };
             if opens {
                 // (a round older than the last is ignored above: the onset is never after `at`)

@@ -116,6 +116,19 @@ fn pattern(
     first_round: u64,
     from: DateTime<Utc>,
 ) -> Vec<Vec<Incident>> {
+    pattern_every(m, cluster, name, pattern, first_round, from, 5)
+}
+
+/// [`pattern`], its rounds `every_s` apart (a failing probe is confirmed every 3 s).
+fn pattern_every(
+    m: &mut Machine,
+    cluster: &str,
+    name: &str,
+    pattern: &str,
+    first_round: u64,
+    from: DateTime<Utc>,
+    every_s: i64,
+) -> Vec<Vec<Incident>> {
     pattern
         .chars()
         .zip(first_round..)
@@ -127,7 +140,7 @@ fn pattern(
                 'U' => ProbeStatus::Unhealthy,
                 _ => ProbeStatus::Unknown,
             };
-            let at = from + Duration::seconds(5 * i as i64);
+            let at = from + Duration::seconds(every_s * i as i64);
             let e = env(cluster, at, round, probe(name, status, round));
             incidents(&m.apply(Input::Probe(&e, at)))
         })
@@ -177,6 +190,81 @@ fn an_api_server_failing_a_share_of_its_requests_opens_an_overload_that_stays_op
     // the window ended H H H D D H H H D D: at the fifth healthy round (index 5, after the unknown
     // one) the last 10 counted rounds are H H H D D H H H H H, two failing
     assert_eq!(resolved, vec![5], "{changes:#?}");
+}
+
+#[test]
+fn a_windowed_rule_holds_from_the_oldest_failing_round_still_in_its_window() {
+    // a burst after a clean window, confirmed every 3 s: its `for` (10 s) counts from the burst's
+    // first round — the third round (6 s in) is not enough, the fifth (12 s) is
+    let mut m = machine();
+    let clean = "D".to_string() + &"H".repeat(10);
+    let changes = pattern(&mut m, "c1", "apiserver", &clean, 1, t0());
+    assert!(changes.iter().all(Vec::is_empty), "{changes:#?}");
+    let burst_at = t0() + Duration::seconds(5 * 11);
+    let changes = pattern_every(&mut m, "c1", "apiserver", "DDDDD", 12, burst_at, 3);
+    let opened: Vec<usize> = (0..changes.len())
+        .filter(|&i| !changes[i].is_empty())
+        .collect();
+    assert_eq!(opened, vec![4], "{changes:#?}");
+    let since = burst_at.format("%H:%M:%S").to_string();
+    assert!(
+        changes[4][0].summary.contains(&format!("(since {since})")),
+        "{}",
+        changes[4][0].summary
+    );
+
+    // a degraded round every 8 (at most 2 of any 10: nothing opens), then a burst: the episode began
+    // with the oldest failing round still in the window (at 2:00), not with the first of them all
+    let mut m = machine();
+    let sparse = ("D".to_string() + &"H".repeat(7)).repeat(4);
+    let changes = pattern(&mut m, "c1", "apiserver", &sparse, 1, t0());
+    assert!(changes.iter().all(Vec::is_empty), "{changes:#?}");
+    let burst_at = t0() + Duration::seconds(5 * 32);
+    let changes = pattern_every(&mut m, "c1", "apiserver", "DD", 33, burst_at, 3);
+    assert!(changes[0].is_empty(), "{changes:#?}");
+    let opened = &changes[1];
+    assert_eq!(opened.len(), 1, "{changes:#?}");
+    assert!(
+        opened[0].summary.contains("(since 12:02:00)"),
+        "{}",
+        opened[0].summary
+    );
+}
+
+#[test]
+fn a_windowed_incident_resolved_by_hand_needs_a_new_streak_to_open_again() {
+    let mut m = machine();
+    let changes = pattern(&mut m, "c1", "apiserver", "DDDD", 1, t0());
+    let opened = changes.concat().pop().expect("opened");
+    let cmd = IncidentCommand {
+        id: opened.id.clone(),
+        action: IncidentAction::Resolve,
+        actor: "otto".into(),
+    };
+    m.command(&cmd, t0() + Duration::seconds(16));
+    // the window still holds the four failures from before: one more failing round is not a new
+    // streak of three, the third one after the resolve is
+    let from = t0() + Duration::seconds(20);
+    let changes = pattern(&mut m, "c1", "apiserver", "HHHHDHD", 5, from);
+    assert!(changes.iter().all(Vec::is_empty), "{changes:#?}");
+    let changes = pattern(
+        &mut m,
+        "c1",
+        "apiserver",
+        "D",
+        12,
+        from + Duration::seconds(35),
+    );
+    let again = changes.concat().pop().expect("a new incident");
+    assert_eq!(again.status, IncidentStatus::Open);
+    let since = (from + Duration::seconds(20))
+        .format("%H:%M:%S")
+        .to_string();
+    assert!(
+        again.summary.contains(&format!("(since {since})")),
+        "{}",
+        again.summary
+    );
 }
 
 #[test]

@@ -26,8 +26,10 @@ pub struct ProbeRule {
     /// For a signal that flaps (an API server answering a share of its requests with errors): the
     /// incident opens when `after` of the last `within` rounds failed, not only `after` in a row, and
     /// resolves only once fewer than `after` of them fail (and `resolve_after` healthy rounds came in a
-    /// row) — a healthy round now and then neither keeps it from opening nor resolves it. 0 (the
-    /// default): in a row. At most [`ProbeRule::MAX_WITHIN`], at least `after`.
+    /// row) — a healthy round now and then neither keeps it from opening nor resolves it. Its `for`
+    /// and `{since}` count from the oldest failing round still in the window; after its incident
+    /// resolved (by hand too), only later rounds count. Rounds that could not tell (`unknown`) are left
+    /// out. 0 (the default): in a row. At most [`ProbeRule::MAX_WITHIN`], at least `after`.
     #[serde(default)]
     pub within: u32,
     /// …and for at least this long since the probe first failed (Prometheus' `for`): what keeps a brief
@@ -56,6 +58,9 @@ impl ProbeRule {
     fn problem(&self) -> Option<String> {
         if self.after == 0 || self.resolve_after == 0 {
             return Some("`after` and `resolve_after` must be at least 1".into());
+        }
+        if self.within != 0 && self.on.contains(&ProbeStatus::Unknown) {
+            return Some("`within` does not count rounds that could not tell (`unknown`)".into());
         }
         if self.within != 0 && !(self.after..=Self::MAX_WITHIN).contains(&self.within) {
             return Some(format!(
@@ -380,7 +385,8 @@ mod tests {
             );
         }
         std::fs::write(path, with_within(3)).expect("written");
-        let rules = Rules::load(Some(path)).expect("3 of the last 3: in a row, allowed");
+        // 3 of the last 3 (much as in a row, but for unknown rounds, which a window leaves out)
+        let rules = Rules::load(Some(path)).expect("allowed");
         assert_eq!(rules.probes[1].within, 3);
     }
 

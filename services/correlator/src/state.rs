@@ -71,10 +71,10 @@ pub struct ProbeTrack {
     /// round between failing ones doesn't move it), so what changed afterwards is no evidence.
     #[serde(default)]
     pub onsets: BTreeMap<String, Onset>,
-    /// The statuses of the latest rounds (oldest first, at most [`ProbeTrack::MAX_RECENT`]; rounds that
+    /// The latest rounds, when and what (oldest first, at most [`ProbeTrack::MAX_RECENT`]; rounds that
     /// could not tell, `unknown`, left out), for rules judged over a window (`within`).
     #[serde(default)]
-    pub recent: VecDeque<ProbeStatus>,
+    pub rounds: VecDeque<(DateTime<Utc>, ProbeStatus)>,
 }
 
 impl ProbeTrack {
@@ -82,26 +82,24 @@ impl ProbeTrack {
     pub const MAX_RECENT: usize = 60;
 
     /// Takes in a round's status.
-    pub fn remember(&mut self, status: ProbeStatus) {
+    pub fn remember(&mut self, at: DateTime<Utc>, status: ProbeStatus) {
         if status == ProbeStatus::Unknown {
             return;
         }
-        self.recent.push_back(status);
-        while self.recent.len() > Self::MAX_RECENT {
-            self.recent.pop_front();
+        self.rounds.push_back((at, status));
+        while self.rounds.len() > Self::MAX_RECENT {
+            self.rounds.pop_front();
         }
     }
 
-    /// How many of the last `within` rounds had a status in `on`.
-    pub fn failing_within(&self, on: &[ProbeStatus], within: u32) -> u32 {
-        let n = self
-            .recent
-            .iter()
-            .rev()
-            .take(within as usize)
-            .filter(|s| on.contains(s))
-            .count();
-        u32::try_from(n).unwrap_or(u32::MAX)
+    /// When the rounds among the last `within` had a status in `on` (oldest first).
+    pub fn failing_within(&self, on: &[ProbeStatus], within: u32) -> Vec<DateTime<Utc>> {
+        let from = self.rounds.len().saturating_sub(within as usize);
+        self.rounds
+            .range(from..)
+            .filter(|(_, s)| on.contains(s))
+            .map(|(at, _)| *at)
+            .collect()
     }
 }
 
