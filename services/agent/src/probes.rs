@@ -512,8 +512,29 @@ fn nodes(ctx: &ClusterCtx) -> Outcome {
     } else {
         ProbeStatus::Unhealthy
     };
-    o.detail = format!("{}/{total} nodes Ready", total - bad);
+    let not_ready: Vec<&str> = o
+        .findings
+        .iter()
+        .filter_map(|f| f.object.as_ref().map(|r| r.name.as_str()))
+        .collect();
+    o.detail = nodes_detail(total, &not_ready);
     o.obs("nodes", total as f64).obs("not_ready", bad as f64)
+}
+
+/// `6/8 nodes Ready; also not Ready: b, c`: an incident's summary names the first node not Ready (its
+/// first finding), the detail the others (five, then how many more).
+fn nodes_detail(total: usize, not_ready: &[&str]) -> String {
+    let mut detail = format!("{}/{total} nodes Ready", total - not_ready.len());
+    if let [_, others @ ..] = not_ready
+        && !others.is_empty()
+    {
+        let shown = others.len().min(5);
+        detail += &format!("; also not Ready: {}", others[..shown].join(", "));
+        if others.len() > shown {
+            detail += &format!(" and {} more", others.len() - shown);
+        }
+    }
+    detail
 }
 
 fn daemonset_outcome(ds: &crate::view::WorkloadView, what: &str) -> Outcome {
@@ -1089,6 +1110,22 @@ async fn deprecated(ctx: &ClusterCtx) -> Outcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_nodes_detail_names_the_nodes_after_the_first() {
+        assert_eq!(nodes_detail(8, &[]), "8/8 nodes Ready");
+        assert_eq!(nodes_detail(8, &["w0"]), "7/8 nodes Ready");
+        assert_eq!(
+            nodes_detail(8, &["w0", "w3"]),
+            "6/8 nodes Ready; also not Ready: w3"
+        );
+        let many: Vec<String> = (0..9).map(|i| format!("w{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert_eq!(
+            nodes_detail(10, &many),
+            "1/10 nodes Ready; also not Ready: w1, w2, w3, w4, w5 and 3 more"
+        );
+    }
 
     #[test]
     fn a_health_answer_becomes_one_line_of_bounded_length() {
