@@ -465,16 +465,25 @@ impl Machine {
     /// release's history is not needed.
     fn on_release(&mut self, e: &ReleaseEvent) {
         if e.what == "rolled-back" {
-            if e.ok {
-                let changed: BTreeSet<&str> = e.clusters.iter().map(String::as_str).collect();
-                for (name, state) in &mut self.clusters {
-                    let mut touched = state.running_rolled_back(&e.release, e.revision);
-                    if !changed.contains(name.as_str()) {
-                        touched |= state.release_not_applied(&e.release, e.revision);
-                    }
-                    if touched {
-                        self.dirty.clusters.insert(name.clone());
-                    }
+            // (a failed rollback lists the clusters changed as well: the others were not, either way)
+            let changed: BTreeSet<&str> = e.clusters.iter().map(String::as_str).collect();
+            let mut touched = Vec::new();
+            for (name, state) in &mut self.clusters {
+                let mut forgot = e.ok && state.running_rolled_back(&e.release, e.revision);
+                if !changed.contains(name.as_str()) {
+                    forgot |= state.release_not_applied(&e.release, e.revision);
+                }
+                if forgot {
+                    self.dirty.clusters.insert(name.clone());
+                    touched.push(name.clone());
+                }
+            }
+            if !touched.is_empty() {
+                // the open fleet incidents of those clusters lose that suspect and shared attribute
+                let view = fleet_view!(self);
+                let keys = self.fleet.with_members_on(&touched);
+                for k in self.fleet.rejudge(&self.rules.fleet, view, e.at, &keys) {
+                    self.emit_fleet(&k);
                 }
             }
             return;
