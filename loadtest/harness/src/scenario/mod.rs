@@ -65,6 +65,10 @@ pub struct Opts {
     /// Steady: a reconnect storm in the middle of the load window, NATS down for this many seconds.
     #[arg(long)]
     pub storm: Option<u64>,
+    /// Throughput: samples per synthetic scrape (default 500), e.g. to see how the raw pull and the TSDB
+    /// scale with a message's size.
+    #[arg(long)]
+    pub samples: Option<usize>,
 }
 
 impl Opts {

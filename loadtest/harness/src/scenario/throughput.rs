@@ -51,11 +51,12 @@ pub async fn run(o: &Opts, dir: &Path) -> Result<(Report, Recorder)> {
     let events = o.pick(20_000usize, 100_000);
     let scrapes = o.pick(2_000usize, 10_000);
     let clusters = o.clusters.unwrap_or(24);
+    let samples = o.samples.unwrap_or(SAMPLES_PER_SCRAPE).max(1);
     let mut r = Report::new(
         "throughput",
         o.short,
         serde_json::json!({"events": events, "clusters": clusters, "scrapes": scrapes,
-            "samples_per_scrape": SAMPLES_PER_SCRAPE, "window": WINDOW, "raw_batch": RAW_BATCH}),
+            "samples_per_scrape": samples, "window": WINDOW, "raw_batch": RAW_BATCH}),
     );
     let rec = Recorder::new();
     let bins = o.bins()?;
@@ -199,7 +200,7 @@ pub async fn run(o: &Opts, dir: &Path) -> Result<(Report, Recorder)> {
 
     if o.runs("tsdb") {
         // --- the TSDB against a raw pull on FLEET_METRICS
-        publish_all(&js, scrape_messages(scrapes, clusters)?).await?;
+        publish_all(&js, scrape_messages(scrapes, clusters, samples)?).await?;
         Durable {
             role: "tsdb",
             label: "tsdb",
@@ -258,7 +259,7 @@ pub async fn run(o: &Opts, dir: &Path) -> Result<(Report, Recorder)> {
     r.note(format!(
         "Events: the correlator's realistic fleet stream (`services/correlator/src/stream.rs`, real kubelet, \
          controller-manager, scheduler … message shapes), spread over {clusters} clusters. Scrapes: \
-         {SAMPLES_PER_SCRAPE} samples each (node-exporter-like series). Object states: Deployments with \
+         {samples} samples each (node-exporter-like series). Object states: Deployments with \
          spec, status conditions, labels and managed fields, one subject each. The console has no durable: its \
          reference is a bare ordered consumer (no acks) on the same subjects. One nats-server (JetStream on file \
          storage) on this machine; each role alone on it."
@@ -500,16 +501,16 @@ fn incident_messages(n: usize, clusters: usize) -> Result<Vec<Outgoing>> {
     Ok(out)
 }
 
-/// Samples per synthetic scrape.
+/// Samples per synthetic scrape, unless `--samples` says otherwise.
 const SAMPLES_PER_SCRAPE: usize = 500;
 
-fn scrape_messages(n: usize, clusters: usize) -> Result<Vec<Outgoing>> {
+fn scrape_messages(n: usize, clusters: usize, per_scrape: usize) -> Result<Vec<Outgoing>> {
     let now = chrono::Utc::now().timestamp_millis();
     let mut out = Vec::with_capacity(n);
     for i in 0..n {
         let cluster = format!("bench-{}", i % clusters);
         let at = now - ((n - i) as i64) * 1000;
-        let samples = (0..SAMPLES_PER_SCRAPE)
+        let samples = (0..per_scrape)
             .map(|k| Sample {
                 name: format!("node_metric_{}", k % 50),
                 labels: [
