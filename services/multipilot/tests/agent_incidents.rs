@@ -28,7 +28,15 @@ async fn wait_incident(
     kind: &str,
     status: IncidentStatus,
 ) -> Result<Incident> {
-    let found = until(&format!("{cluster}/{kind} {status:?}"), 60, || {
+    // resolution keeps a slower hysteresis than opening (healthy rounds at the probe's interval; a
+    // windowed rule such as apiserver-overload waits for its failing rounds to leave the window: up to
+    // 8 API server rounds, 40 s)
+    let secs = if status == IncidentStatus::Resolved {
+        120
+    } else {
+        60
+    };
+    let found = until(&format!("{cluster}/{kind} {status:?}"), secs, || {
         let got = seen
             .lock()
             .expect("lock")
