@@ -78,7 +78,7 @@ pub struct ProbeTrack {
 }
 
 impl ProbeTrack {
-    /// The most rounds kept in [`ProbeTrack::recent`].
+    /// The most rounds kept in [`ProbeTrack::rounds`].
     pub const MAX_RECENT: usize = 60;
 
     /// Takes in a round's status.
