@@ -52,7 +52,7 @@ pub struct ProbeRule {
 
 impl ProbeRule {
     /// The most rounds `within` can look back (what the correlator keeps of a probe's rounds).
-    pub const MAX_WITHIN: u32 = crate::state::ProbeTrack::MAX_RECENT as u32;
+    pub const MAX_WITHIN: u32 = crate::state::ProbeTrack::MAX_ROUNDS as u32;
 
     /// What is wrong with the rule, if anything.
     fn problem(&self) -> Option<String> {

@@ -71,7 +71,7 @@ pub struct ProbeTrack {
     /// round between failing ones doesn't move it), so what changed afterwards is no evidence.
     #[serde(default)]
     pub onsets: BTreeMap<String, Onset>,
-    /// The latest rounds, when and what (oldest first, at most [`ProbeTrack::MAX_RECENT`]; rounds that
+    /// The latest rounds, when and what (oldest first, at most [`ProbeTrack::MAX_ROUNDS`]; rounds that
     /// could not tell, `unknown`, left out), for rules judged over a window (`within`).
     #[serde(default)]
     pub rounds: VecDeque<(DateTime<Utc>, ProbeStatus)>,
@@ -79,7 +79,7 @@ pub struct ProbeTrack {
 
 impl ProbeTrack {
     /// The most rounds kept in [`ProbeTrack::rounds`].
-    pub const MAX_RECENT: usize = 60;
+    pub const MAX_ROUNDS: usize = 60;
 
     /// Takes in a round's status.
     pub fn remember(&mut self, at: DateTime<Utc>, status: ProbeStatus) {
@@ -87,7 +87,7 @@ impl ProbeTrack {
             return;
         }
         self.rounds.push_back((at, status));
-        while self.rounds.len() > Self::MAX_RECENT {
+        while self.rounds.len() > Self::MAX_ROUNDS {
             self.rounds.pop_front();
         }
     }
