@@ -221,6 +221,11 @@ impl Chunk {
         &self.w.bytes
     }
 
+    /// The encoded chunk, as [`Chunk::bytes`].
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.w.bytes
+    }
+
     /// Appends a sample. The caller keeps timestamps strictly increasing and the chunk under
     /// [`MAX_SAMPLES`]; returns false (and appends nothing) otherwise.
     pub fn append(&mut self, t: i64, v: f64) -> bool {

@@ -295,3 +295,85 @@ async fn a_label_bomb_is_refused_and_its_neighbours_are_stored() -> Result<()> {
     );
     Ok(())
 }
+
+/// Sealed chunks kept in memory (`Options::sealed_bytes`) read as if written: in order, once, duplicates
+/// found in them; written by `write_sealed`, by a checkpoint, or after a crash from the write-ahead log.
+#[tokio::test]
+async fn chunks_sealed_in_memory_read_as_written_and_survive_a_crash() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let base = 1_750_000_000_000;
+    let kept = Options {
+        sealed_bytes: 1 << 20,
+        ..Options::default()
+    };
+    let series = |from: i64, to: i64| -> Vec<Sample> {
+        (from..to)
+            .map(|i| s("m", "a", base + i * 1000, i as f64))
+            .collect()
+    };
+    let want =
+        |to: i64| -> Vec<(i64, f64)> { (0..to).map(|i| (base + i * 1000, i as f64)).collect() };
+    {
+        let store = Store::open(dir.path(), kept.clone())?;
+        // 300 samples: two chunks of 120 sealed, 60 in the head chunk
+        store.append("", &series(0, 300))?;
+        assert!(store.sealed_bytes() > 0);
+        assert_eq!(store.chunk_stats()?, (0, 0), "nothing written yet");
+        assert_eq!(all(&store, "m")?, want(300));
+        // a sample again, inside the first sealed chunk: a duplicate, not stored out of order
+        let again = store.append("", &series(5, 6))?;
+        assert_eq!((again.duplicates, again.out_of_order), (1, 0), "{again:?}");
+        store.commit().await?;
+        assert_eq!(store.write_sealed(usize::MAX)?, 0);
+        assert_eq!(store.sealed_bytes(), 0);
+        assert_eq!(store.chunk_stats()?.1, 240);
+        assert_eq!(
+            all(&store, "m")?,
+            want(300),
+            "read from disk: the same, once"
+        );
+        // two more sealed in memory, then a crash
+        store.append("", &series(300, 560))?;
+        assert!(store.sealed_bytes() > 0);
+        store.commit().await?;
+    }
+    multipilot_runtime::store::wait_released(dir.path(), Duration::from_secs(30)).await?;
+    let store = Store::open(dir.path(), kept.clone())?;
+    assert_eq!(
+        all(&store, "m")?,
+        want(560),
+        "replayed from the write-ahead log"
+    );
+    // a checkpoint writes them before the log they are in is dropped
+    store.checkpoint().await?;
+    assert_eq!(store.sealed_bytes(), 0);
+    assert_eq!(store.chunk_stats()?.1, 480);
+    store.close().await?;
+    let store = Store::open(dir.path(), kept)?;
+    assert_eq!(all(&store, "m")?, want(560));
+    store.close().await?;
+    Ok(())
+}
+
+/// Past `sealed_bytes`, an append writes the chunks it seals (memory stays bounded).
+#[test]
+fn past_its_bound_a_sealed_chunk_is_written_by_the_append() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let base = 1_750_000_000_000;
+    let store = Store::open(
+        dir.path(),
+        Options {
+            sealed_bytes: 1,
+            ..Options::default()
+        },
+    )?;
+    store.append(
+        "",
+        &(0..250)
+            .map(|i| s("m", "a", base + i * 1000, 1.0))
+            .collect::<Vec<_>>(),
+    )?;
+    assert_eq!(store.sealed_bytes(), 0);
+    assert_eq!(store.chunk_stats()?.1, 240);
+    Ok(())
+}
