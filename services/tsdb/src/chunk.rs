@@ -221,6 +221,11 @@ impl Chunk {
         &self.w.bytes
     }
 
+    /// Bytes its buffer holds allocated.
+    pub fn bytes_allocated(&self) -> usize {
+        self.w.bytes.capacity()
+    }
+
     /// The encoded chunk, as [`Chunk::bytes`].
     pub fn into_bytes(self) -> Vec<u8> {
         self.w.bytes

@@ -365,6 +365,7 @@ impl Metrics {
         self.scrape_cache_targets.set(targets as i64);
         self.scrape_cache_bytes.set(bytes as i64);
         self.disk_bytes.set(store.size_on_disk() as i64);
+        self.sealed_chunk_bytes.set(store.sealed_bytes() as i64);
     }
 
     pub(crate) fn remote_write(&self, outcome: &'static str, n: u64) {
@@ -496,7 +497,7 @@ fn write(
         let job = match queue.try_recv() {
             Ok(job) => job,
             Err(tokio::sync::mpsc::error::TryRecvError::Empty) if sealed_left > 0 => {
-                sealed_left = store.write_sealed(SEALED_SLICE).unwrap_or_else(|e| {
+                sealed_left = store.write_sealed(store::SEALED_SLICE).unwrap_or_else(|e| {
                     tracing::warn!(error = %e, "writing sealed chunks failed; trying again after the next batch");
                     0
                 });
@@ -537,7 +538,12 @@ fn write(
                 Err(e) => failed.push((seq, format!("appending a batch of {cluster}: {e}"))),
             },
             Job::Barrier(done) => {
-                let _ = done.send((std::mem::take(&mut failed), store.take_pending()));
+                if let Err((_, pending)) =
+                    done.send((std::mem::take(&mut failed), store.take_pending()))
+                {
+                    // the commit that asked is gone: the next one logs them
+                    store.restore_pending(pending);
+                }
             }
         }
     }
@@ -547,10 +553,6 @@ fn write(
     }
     metrics.sealed_chunk_bytes.set(store.sealed_bytes() as i64);
 }
-
-/// Series whose sealed chunks the writer writes at a time between batches (~2.5 µs a chunk, holding the
-/// head's lock: queries wait no longer than for one batch's append).
-const SEALED_SLICE: usize = 64;
 
 /// The writer thread is gone: it panicked (its batches are not committed, so not acked, and come again).
 const WRITER_GONE: &str = "the TSDB's writer thread stopped";
@@ -941,5 +943,31 @@ mod tests {
             let want: Vec<f64> = (0..scrapes).map(|i| i as f64).collect();
             assert_eq!(values, want, "every scrape, in order");
         }
+    }
+
+    /// The chunks appends seal wait in memory and the writer writes them once it has nothing to append.
+    #[tokio::test]
+    async fn the_writer_writes_sealed_chunks_when_idle() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let opts = store::Options {
+            sealed_bytes: 1 << 20,
+            ..Default::default()
+        };
+        let store = Arc::new(Store::open(dir.path(), opts).expect("opens"));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let mut ingest = Ingest::new(store.clone(), Metrics::default(), None, stop.clone())
+            .expect("writer starts");
+        // 130 scrapes of 50 series: each series seals one chunk of 120
+        for index in 0..130 {
+            assert_eq!(ingest.handle(scrape("c1", index)).await, Outcome::Done);
+        }
+        ingest.commit().await.expect("commits");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while store.sealed_bytes() > 0 && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(store.sealed_bytes(), 0, "written while the writer was idle");
+        assert_eq!(store.chunk_stats().expect("reads").1, 50 * 120);
+        ingest.finish().await.expect("the writer ends cleanly");
     }
 }
