@@ -11,7 +11,8 @@
 //! a MessagePack reader of its own (`fast`), a third of the time serde takes, which copies no string: a name
 //! or label is a span of the body, checked to be UTF-8 on its own, and the body is the message's own buffer
 //! when the consumer hands it over ([`Payload::decode_envelope_shared`]); anything it does not expect goes
-//! through serde.
+//! through serde. It checks a sample's labels but does not read them into pairs: they are read when asked
+//! for, which the store does only for a sample its scrape cache does not know (see `RowLabels::Map`).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -30,13 +31,24 @@ type Span = (u32, u32);
 #[derive(Debug, Clone, Copy, PartialEq)]
 struct Row {
     name: Span,
-    /// Range into `pairs`.
-    labels: (u32, u32),
+    labels: RowLabels,
     value: f64,
     timestamp_ms: i64,
     /// The sample's name and labels as the message spelled them, a span of the text (empty when decoded by
     /// serde): what the store's scrape cache compares, as Prometheus' compares a series' text.
     ident: Span,
+}
+
+/// Where a sample's labels are.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum RowLabels {
+    /// A range of `pairs` (decoded by serde).
+    Pairs(u32, u32),
+    /// The label map in the text, every string checked to be UTF-8 by the fast reader and read only when
+    /// asked for: what the scrape cache knows (spelled as last time) never is, as Prometheus parses a
+    /// series only on a scrape cache miss. Reading every sample's labels into `pairs` was a fifth of the
+    /// decoding time.
+    Map(Span),
 }
 
 /// The samples of one `MetricBatch` message, decoded for ingestion (see the module docs).
@@ -53,7 +65,8 @@ pub struct ScrapeBatch {
     /// consumer gave it, not a copy), then any spelling that is not one run of it; decoded by serde, the
     /// strings one after another.
     text: TextBuf,
-    /// (name, value) spans of every sample's labels, each sample's sorted by name, names unique.
+    /// (name, value) spans of the labels of the samples decoded by serde, each sample's sorted by name,
+    /// names unique.
     pairs: Vec<(Span, Span)>,
     rows: Vec<Row>,
 }
@@ -115,10 +128,11 @@ impl<'a> SampleView<'a> for SampleRef<'a> {
 
     fn labels(&self) -> impl Iterator<Item = (&'a str, &'a str)> {
         let b = self.batch;
-        let (from, to) = self.row.labels;
-        b.pairs[from as usize..to as usize]
-            .iter()
-            .map(move |&(k, v)| (b.span(k), b.span(v)))
+        let spans: Cow<'a, [(Span, Span)]> = match self.row.labels {
+            RowLabels::Pairs(from, to) => Cow::Borrowed(&b.pairs[from as usize..to as usize]),
+            RowLabels::Map(map) => Cow::Owned(fast::label_map(&b.text, map)),
+        };
+        (0..spans.len()).map(move |i| (b.span(spans[i].0), b.span(spans[i].1)))
     }
 
     fn value(&self) -> f64 {
@@ -438,7 +452,7 @@ impl SampleSeed<'_> {
     fn finish<E: de::Error>(
         self,
         name: Option<Span>,
-        labels: Option<(u32, u32)>,
+        labels: Option<RowLabels>,
         value: Option<f64>,
         timestamp_ms: Option<i64>,
     ) -> Result<(), E> {
@@ -548,21 +562,21 @@ fn push_text<E: de::Error>(batch: &mut ScrapeBatch, s: &str) -> Result<Span, E> 
 struct Labels<'b>(&'b mut ScrapeBatch);
 
 impl<'de> DeserializeSeed<'de> for Labels<'_> {
-    type Value = (u32, u32);
+    type Value = RowLabels;
 
-    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(u32, u32), D::Error> {
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<RowLabels, D::Error> {
         d.deserialize_map(self)
     }
 }
 
 impl<'de> Visitor<'de> for Labels<'_> {
-    type Value = (u32, u32);
+    type Value = RowLabels;
 
     fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
         f.write_str("a map of label names to values")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(u32, u32), A::Error> {
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RowLabels, A::Error> {
         let batch = self.0;
         let from = batch.pairs.len();
         while let Some(k) = map.next_key_seed(Text(&mut *batch))? {
@@ -574,7 +588,7 @@ impl<'de> Visitor<'de> for Labels<'_> {
         if to > u32::MAX as usize {
             return Err(de::Error::custom("too many labels in one batch"));
         }
-        Ok((from as u32, to as u32))
+        Ok(RowLabels::Pairs(from as u32, to as u32))
     }
 }
 
@@ -587,7 +601,7 @@ pub(crate) mod fast {
     use chrono::{DateTime, Utc};
     use multipilot_schemas::envelope::Envelope;
 
-    use super::{Row, ScrapeBatch, Span, TextBuf, normalize_labels};
+    use super::{Row, RowLabels, ScrapeBatch, Span, TextBuf, normalize_labels};
 
     /// Nesting a skipped value may have.
     const MAX_DEPTH: usize = 32;
@@ -836,7 +850,6 @@ pub(crate) mod fast {
                     let n = r.array()?;
                     // each sample takes more than 8 bytes of the body
                     out.rows.reserve(n.min(body.len() / 8));
-                    out.pairs.reserve(n.min(body.len() / 8) * 4);
                     for _ in 0..n {
                         sample(r, &mut out, body)?;
                     }
@@ -879,6 +892,35 @@ pub(crate) mod fast {
         (name && type_).then_some(())
     }
 
+    /// The labels of the map at `map` in `text` (checked by the reader that found it), sorted by name,
+    /// a name given twice keeping its last value. Empty if it is not such a map (never: the reader
+    /// checked it).
+    pub(super) fn label_map(text: &[u8], map: Span) -> Vec<(Span, Span)> {
+        let Some(bytes) = text.get(map.0 as usize..map.1 as usize) else {
+            return Vec::new();
+        };
+        let mut r = Reader { buf: bytes };
+        let read = |r: &mut Reader<'_>| -> Option<Span> {
+            let s = r.raw_str()?;
+            utf8(s)?;
+            let to = map.0 + u32::try_from(bytes.len() - r.buf.len()).ok()?;
+            Some((to - s.len() as u32, to))
+        };
+        let mut pairs = Vec::new();
+        let Some(n) = r.map() else {
+            return pairs;
+        };
+        pairs.reserve(n.min(bytes.len() / 2));
+        for _ in 0..n {
+            match (read(&mut r), read(&mut r)) {
+                (Some(k), Some(v)) => pairs.push((k, v)),
+                _ => return Vec::new(),
+            }
+        }
+        normalize_labels(&mut pairs, text, 0);
+        pairs
+    }
+
     /// One sample. Its spelling ([`Row::ident`]) is the run of the body from its name to the end of its
     /// labels when the labels come right after the name (as the agent writes them, the `labels` key
     /// between them); otherwise the two copied one after the other to the end of the text.
@@ -902,19 +944,13 @@ pub(crate) mod fast {
                     labels.is_none().then_some(())?;
                     labels_key_at = key_at;
                     let start = at(body, r)?;
-                    let from = out.pairs.len();
-                    for _ in 0..r.map()? {
-                        let k = r.raw_str()?;
-                        utf8(k)?;
-                        let k = span_before(body, r, k)?;
-                        let v = r.raw_str()?;
-                        utf8(v)?;
-                        let v = span_before(body, r, v)?;
-                        out.pairs.push((k, v));
+                    // checked, not read: see `RowLabels::Map`
+                    for _ in 0..r.map()?.checked_mul(2)? {
+                        utf8(r.raw_str()?)?;
                     }
-                    normalize_labels(&mut out.pairs, body, from);
-                    labels = Some((from as u32, out.pairs.len() as u32));
-                    labels_run = Some((start, at(body, r)?));
+                    let run = (start, at(body, r)?);
+                    labels = Some(RowLabels::Map(run));
+                    labels_run = Some(run);
                 }
                 b"value" => {
                     value.is_none().then_some(())?;
