@@ -897,6 +897,7 @@ pub(crate) mod fast {
     /// checked it).
     pub(super) fn label_map(text: &[u8], map: Span) -> Vec<(Span, Span)> {
         let Some(bytes) = text.get(map.0 as usize..map.1 as usize) else {
+            debug_assert!(false, "a label map's span out of its text");
             return Vec::new();
         };
         let mut r = Reader { buf: bytes };
@@ -908,13 +909,17 @@ pub(crate) mod fast {
         };
         let mut pairs = Vec::new();
         let Some(n) = r.map() else {
+            debug_assert!(false, "a label map that is not a map");
             return pairs;
         };
         pairs.reserve(n.min(bytes.len() / 2));
         for _ in 0..n {
             match (read(&mut r), read(&mut r)) {
                 (Some(k), Some(v)) => pairs.push((k, v)),
-                _ => return Vec::new(),
+                _ => {
+                    debug_assert!(false, "a label map the reader did not check");
+                    return Vec::new();
+                }
             }
         }
         normalize_labels(&mut pairs, text, 0);
@@ -1083,9 +1088,13 @@ mod tests {
             buf.push(0x80 | n);
         }
         fn text(buf: &mut Vec<u8>, s: &str) {
-            buf.push(0xa0 | s.len() as u8);
+            match s.len() {
+                n @ 0..32 => buf.push(0xa0 | n as u8),
+                n => buf.extend_from_slice(&[0xd9, n as u8]), // str8
+            }
             buf.extend_from_slice(s.as_bytes());
         }
+        let long = "v".repeat(40);
         let mut buf = Vec::new();
         map(&mut buf, 3);
         text(&mut buf, "job");
@@ -1096,8 +1105,8 @@ mod tests {
         buf.push(0x91); // fixarray of 1
         map(&mut buf, 5);
         text(&mut buf, "labels");
-        map(&mut buf, 4);
-        for (k, v) in [("z", "1"), ("a", "2"), ("z", "3"), ("m", "4")] {
+        map(&mut buf, 5);
+        for (k, v) in [("z", "1"), ("a", "2"), ("z", "3"), ("m", "4"), ("l", &long)] {
             text(&mut buf, k);
             text(&mut buf, v);
         }
@@ -1112,13 +1121,36 @@ mod tests {
         let got: ScrapeBatch = rmp_serde::from_slice(&buf).expect("decodes");
         let owned: MetricBatch = rmp_serde::from_slice(&buf).expect("the owned form decodes too");
         let s = got.samples().next().unwrap();
-        assert_eq!(
-            s.labels().collect::<Vec<_>>(),
-            vec![("a", "2"), ("m", "4"), ("z", "3")]
-        );
+        let sorted = vec![("a", "2"), ("l", long.as_str()), ("m", "4"), ("z", "3")];
+        assert_eq!(s.labels().collect::<Vec<_>>(), sorted);
         let want: BTreeMap<String, String> = owned.samples[0].labels.clone();
         assert_eq!(got.to_metric_batch().samples[0].labels, want);
         assert_eq!(s.value(), 5.0);
+        // the fast reader, in an envelope: the labels read when asked for, the same
+        let mut env = Vec::new();
+        map(&mut env, 8);
+        let now = chrono::Utc::now().to_rfc3339();
+        for (k, v) in [
+            ("schema", ScrapeBatch::SCHEMA),
+            ("cluster", "c1"),
+            ("source", "a"),
+            ("cluster_time", &now),
+            ("agent_time", &now),
+        ] {
+            text(&mut env, k);
+            text(&mut env, v);
+        }
+        text(&mut env, "version");
+        env.push(ScrapeBatch::VERSION as u8);
+        text(&mut env, "seq");
+        env.push(1);
+        text(&mut env, "payload");
+        env.extend_from_slice(&buf);
+        let fast = fast::envelope(&env).expect("read by the fast reader");
+        let s = fast.payload.samples().next().unwrap();
+        assert!(matches!(s.row.labels, RowLabels::Map(_)));
+        assert_eq!(s.labels().collect::<Vec<_>>(), sorted);
+        assert!(same(&fast, &rmp_serde::from_slice(&env).expect("serde")));
     }
 
     #[test]

@@ -412,6 +412,9 @@ pub struct Ingest {
     stop: tokio_util::sync::CancellationToken,
 }
 
+/// The writer's answer to a barrier: the messages whose append failed and why, and the samples to log.
+type Appended = (Vec<(u64, String)>, store::Pending);
+
 /// How many decoded batches may wait for the writer (500-sample scrapes: a few MiB).
 pub const WRITER_QUEUE: usize = 32;
 
@@ -426,7 +429,7 @@ enum Job {
     /// Answered once every job handed over before it is done, with the messages whose append failed since
     /// the last barrier and why (the runner naks those for redelivery and acks the others: an append that
     /// failed part way leaves what it appended, found again as duplicates), and the samples to commit.
-    Barrier(tokio::sync::oneshot::Sender<(Vec<(u64, String)>, store::Pending)>),
+    Barrier(tokio::sync::oneshot::Sender<Appended>),
 }
 
 impl Ingest {
@@ -577,7 +580,16 @@ impl Handler<ScrapeBatch> for Ingest {
             .send(Job::Barrier(done))
             .await
             .map_err(|_| CommitError::retryable(self.writer_gone()))?;
-        let (failed, pending) = match appended.await {
+        let mut answer = Answer {
+            rx: Some(appended),
+            store: &self.store,
+        };
+        let received = match answer.rx.as_mut() {
+            Some(rx) => rx.await,
+            None => return Err(CommitError::retryable(self.writer_gone())),
+        };
+        answer.rx = None;
+        let (failed, pending) = match received {
             Ok(answer) => answer,
             Err(_) => return Err(CommitError::retryable(self.writer_gone())),
         };
@@ -594,6 +606,24 @@ impl Handler<ScrapeBatch> for Ingest {
 
     fn deferred_outcomes(&mut self) -> Vec<(u64, Outcome)> {
         std::mem::take(&mut self.failed)
+    }
+}
+
+/// The writer's answer to a barrier, awaited: a commit dropped while it waits puts the samples the writer
+/// handed over back, for the next commit to log (else their batch, come again, would find them in memory as
+/// duplicates and be acked with them never logged).
+struct Answer<'a> {
+    rx: Option<tokio::sync::oneshot::Receiver<Appended>>,
+    store: &'a Store,
+}
+
+impl Drop for Answer<'_> {
+    fn drop(&mut self) {
+        if let Some(mut rx) = self.rx.take()
+            && let Ok((_, pending)) = rx.try_recv()
+        {
+            self.store.restore_pending(pending);
+        }
     }
 }
 
@@ -967,6 +997,11 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(store.sealed_bytes(), 0, "written while the writer was idle");
+        assert_eq!(
+            store.sealed_written(),
+            50,
+            "kept in memory first, then written"
+        );
         assert_eq!(store.chunk_stats().expect("reads").1, 50 * 120);
         ingest.finish().await.expect("the writer ends cleanly");
     }

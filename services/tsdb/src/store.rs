@@ -314,6 +314,8 @@ struct Sealed {
     /// By series: written in the order of their keys on disk, as they were when each append wrote them.
     chunks: BTreeMap<SeriesId, Vec<Vec<u8>>>,
     bytes: usize,
+    /// Chunks written from here so far.
+    written: u64,
 }
 
 impl Sealed {
@@ -429,6 +431,7 @@ fn write_sealed(disk: &Disk, sealed: &mut Sealed, max: usize) -> Result<()> {
                 return Err(e.into());
             }
             sealed.bytes -= bytes.capacity();
+            sealed.written += 1;
         }
     }
     Ok(())
@@ -1046,6 +1049,11 @@ impl Store {
         self.read().sealed.bytes
     }
 
+    /// Chunks sealed, kept in memory and written since the store was opened.
+    pub fn sealed_written(&self) -> u64 {
+        self.read().sealed.written
+    }
+
     /// Writes the sealed chunks still in memory and the out-of-order buffers as chunks, saves the changed
     /// heads and starts a new WAL generation; then drops the older generations. Ingestion waits for the
     /// in-memory part and the start of the next WAL file (the current one synced, the new one created:
@@ -1054,7 +1062,10 @@ impl Store {
         let span = self.max_span_ms();
         // the sealed chunks first (the generations about to be dropped hold their samples): a slice at a
         // time, then what was sealed meanwhile under the lock below
-        while self.write_sealed(SEALED_SLICE)? > 0 {
+        // (bounded: appends may seal more meanwhile)
+        let mut rounds = self.read().sealed.chunks.len() / SEALED_SLICE + 1;
+        while rounds > 0 && self.write_sealed(SEALED_SLICE)? > 0 {
+            rounds -= 1;
             tokio::task::yield_now().await;
         }
         let (heads, generation) = {
