@@ -230,6 +230,22 @@ struct SeriesTable {
 }
 
 impl SeriesTable {
+    /// Reads the first and last bytes of the open chunk of the series in `slots` (hints: a slot out of the
+    /// table is passed over), where an append writes (its sample count, its new bits): one after another,
+    /// independent loads wait for memory together; appended one by one, each sample waited for its own
+    /// series' chunk (a sixth of the TSDB's ingest CPU, on a 24-target drain).
+    fn touch(&self, slots: impl Iterator<Item = usize>) {
+        let mut seen = 0u8;
+        for slot in slots {
+            if let Some(s) = self.series.get(slot)
+                && let [first, .., last] = s.head.bytes()
+            {
+                seen ^= first ^ last;
+            }
+        }
+        std::hint::black_box(seen);
+    }
+
     /// The slot of series `id`: `hint` when the series is still there, else looked up.
     fn slot(&self, id: SeriesId, hint: usize) -> Option<usize> {
         match self.ids.get(hint) {
@@ -783,6 +799,8 @@ impl Store {
                 }),
             None => ScrapeCache::default(),
         };
+        head.series
+            .touch(cached.rows.iter().map(|r| r.slot as usize));
         let mut walk = Walk::new(&cached);
         // this scrape's cache, built from the first position whose spelling, series or slot is not as
         // cached
