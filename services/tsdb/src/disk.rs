@@ -814,7 +814,8 @@ fn merge_chunks(a: &[u8], b: &[u8]) -> Result<Vec<Vec<u8>>> {
 
 /// Encodes samples (series id, timestamp ms, value) as one WAL record.
 pub fn encode_wal(samples: &[(SeriesId, i64, f64)]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(samples.len() * 14);
+    // ~18 bytes a sample (id 1-3, time 6-7, value 8): room for all but the widest at once
+    let mut out = Vec::with_capacity(samples.len() * 20);
     for &(id, t, v) in samples {
         put_varint(&mut out, id);
         put_varint(&mut out, ((t << 1) ^ (t >> 63)) as u64);
